@@ -1,0 +1,62 @@
+"""torch.distributed set-up for rank workers: the one place that creates process groups.
+
+Each rank finds its place from the environment torchrun (or topoprof's launcher, or SLURM with
+MASTER_ADDR/MASTER_PORT exported) sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str          # "cuda:N" for NCCL, "cpu" for gloo
+
+
+def rank_env_from_environ(backend: str) -> RankEnv:
+    env = os.environ
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+    world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
+    device = f"cuda:{local}" if backend == "nccl" else "cpu"
+    return RankEnv(rank, world, local, backend, device)
+
+
+def init(backend: str, timeout_s: float) -> RankEnv:
+    """Join the process group; collectives that wait longer than timeout_s fail instead of hanging."""
+    import torch
+    import torch.distributed as dist
+
+    info = rank_env_from_environ(backend)
+    if backend == "nccl":
+        torch.cuda.set_device(info.local_rank)
+    if not dist.is_initialized():
+        kwargs = {}
+        if backend == "nccl":
+            kwargs["device_id"] = torch.device(info.device)  # eager NCCL init, bound to this GPU
+        dist.init_process_group(
+            backend=backend, init_method="env://", rank=info.rank, world_size=info.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s), **kwargs,
+        )
+    return info
+
+
+def synchronize(device: str) -> None:
+    """Wait for all queued device work (CUDA); CPU (gloo) collectives are already synchronous."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def finish() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,96 @@
+"""Entry point of one rank started by topoprof's launcher: `python -m probes.rank_main`.
+
+The launcher passes the job in TOPOPROF_JOB (a JSON file) and a pipe in TOPOPROF_RESULT_FD; the
+rank writes one JSON message per line to that pipe. stdout/stderr stay free for libraries (NCCL's
+INFO lines) and land in the rank's log file.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+
+# worker name -> "module:function"; the function takes (ctx: RankContext, config: dict).
+WORKERS = {
+    "collectives": "probes.collectives:run_rank",
+    "training": "probes.training:run_rank",
+    "sleep": "probes.rank_main:_sleep_worker",
+}
+
+
+class RankContext:
+    """What a worker needs: its place in the job and a way to report."""
+
+    def __init__(self, env, emit, timeout_s: float):
+        self.env = env
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.device = env.device
+        self.timeout_s = timeout_s
+        self._emit = emit
+
+    def emit(self, kind: str, **payload) -> None:
+        self._emit({"type": kind, **payload})
+
+    def progress(self, step: str) -> None:
+        self.emit("progress", step=step)
+
+
+def _sleep_worker(ctx: RankContext, config: dict) -> None:
+    """A worker for testing the launcher: reports, waits, optionally fails on one rank."""
+    import time
+
+    import torch.distributed as dist
+
+    for i in range(int(config.get("steps", 3))):
+        ctx.progress(f"step {i}")
+        if ctx.rank == config.get("fail_rank") and i == config.get("fail_step", 1):
+            if config.get("how") == "exit":
+                os._exit(7)
+            if config.get("how") == "hang":
+                time.sleep(3600)
+            raise RuntimeError("injected failure")
+        dist.barrier()
+        ctx.emit("row", rank=ctx.rank, step=i, pid=os.getpid())
+        time.sleep(float(config.get("sleep_s", 0.05)))
+
+
+def resolve(worker: str):
+    module, func = WORKERS[worker].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main() -> int:
+    with open(os.environ["TOPOPROF_JOB"]) as f:
+        job = json.load(f)
+    out = os.fdopen(int(os.environ["TOPOPROF_RESULT_FD"]), "w", buffering=1)
+
+    def emit(msg: dict) -> None:
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    from probes import dist
+
+    try:
+        env = dist.init(job["backend"], float(job["timeout_s"]))
+        ctx = RankContext(env, emit, float(job["timeout_s"]))
+        resolve(job["worker"])(ctx, job["config"])
+        emit({"type": "done"})
+    except BaseException as err:  # report, then exit non-zero: the launcher stops the peers
+        traceback.print_exc()
+        emit({"type": "error", "message": f"{type(err).__name__}: {err}".splitlines()[0][:500]})
+        out.close()
+        os._exit(1)
+    finally:
+        try:
+            dist.finish()
+        except Exception:  # a broken group cannot always be torn down; the process ends anyway
+            pass
+    out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The launcher: clean runs, dead, failing and hung ranks, and no orphan processes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from topoprof.launch import JobSpec, external_job, launch_local
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes, but reaped children disappear entirely.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _rows(result):
+    return [m for _, m in result.messages if m["type"] == "row"]
+
+
+def test_clean_run_delivers_every_rank_message():
+    result = launch_local(JobSpec("sleep", {"steps": 3, "sleep_s": 0.01}, 3, "gloo", timeout_s=30))
+    assert result.failure is None
+    assert sorted((m["rank"], m["step"]) for m in _rows(result)) == [(r, s) for r in range(3) for s in range(3)]
+    assert not any(_alive(m["pid"]) for m in _rows(result))
+
+
+def test_killed_rank_ends_run_naming_it_and_keeps_earlier_rows():
+    pids = {}
+
+    def on_message(rank, msg):
+        if msg["type"] == "row":
+            pids[rank] = msg["pid"]
+            if rank == 1 and msg["step"] == 1:
+                os.kill(msg["pid"], signal.SIGKILL)
+
+    start = time.monotonic()
+    result = launch_local(JobSpec("sleep", {"steps": 50, "sleep_s": 0.05}, 2, "gloo", timeout_s=30), on_message)
+    assert result.failure is not None and result.failure.rank == 1
+    assert "SIGKILL" in result.failure.describe()
+    assert len(_rows(result)) >= 3          # rows from before the kill were kept
+    assert time.monotonic() - start < 20    # ended on the death, not on the timeout
+    assert not any(_alive(p) for p in pids.values())
+
+
+def test_rank_that_raises_is_named_with_its_error():
+    result = launch_local(JobSpec("sleep", {"steps": 3, "fail_rank": 1, "how": "raise"}, 2, "gloo", timeout_s=30))
+    assert result.failure.rank == 1
+    assert "injected failure" in result.failure.describe()
+    assert result.failure.last_step == "step 1"
+
+
+def test_stopped_rank_is_detected_as_hung_within_the_timeout():
+    stopped = []
+
+    def on_message(rank, msg):
+        if msg["type"] == "row" and rank == 0 and not stopped:
+            os.kill(msg["pid"], signal.SIGSTOP)
+            stopped.append(msg["pid"])
+
+    start = time.monotonic()
+    result = launch_local(JobSpec("sleep", {"steps": 50, "sleep_s": 0.05}, 2, "gloo", timeout_s=3), on_message)
+    elapsed = time.monotonic() - start
+    assert result.failure is not None and result.failure.rank == 0
+    assert "hung" in result.failure.reason and "stopped" in result.failure.reason
+    assert elapsed < 15
+    assert not _alive(stopped[0])
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    """Even SIGKILL of the CLI itself leaves no rank behind (PR_SET_PDEATHSIG)."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from topoprof.launch import JobSpec, launch_local
+        def on_message(rank, msg):
+            if msg["type"] == "row":
+                print(msg["pid"], flush=True)
+        launch_local(JobSpec("sleep", {{"steps": 1000, "sleep_s": 0.05}}, 2, "gloo", timeout_s=60), on_message)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pids = {int(parent.stdout.readline()) for _ in range(4)}
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def test_external_job_detection():
+    assert external_job({}) is None
+    job = external_job({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
+    assert (job.rank, job.world_size, job.local_rank, job.launcher) == (3, 8, 1, "torchrun")
+    job = external_job({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
+                        "SLURM_NTASKS_PER_NODE": "8(x2)"})
+    assert (job.rank, job.world_size, job.local_world_size, job.launcher) == (5, 16, 8, "slurm")
+    assert external_job({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a plain one-task allocation
+
+
+def test_nproc_below_one_is_refused():
+    from topoprof.errors import InputError
+
+    with pytest.raises(InputError):
+        launch_local(JobSpec("sleep", {}, 0, "gloo", timeout_s=5))

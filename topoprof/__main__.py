@@ -1,0 +1,3 @@
+from topoprof.cli import main
+
+main()

@@ -1,0 +1,74 @@
+"""Nominal link bandwidths: the one table of interconnect constants, each with its source.
+
+All figures are GB/s (1e9 bytes/s) per direction, as NCCL models them when it builds its
+topology graph; they are what a link is *expected* to carry before anything is measured.
+
+Sources
+- NCCL: NVIDIA/nccl `src/graph/topo.h` (v2.2x-2.30): SM60_NVLINK_BW 18.0, SM70_NVLINK_BW 20.0,
+  SM80_NVLINK_BW 20.0, SM86_NVLINK_BW 12.0, SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1,
+  PCI_BW 12.0 ("PCI Gen3 x16"), NET_BW 12.0 ("100Gbit").
+- NCCL `src/graph/topo.cc`/`xml.cc`: PCIe link bandwidth = width x per-lane rate / 80, with the
+  per-lane rates 15/30/60/120/240/480 for 2.5/5/8/16/32/64 GT/s (Gen1..Gen6), so x16 gives
+  3, 6, 12, 24, 48, 96 GB/s. (Theoretical x16: 4, 8, 15.75, 31.5, 63, 126 GB/s; NCCL's figure
+  is what its own model uses and what a busy link delivers after protocol overhead.)
+- NVIDIA datasheets (V100, A100, H100 SXM): 25 GB/s per link per direction, 6/12/18 links.
+"""
+from __future__ import annotations
+
+# NCCL src/graph/topo.h, per NVLink per direction, keyed by compute capability (major, minor).
+# Lookup falls back from (major, minor) to (major, None) so sm87/sm89 and future minors of a
+# known major find their family; a major not in the table returns None (never a borrowed number).
+NVLINK_GBPS_BY_SM: dict[tuple[int, int | None], float] = {
+    (6, None): 18.0,   # SM60_NVLINK_BW (P100)
+    (7, None): 20.0,   # SM70_NVLINK_BW (V100)
+    (8, None): 20.0,   # SM80_NVLINK_BW (A100)
+    (8, 6): 12.0,      # SM86_NVLINK_BW (A40, RTX A6000, RTX 3090 bridge)
+    (9, None): 20.6,   # SM90_NVLINK_BW (H100, H200)
+    (10, None): 40.1,  # SM100_NVLINK_BW (B200, GB200)
+}
+
+# Datasheet peak per NVLink per direction, shown beside NCCL's figure for reference.
+NVLINK_DATASHEET_GBPS = 25.0  # V100/A100/H100 datasheets: 50 GB/s bidirectional per link
+
+# NCCL topo.cc: per-lane rate index for PCIe generation n, bandwidth = width * rate / 80.
+PCIE_LANE_RATE_BY_GEN: dict[int, float] = {1: 15.0, 2: 30.0, 3: 60.0, 4: 120.0, 5: 240.0, 6: 480.0}
+
+# Host-staged GPU pairs (PHB, NODE, SYS, or P2P unavailable): NCCL copies through pinned host
+# shared memory. Its real rate depends on the CPU, memory and PCIe and varies widely: about 1 to
+# 6 GB/s has been observed on workstations and cloud VMs (DESIGN.md section 3; e.g. the nccl-tests
+# table in tests/fixtures/topo/22_*: 4.0 GB/s busbw on a P2P-less PIX pair). The range is given
+# as uncertain, never as a single number, until bench measures it.
+HOST_STAGED_RANGE_GBPS: tuple[float, float] = (1.0, 6.0)
+
+# NCCL topo.h NET_BW 12.0 for 100 Gbit/s: a NIC's GB/s is its Gbit/s / 8 (before protocol overhead).
+BITS_PER_BYTE = 8
+
+
+def nvlink_gbps_per_link(compute_capability: tuple[int, int] | None) -> float | None:
+    """NCCL's per-link NVLink bandwidth for a compute capability, or None if unknown."""
+    if compute_capability is None:
+        return None
+    major, minor = compute_capability
+    if (major, minor) in NVLINK_GBPS_BY_SM:
+        return NVLINK_GBPS_BY_SM[(major, minor)]
+    return NVLINK_GBPS_BY_SM.get((major, None))
+
+
+def nvlink_gbps_bounds() -> tuple[float, float]:
+    """Smallest and largest per-link figure in the table: the range when the GPU is unknown."""
+    values = NVLINK_GBPS_BY_SM.values()
+    return min(values), max(values)
+
+
+def pcie_gbps(generation: int | None, width: int | None) -> float | None:
+    """NCCL's PCIe link bandwidth (width x lane rate / 80), or None if either input is unknown."""
+    if generation is None or width is None or generation not in PCIE_LANE_RATE_BY_GEN:
+        return None
+    return width * PCIE_LANE_RATE_BY_GEN[generation] / 80.0
+
+
+def nic_gbps(rate_gbit: float | None) -> float | None:
+    """A NIC's nominal GB/s from its link rate in Gbit/s (NCCL: 100 Gbit ~ 12 GB/s)."""
+    if rate_gbit is None or rate_gbit <= 0:
+        return None
+    return rate_gbit / BITS_PER_BYTE

@@ -1,0 +1,45 @@
+"""JSON output: dataclasses to plain data, and the envelope every `--json` document carries."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+from topoprof import __version__
+
+SCHEMA_VERSION = 1
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON data from dataclasses, mappings, tuples and sets; NaN/inf become null."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(to_jsonable(v) for v in obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def envelope(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The common head of every JSON document: schema, tool version, host and UTC time."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": kind,
+        "tool": {"name": "topoprof", "version": __version__},
+        "host": platform.node(),
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **{k: to_jsonable(v) for k, v in payload.items()},
+    }
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False)

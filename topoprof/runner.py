@@ -1,0 +1,60 @@
+"""Run rank work locally (spawned ranks) or as one rank of an enclosing torchrun/SLURM job."""
+from __future__ import annotations
+
+import os
+import time
+
+from topoprof.launch import ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job, launch_local
+
+
+def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[str, int, str]:
+    """NCCL with one rank per visible GPU; with no GPU, gloo with 2 CPU ranks. Returns a note too."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:
+        backend = "nccl" if gpus > 0 else "gloo"
+    if nproc is None:
+        nproc = gpus if backend == "nccl" else 2
+    note = f"{gpus} visible GPU(s); backend {backend}, {nproc} rank(s)"
+    if backend == "nccl" and gpus == 0:
+        from topoprof.errors import NothingMeasured
+
+        raise NothingMeasured("--backend nccl needs a CUDA GPU; none is visible (use --backend gloo)")
+    if backend == "nccl" and nproc > gpus:
+        from topoprof.errors import InputError
+
+        raise InputError(f"--nproc {nproc} > {gpus} visible GPU(s): NCCL needs one GPU per rank")
+    return backend, nproc, note
+
+
+def run_job(spec: JobSpec, on_message: OnMessage) -> RunResult:
+    job = external_job()
+    if job is None:
+        return launch_local(spec, on_message)
+    return _run_in_process(job, spec, on_message)
+
+
+def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
+    """This process is one rank of torchrun/SLURM: run the worker here; rank 0 reports."""
+    from probes import dist
+    from probes.rank_main import RankContext, resolve
+
+    messages: list[tuple[int, dict]] = []
+
+    def emit(msg: dict) -> None:
+        messages.append((job.rank, msg))
+        if job.rank == 0:
+            on_message(0, msg)
+
+    start = time.monotonic()
+    failure = None
+    os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
+    try:
+        env = dist.init(spec.backend, spec.timeout_s)
+        resolve(spec.worker)(RankContext(env, emit, spec.timeout_s), spec.config)
+    except Exception as err:  # one line; peers see the broken group and stop too
+        failure = RankFailure(job.rank, f"raised {type(err).__name__}", None, str(err).splitlines()[0][:300])
+    finally:
+        dist.finish()
+    return RunResult(messages, failure, log_dir="", wall_s=time.monotonic() - start)
