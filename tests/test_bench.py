@@ -1,0 +1,118 @@
+"""`topoprof bench` on gloo ranks: rows, busbw factors, correctness check, failures, import."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from topoprof.bench import BenchOptions, run_bench
+from topoprof.collectives import COLLECTIVES, size_sweep
+
+FIXTURE_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
+SMALL = tuple(size_sweep(1024, 256 * 1024, 4))
+
+
+def _cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_every_collective_is_correct_and_scored_with_nccl_tests_factors(nproc):
+    opts = BenchOptions(backend="gloo", nproc=nproc, collectives=tuple(COLLECTIVES), sizes=SMALL, iters=2, warmup=1)
+    result = run_bench(opts)
+    assert result.status == "ok", result.error
+    factors = {"all_reduce": 2 * (nproc - 1) / nproc, "all_gather": (nproc - 1) / nproc,
+               "reduce_scatter": (nproc - 1) / nproc, "all_to_all": (nproc - 1) / nproc,
+               "broadcast": 1.0, "reduce": 1.0, "sendrecv": 1.0}
+    seen = {row.collective for row in result.rows}
+    assert seen == set(COLLECTIVES)
+    for row in result.rows:
+        assert row.wrong == 0, row
+        assert len(row.rank_times_us) == nproc
+        assert row.algbw_gbps == pytest.approx(row.size_bytes / (row.time_us * 1e3))
+        assert row.busbw_gbps == pytest.approx(row.algbw_gbps * factors[row.collective])
+        assert row.time_us == pytest.approx(sum(row.rank_times_us) / nproc)  # the 'avg' rule
+    assert result.metadata["world_size"] == nproc and len(result.metadata["ranks"]) == nproc
+
+
+def test_a_corrupted_result_is_counted_as_wrong():
+    opts = BenchOptions(backend="gloo", nproc=2, collectives=("all_reduce", "all_gather"), sizes=SMALL[:2],
+                        iters=1, warmup=0, corrupt_rank=1)
+    result = run_bench(opts)
+    assert result.rows and all(row.wrong == 1 for row in result.rows)
+
+
+def test_cli_json_contract_and_fit():
+    # Sizes where the bandwidth term dominates, so the fit has a finite bandwidth even on a noisy machine.
+    proc = _cli("bench", "--nproc", "2", "-b", "256K", "-e", "16M", "-f", "4", "-n", "5", "-w", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit",
+            "slow_ranks", "nccl", "copies", "stopped"} <= set(doc)
+    row = doc["rows"][0]
+    assert set(row) == {"collective", "size_bytes", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps",
+                        "wrong", "rank_times_us"}
+    assert [r["size_bytes"] for r in doc["rows"]] == [262144, 1048576, 4194304, 16777216]
+    fit = doc["fit"]["all_reduce"]
+    assert fit["latency_us"] >= 0 and fit["bandwidth_gbps"] > 0 and fit["r2"] <= 1.0
+    meta = doc["metadata"]
+    assert meta["backend"] == "gloo" and meta["combine"] == "avg" and meta["torch_version"]
+
+
+def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
+    out = tmp_path / "bench.json"
+    cli = subprocess.Popen([sys.executable, "-m", "topoprof", "bench", "--nproc", "2", "-b", "64K", "-e", "64M",
+                            "-n", "20", "-w", "2", "--out", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in cli.stdout:  # wait for the first measured rows, then kill rank 1
+        lines.append(line)
+        if sum(1 for l in lines if l.strip() and not l.startswith("#")) >= 2:
+            break
+    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if "probes.rank_main" in " ".join(p.cmdline())]
+    victim = next(p for p in ranks if p.environ().get("RANK") == "1")
+    victim.send_signal(signal.SIGKILL)
+    rest, err = cli.communicate(timeout=120)
+    assert cli.returncode == 3, err
+    assert err.count("\n") == 1 and "rank 1" in err and "SIGKILL" in err and "Traceback" not in err, err
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "error" and "rank 1" in doc["error"]
+    assert len(doc["rows"]) >= 2
+    time.sleep(0.5)
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_nccl_tests_import_gives_rows_and_fit():
+    proc = _cli("bench", "--from-nccl-tests", FIXTURE_LOG, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert len(doc["rows"]) == 28
+    peak = max(doc["rows"], key=lambda r: r["busbw_gbps"])
+    assert peak["busbw_gbps"] == pytest.approx(4.0) and peak["size_bytes"] == 134217728
+    assert doc["fit"]["all_reduce"]["bandwidth_gbps"] == pytest.approx(4.0, rel=0.05)
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (["bench", "-b", "12Q"], 2, "bad size"),
+    (["bench", "--collectives", "allreduce_typo"], 2, "unknown collective"),
+    (["bench", "-b", "1M", "-e", "1K"], 2, "min size"),
+    (["bench", "--backend", "nccl"], 1, "needs a CUDA GPU"),
+    (["bench", "--from-nccl-tests", "/nonexistent/log.txt"], 2, "cannot read"),
+])
+def test_bad_input_gives_one_line_and_exit_code(args, code, text):
+    proc = _cli(*args)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert text in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_copies_are_skipped_with_a_reason_without_gpu():
+    proc = _cli("bench", "--nproc", "2", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--copies", "--json")
+    assert proc.returncode == 0, proc.stderr
+    copies = json.loads(proc.stdout)["copies"]
+    assert copies["status"] == "unsupported" and "CUDA GPU" in copies["detail"]

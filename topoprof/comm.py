@@ -1,0 +1,277 @@
+"""Time of one collective as a function of its size: the ring (alpha-beta) model.
+
+For n ranks on a ring whose slowest edge moves B bytes/s per direction, with a per-hop latency a
+(Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+JPDC 2009; NCCL `src/graph/tuning.cc`, whose step counts we follow for the latency terms):
+
+  all-reduce                  T = 2(n-1)*a + 2(n-1)/n * S/B
+  reduce-scatter, all-gather  T =  (n-1)*a +  (n-1)/n * S/B   (S = the full buffer, nccl-tests)
+  broadcast, reduce           T =  (n-1)*a +          S/B     (a pipelined chain of n-1 hops)
+  gather onto one rank        T =  (n-1)*a + (n-1) *  S/B     (S per rank; all enters the root
+                                                              through its one inbound ring edge)
+
+B is what nccl-tests calls bus bandwidth (busbw = algbw * 2(n-1)/n for all-reduce,
+nccl-tests `doc/PERFORMANCE.md`), so a measured all-reduce fit t(S) = alpha + S/beta gives
+B = beta * 2(n-1)/n and a = alpha / (2(n-1)). A chain broadcast pays n-1 hop latencies; NCCL's
+tuning.cc charges n steps for it, a difference of one hop. One rank (n = 1) communicates nothing.
+GB/s = 1e9 B/s; latencies in microseconds.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any
+
+from topoprof.errors import InputError
+
+GB = 1e9
+US = 1e-6
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise InputError(f"{name} must be > 0, got {value}")
+
+
+def _check_range(name: str, nominal: float, rng: tuple[float, float] | None) -> None:
+    if rng is None:
+        return
+    low, high = rng
+    if not 0 < low <= nominal <= high:
+        raise InputError(f"{name} range must satisfy 0 < low <= nominal <= high, "
+                         f"got low({low}) nominal({nominal}) high({high})")
+
+
+class CommModel(ABC):
+    """Collective times in seconds for buffers of `size_bytes` on `world_size` ranks."""
+
+    world_size: int
+
+    @property
+    @abstractmethod
+    def bus_bandwidth_gbps(self) -> float:
+        """B of the ring formulas: the slowest edge's per-direction bandwidth."""
+
+    @abstractmethod
+    def _latency_s(self, hops: str) -> float:
+        """Latency of a collective: hops is 'allreduce', 'half' (RS/AG) or 'chain'."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The inputs and the formula, for a report."""
+
+    @abstractmethod
+    def bounds(self) -> tuple[CommModel, CommModel] | None:
+        """(slowest, fastest) variants when an input is a range, else None."""
+
+    @abstractmethod
+    def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
+        """The same links at another job shape (for sweeps over world size)."""
+
+    def _bytes_s(self, size_bytes: float) -> float:
+        return size_bytes / (self.bus_bandwidth_gbps * GB)
+
+    def allreduce_s(self, size_bytes: float) -> float:
+        n = self.world_size
+        if n == 1:
+            return 0.0
+        return self._latency_s("allreduce") + 2 * (n - 1) / n * self._bytes_s(size_bytes)
+
+    def reduce_scatter_s(self, size_bytes: float) -> float:
+        n = self.world_size
+        if n == 1:
+            return 0.0
+        return self._latency_s("half") + (n - 1) / n * self._bytes_s(size_bytes)
+
+    all_gather_s = reduce_scatter_s
+
+    def broadcast_s(self, size_bytes: float) -> float:
+        if self.world_size == 1:
+            return 0.0
+        return self._latency_s("chain") + self._bytes_s(size_bytes)
+
+    reduce_s = broadcast_s
+
+    def gather_s(self, size_bytes_per_rank: float) -> float:
+        n = self.world_size
+        if n == 1:
+            return 0.0
+        return self._latency_s("chain") + (n - 1) * self._bytes_s(size_bytes_per_rank)
+
+
+def _hop_count(hops: str, n: int) -> int:
+    """NCCL tuning.cc ring step counts: 2(n-1) for all-reduce, n-1 for the others."""
+    return 2 * (n - 1) if hops == "allreduce" else n - 1
+
+
+@dataclass(frozen=True)
+class RingComm(CommModel):
+    """A ring over links of `link_bandwidth_gbps` per direction (the slowest edge of the ring,
+    summed over the rings/channels NCCL runs in parallel) and `hop_latency_us` per hop.
+    `base_latency_us` is added once per collective (NCCL tuning.cc baseLat, e.g. 8.4 us for
+    ring/Simple); it is an explicit input, 0 unless given."""
+
+    link_bandwidth_gbps: float
+    hop_latency_us: float
+    world_size: int
+    bandwidth_range_gbps: tuple[float, float] | None = None
+    base_latency_us: float = 0.0
+    source: str = "given"
+
+    def __post_init__(self) -> None:
+        _check_positive("link_bandwidth_gbps", self.link_bandwidth_gbps)
+        if self.hop_latency_us < 0 or self.base_latency_us < 0:
+            raise InputError(f"latencies must be >= 0, got hop_latency_us({self.hop_latency_us}) "
+                             f"base_latency_us({self.base_latency_us})")
+        if self.world_size < 1:
+            raise InputError(f"world_size must be >= 1, got {self.world_size}")
+        _check_range("link_bandwidth_gbps", self.link_bandwidth_gbps, self.bandwidth_range_gbps)
+
+    @property
+    def bus_bandwidth_gbps(self) -> float:
+        return self.link_bandwidth_gbps
+
+    def _latency_s(self, hops: str) -> float:
+        steps = _hop_count(hops, self.world_size)
+        return (self.base_latency_us + steps * self.hop_latency_us) * US
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "ring", "link_bandwidth_gbps": self.link_bandwidth_gbps,
+                "bandwidth_range_gbps": self.bandwidth_range_gbps,
+                "hop_latency_us": self.hop_latency_us, "base_latency_us": self.base_latency_us,
+                "world_size": self.world_size, "source": self.source,
+                "formula": "allreduce = base + 2(n-1)*hop + 2(n-1)/n * S/B"}
+
+    def bounds(self) -> tuple[CommModel, CommModel] | None:
+        if self.bandwidth_range_gbps is None:
+            return None
+        low, high = self.bandwidth_range_gbps
+        return (replace(self, link_bandwidth_gbps=low, bandwidth_range_gbps=None),
+                replace(self, link_bandwidth_gbps=high, bandwidth_range_gbps=None))
+
+    def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
+        return replace(self, world_size=nodes * gpus_per_node)
+
+
+@dataclass(frozen=True)
+class FitComm(CommModel):
+    """A measured all-reduce fit t(S) = latency + S/algbw at `world_size` ranks.
+
+    Other collectives and other world sizes follow from the ring model with the bus bandwidth
+    B = algbw * 2(n-1)/n and the per-hop latency latency/(2(n-1)) held fixed: nccl-tests defines
+    busbw so that it does not depend on n for ring algorithms (doc/PERFORMANCE.md). That is an
+    extrapolation from the one measured shape, and `describe()` says so."""
+
+    latency_us: float
+    algbw_gbps: float
+    world_size: int
+    algbw_range_gbps: tuple[float, float] | None = None
+    source: str = "bench fit"
+    measured_world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("algbw_gbps", self.algbw_gbps)
+        if self.latency_us < 0:
+            raise InputError(f"latency_us must be >= 0, got {self.latency_us}")
+        if self.world_size < 1:
+            raise InputError(f"world_size must be >= 1, got {self.world_size}")
+        if self.measured_world_size is None:
+            if self.world_size < 2:
+                raise InputError("an all-reduce fit needs world_size >= 2, got 1")
+            object.__setattr__(self, "measured_world_size", self.world_size)
+        _check_range("algbw_gbps", self.algbw_gbps, self.algbw_range_gbps)
+
+    def _factor(self) -> float:
+        m = self.measured_world_size
+        return 2 * (m - 1) / m
+
+    @property
+    def bus_bandwidth_gbps(self) -> float:
+        return self.algbw_gbps * self._factor()
+
+    def _latency_s(self, hops: str) -> float:
+        m = self.measured_world_size
+        per_hop_us = self.latency_us / (2 * (m - 1))
+        return _hop_count(hops, self.world_size) * per_hop_us * US
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "fit", "latency_us": self.latency_us, "algbw_gbps": self.algbw_gbps,
+                "algbw_range_gbps": self.algbw_range_gbps,
+                "bus_bandwidth_gbps": self.bus_bandwidth_gbps,
+                "measured_world_size": self.measured_world_size, "world_size": self.world_size,
+                "extrapolated": self.world_size != self.measured_world_size,
+                "source": self.source, "formula": "allreduce = latency + S/algbw (at the "
+                "measured n); other n: busbw and per-hop latency held fixed"}
+
+    def bounds(self) -> tuple[CommModel, CommModel] | None:
+        if self.algbw_range_gbps is None:
+            return None
+        low, high = self.algbw_range_gbps
+        return (replace(self, algbw_gbps=low, algbw_range_gbps=None),
+                replace(self, algbw_gbps=high, algbw_range_gbps=None))
+
+    def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
+        return replace(self, world_size=nodes * gpus_per_node)
+
+
+@dataclass(frozen=True)
+class HierarchicalComm(CommModel):
+    """NCCL's ring across nodes: each node's GPUs in a row, then one edge to the next node.
+
+    `intra` is the ring inside a node (world_size = gpus_per_node). `inter.link_bandwidth_gbps`
+    is the node's *total* NIC bandwidth per direction, not a per-GPU share: in a ring each node
+    boundary is crossed by one edge per channel, NCCL spreads its channels over the node's NICs
+    (src/graph/search.cc), and every ring edge carries the same 2(n-1)/n * S. So the node's NICs
+    together move 2(n-1)/n * S, like any intra-node edge, and B = min(intra B, node NIC total):
+    the slowest level bounds the ring. (A hierarchical reduce-scatter / all-reduce / all-gather
+    gives the same bandwidth term: each GPU sends 2(m-1)/m * S/g over a 1/g share of the NICs.)
+    Latency follows tuning.cc: 2(m-1) of the 2(n-1) all-reduce steps are network hops."""
+
+    intra: RingComm
+    inter: RingComm
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.intra.world_size != self.gpus_per_node:
+            raise InputError(f"intra.world_size({self.intra.world_size}) != "
+                             f"gpus_per_node({self.gpus_per_node})")
+        if self.inter.world_size != self.nodes:
+            raise InputError(f"inter.world_size({self.inter.world_size}) != nodes({self.nodes})")
+
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def bus_bandwidth_gbps(self) -> float:
+        return min(self.intra.link_bandwidth_gbps, self.inter.link_bandwidth_gbps)
+
+    def _latency_s(self, hops: str) -> float:
+        n, m = self.world_size, self.nodes
+        total = _hop_count(hops, n)
+        inter = _hop_count(hops, m)
+        base = max(self.intra.base_latency_us, self.inter.base_latency_us)
+        us = base + (total - inter) * self.intra.hop_latency_us + inter * self.inter.hop_latency_us
+        return us * US
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "hierarchical", "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "world_size": self.world_size, "intra": self.intra.describe(),
+                "inter": self.inter.describe(), "bus_bandwidth_gbps": self.bus_bandwidth_gbps,
+                "formula": "flat ring over all GPUs; B = min(intra link, node NIC total)"}
+
+    def bounds(self) -> tuple[CommModel, CommModel] | None:
+        intra_b, inter_b = self.intra.bounds(), self.inter.bounds()
+        if intra_b is None and inter_b is None:
+            return None
+        intra_b = intra_b or (self.intra, self.intra)
+        inter_b = inter_b or (self.inter, self.inter)
+        return (replace(self, intra=intra_b[0], inter=inter_b[0]),
+                replace(self, intra=intra_b[1], inter=inter_b[1]))
+
+    def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
+        intra = replace(self.intra, world_size=gpus_per_node)
+        if nodes == 1:
+            return intra
+        return HierarchicalComm(intra, replace(self.inter, world_size=nodes), nodes, gpus_per_node)

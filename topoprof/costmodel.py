@@ -1,0 +1,432 @@
+"""Predicted time of one optimizer step for DataParallel, DDP and their accumulation variants.
+
+Per micro-batch each GPU computes c = T_fwd + T_bwd; a step is k micro-batches then the
+optimizer, T_opt. DDP overlaps all-reduce with backward through buckets (`topoprof.buckets`).
+Build `ModelInputs` from `Workload`, `Compute` and `Cluster`, then call `predict`; `sweep`,
+`hide_threshold` and `fixed_global_batch` answer "what would changing this gain me".
+The README section "How the model works" states each formula with its source.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from topoprof.buckets import Bucket, ddp_bucket_limits, ddp_buckets, simulate_overlap, take_tensors
+from topoprof.comm import GB, CommModel
+from topoprof.errors import InputError
+from topoprof.gpu_specs import Compute, compute_times
+from topoprof.presets import Layout, get_preset, synthetic_layout
+
+STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
+              "ddp_fp16_compress")
+FP16_BYTES = 2  # what fp16_compress_hook sends per element (torch.float16)
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise InputError(message)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: parameter layout, dtypes, batch, DDP bucket options."""
+
+    layout: Layout
+    grad_bytes: int = 4  # 4 under torch.autocast (fp32 params), 2 for pure bf16/fp16
+    param_bytes: int = 4  # what DataParallel's replicate broadcasts per parameter
+    micro_batch_size: int = 1  # samples per GPU per micro-batch
+    tokens_per_micro_batch: int | None = None  # per GPU; for the FLOPs estimate
+    bucket_cap_mb: float | None = None  # None = torch default (25 MiB, first bucket 1 MiB)
+    gradient_as_bucket_view: bool = False
+    dp_output_bytes: int = 0  # per GPU, gathered to GPU 0 by DataParallel (0 = a small loss)
+
+    def __post_init__(self) -> None:
+        _need(self.grad_bytes in (2, 4), f"grad_bytes must be 2 or 4, got {self.grad_bytes}")
+        _need(self.param_bytes in (2, 4), f"param_bytes must be 2 or 4, got {self.param_bytes}")
+        _need(self.micro_batch_size >= 1,
+              f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        _need(self.tokens_per_micro_batch is None or self.tokens_per_micro_batch >= 1,
+              f"tokens_per_micro_batch must be >= 1, got {self.tokens_per_micro_batch}")
+        _need(self.dp_output_bytes >= 0, f"dp_output_bytes must be >= 0, got {self.dp_output_bytes}")
+        ddp_bucket_limits(self.bucket_cap_mb)  # validates
+
+    @classmethod
+    def from_preset(cls, name: str, **kwargs: Any) -> Workload:
+        return cls(get_preset(name), **kwargs)
+
+    @classmethod
+    def from_params(cls, params: int, **kwargs: Any) -> Workload:
+        return cls(synthetic_layout(params), **kwargs)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    comm: CommModel
+    nodes: int = 1
+    gpus_per_node: int = 1
+    world_size: int | None = None  # optional; checked against nodes * gpus_per_node
+
+    def __post_init__(self) -> None:
+        _need(self.nodes >= 1 and self.gpus_per_node >= 1, f"nodes({self.nodes}) and "
+              f"gpus_per_node({self.gpus_per_node}) must be >= 1")
+        n = self.nodes * self.gpus_per_node
+        _need(self.world_size is None or self.world_size == n, f"world_size({self.world_size}) "
+              f"!= nodes({self.nodes}) * gpus_per_node({self.gpus_per_node})")
+        _need(self.comm.world_size == n, f"comm model world_size({self.comm.world_size}) != "
+              f"nodes({self.nodes}) * gpus_per_node({self.gpus_per_node})")
+        object.__setattr__(self, "world_size", n)
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    workload: Workload
+    compute: Compute
+    cluster: Cluster
+    accumulation_steps: int = 1
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.accumulation_steps, int) and self.accumulation_steps >= 1,
+              f"accumulation_steps must be an integer >= 1, got {self.accumulation_steps}")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The numbers the strategies need; `echo` says where each came from."""
+
+    inputs: ModelInputs
+    micro_batch_s: float
+    backward_s: float
+    optimizer_s: float
+    memory_bandwidth_gbps: float | None
+    echo: dict[str, tuple[Any, str]]
+    warnings: tuple[str, ...]
+
+
+def resolve(inputs: ModelInputs) -> Resolved:
+    work, cl = inputs.workload, inputs.cluster
+    times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
+                          work.tokens_per_micro_batch, work.grad_bytes)
+    first, cap = ddp_bucket_limits(work.bucket_cap_mb)
+    default_cap = work.bucket_cap_mb is None
+    dp_overhead = inputs.compute.dp_thread_overhead_s
+    echo = {**times.echo,
+            "model": (work.layout.name, work.layout.source),
+            "params": (work.layout.params, work.layout.source),
+            "grad_bytes": (work.grad_bytes, "given"), "param_bytes": (work.param_bytes, "given"),
+            "micro_batch_size": (work.micro_batch_size, "given"),
+            "tokens_per_micro_batch": (work.tokens_per_micro_batch, "given"),
+            "accumulation_steps": (inputs.accumulation_steps, "given"),
+            "world_size": (cl.world_size, "nodes x gpus_per_node"), "nodes": (cl.nodes, "given"),
+            "gpus_per_node": (cl.gpus_per_node, "given"),
+            "comm": (cl.comm.describe(), str(getattr(cl.comm, "source", "given"))),
+            "bucket_cap_bytes": (cap, "torch default 25 MiB" if default_cap else "given"),
+            "first_bucket_cap_bytes": (first, "dist._DEFAULT_FIRST_BUCKET_BYTES" if default_cap
+                                       else "= bucket_cap when bucket_cap_mb is given (torch)"),
+            "gradient_as_bucket_view": (work.gradient_as_bucket_view, "given"),
+            "dp_thread_overhead_s": (dp_overhead, "given" if dp_overhead
+                                     else "default 0: GIL contention not modelled unless given"),
+            "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
+                                else "default 0: outputs assumed small (a loss)")}
+    return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
+                    times.memory_bandwidth_gbps, echo, times.warnings)
+
+
+def _memory_s(res: Resolved, traffic_bytes: float) -> float:
+    if res.memory_bandwidth_gbps is None:
+        return 0.0  # unknown: recorded in warnings, never guessed
+    return traffic_bytes / (res.memory_bandwidth_gbps * GB)
+
+
+def bucket_comm_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
+                  fp16_compress: bool = False) -> list[float]:
+    """Each bucket's time on the communication chain. With fp16_compress_hook
+    (default_hooks.py `_compress_hook`) the bucket is cast to fp16, divided in place,
+    all-reduced at half the bytes and copied back: numel*(2*grad_bytes + 8) bytes of memory
+    traffic on that bucket's chain, around its all-reduce."""
+    if not fp16_compress:
+        return [comm.allreduce_s(b.size_bytes) for b in buckets]
+    cast = 2 * res.inputs.workload.grad_bytes + 4 * FP16_BYTES
+    return [comm.allreduce_s(b.numel * FP16_BYTES) + _memory_s(res, b.numel * cast)
+            for b in buckets]
+
+
+def copies_s(res: Resolved) -> float:
+    """reducer.cpp `mark_variable_ready_dense` copies each gradient into its bucket (dividing
+    by world size) and `finalize_backward` copies the result back: read + write G each way,
+    4G bytes; with gradient_as_bucket_view the gradients are the bucket and only the in-place
+    divide is left, 2G."""
+    work = res.inputs.workload
+    passes = 2 if work.gradient_as_bucket_view else 4
+    return _memory_s(res, passes * work.grad_bytes * work.layout.params)
+
+
+def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
+                  fp16_compress: bool = False) -> float:
+    """E per synced micro-batch: what the bucket pipeline adds to backward, plus copies."""
+    ready = [b.ready_fraction * res.backward_s for b in buckets]
+    overlap = simulate_overlap(ready, bucket_comm_s(res, buckets, comm, fp16_compress),
+                               res.backward_s, res.inputs.compute.compute_slowdown_during_comm)
+    return overlap.exposed_s + copies_s(res)
+
+
+def dp_comm_s(res: Resolved, comm: CommModel) -> float:
+    """DataParallel per forward/backward, none of it overlapped with compute: `replicate`
+    broadcasts every parameter from GPU 0 (`broadcast_coalesced`, 10 MiB chunks), `gather`
+    copies outputs to GPU 0, and after the whole backward `ReduceAddCoalesced` sums every
+    gradient onto GPU 0 (10 MiB chunks, NCCL reduce). Sources: torch/nn/parallel/
+    data_parallel.py, replicate.py, _functions.py, comm.py."""
+    work = res.inputs.workload
+    numel = [t.numel for t in work.layout.tensors]
+    broadcast = sum(comm.broadcast_s(s) for s in take_tensors([n * work.param_bytes for n in numel]))
+    reduce = sum(comm.reduce_s(s) for s in take_tensors([n * work.grad_bytes for n in numel]))
+    return broadcast + reduce + (comm.gather_s(work.dp_output_bytes) if work.dp_output_bytes else 0.0)
+
+
+def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
+               ) -> dict[str, tuple[float, float] | str]:
+    """(step_time_s, comm_exposed_s) per strategy, or why it does not apply."""
+    k, c, t_opt = res.inputs.accumulation_steps, res.micro_batch_s, res.optimizer_s
+    e = ddp_exposed_s(res, buckets, comm)
+    e16 = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+    out: dict[str, tuple[float, float] | str] = {
+        "single": (k * c + t_opt, 0.0),
+        "ddp_synced": (k * (c + e) + t_opt, k * e),
+        "ddp_no_sync": (k * c + e + t_opt, e),
+        # _post_forward calls reducer.prepare_for_backward whenever require_backward_grad_sync
+        # is True during forward; no_sync() around backward alone then changes nothing.
+        "ddp_no_sync_backward_only": (k * (c + e) + t_opt, k * e),
+        "ddp_fp16_compress": (k * (c + e16) + t_opt, k * e16),
+    }
+    if res.inputs.cluster.nodes > 1:
+        out["dp"] = "DataParallel is single-process, single-node"
+    else:
+        d = dp_comm_s(res, comm)
+        out["dp"] = (k * (c + d + res.inputs.compute.dp_thread_overhead_s) + t_opt, k * d)
+    return out
+
+
+FORMULAS = {
+    "single": "k*c + T_opt (one GPU)",
+    "dp": "k*(c + broadcast(params) + gather(outputs) + reduce(grads) + thread_overhead) + T_opt",
+    "ddp_synced": "k*(c + E) + T_opt",
+    "ddp_no_sync": "k*c + E + T_opt",
+    "ddp_no_sync_backward_only": "k*(c + E) + T_opt, the same as ddp_synced",
+    "ddp_fp16_compress": "k*(c + E_fp16) + T_opt",
+}
+ASSUMPTIONS = (
+    "gradients become ready in reverse forward order; a tensor's share of backward is its "
+    "matmul FLOPs (embedding lookups, norms, biases ~0; attention score FLOPs left out)",
+    "DDP buckets are the ones rebuilt after the first iteration (gradient-ready order); the "
+    "first iteration (one bucket per dtype) and buffer broadcasts are not modelled",
+    "bucket all-reduces run one at a time in bucket order: start_j = max(ready_j, end_{j-1})",
+    "bucket copy traffic (4G bytes, 2G with gradient_as_bucket_view) is fully exposed",
+    "DDP's optimizer step on each GPU takes T_opt, as on one GPU",
+    "DataParallel: input scatter not modelled; output gather = dp_output_bytes per GPU; "
+    "Python-thread/GIL cost = dp_thread_overhead_s (both 0 unless given)",
+)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Values at the two ends of a communication input's range (slow link -> high time)."""
+
+    step_time_s: tuple[float, float]
+    comm_exposed_s: tuple[float, float]
+    samples_per_s: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    step_time_s: float
+    comm_exposed_s: float  # communication not hidden behind compute, per optimizer step
+    samples_per_step: int  # micro_batch_size x k x world_size (single: x k only)
+    samples_per_s: float
+    speedup_vs_ddp_synced: float  # samples_per_s / ddp_synced's samples_per_s (per sample)
+    range: Range | None
+    formula: str
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    reason: str
+
+
+@dataclass(frozen=True)
+class BucketSummary:
+    count: int
+    sizes_bytes: tuple[int, ...]  # in launch (gradient-ready) order
+    ready_fractions: tuple[float, ...]  # share of backward done when each is ready
+    first_bucket_cap_bytes: int
+    bucket_cap_bytes: int
+
+
+@dataclass(frozen=True)
+class InputValue:
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategies: dict[str, StrategyResult | Unavailable]
+    per_micro_batch: dict[str, float]  # c, T_bwd, T_opt, E, E_fp16, DP comm
+    inputs: dict[str, InputValue]
+    buckets: BucketSummary
+    assumptions: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def _samples(res: Resolved, name: str) -> int:
+    gpus = 1 if name == "single" else res.inputs.cluster.world_size
+    return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
+
+
+def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
+              ) -> dict[str, StrategyResult | Unavailable]:
+    synced_rate = _samples(res, "ddp_synced") / nominal["ddp_synced"][0]
+    out: dict[str, StrategyResult | Unavailable] = {}
+    for name in STRATEGIES:
+        if isinstance(nominal[name], str):
+            out[name] = Unavailable(nominal[name])
+            continue
+        step, exposed = nominal[name]
+        samples = _samples(res, name)
+        rng = None
+        if bounds is not None:
+            (hi, e_hi), (lo, e_lo) = bounds[0][name], bounds[1][name]
+            rng = Range((lo, hi), (e_lo, e_hi), (samples / hi, samples / lo))
+        out[name] = StrategyResult(step, exposed, samples, samples / step,
+                                   samples / step / synced_rate, rng, FORMULAS[name])
+    return out
+
+
+def predict(inputs: ModelInputs) -> Prediction:
+    """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON."""
+    res = resolve(inputs)
+    comm = inputs.cluster.comm
+    buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
+                          inputs.workload.bucket_cap_mb)
+    nominal = step_times(res, buckets, comm)
+    ends = comm.bounds()
+    bounds = (step_times(res, buckets, ends[0]), step_times(res, buckets, ends[1])) if ends else None
+    first, cap = ddp_bucket_limits(inputs.workload.bucket_cap_mb)
+    summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
+                            tuple(b.ready_fraction for b in buckets), first, cap)
+    pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,
+              "optimizer_s": res.optimizer_s, "ddp_exposed_s": ddp_exposed_s(res, buckets, comm),
+              "ddp_fp16_exposed_s": ddp_exposed_s(res, buckets, comm, fp16_compress=True)}
+    if inputs.cluster.nodes == 1:
+        pieces["dp_comm_s"] = dp_comm_s(res, comm)
+    echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
+    return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
+                      res.warnings)
+
+
+def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,
+               accumulation_steps: int | None = None) -> ModelInputs:
+    """The same job on another shape: the comm model re-derived for it (`CommModel.at_shape`)."""
+    comm = inputs.cluster.comm.at_shape(nodes, gpus_per_node)
+    k = accumulation_steps if accumulation_steps is not None else inputs.accumulation_steps
+    return replace(inputs, cluster=Cluster(comm, nodes, gpus_per_node), accumulation_steps=k)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    accumulation_steps: int
+    strategies: dict[str, StrategyResult | Unavailable]
+
+
+def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
+          shapes: Iterable[tuple[int, int]] | None = None) -> tuple[SweepPoint, ...]:
+    """Every strategy over k and over (nodes, gpus_per_node) shapes (default: the input's)."""
+    cl = inputs.cluster
+    points = []
+    for nodes, gpus in shapes if shapes is not None else [(cl.nodes, cl.gpus_per_node)]:
+        for k in accumulation_steps:
+            p = predict(with_shape(inputs, nodes, gpus, k))
+            points.append(SweepPoint(nodes, gpus, nodes * gpus, k, p.strategies))
+    return tuple(points)
+
+
+@dataclass(frozen=True)
+class HideThreshold:
+    """DDP's exposed communication E falls as compute per micro-batch c grows, down to a floor:
+    the buckets ready only at the end of backward, the slowdown on the rest, and the copies.
+    `threshold_micro_batch_time_s` is the smallest c at which E reaches that floor."""
+
+    micro_batch_time_s: float
+    exposed_s: float
+    exposed_floor_s: float
+    threshold_micro_batch_time_s: float
+    hidden: bool  # the current c is at or above the threshold
+
+
+def hide_threshold(inputs: ModelInputs) -> HideThreshold:
+    res = resolve(inputs)
+    comm = inputs.cluster.comm
+    work = inputs.workload
+    buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
+    fraction = res.backward_s / res.micro_batch_s
+    d = bucket_comm_s(res, buckets, comm)
+    slowdown = inputs.compute.compute_slowdown_during_comm
+    floor = copies_s(res) + sum(
+        x if b.ready_fraction >= 1.0 else (1 - 1 / slowdown) * x for x, b in zip(d, buckets))
+
+    def exposed(c: float) -> float:
+        return ddp_exposed_s(replace(res, micro_batch_s=c, backward_s=fraction * c), buckets, comm)
+
+    def at_floor(c: float) -> bool:
+        return exposed(c) <= floor * (1 + 1e-9) + 1e-12
+
+    low, high = 0.0, max(res.micro_batch_s, sum(d), 1e-9)
+    while not at_floor(high):  # E(c) is non-increasing in c and reaches the floor
+        high *= 2
+    if not at_floor(low):
+        for _ in range(100):
+            mid = (low + high) / 2
+            low, high = (low, mid) if at_floor(mid) else (mid, high)
+    else:
+        high = 0.0
+    now = exposed(res.micro_batch_s)
+    return HideThreshold(res.micro_batch_s, now, floor, high, res.micro_batch_s >= high)
+
+
+@dataclass(frozen=True)
+class GlobalBatchOption:
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    accumulation_steps: int | None
+    step_time_s: float | None
+    samples_per_s: float | None
+    samples_per_s_per_gpu: float | None
+    reason: str | None = None
+
+
+def fixed_global_batch(inputs: ModelInputs, global_batch_samples: int,
+                       shapes: Iterable[tuple[int, int]], strategy: str = "ddp_no_sync"
+                       ) -> tuple[GlobalBatchOption, ...]:
+    """The same global batch on each shape, k = global / (micro_batch_size x world_size):
+    does fewer GPUs with more accumulation beat more GPUs? Fastest first."""
+    _need(strategy in STRATEGIES, f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    mbs = inputs.workload.micro_batch_size
+    options = []
+    for nodes, gpus in shapes:
+        n = nodes * gpus
+        k, rest = divmod(global_batch_samples, mbs * n)
+        if rest or k < 1:
+            options.append(GlobalBatchOption(nodes, gpus, n, None, None, None, None,
+                           f"global batch({global_batch_samples}) is not micro_batch_size({mbs})"
+                           f" * world_size({n}) * an integer k"))
+            continue
+        result = predict(with_shape(inputs, nodes, gpus, k)).strategies[strategy]
+        if isinstance(result, Unavailable):
+            options.append(GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.reason))
+        else:
+            options.append(GlobalBatchOption(nodes, gpus, n, k, result.step_time_s,
+                                             result.samples_per_s, result.samples_per_s / n))
+    return tuple(sorted(options, key=lambda o: (o.step_time_s is None, o.step_time_s or 0.0)))

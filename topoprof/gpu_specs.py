@@ -1,0 +1,282 @@
+"""One GPU: peak arithmetic and memory bandwidth from datasheets, and the time it takes per
+micro-batch (measured, or FLOPs over peak x utilization) and per optimizer step (memory traffic
+over bandwidth, or measured).
+
+One table keyed by a normalized name; `lookup_gpu` maps what `nvidia-smi --query-gpu=name`
+prints (or a short name a user types) to a row. An unknown or ambiguous name gives `None` and a
+warning, never a borrowed number.
+
+Figures are *dense* (no structured sparsity): where a datasheet prints only the "with sparsity"
+tensor figure (marked * on the sheet), the dense figure is half of it, as the sheet's footnote
+says. GeForce cards are listed with FP32 accumulate, which mixed-precision training uses
+(torch.autocast matmuls accumulate in FP32); their FP16-accumulate figure is twice as high.
+TFLOP/s = 1e12 FLOP/s; GB/s = 1e9 B/s.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from topoprof.errors import InputError
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model. `None` where the hardware has no such unit (V100/T4 have no BF16)."""
+
+    name: str
+    bf16_tensor_tflops: float | None
+    fp16_tensor_tflops: float | None
+    fp32_tflops: float
+    memory_bandwidth_gbps: float
+    source: str
+
+    def peak_tflops(self, precision: str) -> float | None:
+        """Dense peak for the training precision: bf16/fp16 tensor cores, or plain FP32."""
+        return {
+            "bf16": self.bf16_tensor_tflops,
+            "fp16": self.fp16_tensor_tflops,
+            "fp32": self.fp32_tflops,
+        }[precision]
+
+
+_V100_SHEET = ("NVIDIA Tesla V100 datasheet, https://images.nvidia.com/content/technologies/"
+               "volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf")
+_A100_SHEET = ("NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
+               "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_H100_SHEET = ("NVIDIA H100 datasheet (BF16/FP16 printed with sparsity; dense = half), "
+               "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet")
+_H200_PAGE = ("NVIDIA H200 product page/datasheet (BF16/FP16 printed with sparsity; dense = half), "
+              "https://www.nvidia.com/en-us/data-center/h200/")
+
+# name: (bf16 dense TFLOP/s, fp16 dense TFLOP/s, fp32 TFLOP/s, memory GB/s, source)
+_TABLE: dict[str, tuple[float | None, float | None, float, float, str]] = {
+    # V100: "Tensor Performance" 125 (SXM2) / 112 (PCIe) TFLOPS fp16; no bf16; HBM2 900 GB/s.
+    "v100-sxm2": (None, 125.0, 15.7, 900.0, _V100_SHEET),
+    "v100-pcie": (None, 112.0, 14.0, 900.0, _V100_SHEET),
+    # A100: BF16/FP16 tensor 312 dense; FP32 19.5; 40GB 1,555 GB/s, 80GB SXM 2,039, 80GB PCIe 1,935.
+    "a100-sxm4-40gb": (312.0, 312.0, 19.5, 1555.0, _A100_SHEET),
+    "a100-sxm4-80gb": (312.0, 312.0, 19.5, 2039.0, _A100_SHEET),
+    "a100-pcie-40gb": (312.0, 312.0, 19.5, 1555.0, _A100_SHEET),
+    "a100-pcie-80gb": (312.0, 312.0, 19.5, 1935.0, _A100_SHEET),
+    # H100 SXM: BF16 1,979* -> 989.5 dense; FP32 67; 3.35 TB/s. PCIe: 1,513* -> 756.5; 51; 2 TB/s.
+    "h100-sxm": (989.5, 989.5, 67.0, 3350.0, _H100_SHEET),
+    "h100-pcie": (756.5, 756.5, 51.0, 2000.0, _H100_SHEET),
+    # H100 NVL: BF16 1,671* -> 835.5 dense; FP32 60; 3.9 TB/s.
+    "h100-nvl": (835.5, 835.5, 60.0, 3900.0, _H100_SHEET),
+    # H200 SXM: BF16 1,979* -> 989.5 dense; FP32 67; 4.8 TB/s.
+    "h200-sxm": (989.5, 989.5, 67.0, 4800.0, _H200_PAGE),
+    # H200 NVL: BF16 1,671* -> 835.5 dense; FP32 60; 4.8 TB/s.
+    "h200-nvl": (835.5, 835.5, 60.0, 4800.0, _H200_PAGE),
+    # L40S: BF16/FP16 tensor 362.05 dense (733* sparse); FP32 91.6; GDDR6 864 GB/s.
+    "l40s": (362.05, 362.05, 91.6, 864.0,
+             "NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"),
+    # A10: BF16/FP16 tensor 125 dense (250*); FP32 31.2; 600 GB/s.
+    "a10": (125.0, 125.0, 31.2, 600.0,
+            "NVIDIA A10 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
+            "Data-Center/a10/pdf/a10-datasheet.pdf"),
+    # L4: BF16/FP16 tensor 242* -> 121 dense; FP32 30.3; 300 GB/s.
+    "l4": (121.0, 121.0, 30.3, 300.0,
+           "NVIDIA L4 datasheet, https://resources.nvidia.com/en-us-data-center-overview/"
+           "l4-gpu-datasheet"),
+    # T4: "Mixed Precision (FP16/FP32) 65 TFLOPS"; FP32 8.1; "320+ GB/s"; no bf16.
+    "t4": (None, 65.0, 8.1, 320.0,
+           "NVIDIA T4 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/"
+           "Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"),
+    # RTX 4090: FP16/BF16 tensor with FP32 accumulate 165.2 dense; FP32 82.6; 1,008 GB/s.
+    "rtx-4090": (165.2, 165.2, 82.6, 1008.0,
+                 "NVIDIA Ada GPU Architecture whitepaper v2.1, Appendix A, Table 2 (GeForce RTX 4090)"),
+    # RTX 3090: FP16/BF16 tensor with FP32 accumulate 71 dense; FP32 35.6; 936 GB/s.
+    "rtx-3090": (71.0, 71.0, 35.6, 936.0,
+                 "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Table 9 (GeForce RTX 3090)"),
+}
+
+# Normalized `nvidia-smi --query-gpu=name` strings (and common short names) -> table key.
+# The names are the ones the driver prints, e.g. "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB".
+_ALIASES: dict[str, str] = {
+    "v100-sxm2-16gb": "v100-sxm2", "v100-sxm2-32gb": "v100-sxm2",
+    "v100-pcie-16gb": "v100-pcie", "v100-pcie-32gb": "v100-pcie",
+    "a100-pcie-80gb": "a100-pcie-80gb", "a100-80gb-pcie": "a100-pcie-80gb",
+    "h100-80gb-hbm3": "h100-sxm", "h100-sxm5-80gb": "h100-sxm",
+    "h200": "h200-sxm", "h200-141gb-hbm3e": "h200-sxm",
+    "l40-s": "l40s",
+}
+
+
+def normalize_gpu_name(name: str) -> str:
+    """'NVIDIA GeForce RTX 4090' -> 'rtx-4090'; 'Tesla V100-SXM2-32GB' -> 'v100-sxm2-32gb'."""
+    text = name.strip().lower()
+    text = re.sub(r"^(nvidia\s+)?(tesla\s+|geforce\s+)?", "", text)
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def known_gpus() -> tuple[str, ...]:
+    return tuple(sorted(_TABLE))
+
+
+def lookup_gpu(name: str) -> GpuSpec | None:
+    """The table row for `name`, or None with a warning (unknown or ambiguous name)."""
+    key = normalize_gpu_name(name)
+    key = _ALIASES.get(key, key)
+    if key in _TABLE:
+        return GpuSpec(key, *_TABLE[key])
+    candidates = [k for k in _TABLE if k.startswith(key + "-")] if key else []
+    if candidates:
+        warnings.warn(f"GPU name {name!r} is ambiguous: one of {', '.join(candidates)}", stacklevel=2)
+    else:
+        warnings.warn(f"GPU {name!r} is not in the datasheet table (known: "
+                      f"{', '.join(known_gpus())}); give the figures explicitly", stacklevel=2)
+    return None
+
+
+# ---- One GPU's time per micro-batch and per optimizer step -------------------------------
+
+# Backward ~= 2x forward: C ~= 6N per token = 2N forward + 4N backward (Kaplan et al. 2020,
+# "Scaling Laws for Neural Language Models", §2.1).
+DEFAULT_BACKWARD_FRACTION = 2 / 3
+# An assumption, not a measurement: the share of datasheet peak a training step reaches.
+DEFAULT_UTILIZATION = 0.4
+STATE_BYTES = 4  # fp32 parameters and optimizer state
+# Optimizer memory traffic per parameter, in fp32 words besides the gradient read: AdamW reads
+# param, exp_avg, exp_avg_sq and writes all three (7 x 4 B with an fp32 grad; torch/optim/
+# adamw.py, adam.py foreach/fused kernels approach this); SGD with momentum reads and writes
+# param and momentum_buffer; plain SGD reads and writes param (torch/optim/sgd.py).
+OPTIMIZER_STATE_WORDS = {"adamw": 6, "adam": 6, "sgd_momentum": 4, "sgd": 2}
+CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
+                    "compute_slowdown_during_comm")
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise InputError(message)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Per-GPU compute: measured, from FLOPs and a datasheet, or from a calibration."""
+
+    micro_batch_time_s: float | None = None  # forward + backward of one micro-batch
+    gpu: str | None = None  # a name for the datasheet table (peak FLOP/s, memory bandwidth)
+    precision: str = "bf16"
+    peak_tflops: float | None = None  # overrides the datasheet peak
+    utilization: float | None = None  # None = DEFAULT_UTILIZATION (an assumption)
+    backward_fraction: float | None = None  # None = DEFAULT_BACKWARD_FRACTION
+    optimizer: str = "adamw"
+    optimizer_time_s: float | None = None
+    memory_bandwidth_gbps: float | None = None  # overrides the datasheet figure
+    compute_slowdown_during_comm: float = 1.0  # backward runs 1/x as fast while comm is in flight
+    dp_thread_overhead_s: float = 0.0  # DataParallel's per-micro-batch Python-thread/GIL cost
+    origin: str = "given"  # where measured numbers came from, echoed in the report
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_time_s", "optimizer_time_s", "peak_tflops",
+                     "memory_bandwidth_gbps"):
+            value = getattr(self, name)
+            _need(value is None or value > 0, f"{name} must be > 0, got {value}")
+        _need(self.dp_thread_overhead_s >= 0,
+              f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
+        _need(self.utilization is None or 0 < self.utilization <= 1,
+              f"utilization must be in (0, 1], got {self.utilization}")
+        _need(self.backward_fraction is None or 0 < self.backward_fraction < 1,
+              f"backward_fraction must be in (0, 1), got {self.backward_fraction}")
+        _need(self.compute_slowdown_during_comm >= 1, "compute_slowdown_during_comm must be "
+              f">= 1, got {self.compute_slowdown_during_comm}")
+        _need(self.precision in PRECISIONS,
+              f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        _need(self.optimizer in OPTIMIZER_STATE_WORDS, "optimizer must be one of "
+              f"{', '.join(OPTIMIZER_STATE_WORDS)}, got {self.optimizer!r}")
+
+    @classmethod
+    def from_calibration(cls, calibration: Mapping[str, float], **kwargs: Any) -> Compute:
+        """Numbers measured by `topoprof validate` (keys CALIBRATION_KEYS); kwargs add the rest."""
+        unknown = sorted(set(calibration) - set(CALIBRATION_KEYS))
+        _need(not unknown, f"unknown calibration keys {unknown}; valid: {', '.join(CALIBRATION_KEYS)}")
+        return cls(**{**kwargs, **calibration, "origin": "calibration"})
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    micro_batch_s: float
+    backward_s: float
+    optimizer_s: float
+    memory_bandwidth_gbps: float | None
+    echo: dict[str, tuple[Any, str]]  # value and where it came from
+    warnings: tuple[str, ...]
+
+
+def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
+    if compute.gpu is None:
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = lookup_gpu(compute.gpu)
+    notes.extend(str(w.message) for w in caught)
+    return spec
+
+
+def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
+                   tokens: int | None, echo: dict) -> float:
+    if comp.micro_batch_time_s is not None:
+        echo["micro_batch_time_s"] = (comp.micro_batch_time_s, f"measured ({comp.origin})")
+        return comp.micro_batch_time_s
+    peak, peak_src = comp.peak_tflops, "given"
+    if peak is None and spec is not None:
+        peak = spec.peak_tflops(comp.precision)
+        peak_src = f"{spec.name} {comp.precision} dense: {spec.source}"
+        _need(peak is not None, f"{spec.name} has no {comp.precision} tensor cores; "
+              "choose another precision")
+    _need(peak is not None and tokens is not None, "compute per micro-batch: give "
+          "micro_batch_time_s, or tokens_per_micro_batch with a known gpu or peak_tflops")
+    util = comp.utilization if comp.utilization is not None else DEFAULT_UTILIZATION
+    flops = flops_per_token * tokens
+    seconds = flops / (peak * 1e12 * util)
+    echo["micro_batch_time_s"] = (seconds, f"{flops:.4g} FLOPs (6 x matmul params x {tokens} "
+                                  f"tokens) / ({peak} TFLOP/s x utilization {util})")
+    echo["peak_tflops"] = (peak, peak_src)
+    echo["utilization"] = (util, "given" if comp.utilization is not None
+                           else "default: an assumption, not a measurement")
+    return seconds
+
+
+def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float | None,
+                 echo: dict) -> float:
+    if comp.optimizer_time_s is not None:
+        echo["optimizer_time_s"] = (comp.optimizer_time_s, f"measured ({comp.origin})")
+        return comp.optimizer_time_s
+    _need(bandwidth is not None, "optimizer time: give optimizer_time_s, or "
+          "memory_bandwidth_gbps, or a gpu from the datasheet table")
+    per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
+    seconds = per_param * params / (bandwidth * 1e9)
+    echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {per_param} B/param of memory "
+                                f"traffic x {params} params / {bandwidth} GB/s")
+    return seconds
+
+
+def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: int | None,
+                  grad_bytes: int) -> ComputeTimes:
+    """c, T_bwd, T_opt and memory bandwidth, each echoed with its source."""
+    notes: list[str] = []
+    echo: dict[str, tuple[Any, str]] = {}
+    spec = _gpu(comp, notes)
+    bandwidth, bw_src = comp.memory_bandwidth_gbps, "given"
+    if bandwidth is None and spec is not None:
+        bandwidth, bw_src = spec.memory_bandwidth_gbps, f"{spec.name}: {spec.source}"
+    if bandwidth is None:
+        bw_src = "unknown: DDP bucket copies and fp16 casts count as 0 s"
+        notes.append("memory bandwidth unknown: DDP bucket copies and fp16 casts count as 0 s")
+    echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
+    c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo)
+    fraction = comp.backward_fraction
+    echo["backward_fraction"] = (fraction, comp.origin) if fraction is not None else (
+        DEFAULT_BACKWARD_FRACTION, "default: backward = 2x forward (Kaplan et al. 2020 §2.1)")
+    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo)
+    slowdown = comp.compute_slowdown_during_comm
+    echo["compute_slowdown_during_comm"] = (slowdown, comp.origin if slowdown != 1
+                                            else "default: no interference")
+    fraction = echo["backward_fraction"][0]
+    return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes))
