@@ -17,6 +17,7 @@ WORKERS = {
     "collectives": "probes.collectives:run_rank",
     "training": "probes.training:run_rank",
     "sleep": "probes.rank_main:_sleep_worker",
+    "phases": "probes.rank_main:_phases_worker",
 }
 
 
@@ -36,6 +37,31 @@ class RankContext:
 
     def progress(self, step: str) -> None:
         self.emit("progress", step=step)
+
+
+class _PhaseContext(RankContext):
+    """A RankContext whose messages carry the phase they belong to."""
+
+    def __init__(self, parent: RankContext, phase: str):
+        super().__init__(parent.env, parent._emit, parent.timeout_s)
+        self.phase = phase
+
+    def emit(self, kind: str, **payload) -> None:
+        self._emit({"type": kind, "phase": self.phase, **payload})
+
+
+def _phases_worker(ctx: RankContext, config: dict) -> None:
+    """Run several workers one after the other in the same process group (one launch for a scan).
+
+    A phase that fails on one rank raises there, which ends the whole run: the launcher stops the
+    peers and keeps what the earlier phases reported.
+    """
+    import torch.distributed as dist
+
+    for phase in config["phases"]:
+        ctx.emit("phase", name=phase["name"])
+        resolve(phase["worker"])(_PhaseContext(ctx, phase["name"]), phase["config"])
+        dist.barrier()
 
 
 def _sleep_worker(ctx: RankContext, config: dict) -> None:

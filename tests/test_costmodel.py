@@ -74,7 +74,7 @@ def test_ranges_give_slow_and_fast_variants():
     hier = HierarchicalComm(RingComm(100.0, 2.0, 4), RingComm(12.0, 10.0, 2, None), 2, 4)
     assert hier.bounds() is None
     hier = dataclasses.replace(hier, inter=RingComm(12.0, 10.0, 2, (6.0, 12.5)))
-    assert [c.bus_bandwidth_gbps for c in hier.bounds()] == [6.0, 12.0]
+    assert [c.bus_bandwidth_gbps for c in hier.bounds()] == [6.0, 12.5]  # min(100, NIC)
 
 
 @pytest.mark.parametrize("make,message", [
@@ -184,6 +184,16 @@ def test_hide_threshold_hand_computed():
     slow = hide_threshold(_hand_inputs(micro_batch_time_s=0.0003))  # T_bwd = 0.2 ms
     # w2 [0.1, 0.3] ms; w1 [0.3, 0.5]; emb [0.5, 0.6]: tail 0.4 ms + copies 0.2 ms
     assert not slow.hidden and slow.exposed_s == pytest.approx(6e-4)
+
+
+def test_hide_threshold_with_slowdown_hand_computed():
+    # slowdown 2: while w2's 0.2 ms all-reduce runs, backward gains 0.1 ms. It must end before
+    # backward reaches w1 (1.0): 0.5*T - 0.1 ms >= 0 -> T >= 0.2 ms -> c >= 0.3 ms.
+    # floor: end buckets 0.3 ms + half of w2's 0.2 ms lost to slowdown + copies 0.2 ms = 0.6 ms
+    h = hide_threshold(_hand_inputs(compute_slowdown_during_comm=2.0))
+    assert h.exposed_floor_s == pytest.approx(6e-4)
+    assert h.threshold_micro_batch_time_s == pytest.approx(3e-4, rel=1e-6)
+    assert h.exposed_s == pytest.approx(6e-4)
 
 
 def test_flops_mode_hand_computed():
@@ -348,12 +358,27 @@ def model_inputs(draw, k=None, fixed_layout=None):
                    optimizer_time_s=draw(st.floats(1e-5, 1.0)),
                    memory_bandwidth_gbps=draw(st.sampled_from([None, 100.0, 2000.0])),
                    compute_slowdown_during_comm=draw(st.floats(1.0, 4.0)))
-    comm = RingComm(draw(st.floats(0.5, 500.0)), draw(st.floats(0.0, 50.0)), n)
+    if draw(st.booleans()):
+        comm = RingComm(draw(st.floats(0.5, 500.0)), draw(st.floats(0.0, 50.0)), n)
+    else:
+        comm = FitComm(draw(st.floats(0.0, 500.0)), draw(st.floats(0.5, 500.0)), n)
     k = k if k is not None else draw(st.integers(1, 32))
     return ModelInputs(work, comp, Cluster(comm, 1, n), k)
 
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _faster(comm, factor):
+    if isinstance(comm, FitComm):
+        return dataclasses.replace(comm, algbw_gbps=comm.algbw_gbps * factor)
+    return dataclasses.replace(comm, link_bandwidth_gbps=comm.link_bandwidth_gbps * factor)
+
+
+def _no_latency(comm):
+    if isinstance(comm, FitComm):
+        return dataclasses.replace(comm, latency_us=0.0)
+    return dataclasses.replace(comm, hop_latency_us=0.0)
 
 
 def _step(p, name):
@@ -381,10 +406,8 @@ def test_k1_makes_no_sync_equal_synced(inputs):
 @FAST
 @given(model_inputs(), st.floats(1.0, 100.0))
 def test_more_bandwidth_never_slower(inputs, factor):
-    ring = inputs.cluster.comm
-    faster = dataclasses.replace(inputs, cluster=Cluster(
-        dataclasses.replace(ring, link_bandwidth_gbps=ring.link_bandwidth_gbps * factor), 1,
-        ring.world_size))
+    comm = inputs.cluster.comm
+    faster = dataclasses.replace(inputs, cluster=Cluster(_faster(comm, factor), 1, comm.world_size))
     slow, fast = predict(inputs), predict(faster)
     for name in STRATEGIES:
         assert _step(fast, name) <= _step(slow, name) * (1 + 1e-9)
@@ -407,10 +430,10 @@ def test_dp_not_better_than_ddp_synced_without_latency_or_copies(inputs):
     # when DDP's bucket copies (4G bytes) outweigh what DDP saves on the wire, so the claim
     # holds only with zero latency and no copy cost: then DDP's E <= 2(n-1)/n * G/B < 2G/B,
     # while DP sends params (4 B each) and grads (G) on every micro-batch: >= 2G/B.
-    ring = inputs.cluster.comm
+    comm = inputs.cluster.comm
     inputs = dataclasses.replace(
         inputs, compute=dataclasses.replace(inputs.compute, memory_bandwidth_gbps=None),
-        cluster=Cluster(dataclasses.replace(ring, hop_latency_us=0.0), 1, ring.world_size))
+        cluster=Cluster(_no_latency(comm), 1, comm.world_size))
     p = predict(inputs)
     assert _step(p, "dp") >= _step(p, "ddp_synced") * (1 - 1e-12)
 

@@ -156,17 +156,21 @@ def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward
     competing for the same cores or SMs; 1.0 = no interference), otherwise at full speed."""
     if slowdown < 1:
         raise InputError(f"slowdown must be >= 1, got {slowdown}")
-    now = progress = 0.0  # wall clock; backward compute done, in nominal seconds
-    backward_end = None
+    # Tracked as lag = wall clock - backward progress: both advance together while nothing is
+    # in flight, so lag only grows during an all-reduce, by what backward could not use of it.
+    # Summing small lags keeps precision when backward is long and communication short.
+    lag = progress = 0.0
+    backward_lag = None  # lag at the moment backward finishes
     for ready, duration in zip(ready_s, comm_s):
-        if progress < ready:  # nothing in flight: backward runs at full speed until ready
-            now += ready - progress
-            progress = ready
-        gained = duration / slowdown
-        if backward_end is None and progress + gained >= backward_s:
-            backward_end = now + (backward_s - progress) * slowdown
-        progress = min(backward_s, progress + gained)
-        now += duration
-    if backward_end is None:
-        backward_end = now + (backward_s - progress)
-    return Overlap(backward_end, now, max(backward_end, now) - backward_s)
+        progress = max(progress, ready)  # start_j = max(ready_j, end_{j-1})
+        remaining = backward_s - progress
+        if backward_lag is None and duration / slowdown >= remaining:
+            backward_lag = lag + remaining * (slowdown - 1)  # backward ends in this all-reduce
+            gained = remaining
+        else:
+            gained = min(duration / slowdown, remaining)
+        progress += gained
+        lag += duration - gained
+    if backward_lag is None:
+        backward_lag = lag  # backward finishes after the last all-reduce
+    return Overlap(backward_s + backward_lag, progress + lag, lag)

@@ -222,7 +222,8 @@ ASSUMPTIONS = (
     "bucket all-reduces run one at a time in bucket order: start_j = max(ready_j, end_{j-1})",
     "bucket copy traffic (4G bytes, 2G with gradient_as_bucket_view) is fully exposed",
     "DDP's optimizer step on each GPU takes T_opt, as on one GPU",
-    "DataParallel: input scatter not modelled; output gather = dp_output_bytes per GPU; "
+    "DataParallel: input scatter and the flatten/unflatten copies of broadcast_coalesced and "
+    "reduce_add_coalesced not modelled; output gather = dp_output_bytes per GPU; "
     "Python-thread/GIL cost = dp_thread_overhead_s (both 0 unless given)",
 )
 
@@ -382,15 +383,16 @@ def hide_threshold(inputs: ModelInputs) -> HideThreshold:
     def at_floor(c: float) -> bool:
         return exposed(c) <= floor * (1 + 1e-9) + 1e-12
 
+    # E(c) is non-increasing in c and reaches the floor at a finite c: bracket, then bisect.
     low, high = 0.0, max(res.micro_batch_s, sum(d), 1e-9)
-    while not at_floor(high):  # E(c) is non-increasing in c and reaches the floor
-        high *= 2
-    if not at_floor(low):
-        for _ in range(100):
-            mid = (low + high) / 2
-            low, high = (low, mid) if at_floor(mid) else (mid, high)
-    else:
-        high = 0.0
+    for _ in range(200):
+        if at_floor(high):
+            break
+        low, high = high, high * 2
+    for _ in range(100 if not at_floor(0.0) else 0):
+        mid = (low + high) / 2
+        low, high = (low, mid) if at_floor(mid) else (mid, high)
+    high = high if not at_floor(0.0) else 0.0
     now = exposed(res.micro_batch_s)
     return HideThreshold(res.micro_batch_s, now, floor, high, res.micro_batch_s >= high)
 

@@ -14,6 +14,15 @@ def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[s
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend is None:
         backend = "nccl" if gpus > 0 else "gloo"
+    job = external_job()
+    if job is not None:
+        if nproc is not None and nproc != job.world_size:
+            from topoprof.errors import InputError
+
+            raise InputError(f"--nproc {nproc} conflicts with the {job.launcher} job's WORLD_SIZE {job.world_size}")
+        note = (f"rank {job.rank} of a {job.launcher} job of {job.world_size} rank(s); backend {backend}; "
+                f"{gpus} visible GPU(s) on this node")
+        return backend, job.world_size, note
     if nproc is None:
         nproc = gpus if backend == "nccl" else 2
     note = f"{gpus} visible GPU(s); backend {backend}, {nproc} rank(s)"
