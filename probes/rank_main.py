@@ -88,7 +88,7 @@ def resolve(worker: str):
     return getattr(importlib.import_module(module), func)
 
 
-def main() -> int:
+def main() -> None:
     with open(os.environ["TOPOPROF_JOB"]) as f:
         job = json.load(f)
     out = os.fdopen(int(os.environ["TOPOPROF_RESULT_FD"]), "w", buffering=1)
@@ -103,20 +103,25 @@ def main() -> int:
         env = dist.init(job["backend"], float(job["timeout_s"]))
         ctx = RankContext(env, emit, float(job["timeout_s"]))
         resolve(job["worker"])(ctx, job["config"])
+        # Every rank has finished its collectives before any leaves: a peer closing its sockets
+        # early would fail a rank still inside its last operation.
+        import torch.distributed
+
+        torch.distributed.barrier()
         emit({"type": "done"})
     except BaseException as err:  # report, then exit non-zero: the launcher stops the peers
         traceback.print_exc()
         emit({"type": "error", "message": f"{type(err).__name__}: {err}".splitlines()[0][:500]})
         out.close()
         os._exit(1)
-    finally:
-        try:
-            dist.finish()
-        except Exception:  # a broken group cannot always be torn down; the process ends anyway
-            pass
+    # Leave without tearing the process group down: the work is done and reported, and gloo's
+    # teardown can abort the process ("terminate called without an active exception") or take
+    # seconds; the operating system releases the sockets and memory.
     out.close()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -8,10 +8,12 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 from torch import nn  # noqa: E402
 
-from topoprof.buckets import (DEFAULT_FIRST_BUCKET_BYTES, MIB, compute_bucket_assignment_by_size,  # noqa: E402
-                              ddp_bucket_limits, ddp_buckets, take_tensors)
+from topoprof.buckets import (DEFAULT_FIRST_BUCKET_BYTES, MIB,  # noqa: E402
+                              compute_bucket_assignment_by_size, ddp_bucket_limits, ddp_buckets,
+                              take_tensors)
 from topoprof.errors import InputError  # noqa: E402
-from topoprof.presets import Layout, TensorSpec, Use, bert_layout, get_preset, gpt2_layout  # noqa: E402
+from topoprof.presets import (Layout, TensorSpec, Use, bert_layout, get_preset,  # noqa: E402
+                              gpt2_layout)
 
 DDP_LIMITS = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * MIB]
 
@@ -47,7 +49,7 @@ class EmbedLinear(nn.Module):
 
 def _transformer():
     return nn.Transformer(d_model=256, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                          dim_feedforward=1024)
+                          dim_feedforward=1024, batch_first=True)
 
 
 def _meta_params(layout):
@@ -164,18 +166,25 @@ class LayoutModule(nn.Module):
         return x
 
 
+def _rebuilt_groups(data):
+    """`rebuilt_per_bucket_param_indices` reads like '6 5, 4 3 2 1 0'."""
+    text = data["rebuilt_per_bucket_param_indices"]
+    return [[int(i) for i in group.split()] for group in text.split(", ")]
+
+
 def _rebuilt(ddp_model, make_input, steps=3):
     for _ in range(steps):  # buckets are rebuilt in the forward after the first backward
         ddp_model(make_input()).sum().backward()
     data = ddp_model._get_ddp_logging_data()
     assert data["has_rebuilt_buckets"] == 1
     sizes = [int(s) for s in data["rebuilt_bucket_sizes"].split(", ")]
-    groups = [[int(i) for i in g.split()] for g in data["rebuilt_per_bucket_param_indices"].split(", ")]
-    return sizes, groups, data
+    return sizes, _rebuilt_groups(data), data
 
 
 @pytest.mark.parametrize("layout,cap_mb", [
-    (gpt2_layout(n_layer=2, n_embd=128, n_positions=128, vocab_size=8000, name="gpt2-narrow"), None),  # default 1 MiB / 25 MiB
+    # default limits (1 MiB, then 25 MiB), and an explicit cap (both limits the same)
+    (gpt2_layout(n_layer=2, n_embd=128, n_positions=128, vocab_size=8000, name="gpt2-narrow"),
+     None),
     (bert_layout(n_layer=2, hidden=128, intermediate=512, name="bert-tiny"), 0.25),
 ])
 def test_real_ddp_rebuilt_buckets_equal_prediction(process_group, layout, cap_mb):
@@ -208,11 +217,10 @@ def test_real_ddp_sequential_modules_reverse_registration(process_group, factory
 def test_real_ddp_transformer_buckets_from_observed_ready_order(process_group):
     module = _transformer()
     model = nn.parallel.DistributedDataParallel(module)
-    src = torch.randn(6, 2, 256)
+    src = torch.randn(2, 6, 256)
     for _ in range(3):  # nn.Transformer takes (src, tgt)
-        model(src, src[:4]).sum().backward()
-    data = model._get_ddp_logging_data()
-    groups = [[int(i) for i in g.split()] for g in data["rebuilt_per_bucket_param_indices"].split(", ")]
+        model(src, src[:, :4]).sum().backward()
+    groups = _rebuilt_groups(model._get_ddp_logging_data())
     observed_order = [i for g in groups for i in g]
     params = list(module.parameters())
     ours, _ = compute_bucket_assignment_by_size(
@@ -238,3 +246,26 @@ def test_tiny_layout_buckets_ready_fraction():
     assert [b.tensor_indices for b in buckets] == [(2, 1), (0,)]
     assert [b.ready_fraction for b in buckets] == [0.75, 1.0]
     assert [b.size_bytes for b in buckets] == [1_200_000, 800_000]
+
+
+def test_real_ddp_no_sync_around_backward_only_still_reduces(process_group):
+    # The model's ddp_no_sync_backward_only == ddp_synced rests on this: _post_forward arms the
+    # reducer (prepare_for_backward) when forward runs outside no_sync().
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(bucket.index())
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    model = nn.parallel.DistributedDataParallel(_mlp())
+    model.register_comm_hook(None, counting_hook)
+    x = torch.randn(2, 300)
+    with model.no_sync():  # forward and backward inside: nothing reduced
+        model(x).sum().backward()
+    assert calls == []
+    out = model(x)
+    with model.no_sync():  # only backward inside: reduced anyway
+        out.sum().backward()
+    assert calls

@@ -200,7 +200,8 @@ def test_flops_mode_hand_computed():
     # 6 FLOPs x 1e6 matmul params x 1000 tokens = 6e9 FLOPs over 312 TFLOP/s x 0.4
     # AdamW: (6 x 4 + 4) B/param x 1.25e6 params / 2039 GB/s
     inputs = ModelInputs(Workload(HAND, tokens_per_micro_batch=1000),
-                         Compute(gpu="NVIDIA A100-SXM4-80GB"), Cluster(RingComm(10.0, 0.0, 2), 1, 2))
+                         Compute(gpu="NVIDIA A100-SXM4-80GB"),
+                         Cluster(RingComm(10.0, 0.0, 2), 1, 2))
     res = resolve(inputs)
     assert res.micro_batch_s == pytest.approx(6e9 / (312e12 * 0.4))
     assert res.backward_s == pytest.approx(res.micro_batch_s * 2 / 3)
@@ -219,15 +220,20 @@ def test_sgd_traffic_and_calibration():
                                     "backward_fraction": 0.6,
                                     "compute_slowdown_during_comm": 1.5})
     res = resolve(ModelInputs(work, cal, cluster))
-    assert (res.micro_batch_s, res.backward_s, res.optimizer_s) == pytest.approx((0.02, 0.012, 0.004))
+    assert (res.micro_batch_s, res.backward_s, res.optimizer_s) == pytest.approx(
+        (0.02, 0.012, 0.004))
     assert res.echo["micro_batch_time_s"][1] == "measured (calibration)"
     assert res.echo["compute_slowdown_during_comm"] == (1.5, "calibration")
     assert any("memory bandwidth unknown" in w for w in res.warnings)
+    mixed = Compute.from_calibration({"micro_batch_time_s": 0.02}, optimizer_time_s=0.004)
+    res = resolve(ModelInputs(work, mixed, cluster))
+    assert res.echo["micro_batch_time_s"][1] == "measured (calibration)"
+    assert res.echo["optimizer_time_s"][1] == "measured (given)"
 
 
 def test_dp_needs_one_node_and_json_shape():
-    comm = HierarchicalComm(RingComm(100.0, 2.0, 4), RingComm(12.0, 10.0, 2,
-                                                               bandwidth_range_gbps=(6.0, 12.0)), 2, 4)
+    network = RingComm(12.0, 10.0, 2, bandwidth_range_gbps=(6.0, 12.0))
+    comm = HierarchicalComm(RingComm(100.0, 2.0, 4), network, 2, 4)
     inputs = ModelInputs(Workload.from_preset("gpt2", micro_batch_size=8),
                          Compute(micro_batch_time_s=0.2, gpu="h100-sxm"),
                          Cluster(comm, nodes=2, gpus_per_node=4, world_size=8), 4)
@@ -274,7 +280,7 @@ def test_sweep_and_fixed_global_batch():
     options = fixed_global_batch(inputs, 24, [(1, 1), (1, 2), (1, 4), (1, 5)])
     # micro_batch_size 3: 24 = 3 * 1 * 8 = 3 * 2 * 4 = 3 * 4 * 2; 5 GPUs do not divide it
     by_n = {o.world_size: o for o in options}
-    assert (by_n[1].accumulation_steps, by_n[2].accumulation_steps, by_n[4].accumulation_steps) == (8, 4, 2)
+    assert [by_n[n].accumulation_steps for n in (1, 2, 4)] == [8, 4, 2]
     assert by_n[5].reason == ("global batch(24) is not micro_batch_size(3) * world_size(5) "
                               "* an integer k")
     assert options[-1].world_size == 5
@@ -290,6 +296,8 @@ def test_sweep_and_fixed_global_batch():
      "world_size(8) != nodes(2) * gpus_per_node(3)"),
     (lambda: Cluster(RingComm(10.0, 1.0, 8), nodes=2, gpus_per_node=3),
      "comm model world_size(8) != nodes(2) * gpus_per_node(3)"),
+    (lambda: Cluster(HierarchicalComm(RingComm(9.0, 1.0, 4), RingComm(3.0, 9.0, 2), 2, 4),
+                     nodes=1, gpus_per_node=8), "comm model nodes(2) != nodes(1)"),
     (lambda: _hand_inputs(k=0), "accumulation_steps must be an integer >= 1, got 0"),
     (lambda: Compute(micro_batch_time_s=-0.1), "micro_batch_time_s must be > 0, got -0.1"),
     (lambda: Compute(optimizer_time_s=0), "optimizer_time_s must be > 0, got 0"),
@@ -366,7 +374,7 @@ def model_inputs(draw, k=None, fixed_layout=None):
     return ModelInputs(work, comp, Cluster(comm, 1, n), k)
 
 
-FAST = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _faster(comm, factor):
@@ -444,3 +452,19 @@ def test_fit_allreduce_is_latency_plus_size_over_algbw(n, latency_us, algbw, siz
     fit = FitComm(latency_us, algbw, n)
     assert fit.allreduce_s(size) == pytest.approx(latency_us * 1e-6 + size / (algbw * 1e9))
     assert not math.isnan(fit.broadcast_s(size))
+
+
+@FAST
+@given(model_inputs())
+def test_hide_threshold_is_where_exposed_reaches_its_floor(inputs):
+    h = hide_threshold(inputs)
+
+    def exposed_at(c):
+        return predict(dataclasses.replace(inputs, compute=dataclasses.replace(
+            inputs.compute, micro_batch_time_s=c))).per_micro_batch["ddp_exposed_s"]
+
+    assert h.exposed_s >= h.exposed_floor_s * (1 - 1e-9)
+    if h.threshold_micro_batch_time_s > 1e-9:
+        assert exposed_at(h.threshold_micro_batch_time_s * 1.01) == pytest.approx(
+            h.exposed_floor_s, rel=1e-6, abs=1e-12)
+        assert exposed_at(h.threshold_micro_batch_time_s * 0.99) > h.exposed_floor_s

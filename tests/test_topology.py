@@ -9,6 +9,7 @@ import pytest
 from fake_nvml import make_fake_nvml
 from probes.nvidia_smi import read_topo_file
 from probes.nvml import query_nvml
+from topoprof.errors import InputError
 from topoprof.topology import build_topology
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
@@ -79,7 +80,7 @@ def test_lost_gpu_is_a_row_and_a_note():
 def test_subset_keeps_only_chosen_gpus():
     topo = build_topology(smi=_smi("01")).subset([0, 1, 2, 3])
     assert [g.index for g in topo.gpus] == [0, 1, 2, 3] and len(topo.pairs) == 6
-    with pytest.raises(ValueError, match=r"GPU\(s\) \[9\]"):
+    with pytest.raises(InputError, match=r"GPU\(s\) \[9\]"):
         topo.subset([0, 9])
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from topoprof.comm import CommModel
 from topoprof.errors import InputError
 from topoprof.presets import Layout
 
@@ -139,6 +140,37 @@ def take_tensors(sizes_bytes: Sequence[int], size_limit: int = DATAPARALLEL_COAL
     return chunks
 
 
+FP16_BYTES = 2  # torch.float16, what fp16_compress_hook sends per element
+
+
+def ddp_copy_bytes(params: int, grad_bytes: int, gradient_as_bucket_view: bool) -> int:
+    """Memory traffic of DDP's bucket copies per synced backward. reducer.cpp
+    `mark_variable_ready_dense` copies each gradient into its bucket (dividing by world size)
+    and `finalize_backward` copies the reduced bucket back: read + write G each way, 4G bytes.
+    With gradient_as_bucket_view the gradients are the bucket; the in-place divide is left: 2G."""
+    passes = 2 if gradient_as_bucket_view else 4
+    return passes * grad_bytes * params
+
+
+def fp16_cast_bytes(numel: int, grad_bytes: int) -> int:
+    """Memory traffic fp16_compress_hook adds to one bucket (default_hooks.py `_compress_hook`):
+    `buffer.to(float16)` reads grad_bytes and writes 2 per element, `div_` reads and writes 2,
+    and `decompress` copies back (reads 2, writes grad_bytes): numel * (2*grad_bytes + 8)."""
+    return numel * (2 * grad_bytes + 4 * FP16_BYTES)
+
+
+def dataparallel_comm_s(comm: CommModel, numel: Sequence[int], param_bytes: int,
+                        grad_bytes: int, output_bytes: int) -> float:
+    """torch.nn.DataParallel per forward/backward, none of it overlapped with compute:
+    `replicate` broadcasts every parameter from GPU 0 (`broadcast_coalesced`, 10 MiB chunks),
+    `gather` copies each GPU's outputs to GPU 0, and after the whole backward
+    `ReduceAddCoalesced` sums every gradient onto GPU 0 (10 MiB chunks, NCCL reduce).
+    torch/nn/parallel/data_parallel.py, replicate.py, _functions.py, comm.py."""
+    broadcast = sum(comm.broadcast_s(c) for c in take_tensors([n * param_bytes for n in numel]))
+    reduce = sum(comm.reduce_s(c) for c in take_tensors([n * grad_bytes for n in numel]))
+    return broadcast + reduce + (comm.gather_s(output_bytes) if output_bytes else 0.0)
+
+
 @dataclass(frozen=True)
 class Overlap:
     backward_end_s: float  # wall time backward ends (slowed while an all-reduce runs)
@@ -174,3 +206,35 @@ def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward
     if backward_lag is None:
         backward_lag = lag  # backward finishes after the last all-reduce
     return Overlap(backward_s + backward_lag, progress + lag, lag)
+
+
+def overlap_floor_s(ready_fractions: Sequence[float], comm_s: Sequence[float],
+                    slowdown: float = 1.0) -> float:
+    """The least exposed time however long backward is: buckets ready only when backward ends
+    run after it in full; the others hide, but slow backward by (1 - 1/slowdown) of their time."""
+    return sum(d if f >= 1.0 else (1 - 1 / slowdown) * d for f, d in zip(ready_fractions, comm_s))
+
+
+def hiding_backward_s(ready_fractions: Sequence[float], comm_s: Sequence[float],
+                      slowdown: float = 1.0) -> float:
+    """The shortest backward for which the exposed time reaches `overlap_floor_s`. The exposed
+    time never grows with backward time (more compute, more room to overlap) and reaches the
+    floor at a finite time, so: bracket by doubling, then bisect."""
+    floor = overlap_floor_s(ready_fractions, comm_s, slowdown)
+
+    def at_floor(backward_s: float) -> bool:
+        ready = [f * backward_s for f in ready_fractions]
+        exposed = simulate_overlap(ready, comm_s, backward_s, slowdown).exposed_s
+        return exposed <= floor * (1 + 1e-9) + 1e-15
+
+    if at_floor(0.0):
+        return 0.0
+    low, high = 0.0, max(sum(comm_s), 1e-12)
+    for _ in range(200):
+        if at_floor(high):
+            break
+        low, high = high, high * 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (low, mid) if at_floor(mid) else (mid, high)
+    return high

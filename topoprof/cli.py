@@ -40,10 +40,11 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from topoprof.commands import bench, topo
+    from topoprof.commands import bench, model, topo
 
     main.add_command(topo.topo)
     main.add_command(bench.bench)
+    main.add_command(model.model)
 
 
 _register()

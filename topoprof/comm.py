@@ -24,8 +24,8 @@ from typing import Any
 
 from topoprof.errors import InputError
 
-GB = 1e9
-US = 1e-6
+GB = 1e9  # bytes per GB: GB/s = 1e9 B/s, as nccl-tests reports
+US = 1e-6  # seconds per microsecond
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -46,6 +46,7 @@ class CommModel(ABC):
     """Collective times in seconds for buffers of `size_bytes` on `world_size` ranks."""
 
     world_size: int
+    source: str  # where the numbers came from: "bench fit", "nominal NVLink", "given", ...
 
     @property
     @abstractmethod
@@ -242,6 +243,10 @@ class HierarchicalComm(CommModel):
     @property
     def world_size(self) -> int:  # type: ignore[override]
         return self.nodes * self.gpus_per_node
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return f"intra: {self.intra.source}; inter: {self.inter.source}"
 
     @property
     def bus_bandwidth_gbps(self) -> float:

@@ -72,3 +72,10 @@ def nic_gbps(rate_gbit: float | None) -> float | None:
     if rate_gbit is None or rate_gbit <= 0:
         return None
     return rate_gbit / BITS_PER_BYTE
+
+# NCCL src/graph/tuning.cc (ring algorithm, Simple protocol, the one large messages use):
+# baseLat 8.4 us once per collective, hwLat per ring step 3.4 us over NVLink and 5.7 us over PCIe;
+# 14 us per network step (DESIGN.md section 3, NCCL v2.30.x). Host-staged (SHM) pairs cross PCIe
+# twice, and are given the PCIe figure: their bandwidth, not latency, is the uncertain part.
+RING_BASE_LATENCY_US = 8.4
+HOP_LATENCY_US = {"NV": 3.4, "PCIE": 5.7, "NET": 14.0}

@@ -12,15 +12,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from topoprof.buckets import Bucket, ddp_bucket_limits, ddp_buckets, simulate_overlap, take_tensors
-from topoprof.comm import GB, CommModel
+from topoprof.buckets import (FP16_BYTES, Bucket, dataparallel_comm_s, ddp_bucket_limits,
+                              ddp_buckets, ddp_copy_bytes, fp16_cast_bytes, hiding_backward_s,
+                              overlap_floor_s, simulate_overlap)
+from topoprof.comm import GB, CommModel, HierarchicalComm
 from topoprof.errors import InputError
 from topoprof.gpu_specs import Compute, compute_times
 from topoprof.presets import Layout, get_preset, synthetic_layout
 
 STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
               "ddp_fp16_compress")
-FP16_BYTES = 2  # what fp16_compress_hook sends per element (torch.float16)
 
 
 def _need(cond: bool, message: str) -> None:
@@ -48,7 +49,8 @@ class Workload:
               f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _need(self.tokens_per_micro_batch is None or self.tokens_per_micro_batch >= 1,
               f"tokens_per_micro_batch must be >= 1, got {self.tokens_per_micro_batch}")
-        _need(self.dp_output_bytes >= 0, f"dp_output_bytes must be >= 0, got {self.dp_output_bytes}")
+        _need(self.dp_output_bytes >= 0,
+              f"dp_output_bytes must be >= 0, got {self.dp_output_bytes}")
         ddp_bucket_limits(self.bucket_cap_mb)  # validates
 
     @classmethod
@@ -75,6 +77,9 @@ class Cluster:
               f"!= nodes({self.nodes}) * gpus_per_node({self.gpus_per_node})")
         _need(self.comm.world_size == n, f"comm model world_size({self.comm.world_size}) != "
               f"nodes({self.nodes}) * gpus_per_node({self.gpus_per_node})")
+        if isinstance(self.comm, HierarchicalComm):
+            _need(self.comm.nodes == self.nodes,
+                  f"comm model nodes({self.comm.nodes}) != nodes({self.nodes})")
         object.__setattr__(self, "world_size", n)
 
 
@@ -110,20 +115,18 @@ def resolve(inputs: ModelInputs) -> Resolved:
     first, cap = ddp_bucket_limits(work.bucket_cap_mb)
     default_cap = work.bucket_cap_mb is None
     dp_overhead = inputs.compute.dp_thread_overhead_s
-    echo = {**times.echo,
+    given = ("grad_bytes", "param_bytes", "micro_batch_size", "tokens_per_micro_batch",
+             "gradient_as_bucket_view")
+    echo = {**times.echo, **{name: (getattr(work, name), "given") for name in given},
             "model": (work.layout.name, work.layout.source),
             "params": (work.layout.params, work.layout.source),
-            "grad_bytes": (work.grad_bytes, "given"), "param_bytes": (work.param_bytes, "given"),
-            "micro_batch_size": (work.micro_batch_size, "given"),
-            "tokens_per_micro_batch": (work.tokens_per_micro_batch, "given"),
             "accumulation_steps": (inputs.accumulation_steps, "given"),
             "world_size": (cl.world_size, "nodes x gpus_per_node"), "nodes": (cl.nodes, "given"),
             "gpus_per_node": (cl.gpus_per_node, "given"),
-            "comm": (cl.comm.describe(), str(getattr(cl.comm, "source", "given"))),
+            "comm": (cl.comm.describe(), cl.comm.source),
             "bucket_cap_bytes": (cap, "torch default 25 MiB" if default_cap else "given"),
             "first_bucket_cap_bytes": (first, "dist._DEFAULT_FIRST_BUCKET_BYTES" if default_cap
                                        else "= bucket_cap when bucket_cap_mb is given (torch)"),
-            "gradient_as_bucket_view": (work.gradient_as_bucket_view, "given"),
             "dp_thread_overhead_s": (dp_overhead, "given" if dp_overhead
                                      else "default 0: GIL contention not modelled unless given"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
@@ -140,25 +143,19 @@ def _memory_s(res: Resolved, traffic_bytes: float) -> float:
 
 def bucket_comm_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
                   fp16_compress: bool = False) -> list[float]:
-    """Each bucket's time on the communication chain. With fp16_compress_hook
-    (default_hooks.py `_compress_hook`) the bucket is cast to fp16, divided in place,
-    all-reduced at half the bytes and copied back: numel*(2*grad_bytes + 8) bytes of memory
-    traffic on that bucket's chain, around its all-reduce."""
+    """Each bucket's time on the communication chain; with the fp16 hook, half the bytes
+    plus the casts around its all-reduce."""
     if not fp16_compress:
         return [comm.allreduce_s(b.size_bytes) for b in buckets]
-    cast = 2 * res.inputs.workload.grad_bytes + 4 * FP16_BYTES
-    return [comm.allreduce_s(b.numel * FP16_BYTES) + _memory_s(res, b.numel * cast)
+    grad = res.inputs.workload.grad_bytes
+    return [comm.allreduce_s(b.numel * FP16_BYTES) + _memory_s(res, fp16_cast_bytes(b.numel, grad))
             for b in buckets]
 
 
 def copies_s(res: Resolved) -> float:
-    """reducer.cpp `mark_variable_ready_dense` copies each gradient into its bucket (dividing
-    by world size) and `finalize_backward` copies the result back: read + write G each way,
-    4G bytes; with gradient_as_bucket_view the gradients are the bucket and only the in-place
-    divide is left, 2G."""
     work = res.inputs.workload
-    passes = 2 if work.gradient_as_bucket_view else 4
-    return _memory_s(res, passes * work.grad_bytes * work.layout.params)
+    return _memory_s(res, ddp_copy_bytes(work.layout.params, work.grad_bytes,
+                                         work.gradient_as_bucket_view))
 
 
 def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
@@ -171,16 +168,9 @@ def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
 
 
 def dp_comm_s(res: Resolved, comm: CommModel) -> float:
-    """DataParallel per forward/backward, none of it overlapped with compute: `replicate`
-    broadcasts every parameter from GPU 0 (`broadcast_coalesced`, 10 MiB chunks), `gather`
-    copies outputs to GPU 0, and after the whole backward `ReduceAddCoalesced` sums every
-    gradient onto GPU 0 (10 MiB chunks, NCCL reduce). Sources: torch/nn/parallel/
-    data_parallel.py, replicate.py, _functions.py, comm.py."""
     work = res.inputs.workload
-    numel = [t.numel for t in work.layout.tensors]
-    broadcast = sum(comm.broadcast_s(s) for s in take_tensors([n * work.param_bytes for n in numel]))
-    reduce = sum(comm.reduce_s(s) for s in take_tensors([n * work.grad_bytes for n in numel]))
-    return broadcast + reduce + (comm.gather_s(work.dp_output_bytes) if work.dp_output_bytes else 0.0)
+    return dataparallel_comm_s(comm, [t.numel for t in work.layout.tensors], work.param_bytes,
+                               work.grad_bytes, work.dp_output_bytes)
 
 
 def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
@@ -310,7 +300,9 @@ def predict(inputs: ModelInputs) -> Prediction:
                           inputs.workload.bucket_cap_mb)
     nominal = step_times(res, buckets, comm)
     ends = comm.bounds()
-    bounds = (step_times(res, buckets, ends[0]), step_times(res, buckets, ends[1])) if ends else None
+    bounds = None
+    if ends is not None:
+        bounds = (step_times(res, buckets, ends[0]), step_times(res, buckets, ends[1]))
     first, cap = ddp_bucket_limits(inputs.workload.bucket_cap_mb)
     summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
                             tuple(b.ready_fraction for b in buckets), first, cap)
@@ -368,33 +360,15 @@ class HideThreshold:
 
 def hide_threshold(inputs: ModelInputs) -> HideThreshold:
     res = resolve(inputs)
-    comm = inputs.cluster.comm
-    work = inputs.workload
+    work, slowdown = inputs.workload, inputs.compute.compute_slowdown_during_comm
     buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
-    fraction = res.backward_s / res.micro_batch_s
-    d = bucket_comm_s(res, buckets, comm)
-    slowdown = inputs.compute.compute_slowdown_during_comm
-    floor = copies_s(res) + sum(
-        x if b.ready_fraction >= 1.0 else (1 - 1 / slowdown) * x for x, b in zip(d, buckets))
-
-    def exposed(c: float) -> float:
-        return ddp_exposed_s(replace(res, micro_batch_s=c, backward_s=fraction * c), buckets, comm)
-
-    def at_floor(c: float) -> bool:
-        return exposed(c) <= floor * (1 + 1e-9) + 1e-12
-
-    # E(c) is non-increasing in c and reaches the floor at a finite c: bracket, then bisect.
-    low, high = 0.0, max(res.micro_batch_s, sum(d), 1e-9)
-    for _ in range(200):
-        if at_floor(high):
-            break
-        low, high = high, high * 2
-    for _ in range(100 if not at_floor(0.0) else 0):
-        mid = (low + high) / 2
-        low, high = (low, mid) if at_floor(mid) else (mid, high)
-    high = high if not at_floor(0.0) else 0.0
-    now = exposed(res.micro_batch_s)
-    return HideThreshold(res.micro_batch_s, now, floor, high, res.micro_batch_s >= high)
+    fractions = [b.ready_fraction for b in buckets]
+    comm_s = bucket_comm_s(res, buckets, inputs.cluster.comm)
+    # copies do not depend on c; the pipeline part is scaled from backward to c
+    threshold = hiding_backward_s(fractions, comm_s, slowdown) * res.micro_batch_s / res.backward_s
+    floor = overlap_floor_s(fractions, comm_s, slowdown) + copies_s(res)
+    now = ddp_exposed_s(res, buckets, inputs.cluster.comm)
+    return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
 
 
 @dataclass(frozen=True)

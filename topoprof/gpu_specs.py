@@ -90,10 +90,12 @@ _TABLE: dict[str, tuple[float | None, float | None, float, float, str]] = {
            "Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"),
     # RTX 4090: FP16/BF16 tensor with FP32 accumulate 165.2 dense; FP32 82.6; 1,008 GB/s.
     "rtx-4090": (165.2, 165.2, 82.6, 1008.0,
-                 "NVIDIA Ada GPU Architecture whitepaper v2.1, Appendix A, Table 2 (GeForce RTX 4090)"),
+                 "NVIDIA Ada GPU Architecture whitepaper v2.1, Appendix A, Table 2 "
+                 "(GeForce RTX 4090)"),
     # RTX 3090: FP16/BF16 tensor with FP32 accumulate 71 dense; FP32 35.6; 936 GB/s.
     "rtx-3090": (71.0, 71.0, 35.6, 936.0,
-                 "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Table 9 (GeForce RTX 3090)"),
+                 "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Table 9 "
+                 "(GeForce RTX 3090)"),
 }
 
 # Normalized `nvidia-smi --query-gpu=name` strings (and common short names) -> table key.
@@ -127,7 +129,8 @@ def lookup_gpu(name: str) -> GpuSpec | None:
         return GpuSpec(key, *_TABLE[key])
     candidates = [k for k in _TABLE if k.startswith(key + "-")] if key else []
     if candidates:
-        warnings.warn(f"GPU name {name!r} is ambiguous: one of {', '.join(candidates)}", stacklevel=2)
+        warnings.warn(f"GPU name {name!r} is ambiguous: one of {', '.join(candidates)}",
+                      stacklevel=2)
     else:
         warnings.warn(f"GPU {name!r} is not in the datasheet table (known: "
                       f"{', '.join(known_gpus())}); give the figures explicitly", stacklevel=2)
@@ -171,7 +174,7 @@ class Compute:
     memory_bandwidth_gbps: float | None = None  # overrides the datasheet figure
     compute_slowdown_during_comm: float = 1.0  # backward runs 1/x as fast while comm is in flight
     dp_thread_overhead_s: float = 0.0  # DataParallel's per-micro-batch Python-thread/GIL cost
-    origin: str = "given"  # where measured numbers came from, echoed in the report
+    calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_time_s", "optimizer_time_s", "peak_tflops",
@@ -195,8 +198,12 @@ class Compute:
     def from_calibration(cls, calibration: Mapping[str, float], **kwargs: Any) -> Compute:
         """Numbers measured by `topoprof validate` (keys CALIBRATION_KEYS); kwargs add the rest."""
         unknown = sorted(set(calibration) - set(CALIBRATION_KEYS))
-        _need(not unknown, f"unknown calibration keys {unknown}; valid: {', '.join(CALIBRATION_KEYS)}")
-        return cls(**{**kwargs, **calibration, "origin": "calibration"})
+        _need(not unknown, f"unknown calibration keys {unknown}; "
+              f"valid: {', '.join(CALIBRATION_KEYS)}")
+        return cls(**{**kwargs, **calibration, "calibrated": tuple(sorted(calibration))})
+
+    def origin(self, name: str) -> str:
+        return "calibration" if name in self.calibrated else "given"
 
 
 @dataclass(frozen=True)
@@ -222,7 +229,8 @@ def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
 def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
                    tokens: int | None, echo: dict) -> float:
     if comp.micro_batch_time_s is not None:
-        echo["micro_batch_time_s"] = (comp.micro_batch_time_s, f"measured ({comp.origin})")
+        source = f"measured ({comp.origin('micro_batch_time_s')})"
+        echo["micro_batch_time_s"] = (comp.micro_batch_time_s, source)
         return comp.micro_batch_time_s
     peak, peak_src = comp.peak_tflops, "given"
     if peak is None and spec is not None:
@@ -246,7 +254,8 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
 def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float | None,
                  echo: dict) -> float:
     if comp.optimizer_time_s is not None:
-        echo["optimizer_time_s"] = (comp.optimizer_time_s, f"measured ({comp.origin})")
+        source = f"measured ({comp.origin('optimizer_time_s')})"
+        echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
         return comp.optimizer_time_s
     _need(bandwidth is not None, "optimizer time: give optimizer_time_s, or "
           "memory_bandwidth_gbps, or a gpu from the datasheet table")
@@ -271,12 +280,14 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
         notes.append("memory bandwidth unknown: DDP bucket copies and fp16 casts count as 0 s")
     echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
     c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo)
-    fraction = comp.backward_fraction
-    echo["backward_fraction"] = (fraction, comp.origin) if fraction is not None else (
-        DEFAULT_BACKWARD_FRACTION, "default: backward = 2x forward (Kaplan et al. 2020 §2.1)")
+    if comp.backward_fraction is not None:
+        fraction, source = comp.backward_fraction, comp.origin("backward_fraction")
+    else:
+        fraction = DEFAULT_BACKWARD_FRACTION
+        source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"
+    echo["backward_fraction"] = (fraction, source)
     t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo)
     slowdown = comp.compute_slowdown_during_comm
-    echo["compute_slowdown_during_comm"] = (slowdown, comp.origin if slowdown != 1
-                                            else "default: no interference")
-    fraction = echo["backward_fraction"][0]
+    echo["compute_slowdown_during_comm"] = (slowdown, "default: no interference" if slowdown == 1
+                                            else comp.origin("compute_slowdown_during_comm"))
     return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes))

@@ -90,9 +90,11 @@ def no_data(path, title: str, detail: str | None = None) -> str:
     ax = fig.add_subplot()
     ax.set_axis_off()
     ax.set_title(title, fontsize=13)
-    text = "no data" + (f"\n{detail}" if detail else "")
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=16, color="#666666",
+    ax.text(0.5, 0.55, "no data", ha="center", va="center", fontsize=18, color="#666666",
             transform=ax.transAxes)
+    if detail:
+        ax.text(0.5, 0.35, detail, ha="center", va="center", fontsize=10, color="#888888",
+                transform=ax.transAxes)
     return save(fig, path)
 
 
@@ -113,7 +115,7 @@ def fmt_num(value: float) -> str:
     if mag >= 100 or mag == 0:
         return f"{value:.0f}"
     if mag >= 10:
-        return f"{value:.1f}"
+        return f"{value:.1f}".removesuffix(".0")
     if mag >= 1:
         return f"{value:.2f}".rstrip("0").rstrip(".")
     return f"{value:.3g}"
@@ -134,19 +136,27 @@ def fmt_bytes(value: float) -> str:
     return f"{text} {_BYTE_UNITS[unit]}"
 
 
-def byte_axis(ax, low: float, high: float, max_ticks: int = 14) -> None:
-    """Log2 x axis over [low, high] bytes, labelled at powers of two that include KiB/MiB/GiB."""
+def _byte_ticks(k_lo: int, k_hi: int, max_ticks: int) -> list[int]:
+    """Exponents to label: every power of two if few, else a pattern keeping 1 KiB, 1 MiB, 1 GiB."""
+    ks = range(k_lo, k_hi + 1)
+    # 1, 8, 64 per binary unit (8 B, 64 B, 1 KiB, 8 KiB, ...): nine labels for 8 B .. 1 GiB.
+    for keep in ({*range(10)}, {0, 2, 4, 6, 8}, {0, 3, 6}, {0, 5}, {0}):
+        ticks = [k for k in ks if k % 10 in keep]
+        if len(ticks) <= max_ticks:
+            return ticks
+    return [k for k in ks if k % 10 == 0]
+
+
+def byte_axis(ax, low: float, high: float, max_ticks: int = 10) -> None:
+    """Log2 x axis over [low, high] bytes with non-overlapping labels (8 B, 64 B, 1 KiB, ...)."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     ax.set_xscale("log", base=2)
     k_lo, k_hi = math.floor(math.log2(low)), math.ceil(math.log2(high))
-    # A step dividing 10 keeps 1 KiB, 1 MiB and 1 GiB among the labels.
-    for step in (1, 2, 5, 10):
-        ticks = [k for k in range(k_lo, k_hi + 1) if k % step == 0]
-        if len(ticks) <= max_ticks:
-            break
+    ticks = _byte_ticks(k_lo, k_hi, max_ticks)
     ax.xaxis.set_major_locator(FixedLocator([2.0 ** k for k in ticks]))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v)))
+    # Unlabelled minor ticks at every power of two: the sizes nccl-tests steps through.
     ax.xaxis.set_minor_locator(FixedLocator([2.0 ** k for k in range(k_lo, k_hi + 1)]))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(low / 1.3, high * 1.3)
@@ -157,6 +167,42 @@ def plain_log_ticks(axis) -> None:
     from matplotlib.ticker import FuncFormatter
 
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_num(v)))
+
+
+# Mantissas for log-axis labels, densest first: a short axis gets 10, 15, 20; a long one 1, 10, 100.
+_MANTISSAS = ((1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1, 3), (1,))
+
+
+def nice_log_ticks(low: float, high: float, max_ticks: int = 6) -> list[float]:
+    """Round values inside [low, high] for a log axis: as many as fit under max_ticks."""
+    ticks: list[float] = []
+    for mantissas in _MANTISSAS:
+        ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                 for m in mantissas if low * 0.999 <= m * 10.0 ** e <= high * 1.001]
+        if len(ticks) <= max_ticks:
+            break
+    return ticks
+
+
+def label_log_axis(axis, low: float, high: float, max_ticks: int = 6) -> None:
+    """Plain-number labels at nice_log_ticks, no minor labels: readable over any span."""
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    axis.set_major_locator(FixedLocator(nice_log_ticks(low, high, max_ticks)))
+    plain_log_ticks(axis)
+    axis.set_minor_formatter(NullFormatter())
+
+
+def legend_below(fig, ax, handles=None, labels=None, ncol: int = 1, fontsize: float = 8.5) -> None:
+    """A legend just under ax's tick and axis labels (fixed layout, so measured before saving)."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    box = ax.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted())
+    pos = ax.get_position()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=((pos.x0 + pos.x1) / 2, box.y0 - 0.01),
+               ncol=ncol, fontsize=fontsize, frameon=False)
 
 
 def text_color_on(rgba) -> str:

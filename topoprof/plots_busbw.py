@@ -5,7 +5,7 @@ import math
 import statistics
 
 from topoprof.plots_base import (COLLECTIVE_COLORS, WIDE, byte_axis, color_for, finite, fmt_num,
-                                 new_figure, no_data, positive, save)
+                                 legend_below, new_figure, no_data, positive, save)
 
 _TITLE = "Bus bandwidth vs message size"
 _NOMINAL_COLORS = ("#000000", "#8c564b", "#7f7f7f", "#bcbd22")
@@ -53,17 +53,16 @@ def _fit_label(name: str, fit: dict, factor: float) -> str:
     return ", ".join(parts)
 
 
-def _draw_fit(ax, name: str, fit: dict, rows: list[dict], color: str) -> float:
-    """The fitted busbw curve over the measured sizes; returns its highest value."""
+def _draw_fit(ax, name: str, fit: dict, rows: list[dict], color: str) -> None:
+    """The fitted busbw curve over the measured sizes (clipped by the axes, never scaling them)."""
     if not isinstance(fit, dict) or not finite(fit.get("latency_us")):
-        return 0.0
+        return
     factor = _bus_factor(fit, rows)
     lo, hi = rows[0]["size_bytes"], rows[-1]["size_bytes"]
     sizes = [lo * (hi / lo) ** (i / (_FIT_POINTS - 1)) for i in range(_FIT_POINTS)] if hi > lo else [lo]
     values = [fit_busbw_gbps(s, fit, factor) for s in sizes]
     ax.plot(sizes, values, color=color, linestyle=(0, (4, 2)), linewidth=1.3, alpha=0.8,
             label=_fit_label(name, fit, factor))
-    return max((v for v in values if finite(v)), default=0.0)
 
 
 def _draw_wrong(ax, rows: list[dict]) -> None:
@@ -71,7 +70,7 @@ def _draw_wrong(ax, rows: list[dict]) -> None:
     if bad:
         ax.scatter([r["size_bytes"] for r in bad], [r["busbw_gbps"] for r in bad], marker="x",
                    s=70, linewidths=2.2, color="#d62728", zorder=5,
-                   label=f"wrong > 0: data errors ({len(bad)} rows)")
+                   label=f"wrong > 0: data errors ({len(bad)} row{'s' if len(bad) > 1 else ''})")
 
 
 def _draw_nominal(ax, nominal) -> float:
@@ -84,8 +83,9 @@ def _draw_nominal(ax, nominal) -> float:
             ax.axhline(item["gbps"], color=color, linestyle=":", linewidth=1.6, label=label)
             top = max(top, item["gbps"])
         elif finite(item.get("low_gbps")) and positive(item.get("high_gbps")):
+            span = f"{fmt_num(item['low_gbps'])}-{fmt_num(item['high_gbps'])} GB/s"
             ax.axhspan(item["low_gbps"], item["high_gbps"], facecolor=color, alpha=0.12,
-                       edgecolor=color, hatch="//", linewidth=0.8, label=f"{label} (uncertain range)")
+                       edgecolor=color, hatch="//", linewidth=0.8, label=f"{label}: uncertain, {span}")
             top = max(top, item["high_gbps"])
     return top
 
@@ -105,7 +105,7 @@ def plot_busbw(rows, fits, nominal, path, title=None) -> str:
         ax.plot([r["size_bytes"] for r in group], [r["busbw_gbps"] for r in group], color=color,
                 marker="o", markersize=4, linewidth=1.8, label=name)
         top = max(top, max(r["busbw_gbps"] for r in group))
-        top = max(top, _draw_fit(ax, name, (fits or {}).get(name), group, color))
+        _draw_fit(ax, name, (fits or {}).get(name), group, color)
     _draw_wrong(ax, drawable)
     top = max(top, _draw_nominal(ax, nominal))
     sizes = [r["size_bytes"] for r in drawable]
@@ -115,12 +115,6 @@ def plot_busbw(rows, fits, nominal, path, title=None) -> str:
     ax.set_ylabel("bus bandwidth (GB/s, 1 GB/s = 10\u2079 B/s)")
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-    _legend_below(ax)
+    # Under the axes: long fit labels never cover the curves.
+    legend_below(fig, ax, ncol=2 if len(ax.get_legend_handles_labels()[1]) > 3 else 3)
     return save(fig, path)
-
-
-def _legend_below(ax) -> None:
-    """Legend under the axes: long fit labels never cover the curves."""
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.13),
-              ncol=2 if len(labels) > 3 else len(labels), fontsize=8.5, frameon=False)

@@ -102,7 +102,7 @@ class Layout:
         return tuple(ReadyTensor(index, fraction) for index, (fraction, _) in order)
 
 
-class _Builder:
+class LayoutBuilder:
     """Collects tensors in registration order and uses in forward order."""
 
     def __init__(self) -> None:
@@ -141,12 +141,15 @@ class _Builder:
         return Layout(name, tuple(self.tensors), tuple(self.uses), source)
 
 
+_Builder = LayoutBuilder  # the name topoprof.synthetic imports
+
+
 def gpt2_layout(n_layer: int = 12, n_embd: int = 768, n_positions: int = 1024,
                 vocab_size: int = 50257, name: str = "gpt2",
                 source: str = "https://huggingface.co/openai-community/gpt2/blob/main/config.json"
                 ) -> Layout:
     """HF GPT2LMHeadModel: Conv1D weights are (in, out); lm_head is tied to wte."""
-    b = _Builder()
+    b = LayoutBuilder()
     wte = b.param("transformer.wte.weight", vocab_size, n_embd)
     wpe = b.param("transformer.wpe.weight", n_positions, n_embd)
     b.use(wte)
@@ -181,7 +184,7 @@ def bert_layout(n_layer: int = 12, hidden: int = 768, intermediate: int = 3072,
                               "config.json") -> Layout:
     """HF BertModel with pooler. The pooler reads only the [CLS] token: 1/seq_len of tokens
     (seq_len defaults to the config's max_position_embeddings)."""
-    b = _Builder()
+    b = LayoutBuilder()
     emb = (b.param("embeddings.word_embeddings.weight", vocab_size, hidden),
            b.param("embeddings.position_embeddings.weight", max_positions, hidden),
            b.param("embeddings.token_type_embeddings.weight", type_vocab, hidden))
@@ -190,7 +193,8 @@ def bert_layout(n_layer: int = 12, hidden: int = 768, intermediate: int = 3072,
     b.use(*b.norm("embeddings.LayerNorm", hidden))
     for i in range(n_layer):
         p = f"encoder.layer.{i}"
-        qkv = [b.linear(f"{p}.attention.self.{x}", hidden, hidden) for x in ("query", "key", "value")]
+        qkv = [b.linear(f"{p}.attention.self.{x}", hidden, hidden)
+               for x in ("query", "key", "value")]
         out = b.linear(f"{p}.attention.output.dense", hidden, hidden)
         ln1 = b.norm(f"{p}.attention.output.LayerNorm", hidden)
         inter = b.linear(f"{p}.intermediate.dense", hidden, intermediate)
@@ -212,7 +216,7 @@ def llama_layout(n_layer: int = 32, hidden: int = 4096, intermediate: int = 1100
                  ) -> Layout:
     """HF LlamaForCausalLM: no biases, RMSNorm weights only, untied lm_head. A decoder layer
     registers self_attn, mlp, then its two norms, but uses input_layernorm first."""
-    b = _Builder()
+    b = LayoutBuilder()
     emb = b.param("model.embed_tokens.weight", vocab_size, hidden)
     b.use(emb)
     for i in range(n_layer):
@@ -250,7 +254,7 @@ def synthetic_layout(params: int, chunks: int = SYNTHETIC_CHUNKS) -> Layout:
         raise InputError(f"params must be >= 1, got {params}")
     chunks = min(chunks, params)
     base, extra = divmod(params, chunks)
-    b = _Builder()
+    b = LayoutBuilder()
     for i in range(chunks):
         b.matmul(b.param(f"chunk.{i}", base + (1 if i < extra else 0)))
     return b.build(f"synthetic-{params}", f"synthetic: {chunks} equal chunks of {params} params")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from topoprof import constants
+from topoprof.errors import InputError
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
     from probes.host import HostInfo
@@ -106,7 +107,7 @@ class Topology:
         known = {g.index for g in self.gpus}
         unknown = [g for g in gpus if g not in known]
         if unknown:
-            raise ValueError(f"GPU(s) {unknown} not in this topology (it has {sorted(known)})")
+            raise InputError(f"--gpus: GPU(s) {unknown} not in this topology (it has {sorted(known)})")
         keep = set(gpus)
         return Topology(
             sources=self.sources,

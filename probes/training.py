@@ -1,0 +1,341 @@
+"""Rank worker for `validate`: real training steps of the synthetic model, timed per strategy.
+
+Modes (the strategies of `topoprof.costmodel`): single (one process, K micro-batches with
+loss / K, and a calibration of the forward, backward and optimizer times the step-time model
+takes as inputs); ddp_synced (all-reduce after every micro-batch); ddp_no_sync (forward and
+backward of the first K-1 micro-batches inside `model.no_sync()`); ddp_no_sync_backward_only
+(only `loss.backward()` inside it, the common mistake that still syncs, see `accumulate`); dp
+(torch.nn.DataParallel over every visible GPU); numerics (one optimizer step of each DDP mode
+against one process that accumulates the whole global batch: equal up to rounding).
+
+Data: every sample is a deterministic slice of one synthetic token stream (`first_sample`), so
+one step's global batch is the union over ranks. Every rank builds the same initial model.
+
+Timing: each step runs between device synchronisations (and a barrier, so ranks start
+together). A step's time is the MAX over ranks: the optimizer step waits for the all-reduce the
+slowest rank joins last, so the step ends when the slowest rank finishes. The reported step
+time is the median over the timed steps.
+
+Config (checked by `topoprof.synthetic.parse_config`): spec (asdict of SyntheticSpec), mode,
+micro_batch (samples per rank per micro-batch), accum (K), steps (timed), warmup_steps,
+bucket_cap_mb (null: torch's default), seed, optimizer (adamw|sgd), lr, amp (none|bf16, GPU
+only), threads (null: torch's default), count_comm_hook_calls, numerics_dtype (float64|float32).
+Messages from rank 0: `result` (every timed mode), `calibration` (single), `numerics`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from probes.dist import synchronize
+from topoprof.synthetic import (DDP_MODES, NUMERICS_TOLERANCE, STREAM_SEED_BITS, SyntheticSpec,
+                                 TrainConfig, check_supported, parse_config)
+
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16}
+COMBINE = "max over ranks, median over steps"
+
+
+class _Block(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class SyntheticLM(nn.Module):
+    """The module `topoprof.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
+
+    def __init__(self, spec: SyntheticSpec, autocast_dtype=None):
+        super().__init__()
+        self.embed = nn.Embedding(spec.vocab, spec.d_model)
+        self.blocks = nn.ModuleList(_Block(spec.d_model, spec.d_ff) for _ in range(spec.n_layers))
+        self.norm = nn.LayerNorm(spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab, bias=False)
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, tokens):  # tokens: (samples, seq_len + 1)
+        # Autocast is entered here, not around the call: DataParallel's replica threads re-enter
+        # autocast with the default dtype (float16), torch/nn/parallel/parallel_apply.py _worker.
+        enabled = self.autocast_dtype is not None
+        with torch.autocast(tokens.device.type, dtype=self.autocast_dtype, enabled=enabled):
+            x = self.embed(tokens[:, :-1])
+            for block in self.blocks:
+                x = block(x)
+            loss = F.cross_entropy(self.head(self.norm(x)).flatten(0, 1), tokens[:, 1:].flatten())
+        return loss.unsqueeze(0)  # shape (1,): DataParallel gathers one loss per GPU as a vector
+
+
+def build_model(spec: SyntheticSpec, seed: int, dtype=torch.float32, autocast_dtype=None):
+    torch.manual_seed(seed)  # every rank draws the same initial weights
+    return SyntheticLM(spec, autocast_dtype).to(dtype)
+
+
+def first_sample(step: int, rank: int, micro: int, world: int, accum: int, micro_batch: int) -> int:
+    """Step s covers samples [s W K B, (s+1) W K B); within it rank-major, then micro-batch."""
+    return ((step * world + rank) * accum + micro) * micro_batch
+
+
+def stream_samples(spec: SyntheticSpec, seed: int, start: int, count: int):
+    """Samples start..start+count-1 of the token stream: (count, seq_len + 1) int64 on CPU."""
+    rows = []
+    for i in range(start, start + count):
+        gen = torch.Generator().manual_seed((seed << STREAM_SEED_BITS) | i)
+        rows.append(torch.randint(spec.vocab, (spec.seq_len + 1,), generator=gen))
+    return torch.stack(rows)
+
+
+def step_batches(cfg: TrainConfig, step: int, rank: int, world: int, device) -> list:
+    return [stream_samples(cfg.spec, cfg.seed, first_sample(step, rank, j, world, cfg.accum,
+                                                            cfg.micro_batch), cfg.micro_batch)
+            .to(device) for j in range(cfg.accum)]
+
+
+def accumulate(model, batches: list, mode: str, divide_by: int) -> None:
+    """Forward and backward of every micro-batch with loss / divide_by, by the mode's rule.
+
+    ddp_no_sync_backward_only still all-reduces each micro-batch (torch 2.13,
+    torch/nn/parallel/distributed.py): `no_sync()` only flips `require_backward_grad_sync`;
+    `DistributedDataParallel._post_forward` reads that flag and, when it is set (forward ran
+    outside the context), calls `self.reducer.prepare_for_backward`, which arms the reducer's
+    autograd hooks (`Reducer::autograd_hook` in reducer.cpp returns early only when not armed).
+    Leaving the flag only around backward changes nothing: the hooks were armed in forward.
+    """
+    last = len(batches) - 1
+    for j, tokens in enumerate(batches):
+        if mode == "ddp_no_sync" and j < last:
+            with model.no_sync():
+                (model(tokens).mean() / divide_by).backward()
+        elif mode == "ddp_no_sync_backward_only" and j < last:
+            loss = model(tokens).mean() / divide_by
+            with model.no_sync():
+                loss.backward()
+        else:  # mean(): one loss per replica, DataParallel's micro-batch shares are equal
+            (model(tokens).mean() / divide_by).backward()
+
+
+def train_step(model, optimizer, batches: list, mode: str) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    accumulate(model, batches, mode, len(batches))
+    optimizer.step()
+
+
+def make_optimizer(cfg: TrainConfig, model):
+    if cfg.optimizer == "sgd" or cfg.mode == "numerics":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+
+
+@dataclass
+class _HookCounter:
+    """DDP comm-hook calls (one per bucket all-reduce) and each bucket's elements by index (the
+    latest, rebuilt buckets)."""
+
+    calls: int = 0
+    bucket_numel: dict = field(default_factory=dict)
+
+
+def _counting_allreduce(counter: _HookCounter, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    counter.calls += 1
+    counter.bucket_numel[bucket.index()] = bucket.buffer().numel()
+    return default_hooks.allreduce_hook(None, bucket)  # what DDP does without a hook
+
+
+def wrap_ddp(model, device: str, cfg: TrainConfig, counter: _HookCounter | None = None):
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [torch.device(device).index] if device.startswith("cuda") else None
+    kwargs = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
+    ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=False, **kwargs)
+    if counter is not None:
+        ddp.register_comm_hook(counter, _counting_allreduce)
+    return ddp
+
+
+def _gather(values: list[float], device: str) -> list[list[float]]:
+    """[rank][i] of every rank's list (all ranks call this)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.get_world_size() == 1:
+        return [values]
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [[float(v) for v in t.cpu()] for t in every]
+
+
+def run_steps(ctx, cfg, model, optimizer, batches_for, sync, counter=None):
+    """Warm-up then timed steps; returns (this rank's step times, hook calls per timed step)."""
+    times, calls = [], []
+    total = cfg.warmup_steps + cfg.steps
+    for step in range(total):
+        ctx.progress(f"{cfg.mode} step {step + 1}/{total}")
+        batches = batches_for(step)  # built before the clock starts
+        before = counter.calls if counter else 0
+        sync()
+        if ctx.world_size > 1:
+            dist.barrier()
+        sync()
+        start = time.perf_counter()
+        train_step(model, optimizer, batches, cfg.mode)
+        sync()
+        elapsed = time.perf_counter() - start
+        if step >= cfg.warmup_steps:
+            times.append(elapsed)
+            calls.append(counter.calls - before if counter else None)
+    return times, calls
+
+
+def calibrate(ctx, cfg, model, optimizer, batches_for, sync) -> dict:
+    """Forward, backward (per micro-batch) and optimizer times, each between synchronisations."""
+    forward, backward, opt = [], [], []
+    for step in range(cfg.steps):
+        ctx.progress(f"calibration step {step + 1}/{cfg.steps}")
+        batches = batches_for(cfg.warmup_steps + cfg.steps + step)
+        optimizer.zero_grad(set_to_none=True)
+        for tokens in batches:
+            sync()
+            t0 = time.perf_counter()
+            loss = model(tokens).mean() / cfg.accum
+            sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync()
+            forward.append(t1 - t0)
+            backward.append(time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        optimizer.step()
+        sync()
+        opt.append(time.perf_counter() - t2)
+    fwd, bwd = statistics.median(forward), statistics.median(backward)
+    return {"forward_s": fwd, "backward_s": bwd, "micro_batch_time_s": fwd + bwd,
+            "backward_fraction": bwd / (fwd + bwd), "optimizer_time_s": statistics.median(opt),
+            "threads": torch.get_num_threads(), "combine": "median over timed micro-batches/steps",
+            "samples": len(forward)}
+
+
+def _dp_batches(cfg: TrainConfig, gpus: int, step: int) -> list:
+    # GPU g gets the samples DDP rank g would: DataParallel scatters dim 0 in equal chunks.
+    return [torch.cat([stream_samples(cfg.spec, cfg.seed,
+                                      first_sample(step, g, j, gpus, cfg.accum, cfg.micro_batch),
+                                      cfg.micro_batch) for g in range(gpus)]).to("cuda:0")
+            for j in range(cfg.accum)]
+
+
+def _setup(ctx, cfg: TrainConfig):
+    """(model to step, optimizer, batches_for(step), devices to synchronise, replicas, counter)."""
+    autocast = AMP_DTYPES[cfg.amp]
+    if cfg.mode == "dp":
+        gpus = torch.cuda.device_count()
+        model = build_model(cfg.spec, cfg.seed, autocast_dtype=autocast).to("cuda:0")
+        wrapped = nn.DataParallel(model, device_ids=list(range(gpus)))
+        return (wrapped, make_optimizer(cfg, model), lambda s: _dp_batches(cfg, gpus, s),
+                [f"cuda:{g}" for g in range(gpus)], gpus, None)
+    model = build_model(cfg.spec, cfg.seed, autocast_dtype=autocast).to(ctx.device)
+    counter = _HookCounter() if cfg.count_comm_hook_calls and cfg.mode in DDP_MODES else None
+    wrapped = wrap_ddp(model, ctx.device, cfg, counter) if cfg.mode in DDP_MODES else model
+    world = ctx.world_size
+    return (wrapped, make_optimizer(cfg, model),
+            lambda s: step_batches(cfg, s, ctx.rank, world, ctx.device), [ctx.device], world,
+            counter)
+
+
+def run_timed(ctx, cfg: TrainConfig) -> None:
+    model, optimizer, batches_for, devices, replicas, counter = _setup(ctx, cfg)
+    sync = lambda: [synchronize(d) for d in devices]  # noqa: E731
+    times, calls = run_steps(ctx, cfg, model, optimizer, batches_for, sync, counter)
+    per_rank = _gather(times, ctx.device)  # [rank][step]
+    if cfg.mode == "single":
+        calibration = calibrate(ctx, cfg, model, optimizer, batches_for, sync)
+    if ctx.rank != 0:
+        return
+    rank_step_times = [[per_rank[r][s] for r in range(len(per_rank))] for s in range(cfg.steps)]
+    step_times = [max(row) for row in rank_step_times]
+    if cfg.mode == "single":
+        ctx.emit("calibration", **calibration, micro_batch=cfg.micro_batch, accum=cfg.accum,
+                 params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len)
+    result = {
+        "mode": cfg.mode, "step_time_s": statistics.median(step_times), "step_times_s": step_times,
+        "rank_step_times_s": rank_step_times, "combine": COMBINE, "world_size": replicas,
+        "processes": ctx.world_size, "micro_batch": cfg.micro_batch, "accum": cfg.accum,
+        "params": cfg.spec.params, "global_batch_samples": replicas * cfg.accum * cfg.micro_batch,
+        "tokens_per_micro_batch": cfg.micro_batch * cfg.spec.seq_len,
+        "spec": dataclasses.asdict(cfg.spec), "warmup_steps": cfg.warmup_steps,
+        "bucket_cap_mb": cfg.bucket_cap_mb, "optimizer": cfg.optimizer, "lr": cfg.lr,
+        "amp": cfg.amp, "threads": torch.get_num_threads(), "device": devices[0]}
+    if counter is not None:
+        result["comm_hook_calls_per_step"] = calls
+        numel = counter.bucket_numel
+        result["ddp_bucket_numels"] = [numel[i] for i in sorted(numel)]
+    ctx.emit("result", **result)
+
+
+def _flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+
+
+def _compare(got, want, rtol: float, atol: float) -> dict:
+    return {"max_abs_diff_vs_single": float((got - want).abs().max()),
+            "allclose": bool(torch.allclose(got, want, rtol=rtol, atol=atol))}
+
+
+def _single_reference(cfg, batches_by_rank, divide_by: int, dtype) -> torch.Tensor:
+    """One process, every rank's micro-batches, loss / divide_by, one SGD step (on CPU)."""
+    model = build_model(cfg.spec, cfg.seed, dtype)
+    optimizer = make_optimizer(cfg, model)
+    optimizer.zero_grad(set_to_none=True)
+    for batches in batches_by_rank:
+        accumulate(model, [b.cpu() for b in batches], "single", divide_by)
+    optimizer.step()
+    return _flat_params(model)
+
+
+def run_numerics(ctx, cfg: TrainConfig) -> None:
+    """DDP averages gradients over W ranks and each rank divides its loss by K, so the step
+    applies (1 / (W K)) x the sum over the global batch: the single reference divides each
+    micro-batch's mean loss by W K. A control that forgets the 1/K must NOT match. amp is
+    ignored here: parameters are compared in numerics_dtype without autocast."""
+    dtype = getattr(torch, cfg.numerics_dtype)
+    world, rank = ctx.world_size, ctx.rank
+    batches_by_rank = [step_batches(cfg, 0, r, world, "cpu") for r in range(world)]
+    finals = {}
+    for mode in DDP_MODES:
+        ctx.progress(f"numerics {mode}")
+        model = build_model(cfg.spec, cfg.seed, dtype).to(ctx.device)
+        ddp = wrap_ddp(model, ctx.device, cfg)
+        optimizer = make_optimizer(cfg, model)
+        optimizer.zero_grad(set_to_none=True)
+        accumulate(ddp, [b.to(ctx.device) for b in batches_by_rank[rank]], mode, cfg.accum)
+        optimizer.step()
+        finals[mode] = _flat_params(model)
+    if rank != 0:
+        return
+    ctx.progress("numerics single-process reference")
+    want = _single_reference(cfg, batches_by_rank, world * cfg.accum, dtype)
+    wrong = _single_reference(cfg, batches_by_rank, world, dtype)
+    rtol, atol = NUMERICS_TOLERANCE[cfg.numerics_dtype]
+    report = {mode: _compare(finals[mode], want, rtol, atol) for mode in DDP_MODES}
+    report["control_single_not_divided_by_k"] = _compare(wrong, want, rtol, atol)
+    ctx.emit("numerics", **report, dtype=cfg.numerics_dtype, rtol=rtol, atol=atol, lr=cfg.lr,
+             world_size=world, accum=cfg.accum, micro_batch=cfg.micro_batch,
+             params=cfg.spec.params)
+
+
+def run_rank(ctx, config: dict) -> None:
+    cfg = parse_config(config)
+    check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    if cfg.mode == "numerics":
+        run_numerics(ctx, cfg)
+    else:
+        run_timed(ctx, cfg)

@@ -1,0 +1,169 @@
+"""`topoprof model`: predicted optimizer-step time for DP, DDP and accumulation strategies."""
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from topoprof.errors import InputError
+
+_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
+_COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> int:
+    """'124439808', '125M', '1.3B', '7B' -> parameters (decimal units, as model names use)."""
+    match = _COUNT_RE.match(text)
+    if not match:
+        raise InputError(f"--params {text!r}: expected a number with optional K, M, B or T (e.g. 125M, 1.3B, 7B)")
+    value = float(match.group(1)) * _COUNT_UNITS[match.group(2).lower()]
+    if value < 1:
+        raise InputError(f"--params {text!r} = {value:g}: must be >= 1")
+    return int(round(value))
+
+
+def _gpus(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise InputError(f"--gpus {text!r}: expected a comma list of GPU indices, e.g. 0,1,2,3") from None
+
+
+def _load_topology(path: str):
+    """A saved `nvidia-smi topo -m` text or a `topoprof topo --json` document."""
+    from topoprof.topology_io import topology_from_file
+
+    return topology_from_file(path)
+
+
+def build_comm(opts: dict):
+    """(CommModel for one node, gpus_per_node, description) from the first source given."""
+    from topoprof import links
+
+    if opts["bench"]:
+        lat, bw, world, _ = links.load_bench_fit(opts["bench"])
+        return links.comm_from_fit(lat, bw, world, f"bench fit {opts['bench']}"), world, {"bench": opts["bench"]}
+    if opts["link_bandwidth"] is not None:
+        gpn = opts["gpus_per_node"] or opts["world_size"]
+        if not gpn:
+            raise InputError("--link-bandwidth needs --world-size (or --gpus-per-node with --nodes)")
+        if opts["nodes"] > 1 and not opts["gpus_per_node"]:
+            gpn, rest = divmod(opts["world_size"], opts["nodes"])
+            if rest:
+                raise InputError(f"world_size({opts['world_size']}) != nodes({opts['nodes']}) * gpus_per_node(an integer)")
+        lat = opts["link_latency"] if opts["link_latency"] is not None else 0.0
+        return links.comm_explicit(opts["link_bandwidth"], lat, gpn), gpn, {"link_bandwidth_gbps": opts["link_bandwidth"]}
+    if opts["topology"]:
+        topology = _load_topology(opts["topology"])
+    else:
+        from topoprof.commands.topo import collect_topology
+
+        topology = collect_topology()
+        if not topology.gpus:
+            raise InputError("no link information: this machine has no GPU; give --bench FILE, "
+                             "--topology FILE or --link-bandwidth GB/s")
+    comm, ring = links.comm_from_topology(topology, _gpus(opts["gpus"]))
+    return comm, comm.world_size, {"topology": opts["topology"] or "this machine", **ring}
+
+
+def build_inputs(opts: dict):
+    from topoprof import links
+    from topoprof.costmodel import Cluster, ModelInputs, Workload
+    from topoprof.gpu_specs import Compute
+
+    if (opts["params"] is None) == (opts["preset"] is None):
+        raise InputError("give exactly one of --params N or --preset NAME")
+    work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
+                   tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
+    workload = (Workload.from_preset(opts["preset"], **work_kw) if opts["preset"]
+                else Workload.from_params(parse_count(opts["params"]), **work_kw))
+    comm, gpn, described = build_comm(opts)
+    nodes = opts["nodes"]
+    if opts["world_size"] is not None and opts["world_size"] != nodes * gpn:
+        raise InputError(f"world_size({opts['world_size']}) != nodes({nodes}) * gpus_per_node({gpn})")
+    comm = links.across_nodes(comm, nodes, gpn, opts["network_bandwidth"], opts["network_latency"])
+    cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
+    compute = _compute(opts, Compute)
+    return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
+
+
+def _compute(opts: dict, Compute):
+    common = dict(gpu=opts["gpu"], precision=opts["precision"], utilization=opts["utilization"],
+                  optimizer=opts["optimizer"], optimizer_time_s=opts["optimizer_time"],
+                  backward_fraction=opts["backward_fraction"])
+    if opts["calibration"]:
+        calibration = _read_calibration(opts["calibration"])
+        return Compute.from_calibration(calibration, **{k: v for k, v in common.items()
+                                                        if v is not None and k not in calibration})
+    if opts["micro_batch_time"] is None and opts["gpu"] is None:
+        raise InputError("compute per micro-batch is unknown: give --micro-batch-time SECONDS (measured), "
+                         "--calibration FILE (from `topoprof validate`), or --gpu NAME with --tokens N")
+    return Compute(micro_batch_time_s=opts["micro_batch_time"], **common)
+
+
+def _read_calibration(path: str) -> dict:
+    from topoprof.gpu_specs import CALIBRATION_KEYS
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+    calibration = doc.get("calibration", doc)
+    found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}
+    if "micro_batch_time_s" not in found:
+        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` output)")
+    return found
+
+
+@click.command()
+@click.option("--params", help="Model size: 124439808, 125M, 1.3B, 7B (a synthetic even layout).")
+@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, llama-7b.")
+@click.option("--grad-bytes", type=click.Choice(["2", "4"]), default="4", show_default=True,
+              help="Bytes per gradient element: 4 under autocast (fp32 params), 2 for pure bf16/fp16.")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per GPU per micro-batch.")
+@click.option("--tokens", type=click.IntRange(min=1), help="Tokens per GPU per micro-batch (for the FLOPs estimate).")
+@click.option("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: torch's 25 with a 1 MiB first bucket).")
+@click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")
+@click.option("--backward-fraction", type=float, help="Share of the micro-batch time spent in backward (default 2/3).")
+@click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON written by `topoprof validate`.")
+@click.option("--gpu", help="GPU name for datasheet peak FLOP/s and memory bandwidth (e.g. 'H100 SXM').")
+@click.option("--precision", default="bf16", show_default=True)
+@click.option("--utilization", type=float, help="Share of peak FLOP/s reached (an assumption; default 0.4).")
+@click.option("--optimizer", default="adamw", show_default=True)
+@click.option("--optimizer-time", type=float, help="Measured optimizer step seconds.")
+@click.option("--bench", type=click.Path(dir_okay=False), help="Use the all_reduce fit of a `bench --json` or scan report.")
+@click.option("--topology", type=click.Path(dir_okay=False), help="Saved `nvidia-smi topo -m` text or `topo --json`.")
+@click.option("--gpus", help="GPU indices of the job within the topology, e.g. 0,1,2,3.")
+@click.option("--link-bandwidth", type=float, help="Explicit per-direction link bandwidth, GB/s.")
+@click.option("--link-latency", type=float, help="Explicit per-hop latency, microseconds.")
+@click.option("--world-size", type=click.IntRange(min=1), help="Total GPUs (checked against --nodes x GPUs per node).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="With --link-bandwidth and --nodes.")
+@click.option("--network-bandwidth", type=float, help="Each node's NICs together, GB/s per direction (multi-node).")
+@click.option("--network-latency", type=float, help="Per network hop, microseconds (default NCCL's 14).")
+@click.option("--accum", type=int, default=1, show_default=True, help="Gradient accumulation steps K (micro-batches per optimizer step).")
+@click.option("--sweep/--no-sweep", default=True, show_default=True, help="Also print the sweep over K and world size.")
+@click.option("--json", "as_json", is_flag=True)
+def model(**opts):
+    """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only
+    and ddp_fp16_compress, with the exposed communication and what changing K or world size gains."""
+    from topoprof.model_report import model_payload, render_model
+
+    opts["grad_bytes"] = int(opts["grad_bytes"])
+    if opts["accum"] < 1:
+        raise InputError(f"--accum {opts['accum']}: accumulation steps K must be >= 1 "
+                         "(K micro-batches per optimizer step)")
+    inputs, described = build_inputs(opts)
+    payload = model_payload(inputs, described, sweep=opts["sweep"])
+    if opts["as_json"]:
+        from topoprof.jsonio import dumps, envelope
+
+        click.echo(dumps(envelope("model", payload)))
+        return
+    click.echo(render_model(payload))
