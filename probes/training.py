@@ -217,10 +217,85 @@ def calibrate(ctx, cfg, model, optimizer, batches_for, sync) -> dict:
         sync()
         opt.append(time.perf_counter() - t2)
     fwd, bwd = statistics.median(forward), statistics.median(backward)
-    return {"forward_s": fwd, "backward_s": bwd, "micro_batch_time_s": fwd + bwd,
+    slowdown = _slowdown_during_comm(ctx, cfg, model, batches_for, sync, fwd + bwd)
+    memory = _memory_bandwidth_gbps(ctx.device)
+    return {"memory_bandwidth_gbps": memory, "forward_s": fwd, "backward_s": bwd, "micro_batch_time_s": fwd + bwd,
             "backward_fraction": bwd / (fwd + bwd), "optimizer_time_s": statistics.median(opt),
             "threads": torch.get_num_threads(), "combine": "median over timed micro-batches/steps",
-            "samples": len(forward)}
+            "samples": len(forward), **slowdown}
+
+
+def _allreduce_rate_bps(device: str) -> float:
+    """Bytes/s of one all-reduce of a 4 MiB buffer on this group (a quick, local estimate)."""
+    buf = torch.zeros(1 << 20, dtype=torch.float32, device=device)
+    dist.all_reduce(buf)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        dist.all_reduce(buf)
+    synchronize(device)
+    return 3 * buf.numel() * 4 / (time.perf_counter() - t0)
+
+
+def _timed_allreduce_s(buf, device: str) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(buf)
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def _slowdown_during_comm(ctx, cfg, model, batches_for, sync, alone_s: float) -> dict:
+    """How much compute and communication slow each other down when they overlap.
+
+    On CPU ranks gloo's threads compete with compute for the cores (on GPUs NCCL kernels take
+    SMs). Each rank starts an asynchronous all-reduce sized to outlast one forward+backward (twice
+    its time at the measured rate), runs forward+backward beside it, then waits for it.
+    compute slowdown = forward+backward beside it / alone. The all-reduce, T_a alone, did
+    t_c / s_m of its work beside compute and the rest, t_total - t_c, alone afterwards:
+    s_m = t_c / (T_a - (t_total - t_c)). Both are medians of 3 tries, at least 1."""
+    if ctx.world_size < 2:
+        return {}
+    numel = int(2 * alone_s * _allreduce_rate_bps(ctx.device) / 4)
+    agreed = torch.tensor([max(numel, 1 << 16)], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every rank must reduce the same size
+    buf = torch.zeros(int(agreed.item()), dtype=torch.float32, device=ctx.device)
+    comm_alone = statistics.median(_timed_allreduce_s(buf, ctx.device) for _ in range(2))
+    compute, comm = [], []
+    for step in range(3):
+        tokens = batches_for(cfg.warmup_steps + 2 * cfg.steps + step)[0]
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        (model(tokens).mean() / cfg.accum).backward()
+        sync()
+        t_c = time.perf_counter() - t0
+        work.wait()
+        sync()
+        t_total = time.perf_counter() - t0
+        compute.append(t_c / alone_s)
+        beside = comm_alone - (t_total - t_c)  # all-reduce-alone seconds done beside compute
+        comm.append(t_c / beside if beside > 0.05 * comm_alone else float("nan"))
+    comm_ok = [c for c in comm if c == c]
+    return {"compute_slowdown_during_comm": max(1.0, statistics.median(compute)),
+            "comm_slowdown_during_compute": max(1.0, statistics.median(comm_ok)) if comm_ok else 1.0,
+            "slowdown_samples": {"compute": compute, "comm": comm, "comm_alone_s": comm_alone}}
+
+
+def _memory_bandwidth_gbps(device: str) -> float:
+    """Copy bandwidth as memory traffic (read + write) per second: what DDP's bucket copies use.
+    Every rank measures at the same time, so each sees its share of a shared memory bus."""
+    src = torch.ones(16 << 20, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    synchronize(device)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
 def _dp_batches(cfg: TrainConfig, gpus: int, step: int) -> list:
@@ -244,8 +319,9 @@ def _setup(ctx, cfg: TrainConfig):
     counter = _HookCounter() if cfg.count_comm_hook_calls and cfg.mode in DDP_MODES else None
     wrapped = wrap_ddp(model, ctx.device, cfg, counter) if cfg.mode in DDP_MODES else model
     world = ctx.world_size
+    replicas = world if cfg.mode in DDP_MODES else 1  # `single` ranks each train alone
     return (wrapped, make_optimizer(cfg, model),
-            lambda s: step_batches(cfg, s, ctx.rank, world, ctx.device), [ctx.device], world,
+            lambda s: step_batches(cfg, s, ctx.rank, world, ctx.device), [ctx.device], replicas,
             counter)
 
 

@@ -269,3 +269,17 @@ def test_real_ddp_no_sync_around_backward_only_still_reduces(process_group):
     with model.no_sync():  # only backward inside: reduced anyway
         out.sum().backward()
     assert calls
+
+
+def test_overlap_with_both_sides_slowed_hand_computed():
+    from topoprof.buckets import overlap_floor_s, simulate_overlap
+
+    # One bucket ready at once, 4 s of all-reduce alone, 10 s of backward alone.
+    # Compute at 1/2 speed beside it and the all-reduce at 1/2 speed: the all-reduce takes 8 s of
+    # wall time, during which backward does 4 s of its work; the other 6 s follow alone: 14 s.
+    both = simulate_overlap([0.0], [4.0], 10.0, slowdown=2.0, comm_slowdown=2.0)
+    assert both.exposed_s == 4.0 and both.backward_end_s == 14.0 and both.comm_end_s == 8.0
+    # Only compute slowed: 4 s beside backward, which does 2 s of work: 2 s exposed.
+    assert simulate_overlap([0.0], [4.0], 10.0, slowdown=2.0).exposed_s == 2.0
+    # Floor: d * comm_slowdown * (1 - 1/slowdown) = 4 * 2 * 0.5
+    assert overlap_floor_s([0.5], [4.0], 2.0, 2.0) == 4.0

@@ -179,52 +179,61 @@ class Overlap:
 
 
 def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward_s: float,
-                     slowdown: float = 1.0) -> Overlap:
+                     slowdown: float = 1.0, comm_slowdown: float = 1.0) -> Overlap:
     """DDP's bucket pipeline. Bucket j (launch order) starts once backward has produced its last
     gradient and bucket j-1 has finished: start_j = max(ready_j, end_{j-1}); reducer.cpp
     `mark_bucket_ready` launches buckets strictly in order, and one communication stream runs
-    them one at a time. `ready_s` is in seconds of backward compute. While an all-reduce is in
-    flight, backward advances at 1/slowdown of its own speed (communication threads or kernels
-    competing for the same cores or SMs; 1.0 = no interference), otherwise at full speed."""
-    if slowdown < 1:
-        raise InputError(f"slowdown must be >= 1, got {slowdown}")
-    # Tracked as lag = wall clock - backward progress: both advance together while nothing is
-    # in flight, so lag only grows during an all-reduce, by what backward could not use of it.
-    # Summing small lags keeps precision when backward is long and communication short.
+    them one at a time. `ready_s` is in seconds of backward compute, `comm_s` in seconds of an
+    all-reduce running alone.
+
+    While both run they share the machine: backward advances at 1/slowdown of its own speed and
+    the all-reduce at 1/comm_slowdown of its own (communication threads or kernels competing with
+    compute for the same cores or SMs; 1.0 = no interference). Either runs at full speed alone."""
+    if slowdown < 1 or comm_slowdown < 1:
+        raise InputError(f"slowdowns must be >= 1, got compute {slowdown}, communication {comm_slowdown}")
+    # Tracked as lag = wall clock - backward progress: it grows only while the two share the
+    # machine (by what backward loses) or an all-reduce runs after backward; summing small lags
+    # keeps precision when backward is long and communication short.
     lag = progress = 0.0
-    backward_lag = None  # lag at the moment backward finishes
+    backward_lag = None  # lag when backward finishes
+    comm_end = 0.0
     for ready, duration in zip(ready_s, comm_s):
-        progress = max(progress, ready)  # start_j = max(ready_j, end_{j-1})
-        remaining = backward_s - progress
-        if backward_lag is None and duration / slowdown >= remaining:
-            backward_lag = lag + remaining * (slowdown - 1)  # backward ends in this all-reduce
-            gained = remaining
-        else:
-            gained = min(duration / slowdown, remaining)
-        progress += gained
-        lag += duration - gained
+        progress = max(progress, ready)  # backward alone until this bucket is ready
+        left = duration  # seconds of all-reduce-alone work still to do
+        if progress < backward_s and left > 0:
+            # Both run until the first of them finishes.
+            both = min(left * comm_slowdown, (backward_s - progress) * slowdown)
+            left = max(0.0, left - both / comm_slowdown)
+            progress = min(backward_s, progress + both / slowdown)
+            lag += both * (1 - 1 / slowdown)
+        if progress >= backward_s and backward_lag is None:
+            backward_lag = lag
+        lag += left  # the rest of the all-reduce runs alone, after backward
+        comm_end = progress + lag
     if backward_lag is None:
         backward_lag = lag  # backward finishes after the last all-reduce
-    return Overlap(backward_s + backward_lag, progress + lag, lag)
+    return Overlap(backward_s + backward_lag, comm_end, lag)
 
 
 def overlap_floor_s(ready_fractions: Sequence[float], comm_s: Sequence[float],
-                    slowdown: float = 1.0) -> float:
+                    slowdown: float = 1.0, comm_slowdown: float = 1.0) -> float:
     """The least exposed time however long backward is: buckets ready only when backward ends
-    run after it in full; the others hide, but slow backward by (1 - 1/slowdown) of their time."""
-    return sum(d if f >= 1.0 else (1 - 1 / slowdown) * d for f, d in zip(ready_fractions, comm_s))
+    run after it in full; the others run beside backward for d * comm_slowdown of wall time, in
+    which backward advances only 1/slowdown of that, so each adds d * comm_slowdown * (1 - 1/slowdown)."""
+    return sum(d if f >= 1.0 else comm_slowdown * (1 - 1 / slowdown) * d
+               for f, d in zip(ready_fractions, comm_s))
 
 
 def hiding_backward_s(ready_fractions: Sequence[float], comm_s: Sequence[float],
-                      slowdown: float = 1.0) -> float:
+                      slowdown: float = 1.0, comm_slowdown: float = 1.0) -> float:
     """The shortest backward for which the exposed time reaches `overlap_floor_s`. The exposed
     time never grows with backward time (more compute, more room to overlap) and reaches the
     floor at a finite time, so: bracket by doubling, then bisect."""
-    floor = overlap_floor_s(ready_fractions, comm_s, slowdown)
+    floor = overlap_floor_s(ready_fractions, comm_s, slowdown, comm_slowdown)
 
     def at_floor(backward_s: float) -> bool:
         ready = [f * backward_s for f in ready_fractions]
-        exposed = simulate_overlap(ready, comm_s, backward_s, slowdown).exposed_s
+        exposed = simulate_overlap(ready, comm_s, backward_s, slowdown, comm_slowdown).exposed_s
         return exposed <= floor * (1 + 1e-9) + 1e-15
 
     if at_floor(0.0):

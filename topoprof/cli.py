@@ -40,11 +40,12 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from topoprof.commands import bench, model, topo
+    from topoprof.commands import bench, model, topo, validate
 
     main.add_command(topo.topo)
     main.add_command(bench.bench)
     main.add_command(model.model)
+    main.add_command(validate.validate)
 
 
 _register()

@@ -162,8 +162,10 @@ def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
                   fp16_compress: bool = False) -> float:
     """E per synced micro-batch: what the bucket pipeline adds to backward, plus copies."""
     ready = [b.ready_fraction * res.backward_s for b in buckets]
+    compute = res.inputs.compute
     overlap = simulate_overlap(ready, bucket_comm_s(res, buckets, comm, fp16_compress),
-                               res.backward_s, res.inputs.compute.compute_slowdown_during_comm)
+                               res.backward_s, compute.compute_slowdown_during_comm,
+                               compute.comm_slowdown_during_compute)
     return overlap.exposed_s + copies_s(res)
 
 
@@ -361,12 +363,14 @@ class HideThreshold:
 def hide_threshold(inputs: ModelInputs) -> HideThreshold:
     res = resolve(inputs)
     work, slowdown = inputs.workload, inputs.compute.compute_slowdown_during_comm
+    comm_slow = inputs.compute.comm_slowdown_during_compute
     buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
     fractions = [b.ready_fraction for b in buckets]
     comm_s = bucket_comm_s(res, buckets, inputs.cluster.comm)
     # copies do not depend on c; the pipeline part is scaled from backward to c
-    threshold = hiding_backward_s(fractions, comm_s, slowdown) * res.micro_batch_s / res.backward_s
-    floor = overlap_floor_s(fractions, comm_s, slowdown) + copies_s(res)
+    threshold = (hiding_backward_s(fractions, comm_s, slowdown, comm_slow)
+                 * res.micro_batch_s / res.backward_s)
+    floor = overlap_floor_s(fractions, comm_s, slowdown, comm_slow) + copies_s(res)
     now = ddp_exposed_s(res, buckets, inputs.cluster.comm)
     return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
 

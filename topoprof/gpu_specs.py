@@ -151,7 +151,8 @@ STATE_BYTES = 4  # fp32 parameters and optimizer state
 # param and momentum_buffer; plain SGD reads and writes param (torch/optim/sgd.py).
 OPTIMIZER_STATE_WORDS = {"adamw": 6, "adam": 6, "sgd_momentum": 4, "sgd": 2}
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
-                    "compute_slowdown_during_comm")
+                    "compute_slowdown_during_comm", "comm_slowdown_during_compute",
+                    "memory_bandwidth_gbps")
 
 
 def _need(cond: bool, message: str) -> None:
@@ -173,6 +174,7 @@ class Compute:
     optimizer_time_s: float | None = None
     memory_bandwidth_gbps: float | None = None  # overrides the datasheet figure
     compute_slowdown_during_comm: float = 1.0  # backward runs 1/x as fast while comm is in flight
+    comm_slowdown_during_compute: float = 1.0  # an all-reduce runs 1/x as fast beside backward
     dp_thread_overhead_s: float = 0.0  # DataParallel's per-micro-batch Python-thread/GIL cost
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
 
@@ -189,6 +191,8 @@ class Compute:
               f"backward_fraction must be in (0, 1), got {self.backward_fraction}")
         _need(self.compute_slowdown_during_comm >= 1, "compute_slowdown_during_comm must be "
               f">= 1, got {self.compute_slowdown_during_comm}")
+        _need(self.comm_slowdown_during_compute >= 1, "comm_slowdown_during_compute must be "
+              f">= 1, got {self.comm_slowdown_during_compute}")
         _need(self.precision in PRECISIONS,
               f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         _need(self.optimizer in OPTIMIZER_STATE_WORDS, "optimizer must be one of "
@@ -288,6 +292,9 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
     echo["backward_fraction"] = (fraction, source)
     t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo)
     slowdown = comp.compute_slowdown_during_comm
+    comm_slow = comp.comm_slowdown_during_compute
+    echo["comm_slowdown_during_compute"] = (comm_slow, "default: no interference" if comm_slow == 1
+                                            else comp.origin("comm_slowdown_during_compute"))
     echo["compute_slowdown_during_comm"] = (slowdown, "default: no interference" if slowdown == 1
                                             else comp.origin("compute_slowdown_during_comm"))
     return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes))

@@ -242,9 +242,10 @@ def check_supported(cfg: TrainConfig, device: str, world_size: int, cuda_gpus: i
     if cfg.mode == "dp" and cuda_gpus == 0:
         raise InputError("mode 'dp' needs CUDA GPUs: torch.nn.DataParallel replicates the model "
                          "over the GPUs of one process, and none is visible here")
-    if cfg.mode in ("single", "dp") and world_size != 1:
-        raise InputError(f"mode {cfg.mode!r} runs in one process; launch it with 1 rank, "
-                         f"not {world_size}")
+    # `single` on several ranks means every rank trains its own copy alone, at the same time:
+    # the calibration then sees the same sharing of cores and memory as the DDP runs do.
+    if cfg.mode == "dp" and world_size != 1:
+        raise InputError(f"mode 'dp' runs in one process; launch it with 1 rank, not {world_size}")
     gpu = cfg.mode == "dp" or device.startswith("cuda")
     if cfg.amp != "none" and not gpu:
         raise InputError(f"amp {cfg.amp!r} is for GPUs (CUDA autocast) and this rank runs on "

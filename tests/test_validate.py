@@ -1,0 +1,57 @@
+"""`topoprof validate` on 2 gloo ranks: the flow, the JSON, the numerics and the calibration file."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    cal = tmp_path_factory.mktemp("cal") / "calibration.json"
+    proc = _cli("validate", "--params", "60K", "--seq-len", "16", "--micro-batch", "2", "--accum", "3",
+                "--steps", "2", "--warmup-steps", "1", "--save-calibration", str(cal), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), cal
+
+
+def test_every_ddp_mode_is_measured_and_predicted(tiny_run):
+    doc, _ = tiny_run
+    assert doc["kind"] == "validate" and doc["status"] == "ok"
+    assert set(doc["modes"]) == {"ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"}
+    for mode, m in doc["modes"].items():
+        assert m["measured_step_s"] > 0 and m["predicted_step_s"] > 0, mode
+        assert m["error_pct"] == pytest.approx(100 * (m["predicted_step_s"] - m["measured_step_s"]) / m["measured_step_s"])
+    assert doc["fit"]["bandwidth_gbps"] > 0
+    assert doc["setup"]["step_rule"].startswith("a step's time is the max over ranks")
+
+
+def test_numerics_agree_across_strategies(tiny_run):
+    doc, _ = tiny_run
+    num = doc["numerics"]
+    for mode in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"):
+        assert num[mode]["allclose"] and num[mode]["max_abs_diff_vs_single"] < 1e-9
+    assert not num["control_single_not_divided_by_k"]["allclose"]  # the check can fail
+
+
+def test_calibration_feeds_the_model(tiny_run):
+    doc, cal = tiny_run
+    saved = json.loads(cal.read_text())["calibration"]
+    assert saved["micro_batch_time_s"] == pytest.approx(doc["calibration"]["micro_batch_time_s"])
+    assert saved["compute_slowdown_during_comm"] >= 1.0 and saved["comm_slowdown_during_compute"] >= 1.0
+    proc = _cli("model", "--params", "60K", "--calibration", str(cal), "--link-bandwidth", "1",
+                "--world-size", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    inputs = json.loads(proc.stdout)["inputs"]
+    assert inputs["micro_batch_time_s"]["source"].startswith("calibration") or "calibration" in inputs["micro_batch_time_s"]["source"]
+
+
+def test_validate_refuses_one_rank():
+    proc = _cli("validate", "--nproc", "1")
+    assert proc.returncode == 2 and "needs >= 2" in proc.stderr
