@@ -248,8 +248,8 @@ def _slowdown_during_comm(ctx, cfg, model, batches_for, sync, alone_s: float) ->
     """How much compute and communication slow each other down when they overlap.
 
     On CPU ranks gloo's threads compete with compute for the cores (on GPUs NCCL kernels take
-    SMs). Each rank starts an asynchronous all-reduce sized to outlast one forward+backward (twice
-    its time at the measured rate), runs forward+backward beside it, then waits for it.
+    SMs). Each rank starts asynchronous all-reduces sized to outlast one forward+backward (twice
+    its time at the measured rate), runs forward+backward beside them, then waits for them.
     compute slowdown = forward+backward beside it / alone. The all-reduce, T_a alone, did
     t_c / s_m of its work beside compute and the rest, t_total - t_c, alone afterwards:
     s_m = t_c / (T_a - (t_total - t_c)). Both are medians of 3 tries, at least 1."""
@@ -266,11 +266,14 @@ def _slowdown_during_comm(ctx, cfg, model, batches_for, sync, alone_s: float) ->
         sync()
         dist.barrier()
         t0 = time.perf_counter()
-        work = dist.all_reduce(buf, async_op=True)
+        # Two halves at once, as DDP issues buckets: gloo runs them on its two worker threads
+        # side by side (ProcessGroupGloo's default), NCCL one after the other on its stream.
+        works = [dist.all_reduce(half, async_op=True) for half in buf.chunk(2)]
         (model(tokens).mean() / cfg.accum).backward()
         sync()
         t_c = time.perf_counter() - t0
-        work.wait()
+        for work in works:
+            work.wait()
         sync()
         t_total = time.perf_counter() - t0
         compute.append(t_c / alone_s)

@@ -19,7 +19,7 @@ def _cli(*args, **kw):
 def test_command_list_is_deliberate():
     from topoprof.cli import main
 
-    assert sorted(main.commands) == ["bench", "model", "topo", "validate"]
+    assert sorted(main.commands) == ["bench", "model", "report", "scan", "topo", "validate"]
 
 
 def test_version_and_help():

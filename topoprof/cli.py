@@ -40,12 +40,14 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from topoprof.commands import bench, model, topo, validate
+    from topoprof.commands import bench, model, report, scan, topo, validate
 
     main.add_command(topo.topo)
     main.add_command(bench.bench)
     main.add_command(model.model)
     main.add_command(validate.validate)
+    main.add_command(scan.scan)
+    main.add_command(report.report)
 
 
 _register()

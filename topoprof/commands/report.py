@@ -1,0 +1,19 @@
+"""`topoprof report PATH/report.json`: render the Markdown and charts again from a saved scan."""
+from __future__ import annotations
+
+import os
+
+import click
+
+
+@click.command()
+@click.argument("report_json", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write here instead of beside the JSON.")
+def report(report_json: str, out_dir: str | None) -> None:
+    """Re-render report.md and the PNG charts from a scan's report.json."""
+    from topoprof.report import load_report, write_report
+
+    doc = load_report(report_json)
+    target = out_dir or os.path.dirname(os.path.abspath(report_json))
+    written = write_report(doc, target)
+    click.echo(f"wrote {', '.join(written.values())} in {target}")

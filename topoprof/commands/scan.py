@@ -1,0 +1,168 @@
+"""`topoprof scan`: the main job. Topology, bandwidth, predictions, validation, advice, report."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+
+import click
+
+from topoprof.errors import RunFailed
+
+
+def _banner(opts, topology) -> tuple[str, str]:
+    if opts.backend == "gloo" and not topology.gpus:
+        return ("gloo, CPU ranks", f"No GPU on this machine: measured with {opts.nproc} CPU ranks over gloo on loopback, "
+                "the same method the GPU path uses with NCCL. Link bandwidths here are host-memory and TCP "
+                "figures, not GPU links; predictions for large models use this machine's measured CPU FLOP rate.")
+    return (f"{opts.backend}, {opts.nproc} rank(s)", f"{opts.note}.")
+
+
+def _ring(topology) -> dict | None:
+    from topoprof.links import comm_from_topology
+
+    if len(topology.gpus) < 2:
+        return None
+    try:
+        return comm_from_topology(topology)[1]
+    except Exception:  # a topology without usable pair data has no nominal ring
+        return None
+
+
+def _recommendations(report: dict) -> list:
+    from topoprof import recommend as rec
+
+    recs = []
+    for pred in report["predictions"]:
+        recs += rec.strategy_recommendations(pred, pred["label"])
+        fewer = rec.fewer_gpus_recommendation(pred, pred["label"])
+        if fewer:
+            recs.append(fewer)
+    # One model's advice is enough per kind: keep the largest gain of each key.
+    best: dict[str, object] = {}
+    for r in recs:
+        if r.key not in best or (r.gain_pct or 0) > (best[r.key].gain_pct or 0):
+            best[r.key] = r
+    recs = list(best.values())
+    topo = report["topology"]
+    recs += rec.gpu_choice_recommendations(topo)
+    numa = rec.numa_recommendation(topo)
+    recs += [numa] if numa else []
+    overrides = {}
+    for log in (report["bench"].get("nccl") or {}).get("logs", []):
+        overrides.update(log.get("env_overrides") or {})
+    recs += rec.environment_recommendations(topo, report["environment"], overrides)
+    return rec.rank(recs)
+
+
+def run(opts, stages, out_dir: str) -> dict:
+    from topoprof.commands.bench import bench_payload
+    from topoprof.commands.topo import collect_topology
+    from topoprof.fit import fit_rows
+    from topoprof.jsonio import envelope, to_jsonable
+    from topoprof.scan import environment, run_ranks, versions
+    from topoprof.scan_model import predictions
+    from topoprof.verdict import judge
+
+    stages.begin("topology")
+    topology = collect_topology()
+    stages.end()
+    stages.begin("ranks: bench and validation")
+    bench, vres, vopts = run_ranks(opts, stages)
+    stages.end()
+    copies = None
+    if opts.backend == "nccl":
+        stages.begin("copies")
+        from topoprof.commands.bench import _copies
+
+        copies = _copies(True)
+        stages.end()
+    stages.begin("model")
+    fit = fit_rows(bench.rows, "all_reduce") if bench.rows else None
+    gpu_name = topology.gpus[0].name if topology.gpus else None
+    preds = predictions(opts, fit, opts.nproc, vres.calibration, vopts, gpu_name)
+    stages.end()
+    summary, banner = _banner(opts, topology)
+    report = envelope("scan", {
+        "status": "ok" if bench.status == "ok" else "error", "error": bench.error,
+        "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
+        "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(), "environment": environment(),
+        "topology": topology, "ring": _ring(topology), "bench": bench_payload(bench), "copies": copies,
+        "predictions": preds,
+        "validation": validation_payload(vres, vopts, opts),
+    })
+    report = to_jsonable(report)
+    report["verdict"] = to_jsonable(judge(report["bench"], report["topology"], report["ring"]))
+    stages.begin("recommendations and report")
+    report["recommendations"] = to_jsonable(_recommendations(report))
+    report["timing"] = {}
+    from topoprof.report import write_report
+
+    write_report(report, out_dir)
+    stages.end()
+    report["timing"] = stages.done()
+    write_report(report, out_dir)  # again, with the total wall time in it
+    return report
+
+
+def validation_payload(vres, vopts, opts) -> dict:
+    if vopts is None:
+        reason = "--no-validate" if not opts.validate else f"{opts.nproc} rank(s): validation needs at least 2"
+        return {"status": "skipped", "reason": reason}
+    from topoprof.validate import summary
+
+    return {"status": vres.status, "error": vres.error, "label": vres.label, "modes": vres.modes(),
+            "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres])}
+
+
+def default_out_dir() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return os.path.join("reports", f"{platform.node() or 'host'}-{stamp}")
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None)
+@click.option("--nproc", type=click.IntRange(min=1), default=None)
+@click.option("--params", help="Your model's size (125M, 1.3B, 7B); default: those three.")
+@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, llama-7b.")
+@click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch of your model.")
+@click.option("--tokens", type=click.IntRange(min=1), help="Tokens per GPU per micro-batch (default 2048).")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--accum", type=click.IntRange(min=1), default=8, show_default=True, help="Gradient accumulation steps K.")
+@click.option("--validate/--no-validate", default=True, show_default=True, help="Run the short real training loops.")
+@click.option("--quick", is_flag=True, help="Fewer sizes and steps, no numerics check.")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Report folder (default reports/<host>-<UTC time>/).")
+def scan(backend, nproc, params, preset, micro_batch_time, tokens, micro_batch_size, accum, validate, quick,
+         timeout_s, out_dir):
+    """Profile this node and write a report: wiring, measured bandwidth, DP/DDP/accumulation
+    predictions checked by real loops, and what to do, with charts."""
+    from topoprof.runner import default_backend_and_nproc
+    from topoprof.scan import ScanOptions, Stages
+
+    backend, nproc, note = default_backend_and_nproc(backend, nproc)
+    opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
+                       preset=preset, micro_batch_time_s=micro_batch_time, tokens=tokens,
+                       micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s)
+    out_dir = out_dir or default_out_dir()
+    stages = Stages(show=sys.stderr.isatty())
+    report = run(opts, stages, out_dir)
+    _print_summary(report, out_dir)
+    if report["status"] != "ok":
+        raise RunFailed(f"{report['error']}; the report in {out_dir} keeps what was measured before")
+
+
+def _print_summary(report: dict, out_dir: str) -> None:
+    click.echo(f"topoprof scan: {report['mode']['summary']}; report in {out_dir}/report.md "
+               f"({report['timing']['total_s']:.1f} s)")
+    click.echo(f"  {report['mode']['banner']}")
+    v = report.get("verdict") or {}
+    if v:
+        click.echo(f"  bandwidth: {v['summary']}")
+    val = report.get("validation") or {}
+    if val.get("summary", {}).get("cases"):
+        s = val["summary"]
+        click.echo(f"  validation: median |error| {s['median_abs_error_pct']:.1f}%, worst {s['worst_abs_error_pct']:.1f}%")
+    for i, r in enumerate(report.get("recommendations", [])[:3], 1):
+        click.echo(f"  {i}. {r['title']}")

@@ -1,0 +1,209 @@
+"""What to do, with the numbers behind it: pure functions over a scan report's data.
+
+Every recommendation carries the figures that justify it and, where it helps, a code snippet.
+They are ordered by the predicted gain; the report shows the first three as "the three things
+to do" and the rest below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+
+# A strategy change is worth recommending when it saves at least this share of step time;
+# smaller differences are inside the run-to-run noise of real training loops.
+MIN_GAIN = 0.05
+
+NO_SYNC_SNIPPET = """\
+from contextlib import nullcontext
+for i, batch in enumerate(loader):
+    last = (i + 1) % accum == 0
+    # no_sync() must cover forward AND backward: DDP arms its all-reduce in forward
+    with (nullcontext() if last else model.no_sync()):
+        loss = model(batch).loss / accum
+        loss.backward()
+    if last:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)"""
+
+ACCELERATE_SNIPPET = """\
+# Hugging Face Accelerate: Accelerator(gradient_accumulation_steps=accum)
+for batch in loader:
+    with accelerator.accumulate(model):   # skips the all-reduce on non-final micro-batches
+        loss = model(batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()"""
+
+DDP_SNIPPET = """\
+# torchrun --nproc-per-node {n} train.py
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"]); torch.cuda.set_device(local_rank)
+model = torch.nn.parallel.DistributedDataParallel(model.cuda(), device_ids=[local_rank])"""
+
+FP16_HOOK_SNIPPET = """\
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)"""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    key: str
+    title: str
+    why: str
+    gain_pct: float | None = None          # predicted step-time saving, when it is one
+    snippet: str | None = None
+    numbers: dict = field(default_factory=dict)
+
+
+def _step(pred: dict, name: str) -> float | None:
+    s = pred.get("strategies", {}).get(name) or {}
+    return s.get("step_time_s")
+
+
+def _saving(before: float | None, after: float | None) -> float | None:
+    if not before or not after:
+        return None
+    return 100.0 * (before - after) / before
+
+
+def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
+    """DDP over DP, no_sync() for accumulation, fp16 compression, from one model's prediction."""
+    out = []
+    k = pred["inputs"]["accumulation_steps"]["value"]
+    synced, no_sync = _step(pred, "ddp_synced"), _step(pred, "ddp_no_sync")
+    gain = _saving(synced, no_sync)
+    if k > 1 and gain is not None and gain >= 100 * MIN_GAIN:
+        out.append(Recommendation(
+            "no_sync", f"Accumulate with no_sync() around forward and backward ({label}, K={k})",
+            f"Syncing every micro-batch costs {synced * 1e3:.1f} ms per step; no_sync() on the first "
+            f"{k - 1} micro-batches gives {no_sync * 1e3:.1f} ms ({gain:.0f}% less). Wrapping only "
+            "backward() in no_sync() saves nothing: DDP arms its all-reduce in forward.",
+            gain, NO_SYNC_SNIPPET + "\n\n" + ACCELERATE_SNIPPET,
+            {"ddp_synced_s": synced, "ddp_no_sync_s": no_sync, "accum": k}))
+    dp = _step(pred, "dp")
+    gain = _saving(dp, synced)
+    if dp and gain is not None and gain > 0:
+        n = pred["inputs"]["world_size"]["value"]
+        out.append(Recommendation(
+            "ddp_over_dp", f"Use DistributedDataParallel, not DataParallel ({label})",
+            f"DataParallel re-broadcasts every parameter each forward and reduces all gradients onto "
+            f"GPU 0 after backward: {dp * 1e3:.1f} ms per step vs {synced * 1e3:.1f} ms with DDP "
+            f"({gain:.0f}% less), before DP's Python-thread (GIL) overhead, which is not in this figure.",
+            gain, DDP_SNIPPET.format(n=n), {"dp_s": dp, "ddp_synced_s": synced}))
+    fp16 = _step(pred, "ddp_fp16_compress")
+    gain = _saving(synced, fp16)
+    if gain is not None and gain >= 100 * MIN_GAIN:
+        out.append(Recommendation(
+            "fp16_compress", f"Compress gradients to fp16 for the all-reduce ({label})",
+            f"Communication is exposed: {pred['strategies']['ddp_synced']['comm_exposed_s'] * 1e3:.1f} ms "
+            f"per step with DDP; halving the bytes gives {fp16 * 1e3:.1f} ms ({gain:.0f}% less).",
+            gain, FP16_HOOK_SNIPPET, {"ddp_synced_s": synced, "ddp_fp16_compress_s": fp16}))
+    return out
+
+
+def fewer_gpus_recommendation(pred: dict, label: str) -> Recommendation | None:
+    """For a fixed global batch: does using fewer GPUs with more accumulation lose little?"""
+    fixed = pred.get("fixed_global_batch") or {}
+    options = [o for o in fixed.get("options", []) if o.get("samples_per_s_per_gpu")]
+    if len(options) < 2:
+        return None
+    full = max(options, key=lambda o: o["world_size"])
+    best = max(options, key=lambda o: o["samples_per_s_per_gpu"])
+    if best["world_size"] == full["world_size"]:
+        return None
+    gain = 100.0 * (best["samples_per_s_per_gpu"] / full["samples_per_s_per_gpu"] - 1)
+    if gain < 100 * MIN_GAIN:
+        return None
+    return Recommendation(
+        "fewer_gpus", f"Per GPU, {best['world_size']} GPU(s) with K={best['accumulation_steps']} beat "
+                      f"{full['world_size']} ({label})",
+        f"For the same global batch of {fixed['global_batch_samples']} samples, {best['world_size']} GPU(s) "
+        f"reach {best['samples_per_s_per_gpu']:.1f} samples/s per GPU vs {full['samples_per_s_per_gpu']:.1f} "
+        f"with {full['world_size']}: the extra GPUs mostly wait on communication. Give them other work.",
+        gain, None, {"options": options})
+
+
+def _pair_score(pairs: dict, group: tuple[int, ...]) -> float:
+    """The slowest link inside a GPU group (nominal, or the low end of a range)."""
+    worst = float("inf")
+    for a, b in combinations(group, 2):
+        p = pairs[(min(a, b), max(a, b))]
+        bw = p.get("bandwidth_gbps") or (p.get("bandwidth_range_gbps") or [0.0])[0]
+        worst = min(worst, bw)
+    return worst
+
+
+def gpu_choice_recommendations(topology: dict) -> list[Recommendation]:
+    """Which GPUs to give 2- and 4-GPU jobs: the fastest slowest-link, then one NUMA node."""
+    gpus = [g for g in topology.get("gpus", []) if not g.get("lost")]
+    pairs = {(p["gpu_a"], p["gpu_b"]): p for p in topology.get("pairs", [])}
+    numa = {g["index"]: g.get("numa_node") for g in gpus}
+    out = []
+    for size in (2, 4):
+        if len(gpus) <= size:
+            continue
+        groups = list(combinations([g["index"] for g in gpus], size))
+        scored = sorted(groups, key=lambda grp: (-_pair_score(pairs, grp), len({numa[i] for i in grp}), grp))
+        best, worst = scored[0], scored[-1]
+        best_bw, worst_bw = _pair_score(pairs, best), _pair_score(pairs, worst)
+        if best_bw <= worst_bw and len({numa[i] for i in best}) == len({numa[i] for i in worst}):
+            continue  # every choice is alike (e.g. all GPUs on one NVSwitch)
+        kinds = sorted({pairs[(min(a, b), max(a, b))]["path"] or "?" for a, b in combinations(best, 2)})
+        nodes = sorted({str(numa[i]) for i in best})
+        out.append(Recommendation(
+            f"gpus_{size}", f"For {size}-GPU jobs use GPUs {','.join(map(str, best))}",
+            f"Their slowest link is {best_bw:g} GB/s ({'/'.join(kinds)}), NUMA node(s) {', '.join(nodes)}; "
+            f"the worst choice, {','.join(map(str, worst))}, would be held to {worst_bw:g} GB/s.",
+            None, f"CUDA_VISIBLE_DEVICES={','.join(map(str, best))} torchrun --nproc-per-node {size} train.py",
+            {"best": list(best), "best_gbps": best_bw, "worst": list(worst), "worst_gbps": worst_bw}))
+    return out
+
+
+def numa_recommendation(topology: dict) -> Recommendation | None:
+    nodes = {g.get("numa_node") for g in topology.get("gpus", []) if g.get("numa_node") is not None}
+    if len(nodes) < 2:
+        return None
+    lines = []
+    for g in topology["gpus"]:
+        cpus = g.get("cpu_affinity")
+        if cpus:
+            lines.append(f"GPU{g['index']}: NUMA {g.get('numa_node')}, CPUs {cpus[0]}-{cpus[-1]}")
+    return Recommendation(
+        "numa", "Bind each rank to its GPU's NUMA node",
+        "GPUs hang off different CPU sockets/NUMA nodes; a rank that runs or allocates on the far node "
+        "crosses the CPU interconnect for every host copy and data-loader batch. " + "; ".join(lines),
+        None, "torchrun --nproc-per-node 8 --numa-binding node train.py   # torch >= 2.7\n"
+              "# or per rank: numactl --cpunodebind=<node> --membind=<node> python train.py",
+        {"numa_nodes": sorted(nodes)})
+
+
+def environment_recommendations(topology: dict, env: dict, nccl_overrides: dict) -> list[Recommendation]:
+    out = []
+    seen = {**{k: v for k, v in env.items() if k.startswith("NCCL_")}, **nccl_overrides}
+    for var, meaning in (("NCCL_P2P_DISABLE", "GPU peer-to-peer is off: traffic goes through host memory"),
+                         ("NCCL_IB_DISABLE", "InfiniBand/RoCE is off: inter-node traffic uses TCP sockets"),
+                         ("NCCL_SHM_DISABLE", "shared memory transport is off")):
+        if str(seen.get(var, "0")) not in ("0", ""):
+            out.append(Recommendation(f"env_{var}", f"Unset {var} unless you need it",
+                                      f"{var}={seen[var]}: {meaning}.", None, f"unset {var}", {var: seen[var]}))
+    no_p2p = [p for p in topology.get("pairs", []) if p.get("path") in ("NV", "PIX", "PXB") and p.get("p2p") == "no"]
+    if no_p2p:
+        names = ", ".join(f"{p['gpu_a']}-{p['gpu_b']}" for p in no_p2p[:6])
+        out.append(Recommendation(
+            "p2p_off", "GPU peer-to-peer is unavailable on pairs that should have it",
+            f"Pairs {names} are wired for P2P ({no_p2p[0]['path']}) but P2P is off "
+            f"({no_p2p[0].get('p2p_basis')}): NCCL stages their traffic through host memory. Check the "
+            "IOMMU/ACS settings in the BIOS and kernel (ACS redirects P2P through the root complex), "
+            "and whether the GPUs are consumer parts with P2P disabled by the driver.",
+            None, "nvidia-smi topo -p2p r", {"pairs": [[p["gpu_a"], p["gpu_b"]] for p in no_p2p]}))
+    for note in topology.get("notes", []):
+        if "PCIe link runs x" in note:
+            out.append(Recommendation("pcie_width", "A GPU's PCIe link is narrower than it can be", note,
+                                      None, "nvidia-smi -q -d PCIE", {}))
+    return out
+
+
+def rank(recs: list[Recommendation]) -> list[Recommendation]:
+    """Largest predicted gain first; problems and placement advice (no gain figure) after them."""
+    return sorted(recs, key=lambda r: (r.gain_pct is None, -(r.gain_pct or 0.0)))

@@ -1,0 +1,153 @@
+"""report.md: what to do first, then the evidence, written for GitHub's Markdown."""
+from __future__ import annotations
+
+
+def _ms(s) -> str:
+    return "–" if s is None else f"{s * 1e3:,.1f}"
+
+
+def _table(headers: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _chart(report: dict, name: str, alt: str) -> list[str]:
+    path = (report.get("charts") or {}).get(name)
+    return [f"![{alt}]({path})", ""] if path else []
+
+
+def _todo(report: dict) -> list[str]:
+    recs = report.get("recommendations") or []
+    out = ["## What to do", ""]
+    if not recs:
+        return out + ["Nothing stands out: the measured links and the predictions give no change worth making.", ""]
+    for i, r in enumerate(recs[:3], 1):
+        gain = f" (predicted {r['gain_pct']:.0f}% faster steps)" if r.get("gain_pct") else ""
+        out += [f"**{i}. {r['title']}**{gain}", "", r["why"], ""]
+        if r.get("snippet"):
+            out += ["```python" if "import" in r["snippet"] or "model" in r["snippet"] else "```bash",
+                    r["snippet"], "```", ""]
+    return out
+
+
+def _topology(report: dict) -> list[str]:
+    topo = report.get("topology") or {}
+    out = ["## Topology", "", f"Sources: {', '.join(topo.get('sources', [])) or 'none'}.", ""]
+    gpus = topo.get("gpus", [])
+    if gpus:
+        rows = [[f"GPU{g['index']}", g.get("name") or "–", g.get("pci_bus_id") or "–",
+                 f"Gen{g.get('pcie_gen_current')}x{g.get('pcie_width_current')} / Gen{g.get('pcie_gen_max')}x{g.get('pcie_width_max')}"
+                 if g.get("pcie_gen_max") else "–", g.get("numa_node", "–"), g.get("nvlinks_active", "–")] for g in gpus]
+        out += _table(["GPU", "name", "bus id", "PCIe now / max", "NUMA", "NVLinks"], rows) + [""]
+        out += _chart(report, "links", "GPU x GPU links")
+    else:
+        out += ["No NVIDIA GPU on this machine.", ""]
+    host = topo.get("host") or {}
+    cpu = host.get("cpu") or {}
+    if host:
+        out += [f"Host `{host.get('hostname')}`: {cpu.get('model') or 'CPU model unknown'}, {cpu.get('sockets')} socket(s), "
+                f"{cpu.get('cpus_logical')} logical CPUs, {len(host.get('numa_nodes', []))} NUMA node(s), "
+                f"{(host.get('memory_total_bytes') or 0) / 2**30:.0f} GiB.", ""]
+    for nic in topo.get("nics", []):
+        out.append(f"- NIC {nic['device']}: {nic.get('rate_gbit') or '?'} Gb/s, {nic.get('link_layer') or '?'}, {nic.get('state') or '?'}")
+    notes = topo.get("notes", [])
+    return out + ([""] if topo.get("nics") else []) + [f"> {n}" for n in notes] + ([""] if notes else [])
+
+
+def _bandwidth(report: dict) -> list[str]:
+    bench = report.get("bench") or {}
+    out = ["## Measured bandwidth", ""]
+    v = report.get("verdict")
+    if v:
+        out += [f"**{v['level']}: {v['status'].upper()}.** {v['summary']}.", ""]
+        out += [f"- likely cause: {c}" for c in v.get("causes", [])] + ([""] if v.get("causes") else [])
+    by_coll: dict[str, list] = {}
+    for row in bench.get("rows", []):
+        by_coll.setdefault(row["collective"], []).append(row)
+    rows = []
+    for coll, rs in by_coll.items():
+        good = [r for r in rs if not r.get("wrong")]
+        peak = max(good, key=lambda r: r["busbw_gbps"]) if good else None
+        fit = (bench.get("fit") or {}).get(coll) or {}
+        rows.append([coll, len(rs), sum(1 for r in rs if r.get("wrong")),
+                     f"{peak['busbw_gbps']:.3f} @ {peak['size_bytes']:,} B" if peak else "–",
+                     f"{fit.get('latency_us', 0):.1f} µs + S / {fit.get('bandwidth_gbps') or 0:.3f} GB/s" if fit else "–"])
+    if rows:
+        out += _table(["collective", "sizes", "#wrong", "peak busbw GB/s", "fit t(S)"], rows) + [""]
+    out += _chart(report, "busbw", "bus bandwidth vs message size")
+    nccl = (bench.get("nccl") or {}).get("explained") or []
+    out += [f"- NCCL: {line}" for line in nccl] + ([""] if nccl else [])
+    if bench.get("error"):
+        out += [f"> The run failed: {bench['error']}. The rows above were measured before the failure.", ""]
+    return out
+
+
+def _predictions(report: dict) -> list[str]:
+    preds = report.get("predictions") or []
+    out = ["## Predictions", ""]
+    if not preds:
+        return out + ["No prediction: it needs an all-reduce fit from at least 2 ranks.", ""]
+    for p in preds:
+        k = p["inputs"]["accumulation_steps"]["value"]
+        n = p["inputs"]["world_size"]["value"]
+        out += [f"### {p['label']}: {n} rank(s), K = {k}", "", f"Compute: {p['compute_source']}.", ""]
+        rows = []
+        for name, s in p["strategies"].items():
+            if s.get("step_time_s") is None:
+                rows.append([f"`{name}`", "–", "–", "–", s.get("reason", "")])
+            else:
+                rows.append([f"`{name}`", _ms(s["step_time_s"]), _ms(s["comm_exposed_s"]),
+                             f"{s['samples_per_s']:,.2f}", f"{s['speedup_vs_ddp_synced']:.2f}x"])
+        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"], rows) + [""]
+    out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
+    return out
+
+
+def _validation(report: dict) -> list[str]:
+    val = report.get("validation") or {}
+    out = ["## Validation: predicted vs measured", ""]
+    if val.get("status") == "skipped":
+        return out + [f"Skipped: {val.get('reason')}.", ""]
+    modes = val.get("modes") or {}
+    rows = [[f"`{m}`", _ms(v["measured_step_s"]), _ms(v["predicted_step_s"]),
+             "–" if v["error_pct"] is None else f"{v['error_pct']:+.1f}%"] for m, v in modes.items()]
+    out += [f"Real training loops of a {val.get('label')} model on the same ranks "
+            f"(step time = max over ranks, median over steps).", ""]
+    out += _table(["mode", "measured ms", "predicted ms", "error"], rows) + [""]
+    num = val.get("numerics") or {}
+    if num:
+        agree = all(num[m]["allclose"] for m in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only") if m in num)
+        worst = max(num[m]["max_abs_diff_vs_single"] for m in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only") if m in num)
+        out += [f"Numerics: after one optimizer step on the same global batch, `ddp_synced`, `ddp_no_sync` and "
+                f"`ddp_no_sync_backward_only` {'agree with' if agree else 'DIFFER from'} one process accumulating "
+                f"the whole batch (max |diff| {worst:.1e}, {num.get('dtype')}).", ""]
+    return out + _chart(report, "pred_vs_measured", "predicted vs measured step time")
+
+
+def _method(report: dict) -> list[str]:
+    bench = report.get("bench") or {}
+    out = ["## Method and assumptions", "", f"- Bench: {(bench.get('metadata') or {}).get('protocol', '')}."]
+    preds = report.get("predictions") or []
+    if preds:
+        out += [f"- Model: {a}" for a in preds[0].get("assumptions", [])]
+    timing = report.get("timing") or {}
+    out += ["", "Wall time per stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items() if k != "total_s")
+            + f"; total {timing.get('total_s', 0):.1f} s.", ""]
+    versions = report.get("versions") or {}
+    return out + ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
+
+
+def render_markdown(report: dict) -> str:
+    mode = report.get("mode") or {}
+    out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
+    out += _todo(report) + _topology(report) + _bandwidth(report) + _predictions(report) + _validation(report)
+    more = (report.get("recommendations") or [])[3:]
+    if more:
+        out += ["## More advice", ""]
+        for r in more:
+            out += [f"- **{r['title']}.** {r['why']}"]
+            if r.get("snippet"):
+                out += ["", "  ```", *[f"  {line}" for line in r["snippet"].splitlines()], "  ```"]
+        out.append("")
+    return "\n".join(out + _method(report))

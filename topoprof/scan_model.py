@@ -1,0 +1,66 @@
+"""Predictions inside a scan: the user's model (or a default set of sizes) on the measured links.
+
+Communication comes from the all-reduce fit the scan just measured on these ranks. Compute per
+micro-batch comes, in order of preference, from --micro-batch-time (measured by the user); from
+the scan's own calibration, as the FLOP rate this device reached on the synthetic model applied
+to the user's model's FLOPs; or from the GPU's datasheet peak and an assumed utilization.
+"""
+from __future__ import annotations
+
+from topoprof.errors import InputError
+
+
+def _workload(opts, size: str | None):
+    from topoprof.commands.model import parse_count
+    from topoprof.costmodel import Workload
+    from topoprof.scan import DEFAULT_TOKENS
+
+    kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=opts.tokens or DEFAULT_TOKENS)
+    if opts.preset:
+        return Workload.from_preset(opts.preset, **kw), opts.preset
+    n = parse_count(size)
+    return Workload.from_params(n, **kw), f"{size} params"
+
+
+def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | None):
+    from topoprof.gpu_specs import Compute
+
+    extra = {}
+    if calibration:
+        for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps"):
+            if calibration.get(key) is not None:
+                extra[key] = calibration[key]
+    if opts.micro_batch_time_s is not None:
+        return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
+    if calibration and vopts is not None:
+        layout = vopts.spec.layout()
+        tokens = vopts.micro_batch * vopts.spec.seq_len
+        rate = layout.train_flops_per_token * tokens / calibration["micro_batch_time_s"]
+        return (Compute(peak_tflops=rate / 1e12, utilization=1.0,
+                        backward_fraction=calibration.get("backward_fraction"), **extra),
+                f"FLOP rate measured on this device: {rate / 1e9:.1f} GFLOP/s (calibration model)")
+    if gpu_name:
+        return Compute(gpu=gpu_name), f"datasheet peak of {gpu_name} x assumed utilization"
+    raise InputError("compute per micro-batch is unknown: give --micro-batch-time, or let the scan validate")
+
+
+def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None) -> list[dict]:
+    """One model payload per model: the user's, or each default size."""
+    from topoprof.comm import FitComm
+    from topoprof.costmodel import Cluster, ModelInputs
+    from topoprof.model_report import model_payload
+    from topoprof.scan import DEFAULT_MODELS
+
+    if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:
+        return []
+    comm = FitComm(latency_us=fit.latency_us, algbw_gbps=fit.bandwidth_gbps, world_size=world_size,
+                   source="all-reduce fit measured by this scan")
+    sizes = [None] if opts.preset else ([opts.params] if opts.params else list(DEFAULT_MODELS))
+    out = []
+    for size in sizes:
+        workload, label = _workload(opts, size)
+        compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name)
+        inputs = ModelInputs(workload, compute, Cluster(comm, 1, world_size), accumulation_steps=opts.accum)
+        payload = model_payload(inputs, {"bench": "this scan"})
+        out.append({"label": label, "compute_source": compute_source, **payload})
+    return out

@@ -1,0 +1,78 @@
+"""'Is my number normal?': measured bus bandwidth against what the links should give.
+
+The expectation is NCCL's own nominal figure for the ring's slowest link (topo.h per-link
+rates already stand for what NCCL expects a link to deliver, not the datasheet peak), or a range
+where the path goes through host memory or the GPU generation is unknown. A measured peak at or
+above LOW_SHARE of the nominal figure is OK; below that it is low by the shortfall, with the
+likely causes the report can see.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Judgement threshold, not a model constant: below this share of NCCL's own nominal figure a
+# user should look for a cause (a healthy ring reaches most of it at large sizes).
+LOW_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: str                        # "intra-node ring over GPUs 0-7", "CPU ranks over loopback"
+    measured_busbw_gbps: float | None
+    at_size_bytes: int | None
+    expected_gbps: float | None
+    expected_range_gbps: tuple[float, float] | None
+    status: str                       # "ok", "low", "in range", "unknown"
+    ratio: float | None
+    summary: str
+    causes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _peak(rows: list[dict], collective: str = "all_reduce") -> dict | None:
+    good = [r for r in rows if r["collective"] == collective and not r.get("wrong")]
+    return max(good, key=lambda r: r["busbw_gbps"]) if good else None
+
+
+def likely_causes(topology: dict, bench: dict) -> list[str]:
+    causes = []
+    for line in (bench.get("nccl") or {}).get("explained", []):
+        causes.append(f"NCCL: {line}")
+    for p in topology.get("pairs", []):
+        if p.get("path") in ("NV", "PIX", "PXB") and p.get("p2p") == "no":
+            causes.append(f"P2P is off between GPU {p['gpu_a']} and {p['gpu_b']} ({p.get('p2p_basis')})")
+            break
+    causes += [n for n in topology.get("notes", []) if "PCIe link" in n]
+    for flag in bench.get("slow_ranks", []):
+        causes.append(f"rank {flag['rank']} is consistently slower ({flag['median_excess_pct']:+.0f}% on "
+                      f"{flag['slower_sizes']}/{flag['sizes']} sizes): check its GPU, link and CPU binding")
+    return causes
+
+
+def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
+    """One verdict for the measured all-reduce against the ring's nominal bottleneck."""
+    rows = bench.get("rows", [])
+    peak = _peak(rows)
+    world = (bench.get("metadata") or {}).get("world_size")
+    backend = (bench.get("metadata") or {}).get("backend", "")
+    if peak is None:
+        return Verdict("all-reduce", None, None, None, None, "unknown", None, "no correct all-reduce rows measured")
+    measured, size = peak["busbw_gbps"], peak["size_bytes"]
+    if ring is None or backend.startswith("gloo"):
+        level = f"{world} CPU rank(s), gloo over {'loopback' if backend.startswith('gloo') else 'the network'}"
+        return Verdict(level, measured, size, None, None, "unknown", None,
+                       f"peak busbw {measured:.3f} GB/s at {size} B; there is no nominal figure for "
+                       "CPU ranks (host memory copies and TCP), so nothing to compare with")
+    lo, hi = ring["bottleneck_gbps"]
+    level = f"intra-node ring {'-'.join(map(str, ring['ring']))} ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
+    causes = tuple(likely_causes(topology, bench))
+    if lo == hi:
+        ratio = measured / lo
+        if ratio >= LOW_SHARE:
+            return Verdict(level, measured, size, lo, None, "ok", ratio,
+                           f"peak busbw {measured:.1f} GB/s = {ratio:.0%} of the nominal {lo:.1f} GB/s: normal")
+        return Verdict(level, measured, size, lo, None, "low", ratio,
+                       f"peak busbw {measured:.1f} GB/s is {1 - ratio:.0%} below the nominal {lo:.1f} GB/s", causes)
+    status = "in range" if lo * LOW_SHARE <= measured else "low"
+    text = (f"peak busbw {measured:.2f} GB/s against an uncertain {lo:.1f}-{hi:.1f} GB/s "
+            f"({'within what this path can give' if status == 'in range' else 'below even the low end'})")
+    return Verdict(level, measured, size, None, (lo, hi), status, None, text, causes if status == "low" else ())
