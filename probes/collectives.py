@@ -16,6 +16,7 @@ Check by hand: nccl-tests `all_reduce_perf -b 8 -e 128M -f 2 -g <ngpus>` on the 
 from __future__ import annotations
 
 import os
+import platform
 import time
 
 COMBINE_RULES = ("avg", "min", "max", "rank0")
@@ -54,31 +55,35 @@ def _expected_sum(torch, count: int, nranks: int, dtype, device, offset: int = 0
 class _Op:
     """Buffers and the call for one collective at one size on this rank."""
 
-    def __init__(self, torch, dist, name, send_n, recv_n, dtype, device, rank, world):
-        self.t, self.d, self.name = torch, dist, name
-        self.rank, self.world, self.dtype, self.device = rank, world, dtype, device
+    def __init__(self, torch, dist, name, send_n, recv_n, dtype, device, rank, world, group=None):
+        self.t, self.d, self.name, self.group = torch, dist, name, group
+        self.rank, self.world, self.dtype, self.device = rank, world, dtype, device  # within the group
         self.send_n, self.recv_n = send_n, recv_n
         self.send = torch.zeros(send_n, dtype=dtype, device=device)
         self.recv = self.send if name in ("all_reduce", "broadcast", "reduce") else \
             torch.zeros(recv_n, dtype=dtype, device=device)
 
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else self.d.get_global_rank(self.group, group_rank)
+
     def run(self) -> None:
-        d, name = self.d, self.name
+        d, name, g = self.d, self.name, self.group
         if name == "all_reduce":
-            d.all_reduce(self.send)
+            d.all_reduce(self.send, group=g)
         elif name == "reduce":
-            d.reduce(self.send, dst=0)
+            d.reduce(self.send, dst=self._global(0), group=g)
         elif name == "broadcast":
-            d.broadcast(self.send, src=0)
+            d.broadcast(self.send, src=self._global(0), group=g)
         elif name == "all_gather":
-            d.all_gather_into_tensor(self.recv, self.send)
+            d.all_gather_into_tensor(self.recv, self.send, group=g)
         elif name == "reduce_scatter":
-            d.reduce_scatter_tensor(self.recv, self.send)
+            d.reduce_scatter_tensor(self.recv, self.send, group=g)
         elif name == "all_to_all":
-            d.all_to_all_single(self.recv, self.send)
+            d.all_to_all_single(self.recv, self.send, group=g)
         elif name == "sendrecv":
-            peer_to, peer_from = (self.rank + 1) % self.world, (self.rank - 1) % self.world
-            ops = [d.P2POp(d.isend, self.send, peer_to), d.P2POp(d.irecv, self.recv, peer_from)]
+            peer_to = self._global((self.rank + 1) % self.world)
+            peer_from = self._global((self.rank - 1) % self.world)
+            ops = [d.P2POp(d.isend, self.send, peer_to, group=g), d.P2POp(d.irecv, self.recv, peer_from, group=g)]
             for req in d.batch_isend_irecv(ops):
                 req.wait()
         else:  # the CLI validates names against topoprof.collectives.COLLECTIVES
@@ -122,19 +127,19 @@ class _Op:
         return int((self.recv != want).sum().item())
 
 
-def _agree(torch, dist, device, ok: bool) -> bool:
-    """True when every rank succeeded (a MIN all-reduce of a flag)."""
+def _agree(torch, dist, device, ok: bool, group=None) -> bool:
+    """True when every rank of the group succeeded (a MIN all-reduce of a flag)."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
-def _allocate(torch, dist, ctx, name, send_n, recv_n, dtype):
+def _allocate(torch, dist, ctx, name, send_n, recv_n, dtype, where):
     try:
-        op, error = _Op(torch, dist, name, send_n, recv_n, dtype, ctx.device, ctx.rank, ctx.world_size), None
+        op, error = _Op(torch, dist, name, send_n, recv_n, dtype, ctx.device, where.rank, where.size, where.group), None
     except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
         op, error = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    if not _agree(torch, dist, ctx.device, op is not None):
+    if not _agree(torch, dist, ctx.device, op is not None):  # the whole job agrees: all stop together
         return None, error or "another rank could not allocate its buffers"
     return op, None
 
@@ -144,7 +149,7 @@ def _time_op(op: _Op, iters: int, warmup: int, sync) -> float:
     for _ in range(warmup):
         op.run()
     sync()
-    op.d.barrier()
+    op.d.barrier(group=op.group)
     sync()
     start = time.perf_counter()
     for _ in range(iters):
@@ -153,27 +158,32 @@ def _time_op(op: _Op, iters: int, warmup: int, sync) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
-def _gather_times(torch, dist, device, time_us: float, wrong: int) -> tuple[list[float], int]:
-    mine = torch.tensor([time_us, float(wrong)], dtype=torch.float64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+def _gather_all(torch, dist, ctx, time_us: float, wrong: int, label: str):
+    """Every rank's (time, wrong, group label), over the whole job: rank 0 builds the rows."""
+    mine = torch.tensor([time_us, float(wrong)], dtype=torch.float64, device=ctx.device)
+    every = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(every, mine)
-    return [float(t[0]) for t in every], int(sum(float(t[1]) for t in every))
+    labels: list = [None] * ctx.world_size
+    dist.all_gather_object(labels, label)
+    return [float(t[0]) for t in every], [int(float(t[1])) for t in every], labels
 
 
-def run_size(torch, dist, ctx, spec, size: int, config: dict, sync):
-    """One row: returns (row dict or None, stop reason or None)."""
-    from topoprof.collectives import make_row
+class Where:
+    """This rank's place in the group being measured: the group (None = every rank), its size,
+    this rank's position in it (None when this rank sits this level out), its label."""
 
-    dtype_attr, elem = DTYPES[config["dtype"]]
-    dtype = getattr(torch, dtype_attr)
-    n = ctx.world_size
-    size = spec.aligned_size(size, n, elem)
-    if size == 0:
-        return None, None
+    def __init__(self, level: str, group, size: int, rank: int | None, label: str, members: list[int]):
+        self.level, self.group, self.size, self.rank, self.label, self.members = level, group, size, rank, label, members
+
+
+def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
+    """(time_us, wrong) on this rank, or (nan, 0) for a rank that sits the level out."""
     send_n, recv_n = spec.counts(size, n, elem)
-    op, error = _allocate(torch, dist, ctx, spec.name, send_n, recv_n, dtype)
+    op, error = _allocate(torch, dist, ctx, spec.name, send_n, recv_n, dtype, where)
     if op is None:
-        return None, f"stopped at {size} B: {error}"
+        return None, error
+    if where.rank is None:
+        return (float("nan"), 0), None
     wrong = None
     if config.get("check", True):
         op.fill_for_check()
@@ -182,20 +192,48 @@ def run_size(torch, dist, ctx, spec, size: int, config: dict, sync):
         if config.get("corrupt_rank") == ctx.rank:  # test hook: a flipped result must be counted
             op.recv[0] = op.recv[0] + 1
         wrong = op.count_wrong()
-    time_us = _time_op(op, int(config["iters"]), int(config["warmup"]), sync)
-    rank_times, total_wrong = _gather_times(torch, dist, ctx.device, time_us, wrong or 0)
-    del op
-    row = make_row(spec, size, n, config["dtype"], elem, combine(rank_times, config["combine"]),
-                   total_wrong if wrong is not None else None, tuple(rank_times))
-    return row, None
+    return (_time_op(op, int(config["iters"]), int(config["warmup"]), sync), wrong), None
+
+
+def run_size(torch, dist, ctx, spec, size: int, config: dict, sync, where: Where | None = None):
+    """Rows for one size (one per group measured): returns (rows, stop reason or None)."""
+    from topoprof.collectives import make_row
+
+    where = where or Where("job", None, ctx.world_size, ctx.rank, "", list(range(ctx.world_size)))
+    dtype_attr, elem = DTYPES[config["dtype"]]
+    dtype = getattr(torch, dtype_attr)
+    n = where.size
+    size = spec.aligned_size(size, n, elem)
+    # Groups of different sizes may round a size differently: skip it everywhere or nowhere.
+    if not _agree(torch, dist, ctx.device, size > 0):
+        return [], None
+    measured, error = _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where)
+    if measured is None:
+        return [], f"stopped at {size} B: {error}"
+    time_us, wrong = measured
+    checked = wrong is not None or where.rank is None
+    every_time, every_wrong, every_label = _gather_all(torch, dist, ctx, time_us, wrong or 0, where.label)
+    rows = []
+    for label in sorted(set(every_label[r] for r in range(ctx.world_size) if every_time[r] == every_time[r])):
+        members = [r for r in range(ctx.world_size) if every_label[r] == label and every_time[r] == every_time[r]]
+        times = [every_time[r] for r in members]
+        rows.append(make_row(spec, size, n, config["dtype"], elem, combine(times, config["combine"]),
+                             sum(every_wrong[r] for r in members) if checked else None, tuple(times),
+                             level=where.level, group=label, ranks=tuple(members)))
+    return rows, None
+
+
+def node_id() -> str:
+    """Which node this rank runs on: the launcher's node index (torchrun GROUP_RANK, SLURM
+    SLURM_NODEID) with the host name; two nodes may share a host name (containers, namespaces)."""
+    index = os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", "0"))
+    return f"node{index} ({platform.node()})"
 
 
 def describe_ranks(torch, dist, ctx) -> dict:
     """Every rank's host and device, gathered to all ranks, plus library versions."""
-    import platform
-
-    mine = {"rank": ctx.rank, "host": platform.node(), "pid": os.getpid(), "device": ctx.device,
-            "device_name": "CPU"}
+    mine = {"rank": ctx.rank, "host": platform.node(), "node": node_id(), "pid": os.getpid(),
+            "device": ctx.device, "device_name": "CPU"}
     if ctx.device.startswith("cuda"):
         mine["device_name"] = torch.cuda.get_device_name(ctx.device)
     every: list = [None] * ctx.world_size
@@ -221,14 +259,47 @@ def run_rank(ctx, config: dict) -> None:
     meta = describe_ranks(torch, dist, ctx)
     if ctx.rank == 0:
         ctx.emit("meta", **meta)
-    for name in config["collectives"]:
-        spec = get_collective(name)
-        for size in config["sizes"]:
-            ctx.progress(f"{name} {size} B")
-            row, stop = run_size(torch, dist, ctx, spec, size, config, sync)
-            if stop is not None:
+    for where in level_groups(dist, ctx, meta["ranks"], config.get("levels", ["job"])):
+        for name in config["collectives"]:
+            spec = get_collective(name)
+            for size in config["sizes"]:
+                ctx.progress(f"{where.level} {name} {size} B")
+                rows, stop = run_size(torch, dist, ctx, spec, size, config, sync, where)
+                if stop is not None:
+                    if ctx.rank == 0:
+                        ctx.emit("stopped", collective=name, level=where.level, reason=stop)
+                    break
                 if ctx.rank == 0:
-                    ctx.emit("stopped", collective=name, reason=stop)
-                break
-            if row is not None and ctx.rank == 0:
-                ctx.emit("row", row=dataclasses.asdict(row))
+                    for row in rows:
+                        ctx.emit("row", row=dataclasses.asdict(row))
+
+
+def level_groups(dist, ctx, ranks_info: list[dict], levels: list[str]) -> list[Where]:
+    """This rank's group for each level. Every rank creates every group, in the same order, as
+    torch.distributed.new_group requires; a rank outside a group gets rank None there."""
+    hosts = []
+    for info in sorted(ranks_info, key=lambda r: r["rank"]):
+        if info["node"] not in hosts:
+            hosts.append(info["node"])
+    by_host = {h: [r["rank"] for r in ranks_info if r["node"] == h] for h in hosts}
+    mine = next(r["node"] for r in ranks_info if r["rank"] == ctx.rank)
+    out = []
+    for level in levels:
+        # Decided from the gathered rank list, so every rank skips the same levels.
+        if level == "intra" and max(len(m) for m in by_host.values()) < 2 or level == "inter" and len(hosts) < 2:
+            continue
+        if level == "job":
+            out.append(Where("job", None, ctx.world_size, ctx.rank, "", list(range(ctx.world_size))))
+        elif level == "intra":
+            groups = {h: dist.new_group(members) for h, members in by_host.items()}
+            members = by_host[mine]
+            out.append(Where("intra", groups[mine], len(members), members.index(ctx.rank), mine, members))
+        elif level == "inter":
+            leaders = [members[0] for members in by_host.values()]  # the lowest rank of each node
+            group = dist.new_group(leaders)
+            inside = ctx.rank in leaders
+            out.append(Where("inter", group, len(leaders), leaders.index(ctx.rank) if inside else None,
+                             "network" if inside else "", leaders))
+        else:
+            raise ValueError(f"unknown level {level!r}")
+    return out

@@ -18,6 +18,7 @@ WORKERS = {
     "training": "probes.training:run_rank",
     "sleep": "probes.rank_main:_sleep_worker",
     "phases": "probes.rank_main:_phases_worker",
+    "nodes": "probes.nodes:run_rank",
 }
 
 

@@ -53,11 +53,11 @@ def test_cli_json_contract_and_fit():
     proc = _cli("bench", "--nproc", "2", "-b", "256K", "-e", "16M", "-f", "4", "-n", "5", "-w", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit",
+    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit", "fit_by_level",
             "slow_ranks", "nccl", "copies", "stopped"} <= set(doc)
     row = doc["rows"][0]
     assert set(row) == {"collective", "size_bytes", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps",
-                        "wrong", "rank_times_us"}
+                        "wrong", "rank_times_us", "level", "group", "ranks"}
     assert [r["size_bytes"] for r in doc["rows"]] == [262144, 1048576, 4194304, 16777216]
     fit = doc["fit"]["all_reduce"]
     assert fit["latency_us"] >= 0 and fit["bandwidth_gbps"] > 0 and fit["r2"] <= 1.0

@@ -468,3 +468,16 @@ def test_hide_threshold_is_where_exposed_reaches_its_floor(inputs):
         assert exposed_at(h.threshold_micro_batch_time_s * 1.01) == pytest.approx(
             h.exposed_floor_s, rel=1e-6, abs=1e-12)
         assert exposed_at(h.threshold_micro_batch_time_s * 0.99) > h.exposed_floor_s
+
+
+def test_measured_curve_interpolates_inside_and_fits_outside():
+    from topoprof.comm import FitComm, MeasuredComm
+
+    points = ((1024.0, 100.0), (4096.0, 400.0), (16384.0, 800.0))
+    comm = MeasuredComm(latency_us=50.0, algbw_gbps=0.05, world_size=2, points=points)
+    assert comm.allreduce_s(4096) == pytest.approx(400e-6)
+    assert comm.allreduce_s(2048) == pytest.approx(200e-6)      # log-log midpoint of 100 and 400
+    assert comm.allreduce_s(8192) == pytest.approx((400 * 800) ** 0.5 * 1e-6)
+    fit = FitComm(latency_us=50.0, algbw_gbps=0.05, world_size=2)
+    assert comm.allreduce_s(1 << 20) == pytest.approx(fit.allreduce_s(1 << 20))  # outside: the fit
+    assert comm.at_shape(1, 4).allreduce_s(4096) == pytest.approx(fit.at_shape(1, 4).allreduce_s(4096))

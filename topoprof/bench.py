@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from topoprof.collectives import COLLECTIVES, BenchRow, get_collective
+from topoprof.collectives import COLLECTIVES, BenchRow, get_collective, row_from_dict
 from topoprof.errors import InputError
 
 PROTOCOL = (
@@ -36,6 +36,7 @@ class BenchOptions:
     nccl_debug: bool = True
     log_dir: str | None = None
     corrupt_rank: int | None = None   # test hook: flip one result element on this rank
+    levels: tuple[str, ...] = ("job",)  # across nodes: ("intra", "inter", "job")
 
     def __post_init__(self):
         from probes.collectives import COMBINE_RULES, DTYPES
@@ -69,9 +70,20 @@ class BenchResult:
     wall_s: float = 0.0
 
     def fits(self) -> dict:
+        """Per collective, over the whole job's rows (the level every single-node run has)."""
         from topoprof.fit import fit_all
 
-        return fit_all(self.rows)
+        return fit_all([r for r in self.rows if r.level == "job"])
+
+    def level_fits(self) -> dict:
+        """Across nodes: {"intra node0 (host)": {collective: Fit}, "inter network": ..., "job": ...}."""
+        from topoprof.fit import fit_all
+
+        keys = sorted({(r.level, r.group) for r in self.rows})
+        if keys == [("job", "")]:
+            return {}
+        return {f"{level} {group}".strip(): fit_all([r for r in self.rows if (r.level, r.group) == (level, group)])
+                for level, group in keys}
 
     def world_size(self) -> int:
         return int(self.metadata.get("world_size", 0) or 0)
@@ -80,7 +92,7 @@ class BenchResult:
 def worker_config(opts: BenchOptions) -> dict:
     return {"collectives": list(opts.collectives), "sizes": list(opts.sizes), "iters": opts.iters,
             "warmup": opts.warmup, "dtype": opts.dtype, "combine": opts.combine, "check": opts.check,
-            "corrupt_rank": opts.corrupt_rank}
+            "corrupt_rank": opts.corrupt_rank, "levels": list(opts.levels)}
 
 
 def nccl_env(opts: BenchOptions) -> dict:
@@ -104,13 +116,14 @@ def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = No
     def on_message(rank: int, msg: dict) -> None:
         kind = msg.get("type")
         if kind == "row":
-            row = BenchRow(**{**msg["row"], "rank_times_us": tuple(msg["row"]["rank_times_us"])})
+            row = row_from_dict(msg["row"])
             result.rows.append(row)
             if on_row:
                 on_row(row)
         elif kind == "meta":
             result.metadata.update({k: v for k, v in msg.items() if k != "type"})
             result.metadata["hosts"] = sorted({r["host"] for r in msg.get("ranks", [])})
+            result.metadata["nodes"] = sorted({r["node"] for r in msg.get("ranks", [])})
         elif kind == "stopped":
             result.stopped.append({"collective": msg["collective"], "reason": msg["reason"]})
         elif kind == "progress" and rank == 0 and on_progress:

@@ -174,6 +174,17 @@ class BenchRow:
     busbw_gbps: float
     wrong: int | None  # None when not checked (nccl-tests prints N/A with -c 0)
     rank_times_us: tuple[float, ...] = ()  # per-rank times when measured by topoprof
+    # Multi-node jobs measure three levels: "intra" (the ranks of one node, `group` = its host),
+    # "inter" (one rank per node: the network alone) and "job" (every rank).
+    level: str = "job"
+    group: str = ""
+    ranks: tuple[int, ...] = ()  # global ranks that took part
+
+
+def row_from_dict(data: dict) -> BenchRow:
+    """A BenchRow from its JSON form (lists back to tuples)."""
+    return BenchRow(**{**data, "rank_times_us": tuple(data.get("rank_times_us", ())),
+                       "ranks": tuple(data.get("ranks", ()))})
 
 
 def algbw_gbps(size_bytes: int, time_us: float) -> float:
@@ -190,6 +201,9 @@ def make_row(
     time_us: float,
     wrong: int | None,
     rank_times_us: tuple[float, ...] = (),
+    level: str = "job",
+    group: str = "",
+    ranks: tuple[int, ...] = (),
 ) -> BenchRow:
     """A row as nccl-tests would print it: count from the spec, algbw = size/time, busbw = algbw*factor."""
     if not time_us > 0:
@@ -205,6 +219,9 @@ def make_row(
         busbw_gbps=alg * spec.busbw_factor(nranks),
         wrong=wrong,
         rank_times_us=tuple(float(t) for t in rank_times_us),
+        level=level,
+        group=group,
+        ranks=tuple(ranks),
     )
 
 

@@ -18,6 +18,8 @@ GB/s = 1e9 B/s; latencies in microseconds.
 """
 from __future__ import annotations
 
+import math
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
@@ -213,6 +215,36 @@ class FitComm(CommModel):
 
     def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
         return replace(self, world_size=nodes * gpus_per_node)
+
+
+@dataclass(frozen=True)
+class MeasuredComm(FitComm):
+    """A FitComm that also keeps the measured all-reduce curve: (size_bytes, time_us) points.
+
+    At the measured world size and within the measured sizes, an all-reduce takes the time
+    interpolated between the two nearest measurements (linear in log size and log time), so the
+    shape of the real curve (protocol switches, TCP windows, cache effects) is kept instead of
+    being flattened into two parameters; outside that range, and for every other collective
+    and world size, the fit applies."""
+
+    points: tuple[tuple[float, float], ...] = ()
+
+    def allreduce_s(self, size_bytes: float) -> float:
+        pts = self.points
+        if self.world_size != self.measured_world_size or len(pts) < 2 or not pts[0][0] <= size_bytes <= pts[-1][0]:
+            return super().allreduce_s(size_bytes)
+        for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+            if s0 <= size_bytes <= s1:
+                if size_bytes == s0 or s1 == s0:
+                    return t0 * US
+                w = (math.log(size_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))) * US
+        return super().allreduce_s(size_bytes)  # pragma: no cover - the range check covers it
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "kind": "measured curve + fit", "points": len(self.points),
+                "formula": "allreduce = measured time interpolated in log-log within the measured "
+                           "sizes; latency + S/algbw outside them and at other n"}
 
 
 @dataclass(frozen=True)

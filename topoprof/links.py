@@ -76,7 +76,7 @@ def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[RingCom
 
 
 def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
-    """(latency_us, algbw_gbps, world_size, fit dict) of all_reduce from a bench or scan JSON."""
+    """(latency_us, algbw_gbps, world_size, fit dict with its `rows`) of all_reduce from a bench or scan JSON."""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -91,7 +91,7 @@ def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
     world = int((bench.get("metadata") or {}).get("world_size") or 0)
     if world < 2:
         raise InputError(f"{path}: the bench ran on {world} rank(s); a fit needs at least 2")
-    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, fit
+    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", [])}
 
 
 def comm_from_fit(latency_us: float, algbw_gbps: float, world_size: int, source: str) -> FitComm:
@@ -119,3 +119,17 @@ def across_nodes(intra, nodes: int, gpus_per_node: int, network_gbps: float | No
                      world_size=nodes, source="--network-bandwidth")
     return HierarchicalComm(intra=intra_ring.at_shape(1, gpus_per_node), inter=inter,
                             nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def measured_comm(rows, fit, world_size: int, source: str):
+    """The all-reduce fit plus its measured curve (correct rows only), as one comm model."""
+    from topoprof.comm import MeasuredComm
+
+    def get(row, key):
+        return row[key] if isinstance(row, dict) else getattr(row, key)
+
+    points = sorted({get(r, "size_bytes"): get(r, "time_us") for r in rows
+                     if get(r, "collective") == "all_reduce" and not get(r, "wrong") and get(r, "time_us") > 0}.items())
+    return MeasuredComm(latency_us=fit.latency_us if hasattr(fit, "latency_us") else fit["latency_us"],
+                        algbw_gbps=fit.bandwidth_gbps if hasattr(fit, "bandwidth_gbps") else fit["bandwidth_gbps"],
+                        world_size=world_size, source=source, points=tuple(points))

@@ -124,14 +124,21 @@ def fewer_gpus_recommendation(pred: dict, label: str) -> Recommendation | None:
         gain, None, {"options": options})
 
 
-def _pair_score(pairs: dict, group: tuple[int, ...]) -> float:
-    """The slowest link inside a GPU group (nominal, or the low end of a range)."""
-    worst = float("inf")
+# `nvidia-smi topo -m` path kinds, best first: ties in bandwidth (e.g. two host-staged ranges)
+# are broken by the better path.
+PATH_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+def _pair_score(pairs: dict, group: tuple[int, ...]) -> tuple[float, int]:
+    """(slowest link in GB/s, minus the worst path's rank): larger is better."""
+    worst_bw, worst_path = float("inf"), 0
     for a, b in combinations(group, 2):
         p = pairs[(min(a, b), max(a, b))]
         bw = p.get("bandwidth_gbps") or (p.get("bandwidth_range_gbps") or [0.0])[0]
-        worst = min(worst, bw)
-    return worst
+        worst_bw = min(worst_bw, bw)
+        rank = PATH_ORDER.index(p["path"]) if p.get("path") in PATH_ORDER else len(PATH_ORDER)
+        worst_path = max(worst_path, rank)
+    return worst_bw, -worst_path
 
 
 def gpu_choice_recommendations(topology: dict) -> list[Recommendation]:
@@ -144,17 +151,20 @@ def gpu_choice_recommendations(topology: dict) -> list[Recommendation]:
         if len(gpus) <= size:
             continue
         groups = list(combinations([g["index"] for g in gpus], size))
-        scored = sorted(groups, key=lambda grp: (-_pair_score(pairs, grp), len({numa[i] for i in grp}), grp))
+        scored = sorted(groups, key=lambda grp: (_pair_score(pairs, grp), -len({numa[i] for i in grp})),
+                        reverse=True)
         best, worst = scored[0], scored[-1]
-        best_bw, worst_bw = _pair_score(pairs, best), _pair_score(pairs, worst)
-        if best_bw <= worst_bw and len({numa[i] for i in best}) == len({numa[i] for i in worst}):
-            continue  # every choice is alike (e.g. all GPUs on one NVSwitch)
+        if _pair_score(pairs, best) == _pair_score(pairs, worst):
+            continue  # every choice is wired alike (e.g. all GPUs on one NVSwitch); NUMA is its own advice
+        (best_bw, _), (worst_bw, _) = _pair_score(pairs, best), _pair_score(pairs, worst)
         kinds = sorted({pairs[(min(a, b), max(a, b))]["path"] or "?" for a, b in combinations(best, 2)})
+        worst_kinds = sorted({pairs[(min(a, b), max(a, b))]["path"] or "?" for a, b in combinations(worst, 2)})
         nodes = sorted({str(numa[i]) for i in best})
         out.append(Recommendation(
             f"gpus_{size}", f"For {size}-GPU jobs use GPUs {','.join(map(str, best))}",
             f"Their slowest link is {best_bw:g} GB/s ({'/'.join(kinds)}), NUMA node(s) {', '.join(nodes)}; "
-            f"the worst choice, {','.join(map(str, worst))}, would be held to {worst_bw:g} GB/s.",
+            f"the worst choice, {','.join(map(str, worst))} ({'/'.join(worst_kinds)}), would be held to "
+            f"{worst_bw:g} GB/s{' (host-staged, uncertain until measured)' if worst_bw < 6.01 else ''}.",
             None, f"CUDA_VISIBLE_DEVICES={','.join(map(str, best))} torchrun --nproc-per-node {size} train.py",
             {"best": list(best), "best_gbps": best_bw, "worst": list(worst), "worst_gbps": worst_bw}))
     return out

@@ -21,7 +21,16 @@ def _todo(report: dict) -> list[str]:
     recs = report.get("recommendations") or []
     out = ["## What to do", ""]
     if not recs:
-        return out + ["Nothing stands out: the measured links and the predictions give no change worth making.", ""]
+        out += ["Nothing stands out: no change is predicted to save 5 % or more of a step here."]
+        for p in report.get("predictions") or []:
+            synced = (p["strategies"].get("ddp_synced") or {}).get("step_time_s")
+            no_sync = (p["strategies"].get("ddp_no_sync") or {}).get("step_time_s")
+            if synced and no_sync:
+                k = p["inputs"]["accumulation_steps"]["value"]
+                out.append(f"- {p['label']}, K = {k}: `no_sync()` {100 * (synced - no_sync) / synced:.1f} % faster than "
+                           f"syncing every micro-batch; exposed communication "
+                           f"{100 * p['strategies']['ddp_synced']['comm_exposed_s'] / synced:.1f} % of a synced step.")
+        return out + [""]
     for i, r in enumerate(recs[:3], 1):
         gain = f" (predicted {r['gain_pct']:.0f}% faster steps)" if r.get("gain_pct") else ""
         out += [f"**{i}. {r['title']}**{gain}", "", r["why"], ""]
@@ -60,7 +69,8 @@ def _bandwidth(report: dict) -> list[str]:
     out = ["## Measured bandwidth", ""]
     v = report.get("verdict")
     if v:
-        out += [f"**{v['level']}: {v['status'].upper()}.** {v['summary']}.", ""]
+        status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
+        out += [f"**{v['level']}: {status.get(v['status'], v['status'])}.** {v['summary']}.", ""]
         out += [f"- likely cause: {c}" for c in v.get("causes", [])] + ([""] if v.get("causes") else [])
     by_coll: dict[str, list] = {}
     for row in bench.get("rows", []):
@@ -138,10 +148,35 @@ def _method(report: dict) -> list[str]:
     return out + ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
 
 
+def _cluster(report: dict) -> list[str]:
+    cluster = report.get("cluster")
+    if not cluster:
+        return []
+    summ = cluster["summary"]
+    out = ["## Cluster", "", f"{summ['nodes']} nodes, {'/'.join(map(str, summ['ranks_per_node']))} rank(s) and "
+           f"{'/'.join(map(str, summ['gpus_per_node']))} GPU(s) per node.", ""]
+    rows = [[f["host"], f["ranks"], f["gpus"], ", ".join(f["gpu_names"]) or "–",
+             ", ".join(f"{d} {r or '?'} Gb/s" for d, r in f["nics"]) or
+             ", ".join(f"{n} {(s or 0) / 1000:g} Gb/s" for n, s in f["interfaces"]) or "–"] for f in summ["per_node"]]
+    out += _table(["node", "ranks", "GPUs", "GPU model", "NICs / interfaces"], rows) + [""]
+    out += [f"> differs: {d}" for d in summ["differing"]] + ([""] if summ["differing"] else [])
+    levels = cluster.get("levels") or {}
+    rows = []
+    for level, label in (("intra", "inside a node"), ("inter", "network (one rank per node)"), ("job", "whole job")):
+        for group, e in (levels.get(level) or {}).items():
+            fit = e["fit"]
+            rows.append([label, group, len(e["ranks"]), f"{e['peak_busbw_gbps']:.3f} @ {e['peak_size_bytes']:,} B",
+                         f"{fit['latency_us']:.0f} µs + S / {fit['bandwidth_gbps']:.3f} GB/s"])
+    if rows:
+        out += ["All-reduce at each level:", ""] + _table(["level", "group", "ranks", "peak busbw GB/s", "fit"], rows) + [""]
+    return out
+
+
 def render_markdown(report: dict) -> str:
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    out += _todo(report) + _topology(report) + _bandwidth(report) + _predictions(report) + _validation(report)
+    out += _todo(report) + _cluster(report) + _topology(report) + _bandwidth(report) + _predictions(report)
+    out += _validation(report)
     more = (report.get("recommendations") or [])[3:]
     if more:
         out += ["## More advice", ""]

@@ -44,6 +44,26 @@ def run_job(spec: JobSpec, on_message: OnMessage) -> RunResult:
     return _run_in_process(job, spec, on_message)
 
 
+def explain_job_error(err: Exception, job: ExternalJob, timeout_s: float) -> str:
+    """What a torch.distributed error means for the job, in its own words."""
+    import re
+
+    text = str(err)
+    joined = re.search(r"(\d+)/(\d+) clients joined", text)
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if joined:
+        return (f"timed out after {timeout_s:g} s: only {joined.group(1)} of {joined.group(2)} ranks joined the "
+                f"rendezvous at {where}; the ranks of the other node(s) never connected (are they started, "
+                "and can they reach that address?)")
+    if "Connection closed by peer" in text or "Connection reset by peer" in text:
+        peer = re.search(r"\[([^\]]+)\]:\d+", text)
+        return (f"lost its connection to a peer rank{' at ' + peer.group(1) if peer else ''}: that rank or its node "
+                "stopped (see its log)")
+    if "Timed out" in text or "timeout" in text.lower():
+        return f"timed out after {timeout_s:g} s waiting for the other ranks (a rank hung or a node is unreachable)"
+    return f"raised {type(err).__name__}"
+
+
 def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
     """This process is one rank of torchrun/SLURM: run the worker here; rank 0 reports."""
     from probes import dist
@@ -63,7 +83,8 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
         env = dist.init(spec.backend, spec.timeout_s)
         resolve(spec.worker)(RankContext(env, emit, spec.timeout_s), spec.config)
     except Exception as err:  # one line; peers see the broken group and stop too
-        failure = RankFailure(job.rank, f"raised {type(err).__name__}", None, str(err).splitlines()[0][:300])
+        failure = RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None,
+                              str(err).splitlines()[0][:300] if str(err) else "")
     finally:
         dist.finish()
     return RunResult(messages, failure, log_dir="", wall_s=time.monotonic() - start)

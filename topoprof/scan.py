@@ -39,8 +39,17 @@ class ScanOptions:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
 
 
+def multi_node() -> bool:
+    """Inside a torchrun/SLURM job that spans more than one node."""
+    from topoprof.launch import external_job
+
+    job = external_job()
+    return job is not None and job.world_size > job.local_world_size
+
+
 def bench_config(opts: ScanOptions) -> dict:
-    """A quick sweep: enough sizes for the fit and the plateau, little time."""
+    """A quick sweep: enough sizes for the fit and the plateau, little time. Across nodes, three
+    levels: each node alone, the network alone (one rank per node), and the whole job."""
     gpu = opts.backend == "nccl"
     if opts.quick:
         sizes, collectives = [4096 * 4 ** i for i in range(7)], ["all_reduce"]       # 4 KiB..16 MiB
@@ -49,7 +58,8 @@ def bench_config(opts: ScanOptions) -> dict:
     else:
         sizes, collectives = [1024 * 2 ** i for i in range(15)], ["all_reduce"]     # 1 KiB..16 MiB
     return {"collectives": collectives, "sizes": sizes, "iters": 5 if opts.quick else 10,
-            "warmup": 2, "dtype": "float32", "combine": "avg", "check": True}
+            "warmup": 2, "dtype": "float32", "combine": "avg", "check": True,
+            "levels": ["intra", "inter", "job"] if multi_node() else ["job"]}
 
 
 def validate_options(opts: ScanOptions):
@@ -68,9 +78,10 @@ def _phases(opts: ScanOptions, vopts) -> list[dict]:
     from topoprof.validate import phases
 
     bench = {"name": "bench", "worker": "collectives", "config": bench_config(opts)}
+    first = [{"name": "nodes", "worker": "nodes", "config": {}}] if multi_node() else []
     if vopts is None or opts.nproc < 2:
-        return [bench]
-    return [bench] + phases(vopts)[1:]
+        return first + [bench]
+    return first + [bench] + phases(vopts)[1:]
 
 
 class Stages:
@@ -106,13 +117,21 @@ def run_ranks(opts: ScanOptions, stages: Stages):
     from topoprof.validate import ValidateResult, collect, predict
 
     vopts = validate_options(opts) if opts.validate and opts.nproc >= 2 else None
+    from topoprof.bench import PROTOCOL
+
+    cfg = bench_config(opts)
+    protocol = PROTOCOL.format(warmup=cfg["warmup"], iters=cfg["iters"], combine=cfg["combine"])
     bench = BenchResult(status="ok", rows=[], metadata={"backend": opts.backend, "world_size": opts.nproc,
-                                                        "protocol": "see topoprof bench; combine avg"})
+                                                        "iters": cfg["iters"], "warmup": cfg["warmup"],
+                                                        "combine": cfg["combine"], "protocol": protocol})
     vres = ValidateResult(label=vopts.label if vopts else "")
     file_validation = collect(vres)
+    nodes: list = []
 
     def on_message(rank: int, msg: dict) -> None:
         kind = msg.get("type")
+        if kind == "nodes":
+            nodes.extend(msg["ranks"])
         if msg.get("phase") == "bench":
             if kind == "meta":
                 bench.metadata.update({k: v for k, v in msg.items() if k not in ("type", "phase")})
@@ -124,7 +143,6 @@ def run_ranks(opts: ScanOptions, stages: Stages):
 
     from topoprof.bench import BenchOptions
 
-    cfg = bench_config(opts)
     env = nccl_env(BenchOptions(backend=opts.backend, nproc=opts.nproc, sizes=tuple(cfg["sizes"])))
     spec = JobSpec("phases", {"phases": _phases(opts, vopts)}, opts.nproc, opts.backend, opts.timeout_s, env=env)
     run = run_job(spec, on_message)
@@ -139,7 +157,7 @@ def run_ranks(opts: ScanOptions, stages: Stages):
         _read_nccl_logs(bench, run.log_dir)
     if vopts is not None:
         predict(vopts, vres)
-    return bench, vres, vopts
+    return bench, vres, vopts, nodes
 
 
 def versions() -> dict:

@@ -44,23 +44,65 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
     raise InputError("compute per micro-batch is unknown: give --micro-batch-time, or let the scan validate")
 
 
-def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None) -> list[dict]:
+def composed_comm(levels: dict, world_size: int):
+    """Across nodes: the measured per-node ring and the measured network, composed as NCCL's
+    ring crosses them (topoprof.comm.HierarchicalComm); None on one node."""
+    from topoprof import constants
+    from topoprof.comm import HierarchicalComm, RingComm
+
+    if "inter" not in levels:
+        return None
+    inter = next(iter(levels["inter"].values()))
+    nodes = len(inter["ranks"])
+    gpn = world_size // nodes
+
+    def ring(entry, n, hop):
+        fit = entry["fit"]
+        bus = fit.bandwidth_gbps * 2 * (n - 1) / n
+        return RingComm(link_bandwidth_gbps=bus, hop_latency_us=fit.latency_us / (2 * (n - 1)), world_size=n,
+                        source=f"measured ({hop})")
+
+    if "intra" in levels and gpn > 1:
+        slowest = min(levels["intra"].values(), key=lambda e: e["fit"].bandwidth_gbps)
+        intra = ring(slowest, gpn, "slowest node")
+    else:  # one rank per node: nothing inside a node to cross
+        intra = RingComm(link_bandwidth_gbps=1e9, hop_latency_us=0.0, world_size=1, source="one rank per node")
+    return HierarchicalComm(intra=intra.at_shape(1, gpn), inter=ring(inter, nodes, "network"),
+                            nodes=nodes, gpus_per_node=gpn)
+
+
+def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None,
+                rows=(), levels: dict | None = None) -> list[dict]:
     """One model payload per model: the user's, or each default size."""
-    from topoprof.comm import FitComm
     from topoprof.costmodel import Cluster, ModelInputs
+    from topoprof.links import measured_comm
     from topoprof.model_report import model_payload
     from topoprof.scan import DEFAULT_MODELS
 
     if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:
         return []
-    comm = FitComm(latency_us=fit.latency_us, algbw_gbps=fit.bandwidth_gbps, world_size=world_size,
-                   source="all-reduce fit measured by this scan")
+    comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
+    composed = composed_comm(levels or {}, world_size)
+    nodes = composed.nodes if composed is not None else 1
+    if composed is not None:
+        comm = composed  # the levels, composed; the whole-job measurement checks it (report)
     sizes = [None] if opts.preset else ([opts.params] if opts.params else list(DEFAULT_MODELS))
     out = []
     for size in sizes:
         workload, label = _workload(opts, size)
         compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name)
-        inputs = ModelInputs(workload, compute, Cluster(comm, 1, world_size), accumulation_steps=opts.accum)
+        inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),
+                             accumulation_steps=opts.accum)
         payload = model_payload(inputs, {"bench": "this scan"})
+        if opts.backend != "nccl":
+            _no_dp_without_gpus(payload)
         out.append({"label": label, "compute_source": compute_source, **payload})
     return out
+
+
+def _no_dp_without_gpus(payload: dict) -> None:
+    """DataParallel replicates a model over CUDA GPUs: on CPU ranks there is nothing to predict."""
+    reason = "DataParallel needs CUDA GPUs; this scan ran on CPU ranks"
+    payload["strategies"]["dp"] = {"reason": reason, "step_time_s": None}
+    if "sweep" in payload:
+        payload["sweep"]["strategies"]["dp"] = [None] * len(payload["sweep"]["accum"])

@@ -18,7 +18,7 @@ from topoprof.synthetic import SyntheticSpec
 
 DDP_MODES = ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only")
 # Sizes for the fit: the model all-reduces buckets from a few KiB (tiny models) up to 25 MiB.
-FIT_SIZES = tuple(4096 * 4 ** i for i in range(7))  # 4 KiB .. 16 MiB
+FIT_SIZES = tuple(4096 * 2 ** i for i in range(13))  # 4 KiB .. 16 MiB, every power of two
 
 
 @dataclass(frozen=True)
@@ -95,13 +95,12 @@ class ValidateResult:
 
 def collect(result: ValidateResult):
     """An on_message handler that files every rank-0 message under its phase."""
-    from topoprof.collectives import BenchRow
+    from topoprof.collectives import row_from_dict
 
     def on_message(rank: int, msg: dict) -> None:
         kind, phase = msg.get("type"), msg.get("phase")
         if kind == "row" and phase == "bench":
-            row = msg["row"]
-            result.bench_rows.append(BenchRow(**{**row, "rank_times_us": tuple(row["rank_times_us"])}))
+            result.bench_rows.append(row_from_dict(msg["row"]))
         elif kind == "calibration":
             result.calibration = {k: v for k, v in msg.items() if k not in ("type", "phase")}
         elif kind == "result" and phase in DDP_MODES + ("dp",):
@@ -113,20 +112,20 @@ def collect(result: ValidateResult):
 
 def predict(opts: ValidateOptions, result: ValidateResult) -> None:
     """Fill result.predictions from the measured fit and calibration, with the cost model."""
-    from topoprof.comm import FitComm
     from topoprof.costmodel import Cluster, ModelInputs, Workload
     from topoprof.costmodel import predict as model_predict
     from topoprof.fit import fit_rows
     from topoprof.gpu_specs import CALIBRATION_KEYS, Compute
+    from topoprof.links import measured_comm
 
-    fit = fit_rows(result.bench_rows, "all_reduce")
+    job_rows = [r for r in result.bench_rows if r.level == "job"]
+    fit = fit_rows(job_rows, "all_reduce")
     if fit is None or result.calibration is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf"):
         return
     cal = {k: result.calibration[k] for k in CALIBRATION_KEYS if result.calibration.get(k) is not None}
     workload = Workload(opts.spec.layout(), micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.micro_batch * opts.spec.seq_len)
-    comm = FitComm(latency_us=fit.latency_us, algbw_gbps=fit.bandwidth_gbps, world_size=opts.nproc,
-                   source="bench fit on these ranks")
+    comm = measured_comm(job_rows, fit, opts.nproc, "all-reduce measured on these ranks")
     inputs = ModelInputs(workload, Compute.from_calibration(cal, optimizer="adamw"),
                          Cluster(comm, nodes=1, gpus_per_node=opts.nproc), accumulation_steps=opts.accum)
     prediction = model_predict(inputs)

@@ -44,6 +44,8 @@ def bench_payload(result, copies=None) -> dict:
         "rows": result.rows,
         "fit": {name: {**_fit_dict(f), "busbw_gbps": bus_bandwidth_gbps(f, n) if n else None}
                 for name, f in fits.items() if f is not None},
+        "fit_by_level": {key: {name: _fit_dict(f) for name, f in fits.items() if f is not None}
+                         for key, fits in result.level_fits().items()},
         "stopped": result.stopped,
         "slow_ranks": slow_ranks(result.rows),
         "nccl": {"logs": result.nccl, "explained": result.nccl_explained},
@@ -62,11 +64,11 @@ def _print_summary(result) -> None:
     from topoprof import bench_render as r
     from topoprof.spread import slow_ranks
 
-    by_coll: dict[str, list] = {}
+    by_coll: dict[tuple, list] = {}
     for row in result.rows:
-        by_coll.setdefault(row.collective, []).append(row)
-    for name, rows in by_coll.items():
-        click.echo(f"# {name}")
+        by_coll.setdefault((row.collective, row.level, row.group), []).append(row)
+    for (name, level, group), rows in by_coll.items():
+        click.echo(f"# {name}" + ("" if level == "job" else f" ({level} {group})".replace(" )", ")")))
         for line in r.footer(rows):
             click.echo(line)
     for line in r.fit_lines(result.fits(), result.world_size()):
@@ -116,6 +118,9 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
     backend, nproc, note = default_backend_and_nproc(opts_kwargs.pop("backend"), opts_kwargs.pop("nproc"))
     lo, hi, factor = default_sizes(backend)
     min_b, max_b, fac = sizes
+    from topoprof.scan import multi_node
+
+    opts_kwargs["levels"] = ("intra", "inter", "job") if multi_node() else ("job",)
     opts = BenchOptions(backend=backend, nproc=nproc, collectives=collectives_option(collectives),
                         sizes=tuple(size_sweep(min_b if min_b is not None else lo,
                                                max_b if max_b is not None else hi, fac or factor)),
@@ -126,9 +131,12 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
         if as_json:
             return
         _clear_progress()
-        if row.collective != current["coll"]:
-            current["coll"] = row.collective
-            click.echo(f"#\n# {row.collective}: {nproc} rank(s), backend {backend}, dtype {opts.dtype}\n{HEADER}")
+        key = (row.collective, row.level, row.group)
+        if key != current["coll"]:
+            current["coll"] = key
+            where = "" if row.level == "job" else f", {row.level} {row.group}".rstrip()
+            click.echo(f"#\n# {row.collective}: {len(row.ranks) or nproc} rank(s){where}, backend {backend}, "
+                       f"dtype {opts.dtype}\n{HEADER}")
         click.echo(format_row(row))
 
     if not as_json:

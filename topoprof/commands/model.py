@@ -44,8 +44,9 @@ def build_comm(opts: dict):
     from topoprof import links
 
     if opts["bench"]:
-        lat, bw, world, _ = links.load_bench_fit(opts["bench"])
-        return links.comm_from_fit(lat, bw, world, f"bench fit {opts['bench']}"), world, {"bench": opts["bench"]}
+        lat, bw, world, fit = links.load_bench_fit(opts["bench"])
+        comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {opts['bench']}")
+        return comm, world, {"bench": opts["bench"]}
     if opts["link_bandwidth"] is not None:
         gpn = opts["gpus_per_node"] or opts["world_size"]
         if not gpn:

@@ -69,8 +69,13 @@ def run(opts, stages, out_dir: str) -> dict:
     topology = collect_topology()
     stages.end()
     stages.begin("ranks: bench and validation")
-    bench, vres, vopts = run_ranks(opts, stages)
+    bench, vres, vopts, node_ranks = run_ranks(opts, stages)
     stages.end()
+    from topoprof.launch import external_job
+
+    job = external_job()
+    if job is not None and job.rank != 0:
+        return None  # rank 0 writes the one report of the job
     copies = None
     if opts.backend == "nccl":
         stages.begin("copies")
@@ -79,9 +84,11 @@ def run(opts, stages, out_dir: str) -> dict:
         copies = _copies(True)
         stages.end()
     stages.begin("model")
-    fit = fit_rows(bench.rows, "all_reduce") if bench.rows else None
+    job_rows = [r for r in bench.rows if r.level == "job"]
+    fit = fit_rows(job_rows, "all_reduce") if job_rows else None
     gpu_name = topology.gpus[0].name if topology.gpus else None
-    preds = predictions(opts, fit, opts.nproc, vres.calibration, vopts, gpu_name)
+    levels = level_fits(bench.rows)
+    preds = predictions(opts, fit, opts.nproc, vres.calibration, vopts, gpu_name, job_rows, levels)
     stages.end()
     summary, banner = _banner(opts, topology)
     report = envelope("scan", {
@@ -91,6 +98,7 @@ def run(opts, stages, out_dir: str) -> dict:
         "topology": topology, "ring": _ring(topology), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
         "validation": validation_payload(vres, vopts, opts),
+        "cluster": cluster_payload(node_ranks, levels),
     })
     report = to_jsonable(report)
     report["verdict"] = to_jsonable(judge(report["bench"], report["topology"], report["ring"]))
@@ -104,6 +112,35 @@ def run(opts, stages, out_dir: str) -> dict:
     report["timing"] = stages.done()
     write_report(report, out_dir)  # again, with the total wall time in it
     return report
+
+
+def level_fits(rows) -> dict:
+    """All-reduce fits per level of a multi-node job: each node ("intra", by host), the network
+    ("inter") and the whole job."""
+    from topoprof.fit import fit_rows
+
+    out: dict = {}
+    for level in ("intra", "inter", "job"):
+        groups = sorted({r.group for r in rows if r.level == level and r.collective == "all_reduce"})
+        for group in groups:
+            chosen = [r for r in rows if r.level == level and r.group == group]
+            fit = fit_rows(chosen, "all_reduce")
+            if fit is not None:
+                peak = max((r for r in chosen if r.collective == "all_reduce" and not r.wrong),
+                           key=lambda r: r.busbw_gbps)
+                out.setdefault(level, {})[group or level] = {
+                    "fit": fit, "ranks": list(peak.ranks), "peak_busbw_gbps": peak.busbw_gbps,
+                    "peak_size_bytes": peak.size_bytes}
+    return out if set(out) - {"job"} else {}
+
+
+def cluster_payload(node_ranks: list, levels: dict) -> dict | None:
+    if not node_ranks:
+        return None
+    from topoprof.cluster import nodes_from_ranks, summarize
+
+    nodes = nodes_from_ranks(node_ranks)
+    return {"summary": summarize(nodes), "nodes": nodes, "levels": levels}
 
 
 def validation_payload(vres, vopts, opts) -> dict:

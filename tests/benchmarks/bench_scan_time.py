@@ -1,0 +1,33 @@
+"""Scan wall time on this machine: the default scan (target <= 60 s on a 2-core CPU machine)
+and `--quick` (target <= 20 s), each run once, back to back; prints time / target ratios.
+
+    python tests/benchmarks/bench_scan_time.py
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGETS = {"default": 60.0, "quick": 20.0}
+
+
+def main() -> None:
+    ratios = {}
+    for name, extra in (("quick", ["--quick"]), ("default", [])):
+        out = tempfile.mkdtemp(prefix=f"topoprof-scan-{name}-")
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--out", out, *extra],
+                              capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"scan {name} failed: {proc.stderr[-500:]}")
+        ratios[name] = wall / TARGETS[name]
+        print(f"{name:>8}: {wall:5.1f} s (target {TARGETS[name]:.0f} s, ratio {ratios[name]:.2f})  report {out}")
+    print(f"RESULT scan time / target: worst ratio {max(ratios.values()):.2f}: {'PASS' if max(ratios.values()) <= 1 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Two "nodes" as two network namespaces joined by a tc-shaped veth, torchrun in each.
+
+Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.netns import run_pair, shaped_link, unavailable_reason
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RATE_MBIT = 1000.0
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def link():
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    with shaped_link(RATE_MBIT) as made:
+        yield made
+
+
+def _torchrun_pair(link, port: int, args: list[str], timeout_s: float = 300):
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{link.addr_a}:{port}", "--rdzv-id", f"tp{port}",
+            "--max-restarts", "0", "-m", "topoprof", *args]
+    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    a, b = run_pair(link, argv, argv, env_a={**env, "GLOO_SOCKET_IFNAME": link.if_a},
+                    env_b={**env, "GLOO_SOCKET_IFNAME": link.if_b}, timeout_s=timeout_s)
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-1500:], b.stderr[-1500:])
+    out = a.stdout if a.stdout.strip().startswith("{") else b.stdout  # rank 0 may land on either side
+    return json.loads(out)
+
+
+def test_network_level_reaches_the_shaped_rate(link):
+    doc = _torchrun_pair(link, 29631, ["bench", "--backend", "gloo", "-b", "4M", "-e", "16M", "-n", "3", "-w", "1", "--json"])
+    assert len(doc["metadata"]["nodes"]) == 2
+    net = [r for r in doc["rows"] if r["level"] == "inter"]
+    assert net and all(len(r["ranks"]) == 2 for r in net)
+    shaped_gbps = RATE_MBIT * 1e6 / 8 / 1e9
+    big = max(net, key=lambda r: r["size_bytes"])
+    assert big["size_bytes"] >= 16 << 20
+    assert big["busbw_gbps"] >= 0.85 * shaped_gbps, big
+    assert {r["level"] for r in doc["rows"]} == {"inter", "job"}  # one rank per node: no intra level
+
+
+def test_model_matches_validate_across_the_link(link):
+    doc = _torchrun_pair(link, 29632, ["validate", "--params", "1M", "--micro-batch", "4", "--accum", "4",
+                                       "--steps", "4", "--warmup-steps", "1", "--no-numerics", "--json"], timeout_s=600)
+    for mode in ("ddp_synced", "ddp_no_sync"):
+        m = doc["modes"][mode]
+        assert abs(m["error_pct"]) <= 20.0, (mode, m)
+
+
+def test_a_node_that_never_joins_times_out_with_a_clear_message(link):
+    env = {**os.environ, "PYTHONPATH": ROOT, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": link.addr_a, "MASTER_PORT": "29633", "GLOO_SOCKET_IFNAME": link.if_a}
+    proc = subprocess.run(link.exec_argv("a", [sys.executable, "-m", "topoprof", "bench", "--backend", "gloo",
+                                               "--timeout", "8", "-b", "1K", "-e", "1K"]),
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "only 1 of 2 ranks joined" in proc.stderr and "Traceback" not in proc.stderr

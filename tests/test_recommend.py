@@ -1,0 +1,95 @@
+"""Recommendations derived from real fixture topologies and from predictions say the right thing."""
+from __future__ import annotations
+
+import glob
+
+import pytest
+import os
+
+from fake_nvml import make_fake_nvml
+from probes.nvidia_smi import read_topo_file
+from probes.nvml import query_nvml
+from topoprof import recommend as rec
+from topoprof.jsonio import to_jsonable
+from topoprof.topology import build_topology
+from topoprof.verdict import judge
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
+
+
+def _topo(prefix: str, nvml: str | None = None) -> dict:
+    smi = read_topo_file(glob.glob(os.path.join(FIX, f"{prefix}_*[!s].txt"))[0])
+    snap = query_nvml(make_fake_nvml(nvml)) if nvml else None
+    return to_jsonable(build_topology(smi=smi, nvml=snap))
+
+
+def test_nv12_node_needs_no_gpu_choice_advice():
+    topo = _topo("10")  # 8 x A100, NV12 between every pair: every choice is alike
+    assert rec.gpu_choice_recommendations(topo) == []
+    numa = rec.numa_recommendation(topo)
+    assert numa is not None and "NUMA" in numa.title  # GPUs 0-3 on node 0, 4-7 on node 1
+
+
+def test_sys_split_picks_gpus_on_one_socket_for_two_gpu_jobs():
+    topo = _topo("26")  # 4 x T4: GPU0 alone on socket 0 (SYS), GPUs 1-3 share a node (NODE)
+    recs = {r.key: r for r in rec.gpu_choice_recommendations(topo)}
+    best = recs["gpus_2"].numbers["best"]
+    assert 0 not in best and set(best) <= {1, 2, 3}
+    assert "NODE" in recs["gpus_2"].why
+
+
+def test_phb_pair_with_p2p_off_is_flagged():
+    topo = _topo("22", nvml="pcie_pair")  # PIX pair but NVML says P2P is not supported
+    recs = {r.key: r for r in rec.environment_recommendations(topo, {}, {})}
+    assert "p2p_off" in recs and "0-1" in recs["p2p_off"].why
+
+
+def test_environment_variables_that_disable_transports_are_flagged():
+    recs = {r.key for r in rec.environment_recommendations({"pairs": []}, {"NCCL_P2P_DISABLE": "1"},
+                                                           {"NCCL_IB_DISABLE": "1"})}
+    assert recs == {"env_NCCL_P2P_DISABLE", "env_NCCL_IB_DISABLE"}
+
+
+def _pred(synced, no_sync, dp, fp16, k=8, exposed=0.1):
+    def s(step):
+        return {"step_time_s": step, "comm_exposed_s": exposed, "samples_per_s": 1 / step, "speedup_vs_ddp_synced": 1.0}
+    return {"inputs": {"accumulation_steps": {"value": k}, "world_size": {"value": 4}},
+            "strategies": {"ddp_synced": s(synced), "ddp_no_sync": s(no_sync), "dp": s(dp) if dp else {"step_time_s": None},
+                           "ddp_fp16_compress": s(fp16)}}
+
+
+def test_strategy_advice_follows_the_predicted_gains():
+    recs = {r.key: r for r in rec.strategy_recommendations(_pred(2.0, 1.0, 3.0, 1.8), "1.3B")}
+    assert recs["no_sync"].gain_pct == 50.0 and "forward and backward" in recs["no_sync"].title
+    assert "backward()" in recs["no_sync"].why  # warns about wrapping only backward
+    assert "accelerator.accumulate" in recs["no_sync"].snippet
+    assert recs["ddp_over_dp"].gain_pct == pytest.approx(100 / 3)
+    assert recs["fp16_compress"].gain_pct == pytest.approx(10.0)
+    ordered = rec.rank(list(recs.values()))
+    assert ordered[0].key == "no_sync"
+
+
+def test_no_advice_when_gains_are_small_or_k_is_1():
+    assert rec.strategy_recommendations(_pred(1.0, 0.99, None, 0.99), "x") == []
+    assert [r.key for r in rec.strategy_recommendations(_pred(2.0, 1.0, None, 2.0, k=1), "x")] == []
+
+
+def test_verdict_low_nvlink_names_causes():
+    topo = _topo("18", nvml="dgx_h100_nvswitch")
+    ring = {"ring": list(range(8)), "bottleneck_gbps": [370.8, 370.8], "hop": "NV"}
+    bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": 150.0, "wrong": 0}],
+             "metadata": {"world_size": 8, "backend": "nccl"},
+             "nccl": {"explained": ["ranks 0<->1 used SHM (host memory): GPU peer-to-peer was not used"]},
+             "slow_ranks": []}
+    v = judge(bench, topo, ring)
+    assert v.status == "low" and round(v.ratio, 2) == 0.40
+    assert any("SHM" in c for c in v.causes)
+    ok = judge({**bench, "rows": [{**bench["rows"][0], "busbw_gbps": 360.0}]}, topo, ring)
+    assert ok.status == "ok"
+
+
+def test_verdict_for_gloo_says_there_is_no_nominal():
+    bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 24, "busbw_gbps": 1.2, "wrong": 0}],
+             "metadata": {"world_size": 2, "backend": "gloo"}}
+    v = judge(bench, {"pairs": []}, None)
+    assert v.status == "unknown" and "no nominal figure" in v.summary

@@ -1,0 +1,76 @@
+"""`topoprof scan` end to end on gloo, and `topoprof report` re-rendering it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
+               "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
+               "verdict", "recommendations", "charts", "timing", "cluster"}
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scan") / "report"
+    proc = _cli("scan", "--quick", "--params", "125M", "--accum", "8", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stdout
+
+
+def test_report_json_keys_are_guarded(scanned):
+    out, _ = scanned
+    doc = json.loads((out / "report.json").read_text())
+    assert set(doc) == REPORT_KEYS
+    assert doc["kind"] == "scan" and doc["schema_version"] == 1 and doc["status"] == "ok"
+    assert doc["mode"]["backend"] == "gloo" and not doc["mode"]["gpu"]
+    assert doc["bench"]["rows"] and doc["bench"]["fit"]["all_reduce"]["bandwidth_gbps"] > 0
+    assert [p["label"] for p in doc["predictions"]] == ["125M params"]
+    assert set(doc["validation"]["modes"]) == {"ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"}
+    assert doc["timing"]["total_s"] > 0 and "ranks: bench and validation" in doc["timing"]
+
+
+def test_charts_are_written_and_non_empty(scanned):
+    out, _ = scanned
+    doc = json.loads((out / "report.json").read_text())
+    assert set(doc["charts"]) == {"busbw", "step_vs_accum", "pred_vs_measured"}  # no GPU: no link/copy matrix
+    for name in doc["charts"].values():
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+
+
+def test_markdown_leads_with_what_to_do_and_says_no_gpu(scanned):
+    out, stdout = scanned
+    md = (out / "report.md").read_text()
+    assert md.index("## What to do") < md.index("## Topology") < md.index("## Measured bandwidth")
+    assert "No GPU on this machine" in md and "gloo" in md
+    assert "## Validation" in md and "## Method and assumptions" in md
+    assert "no_sync" in md
+    assert "report.md" in stdout
+
+
+def test_report_command_re_renders_from_json(scanned, tmp_path):
+    out, _ = scanned
+    proc = _cli("report", str(out / "report.json"), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "report.md").read_text().startswith("# topoprof scan")
+    assert (tmp_path / "busbw.png").stat().st_size > 5000
+
+
+def test_report_refuses_other_json(tmp_path):
+    other = tmp_path / "bench.json"
+    other.write_text(json.dumps({"kind": "bench", "schema_version": 1}))
+    proc = _cli("report", str(other))
+    assert proc.returncode == 2 and "not a scan report" in proc.stderr
+
+
+def test_scan_bad_input_exit_2(tmp_path):
+    proc = _cli("scan", "--params", "12Q", "--no-validate", "--quick", "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "--params" in proc.stderr and "Traceback" not in proc.stderr
