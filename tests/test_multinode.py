@@ -27,15 +27,23 @@ def link():
 
 
 def _torchrun_pair(link, port: int, args: list[str], timeout_s: float = 300):
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{link.addr_a}:{port}", "--rdzv-id", f"tp{port}",
-            "--max-restarts", "0", "-m", "topoprof", *args]
+    def argv(is_host: bool) -> list[str]:
+        # Both namespaces share the machine's host name, so c10d cannot tell which one owns the
+        # endpoint address: say it (rdzv-conf is_host, torch's c10d_rendezvous_backend).
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{link.addr_a}:{port}", "--rdzv-id", f"tp{port}",
+                "--rdzv-conf", f"is_host={str(is_host).lower()}",
+                # workers reach rank 0 at its node's address, not the shared host name
+                "--local-addr", link.addr_a if is_host else link.addr_b,
+                "--max-restarts", "0", "-m", "topoprof", *args]
+
     env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    a, b = run_pair(link, argv, argv, env_a={**env, "GLOO_SOCKET_IFNAME": link.if_a},
+    a, b = run_pair(link, argv(True), argv(False), env_a={**env, "GLOO_SOCKET_IFNAME": link.if_a},
                     env_b={**env, "GLOO_SOCKET_IFNAME": link.if_b}, timeout_s=timeout_s)
     assert a.returncode == 0 and b.returncode == 0, (a.stderr[-1500:], b.stderr[-1500:])
-    out = a.stdout if a.stdout.strip().startswith("{") else b.stdout  # rank 0 may land on either side
-    return json.loads(out)
+    printed = [out for out in (a.stdout, b.stdout) if out.strip()]
+    assert len(printed) == 1, "only rank 0 of the job prints"
+    return json.loads(printed[0])
 
 
 def test_network_level_reaches_the_shaped_rate(link):

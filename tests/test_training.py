@@ -126,7 +126,8 @@ def test_config_refusals_are_clear():
     with pytest.raises(InputError, match="amp 'bf16' is for GPUs"):
         check(_config("ddp_synced", amp="bf16"))
     with pytest.raises(InputError, match="launch it with 1 rank"):
-        check(_config("single"), world=2)
+        check(_config("dp"), world=2, gpus=2)
+    check(_config("single"), world=2)  # every rank trains its own copy: the calibration's way
     with pytest.raises(InputError, match="mode must be one of"):
         parse_config(_config("fsdp"))
     with pytest.raises(InputError, match="accum"):

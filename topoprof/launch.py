@@ -104,6 +104,12 @@ def external_job(environ: dict | None = None) -> ExternalJob | None:
     return None
 
 
+def is_reporting_rank() -> bool:
+    """True unless this process is a non-zero rank of a torchrun/SLURM job (only rank 0 reports)."""
+    job = external_job()
+    return job is None or job.rank == 0
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (the rendezvous store binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

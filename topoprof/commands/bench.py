@@ -127,8 +127,12 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
                         **opts_kwargs)
     current = {"coll": None}
 
+    from topoprof.launch import is_reporting_rank
+
+    quiet = as_json or not is_reporting_rank()
+
     def on_row(row):
-        if as_json:
+        if quiet:
             return
         _clear_progress()
         key = (row.collective, row.level, row.group)
@@ -139,9 +143,9 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
                        f"dtype {opts.dtype}\n{HEADER}")
         click.echo(format_row(row))
 
-    if not as_json:
+    if not quiet:
         click.echo(f"# topoprof bench: {note}\n# {opts.protocol()}")
-    result = run_bench(opts, on_row=on_row, on_progress=None if as_json else _progress)
+    result = run_bench(opts, on_row=on_row, on_progress=None if quiet else _progress)
     _clear_progress()
     return result
 
@@ -186,7 +190,13 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
         kwargs = dict(backend=backend, nproc=nproc, iters=iters, warmup=warmup, dtype=dtype,
                       combine=combine, check=check, timeout_s=timeout_s)
         result = _run_live(kwargs, collectives, (min_bytes, max_bytes, factor), as_json)
+    from topoprof.launch import is_reporting_rank
+
     copy_report = _copies(copies)
+    if not is_reporting_rank():  # rank 0 of the job prints and writes
+        if result.status != "ok":
+            raise RunFailed(f"{result.error}")
+        return
     _emit(result, copy_report, as_json, out_path)
     if result.status != "ok":
         raise RunFailed(f"{result.error}; {len(result.rows)} row(s) measured before the failure were kept")

@@ -121,6 +121,12 @@ def validate(backend, nproc, params, preset, scale, seq_len, micro_batch, accum,
     result = run_validate(opts, on_progress=progress)
     if progress:
         sys.stderr.write("\r\033[K")
+    from topoprof.launch import is_reporting_rank
+
+    if not is_reporting_rank():
+        if result.status != "ok":
+            raise RunFailed(f"{result.error}")
+        return  # rank 0 of the job prints and writes
     payload = validate_payload(result, opts)
     doc = envelope("validate", payload)
     if out_path:
