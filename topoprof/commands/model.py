@@ -91,7 +91,24 @@ def build_inputs(opts: dict):
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
 
 
+def _check_gpu_name(name: str | None) -> None:
+    """An explicit --gpu must be one the datasheet table knows: refuse it by name, with the list."""
+    if name is None:
+        return
+    import warnings
+
+    from topoprof.gpu_specs import known_gpus, lookup_gpu
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = lookup_gpu(name)
+    if found is None:
+        why = str(caught[0].message) if caught else f"GPU {name!r} is not in the datasheet table"
+        raise InputError(f"--gpu: {why.split(' (known')[0]}; known: {', '.join(known_gpus())}")
+
+
 def _compute(opts: dict, Compute):
+    _check_gpu_name(opts["gpu"])
     common = dict(gpu=opts["gpu"], precision=opts["precision"], utilization=opts["utilization"],
                   optimizer=opts["optimizer"], optimizer_time_s=opts["optimizer_time"],
                   backward_fraction=opts["backward_fraction"])
