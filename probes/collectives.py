@@ -90,7 +90,7 @@ class _Op:
             raise ValueError(f"unknown collective {name}")
 
     def fill_for_check(self) -> None:
-        t, n, r = self.t, self.world, self.rank
+        t, r = self.t, self.rank
         if self.name == "broadcast":
             self.send.copy_(_pattern(t, self.send_n, 0, self.dtype, self.device) if r == 0 else
                             t.zeros_like(self.send))

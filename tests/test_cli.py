@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 

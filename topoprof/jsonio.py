@@ -43,3 +43,16 @@ def envelope(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
 
 def dumps(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=False)
+
+
+def load_json(path: str) -> Any:
+    """A JSON file, or InputError 'PATH: cannot read: ...' / 'PATH:LINE: not JSON: ...'."""
+    from topoprof.errors import InputError
+
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None

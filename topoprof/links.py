@@ -8,7 +8,6 @@ composes the intra-node ring with the network.
 from __future__ import annotations
 
 import itertools
-import json
 
 from topoprof import constants
 from topoprof.comm import FitComm, HierarchicalComm, RingComm
@@ -77,13 +76,9 @@ def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[RingCom
 
 def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
     """(latency_us, algbw_gbps, world_size, fit dict with its `rows`) of all_reduce from a bench or scan JSON."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+    from topoprof.jsonio import load_json
+
+    doc = load_json(path)
     bench = doc.get("bench", doc)
     fit = (bench.get("fit") or {}).get("all_reduce")
     if not fit or not fit.get("bandwidth_gbps"):

@@ -5,7 +5,6 @@ re-renders the charts and the Markdown from the JSON alone.
 """
 from __future__ import annotations
 
-import json
 import os
 
 from topoprof.errors import InputError
@@ -74,13 +73,9 @@ def write_report(report: dict, out_dir: str) -> dict[str, str]:
 
 
 def load_report(path: str) -> dict:
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+    from topoprof.jsonio import load_json
+
+    doc = load_json(path)
     if doc.get("kind") != "scan":
         raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof scan`")
     from topoprof.jsonio import SCHEMA_VERSION

@@ -47,7 +47,6 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
 def composed_comm(levels: dict, world_size: int):
     """Across nodes: the measured per-node ring and the measured network, composed as NCCL's
     ring crosses them (topoprof.comm.HierarchicalComm); None on one node."""
-    from topoprof import constants
     from topoprof.comm import HierarchicalComm, RingComm
 
     if "inter" not in levels:

@@ -4,7 +4,6 @@ Run as one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
 line per size from rank 0: {"size_bytes", "time_us", "busbw_gbps"}.
 """
 import json
-import os
 import sys
 import time
 

@@ -1,7 +1,6 @@
 """`topoprof model`: predicted optimizer-step time for DP, DDP and accumulation strategies."""
 from __future__ import annotations
 
-import json
 import re
 
 import click
@@ -125,13 +124,9 @@ def _compute(opts: dict, Compute):
 def _read_calibration(path: str) -> dict:
     from topoprof.gpu_specs import CALIBRATION_KEYS
 
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+    from topoprof.jsonio import load_json
+
+    doc = load_json(path)
     calibration = doc.get("calibration", doc)
     found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}
     if "micro_batch_time_s" not in found:
