@@ -74,3 +74,34 @@ def test_a_node_that_never_joins_times_out_with_a_clear_message(link):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert "only 1 of 2 ranks joined" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_node_dying_mid_run_stops_the_other_with_its_rows_kept(link, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": ROOT, "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": link.addr_a, "MASTER_PORT": "29634"}
+    args = [sys.executable, "-m", "topoprof", "bench", "--backend", "gloo", "-b", "1M", "-e", "64M", "-n", "5",
+            "--timeout", "60"]
+    survivor = subprocess.Popen(link.exec_argv("a", args + ["--out", str(out)]), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**env, "RANK": "0", "GROUP_RANK": "0", "GLOO_SOCKET_IFNAME": link.if_a})
+    victim = subprocess.Popen(link.exec_argv("b", args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**env, "RANK": "1", "GROUP_RANK": "1", "GLOO_SOCKET_IFNAME": link.if_b},
+                              start_new_session=True)
+    rows = 0
+    for line in survivor.stdout:  # rank 0 prints rows as they are measured
+        rows += bool(line.strip()) and not line.startswith("#")
+        if rows >= 2:
+            break
+    os.killpg(victim.pid, signal.SIGKILL)  # the whole "node" goes
+    victim.wait()
+    start = time.monotonic()
+    _, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 3, err
+    assert time.monotonic() - start < 60  # stopped on the loss, not on a long timeout
+    assert "lost its connection to a peer rank" in err and "Traceback" not in err
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "error" and len(doc["rows"]) >= 2
