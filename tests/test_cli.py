@@ -71,3 +71,12 @@ def test_live_topo_without_gpu_reports_host_and_says_no_gpu():
     assert proc.returncode == 0, proc.stderr
     assert "No NVIDIA GPU found" in proc.stdout and "Host" in proc.stdout
     assert "nvidia-smi" in proc.stdout  # the note says why
+
+
+def test_help_is_light():
+    code = ("import sys\nimport topoprof.cli as c\n"
+            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('torch', 'matplotlib', 'pynvml') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
