@@ -73,3 +73,14 @@ def test_report_refuses_other_json(tmp_path):
 def test_scan_bad_input_exit_2(tmp_path):
     proc = _cli("scan", "--params", "12Q", "--no-validate", "--quick", "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "--params" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_no_validate_without_compute_still_writes_the_report(tmp_path):
+    out = tmp_path / "r"
+    proc = _cli("scan", "--no-validate", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    md = (out / "report.md").read_text()
+    assert "No prediction: compute per micro-batch is unknown" in md
+    assert "Skipped: --no-validate" in md
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["bench"]["rows"] and doc["validation"]["status"] == "skipped"

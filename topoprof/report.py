@@ -25,7 +25,7 @@ def _nominal(report: dict) -> list[dict]:
 
 
 def _primary(report: dict) -> dict | None:
-    preds = report.get("predictions") or []
+    preds = [p for p in report.get("predictions") or [] if not p.get("skipped")]
     if not preds:
         return None
     return next((p for p in preds if p["label"].startswith("1.3B")), preds[0])

@@ -23,6 +23,8 @@ def _todo(report: dict) -> list[str]:
     if not recs:
         out += ["Nothing stands out: no change is predicted to save 5 % or more of a step here."]
         for p in report.get("predictions") or []:
+            if p.get("skipped"):
+                continue
             synced = (p["strategies"].get("ddp_synced") or {}).get("step_time_s")
             no_sync = (p["strategies"].get("ddp_no_sync") or {}).get("step_time_s")
             if synced and no_sync:
@@ -98,6 +100,8 @@ def _predictions(report: dict) -> list[str]:
     out = ["## Predictions", ""]
     if not preds:
         return out + ["No prediction: it needs an all-reduce fit from at least 2 ranks.", ""]
+    if preds[0].get("skipped"):
+        return out + [f"No prediction: {preds[0]['skipped']}.", ""]
     for p in preds:
         k = p["inputs"]["accumulation_steps"]["value"]
         n = p["inputs"]["world_size"]["value"]

@@ -89,7 +89,10 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
     out = []
     for size in sizes:
         workload, label = _workload(opts, size)
-        compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name)
+        try:
+            compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name)
+        except InputError as err:  # nothing to predict with: the report says why, the rest stands
+            return [{"label": label, "skipped": str(err)}]
         inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),
                              accumulation_steps=opts.accum)
         payload = model_payload(inputs, {"bench": "this scan"})

@@ -13,7 +13,7 @@ from topoprof.errors import RunFailed
 
 def _banner(opts, topology) -> tuple[str, str]:
     if opts.backend == "gloo" and not topology.gpus:
-        return ("gloo, CPU ranks", f"No GPU on this machine: measured with {opts.nproc} CPU ranks over gloo on loopback, "
+        return ("gloo, CPU ranks", f"No GPU on this machine: measured with {opts.nproc} CPU rank(s) over gloo on loopback, "
                 "the same method the GPU path uses with NCCL. Link bandwidths here are host-memory and TCP "
                 "figures, not GPU links; predictions for large models use this machine's measured CPU FLOP rate.")
     return (f"{opts.backend}, {opts.nproc} rank(s)", f"{opts.note}.")
@@ -35,6 +35,8 @@ def _recommendations(report: dict) -> list:
 
     recs = []
     for pred in report["predictions"]:
+        if pred.get("skipped"):
+            continue
         recs += rec.strategy_recommendations(pred, pred["label"])
         fewer = rec.fewer_gpus_recommendation(pred, pred["label"])
         if fewer:
