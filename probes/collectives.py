@@ -38,6 +38,12 @@ def combine(times_us: list[float], rule: str) -> float:
     return times_us[0]
 
 
+# The check works through the buffer in chunks of this many elements, so its int64 temporaries
+# stay small next to the buffers themselves (a 1 GiB float32 buffer would otherwise need
+# several GiB more for indices and expected values).
+CHECK_CHUNK = 1 << 22
+
+
 def _pattern(torch, count: int, rank: int, dtype, device, offset: int = 0):
     """Values 0..2 from (rank + index) mod 3: sums over up to 63 ranks stay exact even in int8/bf16."""
     idx = torch.arange(offset, offset + count, device=device, dtype=torch.int64)
@@ -91,40 +97,47 @@ class _Op:
 
     def fill_for_check(self) -> None:
         t, r = self.t, self.rank
-        if self.name == "broadcast":
-            self.send.copy_(_pattern(t, self.send_n, 0, self.dtype, self.device) if r == 0 else
-                            t.zeros_like(self.send))
-        else:
-            self.send.copy_(_pattern(t, self.send_n, r, self.dtype, self.device))
         if self.recv is not self.send:
             self.recv.zero_()
+        if self.name == "broadcast" and r != 0:
+            self.send.zero_()
+            return
+        source = 0 if self.name == "broadcast" else r
+        for start in range(0, self.send_n, CHECK_CHUNK):
+            n = min(CHECK_CHUNK, self.send_n - start)
+            self.send[start:start + n].copy_(_pattern(t, n, source, self.dtype, self.device, offset=start))
 
-    def expected(self):
-        t, n, r, dt, dev = self.t, self.world, self.rank, self.dtype, self.device
-        name, count = self.name, self.recv_n
+    def expected(self, start: int, n: int):
+        """Expected recv[start:start+n], or None where the result is undefined."""
+        t, w, r, dt, dev, name = self.t, self.world, self.rank, self.dtype, self.device, self.name
         if name == "all_reduce" or (name == "reduce" and r == 0):
-            return _expected_sum(t, count, n, dt, dev)
+            return _expected_sum(t, n, w, dt, dev, offset=start)
         if name == "reduce":
             return None  # non-root buffers are undefined after reduce (as in nccl-tests)
         if name == "broadcast":
-            return _pattern(t, count, 0, dt, dev)
-        if name == "all_gather":
-            chunk = count // n
-            return t.cat([_pattern(t, chunk, src, dt, dev) for src in range(n)])
+            return _pattern(t, n, 0, dt, dev, offset=start)
         if name == "reduce_scatter":
-            return _expected_sum(t, count, n, dt, dev, offset=r * count)
-        if name == "all_to_all":
-            chunk = count // n  # chunk j of the output comes from rank j's chunk r
-            return t.cat([_pattern(t, self.send_n, src, dt, dev)[r * chunk:(r + 1) * chunk] for src in range(n)])
+            return _expected_sum(t, n, w, dt, dev, offset=r * self.recv_n + start)
         if name == "sendrecv":
-            return _pattern(t, count, (r - 1) % n, dt, dev)
+            return _pattern(t, n, (r - 1) % w, dt, dev, offset=start)
+        idx = t.arange(start, start + n, device=dev, dtype=t.int64)
+        chunk = self.recv_n // w
+        src, within = idx // chunk, idx % chunk
+        if name == "all_gather":  # output chunk j = rank j's whole input
+            return ((within + src) % 3).to(dt)
+        if name == "all_to_all":  # output chunk j = rank j's input chunk r
+            return ((r * chunk + within + src) % 3).to(dt)
         raise ValueError(name)
 
     def count_wrong(self) -> int:
-        want = self.expected()
-        if want is None:
-            return 0
-        return int((self.recv != want).sum().item())
+        wrong = 0
+        for start in range(0, self.recv_n, CHECK_CHUNK):
+            n = min(CHECK_CHUNK, self.recv_n - start)
+            want = self.expected(start, n)
+            if want is None:
+                return 0
+            wrong += int((self.recv[start:start + n] != want).sum().item())
+        return wrong
 
 
 def _agree(torch, dist, device, ok: bool, group=None) -> bool:
@@ -158,14 +171,14 @@ def _time_op(op: _Op, iters: int, warmup: int, sync) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
-def _gather_all(torch, dist, ctx, time_us: float, wrong: int, label: str):
-    """Every rank's (time, wrong, group label), over the whole job: rank 0 builds the rows."""
+def _gather_all(torch, dist, ctx, time_us: float, wrong: int, group: tuple):
+    """Every rank's (time, wrong, (group label, size, ranks in group)) over the whole job."""
     mine = torch.tensor([time_us, float(wrong)], dtype=torch.float64, device=ctx.device)
     every = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(every, mine)
-    labels: list = [None] * ctx.world_size
-    dist.all_gather_object(labels, label)
-    return [float(t[0]) for t in every], [int(float(t[1])) for t in every], labels
+    groups: list = [None] * ctx.world_size
+    dist.all_gather_object(groups, group)
+    return [(float(t[0]), int(float(t[1])), tuple(g)) for t, g in zip(every, groups)]
 
 
 class Where:
@@ -176,22 +189,39 @@ class Where:
         self.level, self.group, self.size, self.rank, self.label, self.members = level, group, size, rank, label, members
 
 
+def _check(op: "_Op", ctx, config: dict, sync) -> int | None:
+    """The correctness run: fill, one collective, count wrong elements (None when not checked)."""
+    if not config.get("check", True):
+        return None
+    op.fill_for_check()
+    op.run()
+    sync()
+    if config.get("corrupt_rank") == ctx.rank:  # test hook: a flipped result must be counted
+        op.recv[0] = op.recv[0] + 1
+    return op.count_wrong()
+
+
 def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
-    """(time_us, wrong) on this rank, or (nan, 0) for a rank that sits the level out."""
+    """(time_us, wrong) on this rank, or (nan, 0) for a rank that sits the level out.
+
+    Every step that can fail on one rank (allocation, the check's temporaries) is followed by an
+    agreement over the whole job, so all ranks stop the sweep together instead of some waiting in
+    the next collective for a rank that left."""
     send_n, recv_n = spec.counts(size, n, elem)
     op, error = _allocate(torch, dist, ctx, spec.name, send_n, recv_n, dtype, where)
     if op is None:
         return None, error
-    if where.rank is None:
+    sits_out = where.rank is None or spec.name == "sendrecv" and n < 2  # sendrecv needs a peer
+    wrong, error = None, None
+    if not sits_out:
+        try:
+            wrong = _check(op, ctx, config, sync)
+        except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    if not _agree(torch, dist, ctx.device, error is None):
+        return None, error or "another rank failed its correctness check (out of memory?)"
+    if sits_out:
         return (float("nan"), 0), None
-    wrong = None
-    if config.get("check", True):
-        op.fill_for_check()
-        op.run()
-        sync()
-        if config.get("corrupt_rank") == ctx.rank:  # test hook: a flipped result must be counted
-            op.recv[0] = op.recv[0] + 1
-        wrong = op.count_wrong()
     return (_time_op(op, int(config["iters"]), int(config["warmup"]), sync), wrong), None
 
 
@@ -212,13 +242,15 @@ def run_size(torch, dist, ctx, spec, size: int, config: dict, sync, where: Where
         return [], f"stopped at {size} B: {error}"
     time_us, wrong = measured
     checked = wrong is not None or where.rank is None
-    every_time, every_wrong, every_label = _gather_all(torch, dist, ctx, time_us, wrong or 0, where.label)
+    every = _gather_all(torch, dist, ctx, time_us, wrong or 0, (where.label, size, n))
     rows = []
-    for label in sorted(set(every_label[r] for r in range(ctx.world_size) if every_time[r] == every_time[r])):
-        members = [r for r in range(ctx.world_size) if every_label[r] == label and every_time[r] == every_time[r]]
-        times = [every_time[r] for r in members]
-        rows.append(make_row(spec, size, n, config["dtype"], elem, combine(times, config["combine"]),
-                             sum(every_wrong[r] for r in members) if checked else None, tuple(times),
+    measured_ranks = [r for r in range(ctx.world_size) if every[r][0] == every[r][0]]  # not NaN
+    for label, g_size, g_n in sorted({every[r][2] for r in measured_ranks}):
+        members = [r for r in measured_ranks if every[r][2] == (label, g_size, g_n)]
+        times = [every[r][0] for r in members]
+        # each group's row from its own size and rank count: nodes may differ
+        rows.append(make_row(spec, g_size, g_n, config["dtype"], elem, combine(times, config["combine"]),
+                             sum(every[r][1] for r in members) if checked else None, tuple(times),
                              level=where.level, group=label, ranks=tuple(members)))
     return rows, None
 

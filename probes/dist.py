@@ -24,7 +24,12 @@ def rank_env_from_environ(backend: str) -> RankEnv:
     rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
     world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
     local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
-    device = f"cuda:{local}" if backend == "nccl" else "cpu"
+    device = "cpu"
+    if backend == "nccl":
+        import torch
+
+        # srun may give each task only its own GPU (CUDA_VISIBLE_DEVICES of one): index modulo.
+        device = f"cuda:{local % max(1, torch.cuda.device_count())}"
     return RankEnv(rank, world, local, backend, device)
 
 
@@ -35,7 +40,7 @@ def init(backend: str, timeout_s: float) -> RankEnv:
 
     info = rank_env_from_environ(backend)
     if backend == "nccl":
-        torch.cuda.set_device(info.local_rank)
+        torch.cuda.set_device(torch.device(info.device))
     if not dist.is_initialized():
         kwargs = {}
         if backend == "nccl":

@@ -116,3 +116,54 @@ def test_copies_are_skipped_with_a_reason_without_gpu():
     assert proc.returncode == 0, proc.stderr
     copies = json.loads(proc.stdout)["copies"]
     assert copies["status"] == "unsupported" and "CUDA GPU" in copies["detail"]
+
+
+def test_uneven_nodes_get_rows_from_their_own_group_sizes(tmp_path):
+    """Three ranks as a torchrun job over two "nodes" (2 + 1 ranks): per-level rows, right factors."""
+    from topoprof.launch import free_port
+
+    port = str(free_port())
+    procs = []
+    for rank, (node, local, local_world) in enumerate([(0, 0, 2), (0, 1, 2), (1, 0, 1)]):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": "3",
+               "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(node),
+               "GLOO_SOCKET_IFNAME": "lo"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "topoprof", "bench", "--backend", "gloo",
+                                       "--collectives", "all_reduce,all_gather,sendrecv", "-b", "1K", "-e", "4K",
+                                       "-n", "2", "-w", "1", "--json"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    assert not outs[1][0].strip() and not outs[2][0].strip()  # only rank 0 prints
+    doc = json.loads(outs[0][0])
+    rows = doc["rows"]
+    assert {(r["level"], tuple(r["ranks"])) for r in rows} == {("intra", (0, 1)), ("intra", (2,)), ("inter", (0, 2)),
+                                                              ("job", (0, 1, 2))}
+    for r in rows:
+        if r["collective"] == "all_reduce" and r["ranks"] == [2]:
+            assert r["busbw_gbps"] == 0.0  # one rank: nothing crosses a link
+        if r["collective"] == "all_gather" and r["level"] == "job":
+            assert r["size_bytes"] % 48 == 0  # 16-byte chunks x 3 ranks, not rank 0's 2-rank rounding
+    assert not any(r["collective"] == "sendrecv" and len(r["ranks"]) < 2 for r in rows)  # needs a peer
+    assert all(r["wrong"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_expected_values_are_the_same_in_chunks(name, monkeypatch):
+    import torch
+
+    import probes.collectives as pc
+    from topoprof.collectives import get_collective
+
+    spec, world = get_collective(name), 3
+    send_n, recv_n = spec.counts(3 * 4096, world, 4)
+    for rank in range(world):
+        op = pc._Op(torch, None, name, send_n, recv_n, torch.float32, "cpu", rank, world)
+        whole = op.expected(0, recv_n)
+        monkeypatch.setattr(pc, "CHECK_CHUNK", 1000)  # chunk edges inside rank chunks
+        parts = [op.expected(s, min(1000, recv_n - s)) for s in range(0, recv_n, 1000)]
+        monkeypatch.undo()
+        if whole is None:
+            assert name == "reduce" and rank != 0
+            continue
+        assert torch.equal(torch.cat(parts), whole)

@@ -56,3 +56,27 @@ def load_json(path: str) -> Any:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+
+
+def write_text(path: str, text: str, option: str) -> None:
+    """Write a result file; InputError naming the option and the path when it cannot be written."""
+    from topoprof.errors import InputError
+
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as err:
+        raise InputError(f"{option} {path}: cannot write: {err.strerror}") from None
+
+
+def check_writable(path: str | None, option: str) -> None:
+    """Refuse an output path whose folder does not exist before anything is measured."""
+    import os
+
+    from topoprof.errors import InputError
+
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"{option} {path}: folder {folder} does not exist")

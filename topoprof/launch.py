@@ -157,7 +157,8 @@ def _rank_env(spec: JobSpec, rank: int, port: int, job_file: str, result_fd: int
     return env
 
 
-def _start_ranks(spec: JobSpec, log_dir: str) -> list[_Rank]:
+def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
+    """Start every rank, appending each to `ranks` at once so a failure part-way kills those started."""
     port = free_port()
     job_file = os.path.join(log_dir, "job.json")
     with open(job_file, "w") as f:
@@ -165,7 +166,6 @@ def _start_ranks(spec: JobSpec, log_dir: str) -> list[_Rank]:
                    "config": spec.config}, f)
     # The package that holds probes/ must be importable by the ranks wherever the CLI runs from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ranks = []
     for rank in range(spec.nproc):
         read_fd, write_fd = os.pipe()
         env = _rank_env(spec, rank, port, job_file, write_fd)
@@ -180,7 +180,6 @@ def _start_ranks(spec: JobSpec, log_dir: str) -> list[_Rank]:
         os.close(write_fd)
         ranks.append(_Rank(rank, proc, os.fdopen(read_fd, "rb", buffering=0), log_path,
                            last_progress_t=time.monotonic()))
-    return ranks
 
 
 def _log_tail(path: str, lines: int = 5) -> str:
@@ -296,9 +295,10 @@ def launch_local(spec: JobSpec, on_message: OnMessage | None = None) -> RunResul
     os.makedirs(log_dir, exist_ok=True)
     start = time.monotonic()
     messages: list[tuple[int, dict]] = []
-    ranks = _start_ranks(spec, log_dir)
+    ranks: list[_Rank] = []
     failure = None
     try:
+        _start_ranks(spec, log_dir, ranks)
         failure = _watch(ranks, spec.timeout_s, spec.startup_timeout_s, on_message, messages)
     finally:
         _kill_all(ranks)

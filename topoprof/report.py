@@ -36,8 +36,9 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
 
     charts = {}
     bench = report.get("bench") or {}
-    if bench.get("rows"):
-        charts["busbw"] = plots.plot_busbw(bench["rows"], bench.get("fit") or {}, _nominal(report),
+    job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
+    if job_rows:
+        charts["busbw"] = plots.plot_busbw(job_rows, bench.get("fit") or {}, _nominal(report),
                                            os.path.join(out_dir, "busbw.png"),
                                            title=f"Bus bandwidth, {report['mode']['summary']}")
     topo = report.get("topology") or {}

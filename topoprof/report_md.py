@@ -76,15 +76,18 @@ def _bandwidth(report: dict) -> list[str]:
         out += [f"- likely cause: {c}" for c in v.get("causes", [])] + ([""] if v.get("causes") else [])
     by_coll: dict[str, list] = {}
     for row in bench.get("rows", []):
-        by_coll.setdefault(row["collective"], []).append(row)
+        if row.get("level", "job") == "job":  # the levels of a multi-node job are in "Cluster"
+            by_coll.setdefault(row["collective"], []).append(row)
     rows = []
     for coll, rs in by_coll.items():
         good = [r for r in rs if not r.get("wrong")]
         peak = max(good, key=lambda r: r["busbw_gbps"]) if good else None
         fit = (bench.get("fit") or {}).get(coll) or {}
+        bw = fit.get("bandwidth_gbps")
         rows.append([coll, len(rs), sum(1 for r in rs if r.get("wrong")),
                      f"{peak['busbw_gbps']:.3f} @ {peak['size_bytes']:,} B" if peak else "–",
-                     f"{fit.get('latency_us', 0):.1f} µs + S / {fit.get('bandwidth_gbps') or 0:.3f} GB/s" if fit else "–"])
+                     (f"{fit.get('latency_us', 0):.1f} µs + S / {bw:.3f} GB/s" if bw else
+                      f"{fit.get('latency_us', 0):.1f} µs (latency only)") if fit else "–"])
     if rows:
         out += _table(["collective", "sizes", "#wrong", "peak busbw GB/s", "fit t(S)"], rows) + [""]
     out += _chart(report, "busbw", "bus bandwidth vs message size")
@@ -169,10 +172,17 @@ def _cluster(report: dict) -> list[str]:
     for level, label in (("intra", "inside a node"), ("inter", "network (one rank per node)"), ("job", "whole job")):
         for group, e in (levels.get(level) or {}).items():
             fit = e["fit"]
+            bw = fit.get("bandwidth_gbps")
             rows.append([label, group, len(e["ranks"]), f"{e['peak_busbw_gbps']:.3f} @ {e['peak_size_bytes']:,} B",
-                         f"{fit['latency_us']:.0f} µs + S / {fit['bandwidth_gbps']:.3f} GB/s"])
+                         f"{fit['latency_us']:.0f} µs + S / {bw:.3f} GB/s" if bw else f"{fit['latency_us']:.0f} µs (latency only)"])
     if rows:
         out += ["All-reduce at each level:", ""] + _table(["level", "group", "ranks", "peak busbw GB/s", "fit"], rows) + [""]
+    check = cluster.get("composed_check")
+    if check:
+        out += [f"Cross-check: the per-node ring and the network measured alone, composed as NCCL's ring crosses "
+                f"them, give {check['composed_s'] * 1e3:.2f} ms for a {check['size_bytes']:,} B all-reduce; the whole "
+                f"job measured {check['measured_s'] * 1e3:.2f} ms ({check['error_pct']:+.0f}%). Predictions use the "
+                "whole job's own measurement.", ""]
     return out
 
 

@@ -78,6 +78,13 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
 
     start = time.monotonic()
     failure = None
+    log_dir = ""
+    if spec.env.get("NCCL_DEBUG") and "NCCL_DEBUG_FILE" not in os.environ:
+        # NCCL would print to stdout, into the command's own output (--json): give it a file.
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix="topoprof-nccl-")
+        os.environ["NCCL_DEBUG_FILE"] = os.path.join(log_dir, f"rank{job.rank}.log")
     os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
     try:
         env = dist.init(spec.backend, spec.timeout_s)
@@ -87,4 +94,4 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
                               str(err).splitlines()[0][:300] if str(err) else "")
     finally:
         dist.finish()
-    return RunResult(messages, failure, log_dir="", wall_s=time.monotonic() - start)
+    return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start)

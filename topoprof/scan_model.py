@@ -80,11 +80,12 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
 
     if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:
         return []
+    # The whole job's own measured all-reduce: it already crosses every level as this job does.
+    # (One rank per node measures only the NICs nearest that rank, so the composed levels are a
+    # cross-check in the report, not the prediction's input.)
     comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
     composed = composed_comm(levels or {}, world_size)
     nodes = composed.nodes if composed is not None else 1
-    if composed is not None:
-        comm = composed  # the levels, composed; the whole-job measurement checks it (report)
     sizes = [None] if opts.preset else ([opts.params] if opts.params else list(DEFAULT_MODELS))
     out = []
     for size in sizes:
@@ -100,6 +101,18 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
             _no_dp_without_gpus(payload)
         out.append({"label": label, "compute_source": compute_source, **payload})
     return out
+
+
+def composed_check(levels: dict, world_size: int, rows) -> dict | None:
+    """The composed levels' all-reduce time at the largest measured size vs the whole job's."""
+    composed = composed_comm(levels, world_size)
+    job = [r for r in rows if r.level == "job" and r.collective == "all_reduce" and not r.wrong]
+    if composed is None or not job:
+        return None
+    big = max(job, key=lambda r: r.size_bytes)
+    predicted = composed.allreduce_s(big.size_bytes)
+    return {"size_bytes": big.size_bytes, "measured_s": big.time_us * 1e-6, "composed_s": predicted,
+            "error_pct": 100.0 * (predicted - big.time_us * 1e-6) / (big.time_us * 1e-6)}
 
 
 def _no_dp_without_gpus(payload: dict) -> None:

@@ -27,17 +27,19 @@ def slow_ranks(rows: Sequence, threshold: float = 0.10, min_share: float = 0.75,
 
     Small sizes are skipped (their times are dominated by launch jitter).
     """
-    by_coll: dict[str, list] = {}
+    by_coll: dict[tuple, list] = {}
     for row in rows:
         times = getattr(row, "rank_times_us", ())
         if len(times) >= 2 and row.size_bytes >= min_size_bytes:
-            by_coll.setdefault(row.collective, []).append(times)
+            key = (row.collective, getattr(row, "level", "job"), getattr(row, "group", ""))
+            ranks = tuple(getattr(row, "ranks", ()) or range(len(times)))
+            by_coll.setdefault(key, []).append(dict(zip(ranks, times)))
     flagged = []
-    for coll, series in by_coll.items():
-        nranks = min(len(t) for t in series)
-        for rank in range(nranks):
-            excess = [t[rank] / median(t) - 1.0 for t in series if median(t) > 0]
+    for (coll, level, group), series in by_coll.items():
+        for rank in sorted(set.intersection(*(set(t) for t in series))):
+            excess = [t[rank] / median(t.values()) - 1.0 for t in series if median(t.values()) > 0]
             slower = sum(1 for e in excess if e > threshold)
             if excess and slower >= min_share * len(excess):
-                flagged.append(SlowRank(rank, coll, slower, len(excess), 100.0 * median(excess)))
+                label = coll if level == "job" else f"{coll} ({level} {group})".replace(" )", ")")
+                flagged.append(SlowRank(rank, label, slower, len(excess), 100.0 * median(excess)))
     return flagged

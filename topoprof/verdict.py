@@ -29,7 +29,8 @@ class Verdict:
 
 
 def _peak(rows: list[dict], collective: str = "all_reduce") -> dict | None:
-    good = [r for r in rows if r["collective"] == collective and not r.get("wrong")]
+    good = [r for r in rows if r["collective"] == collective and not r.get("wrong")
+            and r.get("level", "job") == "job"]
     return max(good, key=lambda r: r["busbw_gbps"]) if good else None
 
 
@@ -57,11 +58,14 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
     if peak is None:
         return Verdict("all-reduce", None, None, None, None, "unknown", None, "no correct all-reduce rows measured")
     measured, size = peak["busbw_gbps"], peak["size_bytes"]
-    if ring is None or backend.startswith("gloo"):
-        level = f"{world} CPU rank(s), gloo over {'loopback' if backend.startswith('gloo') else 'the network'}"
-        return Verdict(level, measured, size, None, None, "unknown", None,
+    if backend.startswith("gloo"):
+        return Verdict(f"{world} CPU rank(s), gloo", measured, size, None, None, "unknown", None,
                        f"peak busbw {measured:.3f} GB/s at {size} B; there is no nominal figure for "
                        "CPU ranks (host memory copies and TCP), so nothing to compare with")
+    if ring is None:
+        return Verdict(f"{world} rank(s), {backend}", measured, size, None, None, "unknown", None,
+                       f"peak busbw {measured:.3f} GB/s at {size} B; no nominal ring to compare with "
+                       "(fewer than 2 GPUs of this node in the job, or no topology)")
     lo, hi = ring["bottleneck_gbps"]
     level = f"intra-node ring {'-'.join(map(str, ring['ring']))} ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
     causes = tuple(likely_causes(topology, bench))

@@ -180,6 +180,9 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
     Same method and columns as nccl-tests' *_perf binaries, on local ranks or as ranks of an
     enclosing torchrun / SLURM job.
     """
+    from topoprof.jsonio import check_writable
+
+    check_writable(out_path, "--out")
     if from_log:
         from topoprof.bench import result_from_nccl_tests
 
@@ -192,11 +195,11 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
         result = _run_live(kwargs, collectives, (min_bytes, max_bytes, factor), as_json)
     from topoprof.launch import is_reporting_rank
 
-    copy_report = _copies(copies)
-    if not is_reporting_rank():  # rank 0 of the job prints and writes
+    if not is_reporting_rank():  # rank 0 of the job prints, writes and measures the copies alone
         if result.status != "ok":
             raise RunFailed(f"{result.error}")
         return
+    copy_report = _copies(copies)
     _emit(result, copy_report, as_json, out_path)
     if result.status != "ok":
         raise RunFailed(f"{result.error}; {len(result.rows)} row(s) measured before the failure were kept")
@@ -208,12 +211,11 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
 
 
 def _emit(result, copy_report, as_json: bool, out_path: str | None) -> None:
-    from topoprof.jsonio import dumps, envelope
+    from topoprof.jsonio import dumps, envelope, write_text
 
     doc = envelope("bench", bench_payload(result, copy_report))
     if out_path:
-        with open(out_path, "w") as f:
-            f.write(dumps(doc) + "\n")
+        write_text(out_path, dumps(doc) + "\n", "--out")
     if as_json:
         click.echo(dumps(doc))
         return

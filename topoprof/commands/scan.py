@@ -19,14 +19,31 @@ def _banner(opts, topology) -> tuple[str, str]:
     return (f"{opts.backend}, {opts.nproc} rank(s)", f"{opts.note}.")
 
 
-def _ring(topology) -> dict | None:
+def used_gpus(topology, nproc: int, backend: str) -> list[int]:
+    """The node's GPUs the local ranks ran on: CUDA_VISIBLE_DEVICES (indices) or the first nproc."""
+    if backend != "nccl":
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    known = [g.index for g in topology.gpus]
+    if visible:
+        try:
+            chosen = [int(v) for v in visible.split(",") if v.strip()]
+        except ValueError:  # UUIDs or MIG names: the mapping to indices is not known here
+            return []
+    else:
+        chosen = known
+    return [g for g in chosen if g in known][:nproc]
+
+
+def _ring(topology, gpus: list[int]) -> dict | None:
+    from topoprof.errors import TopoprofError
     from topoprof.links import comm_from_topology
 
-    if len(topology.gpus) < 2:
+    if len(gpus) < 2:
         return None
     try:
-        return comm_from_topology(topology)[1]
-    except Exception:  # a topology without usable pair data has no nominal ring
+        return comm_from_topology(topology, gpus)[1]
+    except TopoprofError:  # a topology without usable pair data has no nominal ring
         return None
 
 
@@ -77,6 +94,8 @@ def run(opts, stages, out_dir: str) -> dict:
 
     job = external_job()
     if job is not None and job.rank != 0:
+        if bench.status != "ok":
+            raise RunFailed(f"{bench.error}")
         return None  # rank 0 writes the one report of the job
     copies = None
     if opts.backend == "nccl":
@@ -97,10 +116,10 @@ def run(opts, stages, out_dir: str) -> dict:
         "status": "ok" if bench.status == "ok" else "error", "error": bench.error,
         "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
         "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(), "environment": environment(),
-        "topology": topology, "ring": _ring(topology), "bench": bench_payload(bench), "copies": copies,
+        "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
         "validation": validation_payload(vres, vopts, opts),
-        "cluster": cluster_payload(node_ranks, levels),
+        "cluster": cluster_payload(node_ranks, levels, bench.rows, opts.nproc),
     })
     report = to_jsonable(report)
     report["verdict"] = to_jsonable(judge(report["bench"], report["topology"], report["ring"]))
@@ -136,13 +155,15 @@ def level_fits(rows) -> dict:
     return out if set(out) - {"job"} else {}
 
 
-def cluster_payload(node_ranks: list, levels: dict) -> dict | None:
+def cluster_payload(node_ranks: list, levels: dict, rows, world_size: int) -> dict | None:
     if not node_ranks:
         return None
     from topoprof.cluster import nodes_from_ranks, summarize
+    from topoprof.scan_model import composed_check
 
     nodes = nodes_from_ranks(node_ranks)
-    return {"summary": summarize(nodes), "nodes": nodes, "levels": levels}
+    return {"summary": summarize(nodes), "nodes": nodes, "levels": levels,
+            "composed_check": composed_check(levels, world_size, rows)}
 
 
 def validation_payload(vres, vopts, opts) -> dict:
@@ -187,6 +208,8 @@ def scan(backend, nproc, params, preset, micro_batch_time, tokens, micro_batch_s
     out_dir = out_dir or default_out_dir()
     stages = Stages(show=sys.stderr.isatty())
     report = run(opts, stages, out_dir)
+    if report is None:  # a non-zero rank of a torchrun/SLURM job: rank 0 reports
+        return
     _print_summary(report, out_dir)
     if report["status"] != "ok":
         raise RunFailed(f"{report['error']}; the report in {out_dir} keeps what was measured before")

@@ -74,10 +74,11 @@ def render_validate(payload: dict) -> str:
 def _save_calibration(path: str, payload: dict) -> None:
     from topoprof.gpu_specs import CALIBRATION_KEYS
 
+    from topoprof.jsonio import write_text
+
     cal = payload.get("calibration") or {}
-    with open(path, "w") as f:
-        json.dump({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},
-                   "measured_on": payload["setup"]}, f, indent=2, default=str)
+    write_text(path, json.dumps({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},
+                                 "measured_on": payload["setup"]}, indent=2, default=str), "--save-calibration")
 
 
 @click.command()
@@ -103,10 +104,14 @@ def _save_calibration(path: str, payload: dict) -> None:
 def validate(backend, nproc, params, preset, scale, seq_len, micro_batch, accum, steps, warmup_steps, modes,
              threads, numerics, timeout_s, save_calibration, as_json, out_path):
     """Run short real training loops for each strategy and compare with the model's prediction."""
-    from topoprof.jsonio import dumps, envelope
+    from topoprof.jsonio import dumps, envelope, write_text
     from topoprof.runner import default_backend_and_nproc
     from topoprof.validate import ValidateOptions, cpu_threads_per_rank, run_validate
 
+    from topoprof.jsonio import check_writable
+
+    check_writable(out_path, "--out")
+    check_writable(save_calibration, "--save-calibration")
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
     spec, label = _spec(params, preset, scale, seq_len)
     if threads is None and backend == "gloo":
@@ -130,8 +135,7 @@ def validate(backend, nproc, params, preset, scale, seq_len, micro_batch, accum,
     payload = validate_payload(result, opts)
     doc = envelope("validate", payload)
     if out_path:
-        with open(out_path, "w") as f:
-            f.write(dumps(doc) + "\n")
+        write_text(out_path, dumps(doc) + "\n", "--out")
     if save_calibration and result.calibration:
         _save_calibration(save_calibration, payload)
     click.echo(dumps(doc) if as_json else render_validate(payload))
