@@ -136,11 +136,11 @@ def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = No
     if run.failure is not None:
         result.status, result.error = "error", run.failure.describe()
     if opts.backend == "nccl" and run.log_dir:
-        _read_nccl_logs(result, run.log_dir)
+        read_nccl_logs(result, run.log_dir)
     return result
 
 
-def _read_nccl_logs(result: BenchResult, log_dir: str) -> None:
+def read_nccl_logs(result: BenchResult, log_dir: str) -> None:
     from topoprof.nccl_log import explain, parse_nccl_info
     from topoprof.jsonio import to_jsonable
 

@@ -27,9 +27,6 @@ NVLINK_GBPS_BY_SM: dict[tuple[int, int | None], float] = {
     (10, None): 40.1,  # SM100_NVLINK_BW (B200, GB200)
 }
 
-# Datasheet peak per NVLink per direction, shown beside NCCL's figure for reference.
-NVLINK_DATASHEET_GBPS = 25.0  # V100/A100/H100 datasheets: 50 GB/s bidirectional per link
-
 # NCCL topo.cc: per-lane rate index for PCIe generation n, bandwidth = width * rate / 80.
 PCIE_LANE_RATE_BY_GEN: dict[int, float] = {1: 15.0, 2: 30.0, 3: 60.0, 4: 120.0, 5: 240.0, 6: 480.0}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 from topoprof import constants
-from topoprof.comm import FitComm, HierarchicalComm, RingComm
+from topoprof.comm import HierarchicalComm, RingComm
 from topoprof.errors import InputError
 
 # Exhaustive search over rings is (n-1)!/2 cycles: fine up to 9 GPUs (20160), greedy beyond.
@@ -87,10 +87,6 @@ def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
     if world < 2:
         raise InputError(f"{path}: the bench ran on {world} rank(s); a fit needs at least 2")
     return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", [])}
-
-
-def comm_from_fit(latency_us: float, algbw_gbps: float, world_size: int, source: str) -> FitComm:
-    return FitComm(latency_us=latency_us, algbw_gbps=algbw_gbps, world_size=world_size, source=source)
 
 
 def comm_explicit(bandwidth_gbps: float, latency_us: float, world_size: int) -> RingComm:

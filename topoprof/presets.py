@@ -141,7 +141,6 @@ class LayoutBuilder:
         return Layout(name, tuple(self.tensors), tuple(self.uses), source)
 
 
-_Builder = LayoutBuilder  # the name topoprof.synthetic imports
 
 
 def gpt2_layout(n_layer: int = 12, n_embd: int = 768, n_positions: int = 1024,

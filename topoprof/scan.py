@@ -152,9 +152,9 @@ def run_ranks(opts: ScanOptions, stages: Stages):
         bench.status = vres.status = "error"
         bench.error = vres.error = run.failure.describe()
     if opts.backend == "nccl" and run.log_dir:
-        from topoprof.bench import _read_nccl_logs
+        from topoprof.bench import read_nccl_logs
 
-        _read_nccl_logs(bench, run.log_dir)
+        read_nccl_logs(bench, run.log_dir)
     if vopts is not None:
         predict(vopts, vres)
     return bench, vres, vopts, nodes

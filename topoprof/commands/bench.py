@@ -97,7 +97,7 @@ def _print_imported(result) -> None:
         click.echo(format_row(row))
 
 
-def _copies(enabled: bool) -> dict | None:
+def copies_payload(enabled: bool) -> dict | None:
     if not enabled:
         return None
     from probes.copies import measure_copies
@@ -199,7 +199,7 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
         if result.status != "ok":
             raise RunFailed(f"{result.error}")
         return
-    copy_report = _copies(copies)
+    copy_report = copies_payload(copies)
     _emit(result, copy_report, as_json, out_path)
     if result.status != "ok":
         raise RunFailed(f"{result.error}; {len(result.rows)} row(s) measured before the failure were kept")

@@ -100,9 +100,9 @@ def run(opts, stages, out_dir: str) -> dict:
     copies = None
     if opts.backend == "nccl":
         stages.begin("copies")
-        from topoprof.commands.bench import _copies
+        from topoprof.commands.bench import copies_payload
 
-        copies = _copies(True)
+        copies = copies_payload(True)
         stages.end()
     stages.begin("model")
     job_rows = [r for r in bench.rows if r.level == "job"]
