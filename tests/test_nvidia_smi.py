@@ -1,6 +1,7 @@
 """Tests for probes.nvidia_smi against real `nvidia-smi topo -m` outputs in tests/fixtures/topo."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -19,6 +20,7 @@ from probes.nvidia_smi import (
     read_topo_file,
     run_topo_matrix,
 )
+from tests.helpers.terminal import terminal_copy
 from topoprof.errors import InputError, NothingMeasured, ParseError, TopoprofError
 
 TOPO_DIR = Path(__file__).parent / "fixtures" / "topo"
@@ -240,6 +242,75 @@ def test_26_no_numa_column():
     assert topo.gpus[1].cpu_affinity_text == "16-31,48-63"
 
 
+def test_28_h100_raw_driver_bytes_with_ansi_underline():
+    # The bytes driver 580 wrote to a file: ESC[4m ... ESC[0m around the header, one GPU.
+    text = load_fixture("28_h100-1x-vm-driver580-ansi-raw.txt")[0]
+    assert "\x1b[4m" in text
+    topo = parse_topo_matrix(text, "28")
+    assert [g.label for g in topo.gpus] == ["GPU0"] and topo.nics == ()
+    assert topo.matrix == ((p("X"),),)
+    gpu = topo.gpus[0]
+    assert (gpu.cpu_affinity, gpu.numa_affinity, gpu.gpu_numa_id) == (tuple(range(16)), (0,), None)
+    assert topo.notes == ()
+
+
+@pytest.mark.parametrize("name", ["30_h100-sxm-8x-nv18-6nic-wrapped80-tmux.txt",
+                                  "31_h100-sxm-8x-nv18-6nic-joined80-tmux.txt"])
+def test_30_31_terminal_copies_read_as_the_original(name):
+    original = parse_fixture("18_h100-sxm-8x-nv18-6nic-blank-cpu-affinity.txt")
+    copied = parse_fixture(name)
+    assert (copied.matrix, copied.gpus, copied.nics) == (original.matrix, original.gpus, original.nics)
+
+
+def test_30_says_the_table_was_rejoined():
+    topo = parse_fixture("30_h100-sxm-8x-nv18-6nic-wrapped80-tmux.txt")
+    assert topo.notes == ("30_h100-sxm-8x-nv18-6nic-wrapped80-tmux.txt:1: the table was wrapped at 80 columns"
+                          " (a terminal copy); its lines were joined back",)
+
+
+def test_32_escapes_inside_cells():
+    colored = parse_fixture("32_v100-sxm2-8x-ansi-in-cells-grep-color.txt")
+    plain = parse_fixture("03_v100-sxm2-8x-nv1nv2-nic0-gpunumaid.txt")
+    assert (colored.matrix, colored.gpus, colored.nics, colored.notes) == (plain.matrix, plain.gpus, plain.nics, ())
+
+
+def test_33_affinity_variants_row_by_row():
+    name = "33_rtx4090-8x-affinity-variants-edited.txt"
+    topo = parse_fixture(name)
+    low, high = tuple(range(56)) + tuple(range(112, 168)), tuple(range(56, 112)) + tuple(range(168, 224))
+    got = [(g.cpu_affinity, g.numa_affinity, g.gpu_numa_id) for g in topo.gpus]
+    assert got == [
+        (low, (0,), None),      # an empty field before NUMA Affinity as well as before GPU NUMA ID
+        (None, None, None),     # N/A everywhere
+        (low, (0,), None),      # one tab stop late
+        (None, None, None),     # one field too many: unknown, with a note
+        (None, (1,), None),     # a cut CPU list: that field unknown, with a note
+        (high, None, None),     # N/A under NUMA Affinity only
+        (high, (1,), None),
+        (high, (1,), None),
+    ]
+    assert all(topo.gpu_path(a, b) == p("SYS") for a in range(8) for b in range(8) if a != b)
+    assert [n.split(": ", 1)[0] for n in topo.notes] == [f"{name}:5", f"{name}:6"]  # lines of the output
+    assert "row GPU3: the fields after the path cells ('0-55,112-167', '0', 'N/A', '0') do not fit" in topo.notes[0]
+    assert "row GPU4: cannot read CPU Affinity '56-111,168-'" in topo.notes[1]
+
+
+def test_doubled_empty_fields_of_a_single_tesla_p4():
+    # The field pattern a single Tesla P4 printed (Project-HAMi/HAMi PR #99).
+    topo = parse_topo_matrix("\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-7\t\tN/A\t\tN/A\n")
+    gpu = topo.gpus[0]
+    assert (gpu.cpu_affinity, gpu.numa_affinity, gpu.gpu_numa_id, topo.notes) == (tuple(range(8)), None, None, ())
+
+
+def test_an_extra_field_on_one_row_only():
+    text = load_fixture("22_rtx2080ti-2x-pix-autodl.txt")[0].split("\n")
+    row = next(i for i, line in enumerate(text) if line.lstrip().startswith("GPU1"))
+    text[row] += "        7"
+    topo = parse_topo_matrix("\n".join(text), "t.txt")
+    assert topo.gpu_path(0, 1) == p("PIX") and topo.gpus[0] == parse_fixture("22_rtx2080ti-2x-pix-autodl.txt").gpus[0]
+    assert topo.gpus[1].numa_affinity is None and "row GPU1" in topo.notes[0]
+
+
 def test_lookup_of_missing_devices():
     topo = parse_fixture("24_rtx5090-2x-phb-threadripper.txt")
     with pytest.raises(IndexError):
@@ -266,7 +337,20 @@ VARIANTS = {
     "tabs-expanded": lambda t: "\n".join(line.expandtabs(8) for line in t.split("\n")),
     "expanded-indented": lambda t: _indent("\n".join(line.expandtabs(8) for line in t.split("\n"))),
     "trailing-blanks": lambda t: "\n".join(line + "  " for line in t.split("\n")),
+    # Colour and underline escapes around every word and at line ends, as a colouring pager or
+    # a terminal log keeps them; they take no column on a terminal.
+    "ansi-everywhere": lambda t: "\n".join(re.sub(r"(\S+)", "\x1b[1;32m\\1\x1b[0m", line) + "\x1b[K"
+                                           for line in t.split("\n")),
 }
+
+
+def without_notes(topo: SmiTopology) -> SmiTopology:
+    return dataclasses.replace(topo, notes=())
+
+
+def note_texts(topo: SmiTopology) -> list[str]:
+    """The notes without their FILE:LINE, which move when a paste adds lines."""
+    return [re.sub(r"^[^:]*:\d+: ", "", note) for note in topo.notes]
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -274,7 +358,41 @@ VARIANTS = {
 def test_pasted_variants_parse_identically(name, variant):
     text = load_fixture(name)[0]
     original = parse_topo_matrix(text, name)
-    assert parse_topo_matrix(VARIANTS[variant](text), name) == original
+    pasted = parse_topo_matrix(VARIANTS[variant](text), name)
+    assert without_notes(pasted) == without_notes(original)
+    assert note_texts(pasted) == note_texts(original)
+
+
+TERMINALS = {"80": (80, False), "80-joined": (80, True), "120": (120, False), "120-joined": (120, True)}
+
+
+@pytest.mark.parametrize("terminal", sorted(TERMINALS))
+@pytest.mark.parametrize("name", FIXTURES)
+def test_terminal_copies_keep_the_matrix_and_never_invent_affinity(name, terminal):
+    # A copy from a terminal narrower than the table, hard-wrapped or joined back (tmux's rules,
+    # checked against the real captures 30 and 31). The path matrix must come out the same; an
+    # affinity field the wrap made ambiguous may become unknown, with a note, never wrong.
+    text = load_fixture(name)[0].replace("\x1b", "")  # a terminal shows escapes, it does not print them
+    original = parse_topo_matrix(load_fixture(name)[0], name)
+    width, join = TERMINALS[terminal]
+    copied = parse_topo_matrix(terminal_copy(re.sub(r"\[[0-9;]*[mK]", "", text), width, join), name)
+    assert copied.matrix == original.matrix and copied.nics == original.nics
+    for before, after in zip(original.gpus, copied.gpus):
+        if after != before:
+            assert (after.cpu_affinity, after.numa_affinity, after.gpu_numa_id) == (None, None, None), after
+            assert any(f"row {after.label}:" in note for note in copied.notes), copied.notes
+
+
+def test_terminal_emulation_reproduces_real_tmux_captures():
+    source = load_fixture("18_h100-sxm-8x-nv18-6nic-blank-cpu-affinity.txt")[0]
+    hard = load_fixture("30_h100-sxm-8x-nv18-6nic-wrapped80-tmux.txt")[0]
+    joined = load_fixture("31_h100-sxm-8x-nv18-6nic-joined80-tmux.txt")[0]
+
+    def lines(text):
+        return [line.rstrip() for line in text.rstrip("\n").split("\n")]
+
+    assert lines(terminal_copy(source, 80)) == lines(hard)
+    assert lines(terminal_copy(source, 80, join=True)) == lines(joined)
 
 
 def test_p2p_table_before_the_real_one_is_skipped():
@@ -403,23 +521,33 @@ def test_line_numbers_count_the_preamble_in_the_user_file(tmp_path):
     ("\tGPU0\tmlx5_0\tGPU1\n", 1, "column GPU1 comes after NIC columns"),
     ("\tGPU0\tGPU1\tCPU Affinity\tFoo\n", 1, "unexpected column heading 'Foo'"),
     ("\tGPU0\tGPU1\nGPU1\tPIX\t X \nGPU0\t X \tPIX\n", 2, "expected the row for GPU0, found 'GPU1'"),
-    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3,9-x\n", 2, "row GPU0: cannot read affinity: '9-x'"),
-    ("\tGPU0\tCPU Affinity\nGPU0\t X \t5-2\n", 2, "'5-2' is not a plausible range"),
-    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-999999\n", 2, "'0-999999' is not a plausible range"),
-    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3\t4-7\n", 2, "do not fit the header columns (CPU Affinity)"),
-    ("\tGPU0\tGPU NUMA ID\nGPU0\t X \t0-1\n", 2, "'0-1' is not one NUMA node"),
 ])
 def test_malformed_tables(text, line, message):
     err = _error(text)
     assert err.line == line and message in err.detail
 
 
-def test_wrapped_capture_is_refused():
-    # A terminal 80 columns wide hard-wraps the long rows of a 20-column table.
+@pytest.mark.parametrize("text, message", [
+    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3,9-x\n", "row GPU0: cannot read CPU Affinity '0-3,9-x' ('9-x' is not a number or a range)"),
+    ("\tGPU0\tCPU Affinity\nGPU0\t X \t5-2\n", "'5-2' is not a plausible range"),
+    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-999999\n", "'0-999999' is not a plausible range"),
+    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3\t4-7\n", "do not fit the header columns (CPU Affinity)"),
+    ("\tGPU0\tGPU NUMA ID\nGPU0\t X \t0-1\n", "'0-1' is not one NUMA node"),
+])
+def test_unreadable_affinity_is_unknown_with_a_note(text, message):
+    # The path matrix is what matters: an affinity field that cannot be read does not refuse the file.
+    topo = parse_topo_matrix(text, "topo.txt")
+    assert topo.gpu_path(0, 0) == p("X")
+    gpu = topo.gpus[0]
+    assert (gpu.cpu_affinity, gpu.numa_affinity, gpu.gpu_numa_id) == (None, None, None)
+    assert len(topo.notes) == 1 and topo.notes[0].startswith("topo.txt:2: ") and message in topo.notes[0]
+
+
+def test_text_folded_at_80_characters_reads_the_same():
+    # `fold -w 80` (or an editor's hard wrap) cuts the tab-expanded text every 80 characters.
     text = load_fixture("07_dgx-a100-8x-nv12-12mlx5-rawnames.txt")[0].expandtabs(8)
-    wrapped = "\n".join(line[i:i + 80] for line in text.split("\n") for i in range(0, max(len(line), 1), 80))
-    err = _error(wrapped)
-    assert err.line is not None
+    folded = "\n".join(line[i:i + 80] for line in text.split("\n") for i in range(0, max(len(line), 1), 80))
+    assert without_notes(parse_topo_matrix(folded)) == without_notes(parse_topo_matrix(text))
 
 
 def test_read_topo_file_errors(tmp_path):
@@ -456,18 +584,20 @@ def _check_outcome(text: str) -> None:
     assert size > 0 and len(topo.matrix) == size
     assert all(len(row) == size for row in topo.matrix)
     assert all(topo.matrix[i][i].kind == "X" for i in range(size))
+    assert all(note.startswith("fuzz.txt:") for note in topo.notes)
 
 
 FIXTURE_TEXTS = [load_fixture(name)[0] for name in FIXTURES]
 TOKENS = ["X", " X ", "NV12", "NVX", "SOC", "SYS", "PIX", "N/A", "GPU0", "GPU1", "NIC0", "mlx5_0",
-          "0-23,48-71", "CPU Affinity", "\t", "\t\t", "  ", "", "NIC0: mlx5_3", "```", "99999999-0"]
+          "0-23,48-71", "CPU Affinity", "\t", "\t\t", "  ", "", "NIC0: mlx5_3", "```", "99999999-0",
+          "\x1b[4m", "\x1b[0m", "\x1b[01;31m\x1b[K", "\x1b]0;title\x07", "\x1b", "GPU NUMA ID"]
 
 
 @st.composite
 def mutated_fixture(draw):
     lines = draw(st.sampled_from(FIXTURE_TEXTS)).split("\n")
     for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["delete", "duplicate", "swap", "cut", "insert", "token"]))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "cut", "insert", "token", "shift", "wrap"]))
         i = draw(st.integers(0, len(lines) - 1))
         line = lines[i]
         if op == "delete" and len(lines) > 1:
@@ -488,11 +618,16 @@ def mutated_fixture(draw):
             k = draw(st.integers(0, len(words) - 1))
             words[k] = draw(st.sampled_from(TOKENS))
             lines[i] = "".join(words)
+        elif op == "shift" and "\t" in line:  # affinity (or path) columns one tab stop off
+            k = draw(st.sampled_from([m.start() for m in re.finditer("\t", line)]))
+            lines[i] = line[:k] + draw(st.sampled_from(["\t", ""])) + line[k:]
+        elif op == "wrap":  # the whole copy through a terminal of some width, hard or joined
+            return terminal_copy("\n".join(lines), draw(st.integers(20, 140)), draw(st.booleans()))
     return "\n".join(lines)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(alphabet=st.sampled_from(list("GPUNICX0123456789 \t\n\r-,/:ANVSYSOCmlx_")) | st.characters(),
+@given(st.text(alphabet=st.sampled_from(list("GPUNICX0123456789 \t\n\r-,/:ANVSYSOCmlx_\x1b[")) | st.characters(),
                max_size=300))
 def test_random_text_parses_or_is_refused(text):
     _check_outcome(text)
