@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from topoprof.buckets import simulate_overlap
-from topoprof.comm import FitComm, HierarchicalComm, RingComm
-from topoprof.costmodel import (STRATEGIES, Cluster, ModelInputs, StrategyResult, Unavailable,
-                                Workload, fixed_global_batch, hide_threshold, predict, resolve,
-                                sweep)
+from topoprof.comm import FitComm, HierarchicalComm, LinkUnknown, RingComm, SingleGpuComm
+from topoprof.costmodel import (ONE_GPU_REASON, STRATEGIES, Cluster, ModelInputs, StrategyResult,
+                                Unavailable, Workload, fixed_global_batch, hide_threshold, predict,
+                                resolve, sweep)
 from topoprof.errors import InputError
 from topoprof.gpu_specs import Compute, lookup_gpu, normalize_gpu_name
 from topoprof.presets import Layout, TensorSpec, Use
@@ -288,6 +288,66 @@ def test_sweep_and_fixed_global_batch():
     assert times == sorted(times)
 
 
+# ---- one GPU and one GPU per node --------------------------------------------------------------
+
+
+def test_one_gpu_predicts_single_and_says_why_not_ddp():
+    inputs = ModelInputs(Workload(HAND, micro_batch_size=3, bucket_cap_mb=1),
+                         Compute(micro_batch_time_s=0.003, optimizer_time_s=0.001),
+                         Cluster(SingleGpuComm(), 1, 1), 4)
+    p = predict(inputs)
+    single = p.strategies["single"]
+    assert single.step_time_s == pytest.approx(4 * 0.003 + 0.001)  # k*c + T_opt
+    assert single.speedup_vs_ddp_synced is None and single.samples_per_step == 12
+    assert all(p.strategies[n] == Unavailable(ONE_GPU_REASON) for n in STRATEGIES if n != "single")
+    assert "ddp_exposed_s" not in p.per_micro_batch and "dp_comm_s" not in p.per_micro_batch
+    assert not any("memory bandwidth" in w for w in p.warnings)  # no DDP copies to cost
+    assert hide_threshold(inputs) == Unavailable(ONE_GPU_REASON)
+    points = sweep(inputs, accumulation_steps=[1, 2])
+    assert [pt.strategies["single"].step_time_s for pt in points] == pytest.approx([0.004, 0.007])
+    (only,) = fixed_global_batch(inputs, 12, [(1, 1)])
+    assert (only.strategy, only.accumulation_steps) == ("single", 4)
+    json.dumps(dataclasses.asdict(p), allow_nan=False)
+    # a shape with more GPUs needs a link the input never described: skipped, not invented
+    (two,) = fixed_global_batch(inputs, 12, [(1, 2)])
+    assert two.step_time_s is None and "no link is known" in two.reason
+    with pytest.raises(LinkUnknown):
+        SingleGpuComm().bus_bandwidth_gbps
+
+
+def test_one_gpu_per_node_all_reduce_is_the_network():
+    # 4 nodes x 1 GPU, NICs 12 GB/s, 14 us per hop: every one of the 2(n-1) = 6 steps is a
+    # network hop; 2*3/4 * 1.2e9 / 12e9 = 0.15 s
+    inter = RingComm(12.0, 14.0, 4)
+    comm = HierarchicalComm(None, inter, 4, 1)
+    assert comm.bus_bandwidth_gbps == 12.0
+    assert comm.allreduce_s(1.2e9) == pytest.approx(6 * 14e-6 + 0.15)
+    assert comm.allreduce_s(1.2e9) == pytest.approx(RingComm(12.0, 14.0, 4).allreduce_s(1.2e9))
+    # an intra ring given anyway has no edge to run on: ignored, not min()-ed in
+    slow_intra = HierarchicalComm(RingComm(1.0, 100.0, 1, (0.5, 2.0)), inter, 4, 1)
+    assert slow_intra.allreduce_s(1.2e9) == comm.allreduce_s(1.2e9) and slow_intra.bounds() is None
+    described = comm.describe()
+    assert described["intra"] is None and described["bus_bandwidth_gbps"] == 12.0
+    json.dumps(described, allow_nan=False)
+    assert comm.at_shape(2, 1).allreduce_s(1e9) == pytest.approx(RingComm(12.0, 14.0, 2).allreduce_s(1e9))
+    assert isinstance(comm.at_shape(1, 1), SingleGpuComm)
+    with pytest.raises(LinkUnknown, match="no intra-node link is known"):
+        comm.at_shape(4, 2)
+    inputs = ModelInputs(Workload(HAND, bucket_cap_mb=1), Compute(micro_batch_time_s=0.003),
+                         Cluster(comm, 4, 1), 2)
+    points = sweep(inputs, accumulation_steps=[1], shapes=[(4, 1), (4, 2)])
+    assert isinstance(points[0].strategies["ddp_synced"], StrategyResult)
+    assert "no intra-node link" in points[1].strategies["ddp_synced"].reason
+
+
+def test_optimizer_time_zero_gives_k_times_c_plus_e():
+    p = predict(_hand_inputs(optimizer_time_s=0.0))
+    e = p.per_micro_batch["ddp_exposed_s"]
+    assert p.strategies["single"].step_time_s == pytest.approx(4 * 0.003)
+    assert p.strategies["ddp_no_sync"].step_time_s == pytest.approx(4 * 0.003 + e)
+    assert p.inputs["optimizer_time_s"].value == 0.0
+
+
 # ---- input errors -----------------------------------------------------------------------------
 
 
@@ -300,7 +360,7 @@ def test_sweep_and_fixed_global_batch():
                      nodes=1, gpus_per_node=8), "comm model nodes(2) != nodes(1)"),
     (lambda: _hand_inputs(k=0), "accumulation_steps must be an integer >= 1, got 0"),
     (lambda: Compute(micro_batch_time_s=-0.1), "micro_batch_time_s must be > 0, got -0.1"),
-    (lambda: Compute(optimizer_time_s=0), "optimizer_time_s must be > 0, got 0"),
+    (lambda: Compute(optimizer_time_s=-0.01), "optimizer_time_s must be >= 0, got -0.01"),
     (lambda: Compute(dp_thread_overhead_s=-1.0), "dp_thread_overhead_s must be >= 0, got -1.0"),
     (lambda: Compute(backward_fraction=1.5), "backward_fraction must be in (0, 1), got 1.5"),
     (lambda: Compute(compute_slowdown_during_comm=0.5), "must be >= 1, got 0.5"),
@@ -320,8 +380,11 @@ def test_missing_compute_inputs_explained():
     cluster = Cluster(RingComm(10.0, 1.0, 2), 1, 2)
     with pytest.raises(InputError, match="tokens_per_micro_batch"):
         predict(ModelInputs(Workload(HAND), Compute(gpu="h100-sxm"), cluster))
-    with pytest.raises(InputError, match="optimizer time"):
-        predict(ModelInputs(Workload(HAND), Compute(micro_batch_time_s=0.1), cluster))
+    # no optimizer time and nothing to estimate it from: 0 s, said in the echo and a warning
+    unknown = predict(ModelInputs(Workload(HAND), Compute(micro_batch_time_s=0.1), cluster))
+    assert unknown.per_micro_batch["optimizer_s"] == 0.0
+    assert unknown.inputs["optimizer_time_s"].source.startswith("unknown: assumed 0 s")
+    assert any("step times exclude the optimizer" in w for w in unknown.warnings)
     with pytest.raises(InputError, match="v100-sxm2 has no bf16"):
         predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=10),
                             Compute(gpu="Tesla V100-SXM2-32GB"), cluster))

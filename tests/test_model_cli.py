@@ -98,3 +98,94 @@ def test_impossible_input_exit_2_with_arithmetic(args, text):
     proc = _cli("model", *args)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert text in proc.stderr and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+# ---- one GPU, one GPU per node, and the optimizer time (0 or unknown) ------------------------
+
+ONE_GPU = ["--params", "125M", "--world-size", "1", "--micro-batch-time", "0.1", "--optimizer-time", "0.01"]
+ONE_PER_NODE = ["--params", "125M", "--nodes", "2", "--world-size", "2", "--network-bandwidth", "12",
+                "--micro-batch-time", "0.1", "--optimizer-time", "0.01"]
+OPTIMIZER_ZERO = ["--params", "125M", "--link-bandwidth", "10", "--world-size", "2", "--micro-batch-time", "0.1",
+                  "--optimizer-time", "0"]
+OPTIMIZER_UNKNOWN = ["--params", "125M", "--link-bandwidth", "10", "--world-size", "2", "--micro-batch-time", "0.1"]
+
+
+@pytest.mark.parametrize("args", [ONE_GPU, ONE_PER_NODE, OPTIMIZER_ZERO, OPTIMIZER_UNKNOWN])
+def test_answers_without_error_and_json_is_finite(args):
+    text = _cli("model", *args)
+    assert text.returncode == 0 and text.stderr == "", text.stderr
+    assert "single" in text.stdout and "nan" not in text.stdout.lower()
+    raw = _cli("model", *args, "--json")
+    assert raw.returncode == 0, raw.stderr
+    assert "Infinity" not in raw.stdout and "NaN" not in raw.stdout
+
+
+def test_one_gpu_is_single_with_its_accumulation():
+    proc = _cli("model", *ONE_GPU)
+    assert "none needed (one GPU" in proc.stdout and "n/a (one GPU: nothing to all-reduce" in proc.stdout
+    assert "DDP exposes" not in proc.stdout  # no DDP, so no hide threshold
+    doc = _model_json(*ONE_GPU)
+    single = doc["strategies"]["single"]
+    assert single["step_time_s"] == pytest.approx(1 * 0.1 + 0.01)  # K*c + T_opt, K = 1
+    assert single["speedup_vs_ddp_synced"] is None  # ddp_synced does not apply
+    for name in STRATEGIES - {"single"}:
+        assert doc["strategies"][name]["step_time_s"] is None
+        assert "one GPU" in doc["strategies"][name]["reason"]
+    assert doc["sweep"]["strategies"]["single"] == pytest.approx([k * 0.1 + 0.01 for k in doc["sweep"]["accum"]])
+    assert doc["hide_threshold"]["reason"] and doc["inputs"]["comm"]["value"]["kind"] == "none"
+    assert [o["strategy"] for o in doc["fixed_global_batch"]["options"]] == ["single"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--world-size", "1", "--link-bandwidth", "10", "--link-latency", "5"],  # link options ignored
+    ["--gpus", "0"],
+    ["--topology", H100_TOPO, "--gpus", "3"],
+    ["--nodes", "1", "--gpus-per-node", "1"],
+])
+def test_every_way_of_saying_one_gpu(args):
+    doc = _model_json("--params", "125M", *args, "--micro-batch-time", "0.1", "--optimizer-time", "0.01", "--accum", "4")
+    assert doc["inputs"]["world_size"]["value"] == 1
+    assert doc["strategies"]["single"]["step_time_s"] == pytest.approx(4 * 0.1 + 0.01)
+    assert doc["strategies"]["ddp_synced"]["step_time_s"] is None
+    if "--link-bandwidth" in args:
+        assert any("--link-bandwidth, --link-latency ignored" in w for w in doc["warnings"])
+
+
+def test_one_gpu_per_node_needs_only_the_network():
+    proc = _cli("model", *ONE_PER_NODE)
+    assert "network 12 GB/s per node" in proc.stdout
+    doc = _model_json(*ONE_PER_NODE)
+    comm = doc["inputs"]["comm"]["value"]
+    assert comm["intra"] is None and comm["gpus_per_node"] == 1
+    assert comm["bus_bandwidth_gbps"] == 12.0 and comm["inter"]["hop_latency_us"] == 14.0
+    assert "single-node" in doc["strategies"]["dp"]["reason"]
+    # Every edge of a 2-rank ring across 2 nodes is a network hop: the same all-reduce as a
+    # 2-GPU ring whose links run at the network's 12 GB/s and 14 us per hop.
+    flat = _model_json("--params", "125M", "--world-size", "2", "--link-bandwidth", "12", "--link-latency", "14",
+                       "--micro-batch-time", "0.1", "--optimizer-time", "0.01")
+    for name in ("ddp_synced", "ddp_no_sync", "ddp_fp16_compress"):
+        assert doc["strategies"][name]["step_time_s"] == pytest.approx(flat["strategies"][name]["step_time_s"])
+
+
+def test_optimizer_time_zero_is_accepted():
+    doc = _model_json(*OPTIMIZER_ZERO)
+    assert doc["inputs"]["optimizer_time_s"]["value"] == 0.0
+    e = doc["per_micro_batch"]["ddp_exposed_s"]
+    assert doc["strategies"]["single"]["step_time_s"] == pytest.approx(0.1)  # K*c, K = 1
+    assert doc["strategies"]["ddp_synced"]["step_time_s"] == pytest.approx(0.1 + e)  # K*(c + E)
+
+
+def test_unknown_optimizer_time_is_assumed_zero_and_said():
+    proc = _cli("model", *OPTIMIZER_UNKNOWN)
+    assert "optimizer 0.0 ms (unknown: assumed 0)" in proc.stdout
+    assert "step times exclude the optimizer step" in proc.stdout
+    doc = _model_json(*OPTIMIZER_UNKNOWN)
+    assert doc["inputs"]["optimizer_time_s"] == {"value": 0.0, "source": "unknown: assumed 0 s; give --optimizer-time or --gpu"}
+    assert any("exclude the optimizer" in w for w in doc["warnings"])
+    assert doc["strategies"]["single"]["step_time_s"] == pytest.approx(0.1)
+
+
+def test_negative_optimizer_time_is_refused():
+    proc = _cli("model", *OPTIMIZER_UNKNOWN, "--optimizer-time", "-0.01")
+    assert proc.returncode == 2 and "optimizer_time_s must be >= 0, got -0.01" in proc.stderr
+    assert "Traceback" not in proc.stderr

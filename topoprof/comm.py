@@ -30,6 +30,11 @@ GB = 1e9  # bytes per GB: GB/s = 1e9 B/s, as nccl-tests reports
 US = 1e-6  # seconds per microsecond
 
 
+class LinkUnknown(InputError):
+    """A job shape needs a link nobody described (e.g. several GPUs per node when only the
+    network was given): sweeps skip that shape with this reason instead of inventing a link."""
+
+
 def _check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise InputError(f"{name} must be > 0, got {value}")
@@ -248,6 +253,38 @@ class MeasuredComm(FitComm):
 
 
 @dataclass(frozen=True)
+class SingleGpuComm(CommModel):
+    """One GPU: it has no peer, so no collective runs and no link is involved (every
+    collective takes 0 s). It has no bus bandwidth; asking for one is an error, not inf."""
+
+    source: str = "one GPU: no link"
+
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        return 1
+
+    @property
+    def bus_bandwidth_gbps(self) -> float:
+        raise LinkUnknown("one GPU has no link, so no bus bandwidth")
+
+    def _latency_s(self, hops: str) -> float:
+        return 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "none", "world_size": 1, "source": self.source,
+                "formula": "one GPU: no collective, 0 s"}
+
+    def bounds(self) -> tuple[CommModel, CommModel] | None:
+        return None
+
+    def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
+        if nodes * gpus_per_node == 1:
+            return self
+        raise LinkUnknown(f"{nodes} node(s) x {gpus_per_node} GPU(s): no link is known "
+                          "(the input described one GPU)")
+
+
+@dataclass(frozen=True)
 class HierarchicalComm(CommModel):
     """NCCL's ring across nodes: each node's GPUs in a row, then one edge to the next node.
 
@@ -258,15 +295,21 @@ class HierarchicalComm(CommModel):
     together move 2(n-1)/n * S, like any intra-node edge, and B = min(intra B, node NIC total):
     the slowest level bounds the ring. (A hierarchical reduce-scatter / all-reduce / all-gather
     gives the same bandwidth term: each GPU sends 2(m-1)/m * S/g over a 1/g share of the NICs.)
-    Latency follows tuning.cc: 2(m-1) of the 2(n-1) all-reduce steps are network hops."""
+    Latency follows tuning.cc: 2(m-1) of the 2(n-1) all-reduce steps are network hops.
 
-    intra: RingComm
+    With one GPU per node there is no edge inside a node: every ring edge is a network hop,
+    B is the node's NICs alone and `intra` may be None (it is ignored if given)."""
+
+    intra: RingComm | None
     inter: RingComm
     nodes: int
     gpus_per_node: int
 
     def __post_init__(self) -> None:
-        if self.intra.world_size != self.gpus_per_node:
+        if self.intra is None and self.gpus_per_node > 1:
+            raise LinkUnknown(f"gpus_per_node({self.gpus_per_node}) > 1 needs an intra-node "
+                              "link; none was given")
+        if self.intra is not None and self.intra.world_size != self.gpus_per_node:
             raise InputError(f"intra.world_size({self.intra.world_size}) != "
                              f"gpus_per_node({self.gpus_per_node})")
         if self.inter.world_size != self.nodes:
@@ -276,30 +319,48 @@ class HierarchicalComm(CommModel):
     def world_size(self) -> int:  # type: ignore[override]
         return self.nodes * self.gpus_per_node
 
+    def _used_intra(self) -> RingComm | None:
+        """The intra-node ring if the job's ring has edges inside a node (> 1 GPU per node)."""
+        return self.intra if self.gpus_per_node > 1 else None
+
+    def _levels(self) -> list[RingComm]:
+        intra = self._used_intra()
+        return [self.inter] if intra is None else [intra, self.inter]
+
     @property
     def source(self) -> str:  # type: ignore[override]
-        return f"intra: {self.intra.source}; inter: {self.inter.source}"
+        intra = self._used_intra()
+        intra_text = "none (one GPU per node)" if intra is None else intra.source
+        return f"intra: {intra_text}; inter: {self.inter.source}"
 
     @property
     def bus_bandwidth_gbps(self) -> float:
-        return min(self.intra.link_bandwidth_gbps, self.inter.link_bandwidth_gbps)
+        return min(level.link_bandwidth_gbps for level in self._levels())
 
     def _latency_s(self, hops: str) -> float:
         n, m = self.world_size, self.nodes
         total = _hop_count(hops, n)
         inter = _hop_count(hops, m)
-        base = max(self.intra.base_latency_us, self.inter.base_latency_us)
-        us = base + (total - inter) * self.intra.hop_latency_us + inter * self.inter.hop_latency_us
+        intra = self._used_intra()
+        intra_hop = intra.hop_latency_us if intra is not None else 0.0  # total == inter then
+        base = max(level.base_latency_us for level in self._levels())
+        us = base + (total - inter) * intra_hop + inter * self.inter.hop_latency_us
         return us * US
 
     def describe(self) -> dict[str, Any]:
+        intra = self._used_intra()
+        formula = ("flat ring over all GPUs; B = min(intra link, node NIC total)" if intra is not None
+                   else "flat ring, one GPU per node: every edge is a network hop; B = node NIC total")
         return {"kind": "hierarchical", "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-                "world_size": self.world_size, "intra": self.intra.describe(),
+                "world_size": self.world_size,
+                "intra": None if intra is None else intra.describe(),
                 "inter": self.inter.describe(), "bus_bandwidth_gbps": self.bus_bandwidth_gbps,
-                "formula": "flat ring over all GPUs; B = min(intra link, node NIC total)"}
+                "formula": formula}
 
     def bounds(self) -> tuple[CommModel, CommModel] | None:
-        intra_b, inter_b = self.intra.bounds(), self.inter.bounds()
+        intra = self._used_intra()
+        intra_b = None if intra is None else intra.bounds()
+        inter_b = self.inter.bounds()
         if intra_b is None and inter_b is None:
             return None
         intra_b = intra_b or (self.intra, self.intra)
@@ -308,7 +369,10 @@ class HierarchicalComm(CommModel):
                 replace(self, intra=intra_b[1], inter=inter_b[1]))
 
     def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
-        intra = replace(self.intra, world_size=gpus_per_node)
+        if self.intra is None and gpus_per_node > 1:
+            raise LinkUnknown(f"{nodes} node(s) x {gpus_per_node} GPUs: no intra-node link is "
+                              "known (only the network was given)")
+        intra = None if self.intra is None else replace(self.intra, world_size=gpus_per_node)
         if nodes == 1:
-            return intra
+            return intra if intra is not None else SingleGpuComm()
         return HierarchicalComm(intra, replace(self.inter, world_size=nodes), nodes, gpus_per_node)

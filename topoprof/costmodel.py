@@ -15,13 +15,19 @@ from typing import Any
 from topoprof.buckets import (FP16_BYTES, Bucket, dataparallel_comm_s, ddp_bucket_limits,
                               ddp_buckets, ddp_copy_bytes, fp16_cast_bytes, hiding_backward_s,
                               overlap_floor_s, simulate_overlap)
-from topoprof.comm import GB, CommModel, HierarchicalComm
+from topoprof.comm import GB, CommModel, HierarchicalComm, LinkUnknown
+from topoprof.costmodel_results import (BucketSummary, GlobalBatchOption, HideThreshold,
+                                        InputValue, Prediction, Range, StrategyResult,
+                                        SweepPoint, Unavailable)
 from topoprof.errors import InputError
-from topoprof.gpu_specs import Compute, compute_times
+from topoprof.gpu_specs import MEMORY_UNKNOWN_NOTE, Compute, compute_times
 from topoprof.presets import Layout, get_preset, synthetic_layout
 
 STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
               "ddp_fp16_compress")
+# Why DP and DDP have no prediction on one GPU. Not "DDP with 0 s of communication": torch
+# would run it, but nobody chooses it, and it would only repeat `single` plus bucket copies.
+ONE_GPU_REASON = "one GPU: nothing to all-reduce; see `single`"
 
 
 def _need(cond: bool, message: str) -> None:
@@ -131,8 +137,10 @@ def resolve(inputs: ModelInputs) -> Resolved:
                                      else "default 0: GIL contention not modelled unless given"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)")}
+    # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
+    notes = tuple(w for w in times.warnings if cl.world_size > 1 or w != MEMORY_UNKNOWN_NOTE)
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
-                    times.memory_bandwidth_gbps, echo, times.warnings)
+                    times.memory_bandwidth_gbps, echo, notes)
 
 
 def _memory_s(res: Resolved, traffic_bytes: float) -> float:
@@ -179,6 +187,9 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
                ) -> dict[str, tuple[float, float] | str]:
     """(step_time_s, comm_exposed_s) per strategy, or why it does not apply."""
     k, c, t_opt = res.inputs.accumulation_steps, res.micro_batch_s, res.optimizer_s
+    if res.inputs.cluster.world_size == 1:
+        return {name: (k * c + t_opt, 0.0) if name == "single" else ONE_GPU_REASON
+                for name in STRATEGIES}
     e = ddp_exposed_s(res, buckets, comm)
     e16 = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
     out: dict[str, tuple[float, float] | str] = {
@@ -220,56 +231,6 @@ ASSUMPTIONS = (
 )
 
 
-@dataclass(frozen=True)
-class Range:
-    """Values at the two ends of a communication input's range (slow link -> high time)."""
-
-    step_time_s: tuple[float, float]
-    comm_exposed_s: tuple[float, float]
-    samples_per_s: tuple[float, float]
-
-
-@dataclass(frozen=True)
-class StrategyResult:
-    step_time_s: float
-    comm_exposed_s: float  # communication not hidden behind compute, per optimizer step
-    samples_per_step: int  # micro_batch_size x k x world_size (single: x k only)
-    samples_per_s: float
-    speedup_vs_ddp_synced: float  # samples_per_s / ddp_synced's samples_per_s (per sample)
-    range: Range | None
-    formula: str
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    reason: str
-
-
-@dataclass(frozen=True)
-class BucketSummary:
-    count: int
-    sizes_bytes: tuple[int, ...]  # in launch (gradient-ready) order
-    ready_fractions: tuple[float, ...]  # share of backward done when each is ready
-    first_bucket_cap_bytes: int
-    bucket_cap_bytes: int
-
-
-@dataclass(frozen=True)
-class InputValue:
-    value: Any
-    source: str
-
-
-@dataclass(frozen=True)
-class Prediction:
-    strategies: dict[str, StrategyResult | Unavailable]
-    per_micro_batch: dict[str, float]  # c, T_bwd, T_opt, E, E_fp16, DP comm
-    inputs: dict[str, InputValue]
-    buckets: BucketSummary
-    assumptions: tuple[str, ...]
-    warnings: tuple[str, ...]
-
-
 def _samples(res: Resolved, name: str) -> int:
     gpus = 1 if name == "single" else res.inputs.cluster.world_size
     return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
@@ -277,7 +238,8 @@ def _samples(res: Resolved, name: str) -> int:
 
 def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
               ) -> dict[str, StrategyResult | Unavailable]:
-    synced_rate = _samples(res, "ddp_synced") / nominal["ddp_synced"][0]
+    synced = nominal["ddp_synced"]
+    synced_rate = None if isinstance(synced, str) else _samples(res, "ddp_synced") / synced[0]
     out: dict[str, StrategyResult | Unavailable] = {}
     for name in STRATEGIES:
         if isinstance(nominal[name], str):
@@ -289,8 +251,9 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
         if bounds is not None:
             (hi, e_hi), (lo, e_lo) = bounds[0][name], bounds[1][name]
             rng = Range((lo, hi), (e_lo, e_hi), (samples / hi, samples / lo))
-        out[name] = StrategyResult(step, exposed, samples, samples / step,
-                                   samples / step / synced_rate, rng, FORMULAS[name])
+        speedup = None if synced_rate is None else samples / step / synced_rate
+        out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
+                                   FORMULAS[name])
     return out
 
 
@@ -309,9 +272,11 @@ def predict(inputs: ModelInputs) -> Prediction:
     summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
                             tuple(b.ready_fraction for b in buckets), first, cap)
     pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,
-              "optimizer_s": res.optimizer_s, "ddp_exposed_s": ddp_exposed_s(res, buckets, comm),
-              "ddp_fp16_exposed_s": ddp_exposed_s(res, buckets, comm, fp16_compress=True)}
-    if inputs.cluster.nodes == 1:
+              "optimizer_s": res.optimizer_s}
+    if inputs.cluster.world_size > 1:  # DDP's and DP's pieces only where they apply
+        pieces["ddp_exposed_s"] = ddp_exposed_s(res, buckets, comm)
+        pieces["ddp_fp16_exposed_s"] = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+    if inputs.cluster.world_size > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
     return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
@@ -326,15 +291,6 @@ def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,
     return replace(inputs, cluster=Cluster(comm, nodes, gpus_per_node), accumulation_steps=k)
 
 
-@dataclass(frozen=True)
-class SweepPoint:
-    nodes: int
-    gpus_per_node: int
-    world_size: int
-    accumulation_steps: int
-    strategies: dict[str, StrategyResult | Unavailable]
-
-
 def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
           shapes: Iterable[tuple[int, int]] | None = None) -> tuple[SweepPoint, ...]:
     """Every strategy over k and over (nodes, gpus_per_node) shapes (default: the input's)."""
@@ -342,25 +298,17 @@ def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
     points = []
     for nodes, gpus in shapes if shapes is not None else [(cl.nodes, cl.gpus_per_node)]:
         for k in accumulation_steps:
-            p = predict(with_shape(inputs, nodes, gpus, k))
-            points.append(SweepPoint(nodes, gpus, nodes * gpus, k, p.strategies))
+            try:
+                strategies = predict(with_shape(inputs, nodes, gpus, k)).strategies
+            except LinkUnknown as err:  # a shape whose links nobody described: not invented
+                strategies = {name: Unavailable(str(err)) for name in STRATEGIES}
+            points.append(SweepPoint(nodes, gpus, nodes * gpus, k, strategies))
     return tuple(points)
 
 
-@dataclass(frozen=True)
-class HideThreshold:
-    """DDP's exposed communication E falls as compute per micro-batch c grows, down to a floor:
-    the buckets ready only at the end of backward, the slowdown on the rest, and the copies.
-    `threshold_micro_batch_time_s` is the smallest c at which E reaches that floor."""
-
-    micro_batch_time_s: float
-    exposed_s: float
-    exposed_floor_s: float
-    threshold_micro_batch_time_s: float
-    hidden: bool  # the current c is at or above the threshold
-
-
-def hide_threshold(inputs: ModelInputs) -> HideThreshold:
+def hide_threshold(inputs: ModelInputs) -> HideThreshold | Unavailable:
+    if inputs.cluster.world_size == 1:
+        return Unavailable(ONE_GPU_REASON)
     res = resolve(inputs)
     work, slowdown = inputs.workload, inputs.compute.compute_slowdown_during_comm
     comm_slow = inputs.compute.comm_slowdown_during_compute
@@ -373,18 +321,6 @@ def hide_threshold(inputs: ModelInputs) -> HideThreshold:
     floor = overlap_floor_s(fractions, comm_s, slowdown, comm_slow) + copies_s(res)
     now = ddp_exposed_s(res, buckets, inputs.cluster.comm)
     return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
-
-
-@dataclass(frozen=True)
-class GlobalBatchOption:
-    nodes: int
-    gpus_per_node: int
-    world_size: int
-    accumulation_steps: int | None
-    step_time_s: float | None
-    samples_per_s: float | None
-    samples_per_s_per_gpu: float | None
-    reason: str | None = None
 
 
 def fixed_global_batch(inputs: ModelInputs, global_batch_samples: int,
@@ -403,10 +339,22 @@ def fixed_global_batch(inputs: ModelInputs, global_batch_samples: int,
                            f"global batch({global_batch_samples}) is not micro_batch_size({mbs})"
                            f" * world_size({n}) * an integer k"))
             continue
-        result = predict(with_shape(inputs, nodes, gpus, k)).strategies[strategy]
-        if isinstance(result, Unavailable):
-            options.append(GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.reason))
-        else:
-            options.append(GlobalBatchOption(nodes, gpus, n, k, result.step_time_s,
-                                             result.samples_per_s, result.samples_per_s / n))
+        options.append(_option_at(inputs, nodes, gpus, k, strategy))
     return tuple(sorted(options, key=lambda o: (o.step_time_s is None, o.step_time_s or 0.0)))
+
+
+def _option_at(inputs: ModelInputs, nodes: int, gpus: int, k: int, strategy: str
+               ) -> GlobalBatchOption:
+    """One shape of `fixed_global_batch`. On one GPU, where DDP does not apply, the option is
+    `single`: one GPU accumulating is what "fewer GPUs" ends at."""
+    n = nodes * gpus
+    try:
+        strategies = predict(with_shape(inputs, nodes, gpus, k)).strategies
+    except LinkUnknown as err:  # a shape whose links nobody described: not invented
+        return GlobalBatchOption(nodes, gpus, n, k, None, None, None, str(err))
+    name = "single" if n == 1 and isinstance(strategies[strategy], Unavailable) else strategy
+    result = strategies[name]
+    if isinstance(result, Unavailable):
+        return GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.reason, name)
+    return GlobalBatchOption(nodes, gpus, n, k, result.step_time_s, result.samples_per_s,
+                             result.samples_per_s / n, None, name)

@@ -150,6 +150,12 @@ STATE_BYTES = 4  # fp32 parameters and optimizer state
 # adamw.py, adam.py foreach/fused kernels approach this); SGD with momentum reads and writes
 # param and momentum_buffer; plain SGD reads and writes param (torch/optim/sgd.py).
 OPTIMIZER_STATE_WORDS = {"adamw": 6, "adam": 6, "sgd_momentum": 4, "sgd": 2}
+MEMORY_UNKNOWN_NOTE = "memory bandwidth unknown: DDP bucket copies and fp16 casts count as 0 s"
+# Without a measured optimizer time or a memory bandwidth to estimate it, T_opt is taken as 0:
+# the step times then exclude the optimizer, which the echo and a warning say.
+OPTIMIZER_UNKNOWN_SOURCE = "unknown: assumed 0 s; give --optimizer-time or --gpu"
+OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times exclude the "
+                          "optimizer step; give --optimizer-time SECONDS (measured) or --gpu NAME")
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
                     "memory_bandwidth_gbps")
@@ -179,10 +185,12 @@ class Compute:
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_time_s", "optimizer_time_s", "peak_tflops",
-                     "memory_bandwidth_gbps"):
+        for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps"):
             value = getattr(self, name)
             _need(value is None or value > 0, f"{name} must be > 0, got {value}")
+        # 0 is a legitimate optimizer time: a measurement floor, or a what-if without it
+        _need(self.optimizer_time_s is None or self.optimizer_time_s >= 0,
+              f"optimizer_time_s must be >= 0, got {self.optimizer_time_s}")
         _need(self.dp_thread_overhead_s >= 0,
               f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
         _need(self.utilization is None or 0 < self.utilization <= 1,
@@ -256,13 +264,15 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
 
 
 def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float | None,
-                 echo: dict) -> float:
+                 echo: dict, notes: list[str]) -> float:
     if comp.optimizer_time_s is not None:
         source = f"measured ({comp.origin('optimizer_time_s')})"
         echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
         return comp.optimizer_time_s
-    _need(bandwidth is not None, "optimizer time: give optimizer_time_s, or "
-          "memory_bandwidth_gbps, or a gpu from the datasheet table")
+    if bandwidth is None:  # nothing to estimate it from: assume 0 and say so (echo, warning)
+        echo["optimizer_time_s"] = (0.0, OPTIMIZER_UNKNOWN_SOURCE)
+        notes.append(OPTIMIZER_UNKNOWN_NOTE)
+        return 0.0
     per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
     seconds = per_param * params / (bandwidth * 1e9)
     echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {per_param} B/param of memory "
@@ -281,7 +291,7 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
         bandwidth, bw_src = spec.memory_bandwidth_gbps, f"{spec.name}: {spec.source}"
     if bandwidth is None:
         bw_src = "unknown: DDP bucket copies and fp16 casts count as 0 s"
-        notes.append("memory bandwidth unknown: DDP bucket copies and fp16 casts count as 0 s")
+        notes.append(MEMORY_UNKNOWN_NOTE)
     echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
     c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo)
     if comp.backward_fraction is not None:
@@ -290,7 +300,7 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
         fraction = DEFAULT_BACKWARD_FRACTION
         source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"
     echo["backward_fraction"] = (fraction, source)
-    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo)
+    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo, notes)
     slowdown = comp.compute_slowdown_during_comm
     comm_slow = comp.comm_slowdown_during_compute
     echo["comm_slowdown_during_compute"] = (comm_slow, "default: no interference" if comm_slow == 1

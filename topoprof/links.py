@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 from topoprof import constants
-from topoprof.comm import HierarchicalComm, RingComm
+from topoprof.comm import CommModel, HierarchicalComm, RingComm, SingleGpuComm
 from topoprof.errors import InputError
 
 # Exhaustive search over rings is (n-1)!/2 cycles: fine up to 9 GPUs (20160), greedy beyond.
@@ -57,20 +57,24 @@ def _greedy_ring(topology, gpus: list[int]) -> list[int]:
     return ring
 
 
-def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[RingComm, dict]:
-    """A ring over the chosen GPUs at the nominal bandwidth of its slowest edge."""
+def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[CommModel, dict]:
+    """A ring over the chosen GPUs at the nominal bandwidth of its slowest edge; one GPU has
+    no ring and no link (`SingleGpuComm`)."""
     chosen = gpus if gpus is not None else [g.index for g in topology.gpus]
-    sub = topology.subset(chosen)
+    if not chosen:
+        raise InputError("no GPU chosen: --gpus needs at least one index, e.g. 0 or 0,1,2,3")
+    sub = topology.subset(chosen)  # refuses indices the topology does not have
+    where = topology.sources[0] if topology.sources else "topology"
+    if len(chosen) == 1:
+        return (SingleGpuComm(f"GPU {chosen[0]} of {where}: one GPU, no link"),
+                {"gpus": chosen, "no_link": "one GPU: nothing to all-reduce"})
     order, (lo, hi), hop = best_ring(sub, chosen)
-    n = len(chosen)
-    if n < 2:
-        raise InputError(f"--gpus {chosen}: a collective needs at least 2 GPUs")
     rng = None if lo == hi else (lo, hi)
     nominal = lo if rng is None else (lo * hi) ** 0.5  # geometric middle of an uncertain range
     comm = RingComm(link_bandwidth_gbps=nominal, hop_latency_us=constants.HOP_LATENCY_US[hop],
-                    world_size=n, bandwidth_range_gbps=rng,
+                    world_size=len(chosen), bandwidth_range_gbps=rng,
                     base_latency_us=constants.RING_BASE_LATENCY_US,
-                    source=f"nominal links of {topology.sources[0] if topology.sources else 'topology'}")
+                    source=f"nominal links of {where}")
     return comm, {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop}
 
 
@@ -94,22 +98,45 @@ def comm_explicit(bandwidth_gbps: float, latency_us: float, world_size: int) -> 
                     world_size=world_size, source="--link-bandwidth/--link-latency")
 
 
-def across_nodes(intra, nodes: int, gpus_per_node: int, network_gbps: float | None,
-                 network_latency_us: float | None):
-    """Compose the per-node ring with the network: the slowest level bounds the ring."""
+def across_nodes(intra: CommModel | None, nodes: int, gpus_per_node: int,
+                 network_gbps: float | None, network_latency_us: float | None) -> CommModel:
+    """Compose the per-node ring with the network: the slowest level bounds the ring.
+
+    `intra` is None when no intra-node link was described; one GPU per node needs none (every
+    ring edge is then a network hop), and one GPU in all needs no link at all."""
+    if gpus_per_node == 1 and nodes == 1:
+        return _one_gpu(intra)
     if nodes == 1:
-        return intra
+        return _need_intra(intra, gpus_per_node)
     if network_gbps is None:
         raise InputError(f"--nodes {nodes} needs --network-bandwidth (GB/s of each node's NICs together)")
-    intra_ring = intra if isinstance(intra, RingComm) else RingComm(
-        link_bandwidth_gbps=intra.bus_bandwidth_gbps, hop_latency_us=constants.HOP_LATENCY_US["NV"],
-        world_size=gpus_per_node, source=intra.source)
     inter = RingComm(link_bandwidth_gbps=network_gbps,
                      hop_latency_us=network_latency_us if network_latency_us is not None
                      else constants.HOP_LATENCY_US["NET"],
                      world_size=nodes, source="--network-bandwidth")
-    return HierarchicalComm(intra=intra_ring.at_shape(1, gpus_per_node), inter=inter,
-                            nodes=nodes, gpus_per_node=gpus_per_node)
+    intra_ring = None if gpus_per_node == 1 else _as_ring(intra, gpus_per_node)
+    return HierarchicalComm(intra=intra_ring, inter=inter, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def _one_gpu(intra: CommModel | None) -> CommModel:
+    """One node of one GPU: keep a described one-GPU model (its source), else a plain one."""
+    return intra if isinstance(intra, SingleGpuComm) else SingleGpuComm()
+
+
+def _need_intra(intra: CommModel | None, gpus_per_node: int) -> CommModel:
+    if intra is None:
+        raise InputError(f"{gpus_per_node} GPUs per node need an intra-node link: give --link-bandwidth, "
+                         "--topology or --bench")
+    return intra
+
+
+def _as_ring(intra: CommModel | None, gpus_per_node: int) -> RingComm:
+    """The per-node ring as a RingComm at gpus_per_node (a fit keeps its bus bandwidth)."""
+    intra = _need_intra(intra, gpus_per_node)
+    ring = intra if isinstance(intra, RingComm) else RingComm(
+        link_bandwidth_gbps=intra.bus_bandwidth_gbps, hop_latency_us=constants.HOP_LATENCY_US["NV"],
+        world_size=gpus_per_node, source=intra.source)
+    return ring.at_shape(1, gpus_per_node)
 
 
 def measured_comm(rows, fit, world_size: int, source: str):

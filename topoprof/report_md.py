@@ -98,6 +98,10 @@ def _bandwidth(report: dict) -> list[str]:
     return out
 
 
+def _speedup(value) -> str:
+    return "–" if value is None else f"{value:.2f}x"  # None: ddp_synced does not apply
+
+
 def _predictions(report: dict) -> list[str]:
     preds = report.get("predictions") or []
     out = ["## Predictions", ""]
@@ -115,7 +119,7 @@ def _predictions(report: dict) -> list[str]:
                 rows.append([f"`{name}`", "–", "–", "–", s.get("reason", "")])
             else:
                 rows.append([f"`{name}`", _ms(s["step_time_s"]), _ms(s["comm_exposed_s"]),
-                             f"{s['samples_per_s']:,.2f}", f"{s['speedup_vs_ddp_synced']:.2f}x"])
+                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))])
         out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"], rows) + [""]
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     return out

@@ -46,14 +46,17 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
 
 def composed_comm(levels: dict, world_size: int):
     """Across nodes: the measured per-node ring and the measured network, composed as NCCL's
-    ring crosses them (topoprof.comm.HierarchicalComm); None on one node."""
+    ring crosses them (topoprof.comm.HierarchicalComm); None on one node, or when several
+    ranks per node ran but no per-node level was measured (no intra link is invented)."""
     from topoprof.comm import HierarchicalComm, RingComm
 
     if "inter" not in levels:
         return None
     inter = next(iter(levels["inter"].values()))
-    nodes = len(inter["ranks"])
+    nodes = job_nodes(levels)
     gpn = world_size // nodes
+    if gpn > 1 and "intra" not in levels:
+        return None
 
     def ring(entry, n, hop):
         fit = entry["fit"]
@@ -61,13 +64,19 @@ def composed_comm(levels: dict, world_size: int):
         return RingComm(link_bandwidth_gbps=bus, hop_latency_us=fit.latency_us / (2 * (n - 1)), world_size=n,
                         source=f"measured ({hop})")
 
-    if "intra" in levels and gpn > 1:
+    intra = None  # one rank per node: nothing inside a node to cross
+    if gpn > 1:
         slowest = min(levels["intra"].values(), key=lambda e: e["fit"].bandwidth_gbps)
-        intra = ring(slowest, gpn, "slowest node")
-    else:  # one rank per node: nothing inside a node to cross
-        intra = RingComm(link_bandwidth_gbps=1e9, hop_latency_us=0.0, world_size=1, source="one rank per node")
-    return HierarchicalComm(intra=intra.at_shape(1, gpn), inter=ring(inter, nodes, "network"),
+        intra = ring(slowest, gpn, "slowest node").at_shape(1, gpn)
+    return HierarchicalComm(intra=intra, inter=ring(inter, nodes, "network"),
                             nodes=nodes, gpus_per_node=gpn)
+
+
+def job_nodes(levels: dict) -> int:
+    """Nodes of the job: the ranks of the network level (one per node), else 1."""
+    if "inter" not in levels:
+        return 1
+    return len(next(iter(levels["inter"].values()))["ranks"])
 
 
 def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None,
@@ -84,8 +93,7 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
     # (One rank per node measures only the NICs nearest that rank, so the composed levels are a
     # cross-check in the report, not the prediction's input.)
     comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
-    composed = composed_comm(levels or {}, world_size)
-    nodes = composed.nodes if composed is not None else 1
+    nodes = job_nodes(levels or {})
     sizes = [None] if opts.preset else ([opts.params] if opts.params else list(DEFAULT_MODELS))
     out = []
     for size in sizes:

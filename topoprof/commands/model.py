@@ -26,9 +26,12 @@ def _gpus(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(g) for g in text.split(",") if g.strip()]
+        chosen = [int(g) for g in text.split(",") if g.strip()]
     except ValueError:
-        raise InputError(f"--gpus {text!r}: expected a comma list of GPU indices, e.g. 0,1,2,3") from None
+        chosen = []
+    if not chosen:
+        raise InputError(f"--gpus {text!r}: expected a comma list of GPU indices, e.g. 0,1,2,3")
+    return chosen
 
 
 def _load_topology(path: str):
@@ -38,22 +41,59 @@ def _load_topology(path: str):
     return topology_from_file(path)
 
 
+def _gpus_per_node(opts: dict) -> int | None:
+    """GPUs per node from --gpus-per-node, or --world-size over --nodes; None when not given."""
+    if opts["gpus_per_node"]:
+        return opts["gpus_per_node"]
+    world, nodes = opts["world_size"], opts["nodes"]
+    if world is None:
+        return None
+    gpn, rest = divmod(world, nodes)
+    if rest or gpn < 1:
+        raise InputError(f"world_size({world}) != nodes({nodes}) * gpus_per_node(an integer)")
+    return gpn
+
+
+_LINK_OPTIONS = (("link_bandwidth", "--link-bandwidth"), ("link_latency", "--link-latency"),
+                 ("topology", "--topology"))
+
+
+def _no_link_text(nodes: int) -> str:
+    return ("one GPU: nothing to all-reduce" if nodes == 1 else
+            "one GPU per node, so no intra-node link: every ring edge crosses the network")
+
+
+def _no_link(opts: dict, chosen: list[int] | None) -> tuple[None, int, dict]:
+    """One GPU per node: no edge inside a node, so no intra-node link is needed (and with one
+    node, no link at all); link options given anyway are ignored, with a note."""
+    described: dict = {"no_link": _no_link_text(opts["nodes"])}
+    if chosen:
+        described["gpus"] = chosen
+    ignored = [flag for key, flag in _LINK_OPTIONS if opts[key] is not None]
+    if ignored:
+        why = "one GPU needs no link" if opts["nodes"] == 1 else "one GPU per node has no intra-node link"
+        described["notes"] = [f"{', '.join(ignored)} ignored: {why}"]
+    return None, 1, described
+
+
 def build_comm(opts: dict):
-    """(CommModel for one node, gpus_per_node, description) from the first source given."""
+    """(CommModel for one node or None when none is needed, gpus_per_node, description) from
+    the first source given."""
     from topoprof import links
 
+    gpn, chosen = _gpus_per_node(opts), _gpus(opts["gpus"])
     if opts["bench"]:
         lat, bw, world, fit = links.load_bench_fit(opts["bench"])
         comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {opts['bench']}")
         return comm, world, {"bench": opts["bench"]}
+    # One GPU per node needs no intra-node link: do not ask for one nor probe this machine.
+    # A single --gpus index is checked against a --topology file when one is given.
+    one_index = chosen is not None and len(chosen) == 1
+    if (gpn == 1 and chosen is None) or (one_index and not opts["topology"]):
+        return _no_link(opts, chosen)
     if opts["link_bandwidth"] is not None:
-        gpn = opts["gpus_per_node"] or opts["world_size"]
         if not gpn:
             raise InputError("--link-bandwidth needs --world-size (or --gpus-per-node with --nodes)")
-        if opts["nodes"] > 1 and not opts["gpus_per_node"]:
-            gpn, rest = divmod(opts["world_size"], opts["nodes"])
-            if rest:
-                raise InputError(f"world_size({opts['world_size']}) != nodes({opts['nodes']}) * gpus_per_node(an integer)")
         lat = opts["link_latency"] if opts["link_latency"] is not None else 0.0
         return links.comm_explicit(opts["link_bandwidth"], lat, gpn), gpn, {"link_bandwidth_gbps": opts["link_bandwidth"]}
     if opts["topology"]:
@@ -64,13 +104,14 @@ def build_comm(opts: dict):
         topology = collect_topology()
         if not topology.gpus:
             raise InputError("no link information: this machine has no GPU; give --bench FILE, "
-                             "--topology FILE or --link-bandwidth GB/s")
-    comm, ring = links.comm_from_topology(topology, _gpus(opts["gpus"]))
+                             "--topology FILE or --link-bandwidth GB/s (or --world-size 1 for one GPU)")
+    comm, ring = links.comm_from_topology(topology, chosen)
     return comm, comm.world_size, {"topology": opts["topology"] or "this machine", **ring}
 
 
 def build_inputs(opts: dict):
     from topoprof import links
+    from topoprof.comm import HierarchicalComm
     from topoprof.costmodel import Cluster, ModelInputs, Workload
     from topoprof.gpu_specs import Compute
 
@@ -85,6 +126,11 @@ def build_inputs(opts: dict):
     if opts["world_size"] is not None and opts["world_size"] != nodes * gpn:
         raise InputError(f"world_size({opts['world_size']}) != nodes({nodes}) * gpus_per_node({gpn})")
     comm = links.across_nodes(comm, nodes, gpn, opts["network_bandwidth"], opts["network_latency"])
+    if "no_link" in described:  # a one-GPU topology may be one node of several
+        described["no_link"] = _no_link_text(nodes)
+    if isinstance(comm, HierarchicalComm):  # the network level, for the `links` echo
+        described.update(network_bandwidth_gbps=comm.inter.link_bandwidth_gbps,
+                         network_latency_us=comm.inter.hop_latency_us)
     cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
     compute = _compute(opts, Compute)
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
@@ -149,15 +195,15 @@ def _read_calibration(path: str) -> dict:
 @click.option("--precision", default="bf16", show_default=True)
 @click.option("--utilization", type=float, help="Share of peak FLOP/s reached (an assumption; default 0.4).")
 @click.option("--optimizer", default="adamw", show_default=True)
-@click.option("--optimizer-time", type=float, help="Measured optimizer step seconds.")
+@click.option("--optimizer-time", type=float, help="Measured optimizer step seconds (>= 0). If neither this, --calibration nor --gpu gives it, 0 is assumed and the output says so.")
 @click.option("--bench", type=click.Path(dir_okay=False), help="Use the all_reduce fit of a `bench --json` or scan report.")
 @click.option("--topology", type=click.Path(dir_okay=False), help="Saved `nvidia-smi topo -m` text or `topo --json`.")
 @click.option("--gpus", help="GPU indices of the job within the topology, e.g. 0,1,2,3.")
 @click.option("--link-bandwidth", type=float, help="Explicit per-direction link bandwidth, GB/s.")
 @click.option("--link-latency", type=float, help="Explicit per-hop latency, microseconds.")
-@click.option("--world-size", type=click.IntRange(min=1), help="Total GPUs (checked against --nodes x GPUs per node).")
+@click.option("--world-size", type=click.IntRange(min=1), help="Total GPUs (checked against --nodes x GPUs per node); 1 needs no link.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), help="With --link-bandwidth and --nodes.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="With --nodes; 1 GPU per node needs only --network-bandwidth.")
 @click.option("--network-bandwidth", type=float, help="Each node's NICs together, GB/s per direction (multi-node).")
 @click.option("--network-latency", type=float, help="Per network hop, microseconds (default NCCL's 14).")
 @click.option("--accum", type=int, default=1, show_default=True, help="Gradient accumulation steps K (micro-batches per optimizer step).")
