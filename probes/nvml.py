@@ -23,6 +23,11 @@ _P2P_INDEX_NVLINK = 2
 _P2P_STATUS = {0: "ok", 1: "chipset_not_supported", 2: "gpu_not_supported", 3: "topology_not_supported",
                4: "disabled_by_regkey", 5: "not_supported", 6: "unknown"}
 _REMOTE_TYPE = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
+# nvmlGpuTopologyLevel_t (nvml.h) -> the path kind `nvidia-smi topo -m` prints for the same pair:
+# INTERNAL (one board) and SINGLE (one PCIe switch) are PIX, MULTIPLE (several switches, no host
+# bridge) PXB, HOSTBRIDGE PHB, NODE (host bridges within a NUMA node; NVML_TOPOLOGY_CPU is the
+# same value) NODE, SYSTEM (across the CPU interconnect) SYS.
+_TOPOLOGY_LEVEL = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 # nvmlDeviceGetNvLinkVersion returns an nvmlNvlinkVersion_t enum, not the NVLink generation:
 # A100 answers 5 (NVLink 3.x), H100 6 (NVLink 4.0).
 _NVLINK_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
@@ -90,15 +95,18 @@ class NvmlGpu:
 
 @dataclass(frozen=True)
 class P2PStatus:
-    """P2P support from gpu_a to gpu_b as `nvidia-smi topo -p2p r` (read) and `-p2p n` (nvlink) show it.
+    """P2P support from gpu_a to gpu_b as `nvidia-smi topo -p2p r` (read) and `-p2p n` (nvlink) show it,
+    and the PCIe path between them (nvmlDeviceGetTopologyCommonAncestor: the PIX/PXB/PHB/NODE/SYS
+    that `nvidia-smi topo -m` prints for a pair without NVLink).
 
-    `reason` says why read or nvlink is None.
+    `reason` says why read, nvlink or pcie_path is None.
     """
     gpu_a: int
     gpu_b: int
     read: str | None
     nvlink: str | None
     reason: str | None
+    pcie_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -306,8 +314,11 @@ def _pair_status(query: _Query, a: int, b: int, handles: list[Any], gpus: tuple[
         for name, index in (("read", _P2P_INDEX_READ), ("nvlink", _P2P_INDEX_NVLINK)):
             status[name] = query(missing, name, "nvmlDeviceGetP2PStatus", handles[a], handles[b], index,
                                  convert=_lookup(_P2P_STATUS, "UnknownStatus"), lost_raises=False)
+        status["pcie_path"] = query(missing, "pcie_path", "nvmlDeviceGetTopologyCommonAncestor", handles[a],
+                                    handles[b], convert=_lookup(_TOPOLOGY_LEVEL, "UnknownLevel"),
+                                    lost_raises=False)
     reason = "; ".join(f"{k}: {v}" for k, v in missing.items()) or None
-    return P2PStatus(a, b, status.get("read"), status.get("nvlink"), reason)
+    return P2PStatus(a, b, status.get("read"), status.get("nvlink"), reason, status.get("pcie_path"))
 
 
 def _read_p2p(query: _Query, handles: list[Any], gpus: tuple[NvmlGpu, ...]) -> tuple[P2PStatus, ...]:

@@ -10,9 +10,11 @@ and a P2P caps index that is not an int fails as ctypes would.
 from __future__ import annotations
 
 import ctypes
+import json
 import types
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import pynvml as _real
@@ -69,6 +71,8 @@ class FakeMachine:
     binding_lacks: set[str] = field(default_factory=set)  # binding functions -> AttributeError
     bytes_strings: bool = False    # old bindings hand back bytes, and legacy 4-digit bus ids
     max_links_constant: int = _real.NVML_NVLINK_MAX_LINKS
+    # (gpu a, gpu b) -> NVML_TOPOLOGY_* level; None: every pair answers NotSupported
+    common_ancestor: Callable[[int, int], int] | None = None
 
 
 @dataclass
@@ -148,6 +152,12 @@ def _device_functions(state: FakeState) -> dict[str, Callable]:
             raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         return gpu.gpu_numa_id
 
+    def common_ancestor(handle_a, handle_b):
+        gpu_of(handle_a), gpu_of(handle_b)
+        if m.common_ancestor is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        return m.common_ancestor(handle_a.index, handle_b.index)
+
     def p2p_status(handle_a, handle_b, index):
         if not isinstance(index, int):  # what ctypes does with pynvml's tuple-valued READ constant
             raise ctypes.ArgumentError("argument 3: TypeError: Don't know how to convert parameter 3")
@@ -176,6 +186,7 @@ def _device_functions(state: FakeState) -> dict[str, Callable]:
         "nvmlDeviceGetNvLinkRemotePciInfo": lambda h, link: _pci_info(m, link_of(h, link).remote_bus_id),
         "nvmlDeviceGetNvLinkRemoteDeviceType": lambda h, link: link_of(h, link).remote_type,
         "nvmlDeviceGetP2PStatus": p2p_status,
+        "nvmlDeviceGetTopologyCommonAncestor": common_ancestor,
     }
 
 
@@ -265,7 +276,9 @@ def dgx_h100_nvswitch() -> FakeMachine:
                     [FakeLink(1, _real.NVML_NVLINK_VERSION_4_0, sw, SWITCH) for sw in links])
             for i, bus in enumerate(buses)]
     ok = _real.NVML_P2P_STATUS_OK
-    return FakeMachine("535.129.03", "12.535.129.03", 12020, gpus, _p2p(lambda a, b: ok, lambda a, b: ok))
+    return FakeMachine("535.129.03", "12.535.129.03", 12020, gpus, _p2p(lambda a, b: ok, lambda a, b: ok),
+                       common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_NODE if a // 4 == b // 4
+                       else _real.NVML_TOPOLOGY_SYSTEM)
 
 
 def pcie_pair() -> FakeMachine:
@@ -277,7 +290,8 @@ def pcie_pair() -> FakeMachine:
     ]
     return FakeMachine("550.54.14", "12.550.54.14", 12040, gpus,
                        _p2p(lambda a, b: _real.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED,
-                            lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED))
+                            lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED),
+                       common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_HOSTBRIDGE)
 
 
 def nvlink_not_supported() -> FakeMachine:
@@ -290,7 +304,9 @@ def nvlink_not_supported() -> FakeMachine:
     read = (lambda a, b: _real.NVML_P2P_STATUS_OK if frozenset((a, b)) in same_socket
             else _real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED)
     return FakeMachine("450.80.02", "11.450.80.02", 11000, gpus,
-                       _p2p(read, lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED))
+                       _p2p(read, lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED),
+                       common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_NODE if frozenset((a, b)) in same_socket
+                       else _real.NVML_TOPOLOGY_SYSTEM)
 
 
 def _hgx_a100_4(name: str, memory_mib: int) -> list[FakeGpu]:
@@ -306,8 +322,9 @@ def _hgx_a100_4(name: str, memory_mib: int) -> list[FakeGpu]:
 
 def a100_nvlink_pairs() -> FakeMachine:
     ok = _real.NVML_P2P_STATUS_OK
+    # Each GPU hangs off a different NUMA node: over PCIe every pair crosses the CPU interconnect.
     return FakeMachine("470.82.01", "11.470.82.01", 11040, _hgx_a100_4("NVIDIA A100-SXM4-40GB", 40960),
-                       _p2p(lambda a, b: ok, lambda a, b: ok))
+                       _p2p(lambda a, b: ok, lambda a, b: ok), common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_SYSTEM)
 
 
 def gpu_lost() -> FakeMachine:
@@ -331,11 +348,31 @@ def old_driver() -> FakeMachine:
     ok = _real.NVML_P2P_STATUS_OK
     return FakeMachine(
         "418.87.01", "10.418.87.01", 10010, gpus, _p2p(lambda a, b: ok, lambda a, b: ok),
+        common_ancestor=lambda a, b: (_real.NVML_TOPOLOGY_SINGLE if a // 2 == b // 2
+                                      else _real.NVML_TOPOLOGY_HOSTBRIDGE),
         library_lacks={"nvmlDeviceGetMemoryAffinity"},
         binding_lacks={"nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetGpuMaxPcieLinkGeneration",
                        "nvmlDeviceGetNumaNodeId"},
         bytes_strings=True, max_links_constant=6,
     )
+
+
+def h100_vm_1x() -> FakeMachine:
+    """One H100 passed through to a cloud VM, as NVML described it there
+    (tests/fixtures/nvml/h100-vm-1x.json, with `nvidia-smi topo -m` of the same VM in
+    tests/fixtures/topo/28_*): GPU NUMA id and every NVLink query NotSupported. Memory and CPU
+    affinity are those the same VM's `nvidia-smi topo -m` printed (NUMA 0, CPUs 0-15), which
+    nvidia-smi reads from NVML."""
+    with open(Path(__file__).parent / "fixtures" / "nvml" / "h100-vm-1x.json") as f:
+        seen = json.load(f)
+    gpu = seen["gpus"][0]
+    assert gpu["numa"].startswith("ERR NVMLError_NotSupported") and "NotSupported" in gpu["nvlink_note"]
+    gpus = [FakeGpu(gpu["name"], gpu["bus"], gpu["mem_total"], tuple(gpu["cc"]), gpu["pcie_gen_cur"],
+                    gpu["pcie_gen_max"], gpu["pcie_gen_gpu_max"], gpu["pcie_w_cur"], gpu["pcie_w_max"],
+                    [0], _cpus((0, 15)), links=None, gpu_numa_id=None)]
+    # CUDA 13.0, as the driver reported it beside `nvidia-smi topo -m` (fixture 28's header).
+    return FakeMachine(seen["driver"], seen["nvml_version"], 13000, gpus,
+                       _p2p(lambda a, b: _real.NVML_P2P_STATUS_OK, lambda a, b: _real.NVML_P2P_STATUS_OK))
 
 
 def no_driver() -> FakeMachine:
@@ -359,4 +396,5 @@ SCENARIOS: dict[str, Callable[[], FakeMachine]] = {
     "a100_nvlink_pairs": a100_nvlink_pairs,
     "no_driver": no_driver,
     "driver_not_loaded": driver_not_loaded,
+    "h100_vm_1x": h100_vm_1x,
 }

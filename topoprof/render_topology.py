@@ -105,9 +105,17 @@ def _host_lines(host: dict) -> list[str]:
     return lines
 
 
+def _probe_lines(topology: Topology) -> list[str]:
+    """Every source that was asked, and what became of it."""
+    if not topology.probes:
+        return [f"sources: {', '.join(topology.sources) or 'none'}"]
+    return ["sources:"] + [f"  {p.name}: {p.status}" + (f" ({p.detail})" if p.detail else "")
+                           for p in topology.probes]
+
+
 def render_topology(topology: Topology) -> str:
     out = [f"topoprof topo: {len(topology.gpus)} GPU(s), {len(topology.nics)} NIC(s)",
-           f"sources: {', '.join(topology.sources) or 'none'}", ""]
+           *_probe_lines(topology), ""]
     if topology.gpus:
         out += ["GPUs"] + _gpu_rows(topology) + [""]
     if topology.pairs:

@@ -42,9 +42,20 @@ def _todo(report: dict) -> list[str]:
     return out
 
 
+def _sources(report: dict) -> list[str]:
+    """Every source the scan asked, and what became of it: a failed one is said here, once."""
+    probes = report.get("probes") or []
+    if not probes:
+        return []
+    rows = [[p["name"], p["status"], (p.get("detail") or "").replace("|", "\\|")] for p in probes]
+    return ["## Sources", ""] + _table(["source", "status", "detail"], rows) + [""]
+
+
 def _topology(report: dict) -> list[str]:
     topo = report.get("topology") or {}
-    out = ["## Topology", "", f"Sources: {', '.join(topo.get('sources', [])) or 'none'}.", ""]
+    out = ["## Topology", ""]
+    if not report.get("probes"):  # reports written before sources had statuses
+        out += [f"Sources: {', '.join(topo.get('sources', [])) or 'none'}.", ""]
     gpus = topo.get("gpus", [])
     if gpus:
         rows = [[f"GPU{g['index']}", g.get("name") or "–", g.get("pci_bus_id") or "–",
@@ -193,7 +204,8 @@ def _cluster(report: dict) -> list[str]:
 def render_markdown(report: dict) -> str:
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    out += _todo(report) + _cluster(report) + _topology(report) + _bandwidth(report) + _predictions(report)
+    out += _todo(report) + _sources(report) + _cluster(report) + _topology(report) + _bandwidth(report)
+    out += _predictions(report)
     out += _validation(report)
     more = (report.get("recommendations") or [])[3:]
     if more:

@@ -37,6 +37,16 @@ class ScanOptions:
             raise InputError("give --params or --preset, not both")
         if self.accum < 1:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
+        # Bad input is refused before anything runs; a model that fails later is a report note.
+        if self.params:
+            from topoprof.commands.model import parse_count
+
+            parse_count(self.params)
+        if self.preset:
+            from topoprof.presets import PRESETS
+
+            if self.preset.strip().lower() not in PRESETS:
+                raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
 
 
 def multi_node() -> bool:
@@ -145,13 +155,16 @@ def run_ranks(opts: ScanOptions, stages: Stages):
 
     env = nccl_env(BenchOptions(backend=opts.backend, nproc=opts.nproc, sizes=tuple(cfg["sizes"])))
     spec = JobSpec("phases", {"phases": _phases(opts, vopts)}, opts.nproc, opts.backend, opts.timeout_s, env=env)
-    run = run_job(spec, on_message)
+    from topoprof.probing import attempt
+
+    run, status = attempt("ranks", lambda: run_job(spec, on_message))
     bench.rows = list(vres.bench_rows)
-    bench.wall_s = run.wall_s
-    if run.failure is not None:
+    bench.wall_s = run.wall_s if run is not None else None
+    failure = status.detail if run is None else (run.failure.describe() if run.failure is not None else None)
+    if failure is not None:
         bench.status = vres.status = "error"
-        bench.error = vres.error = run.failure.describe()
-    if opts.backend == "nccl" and run.log_dir:
+        bench.error = vres.error = failure
+    if run is not None and opts.backend == "nccl" and run.log_dir:
         from topoprof.bench import read_nccl_logs
 
         read_nccl_logs(bench, run.log_dir)

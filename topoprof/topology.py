@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from topoprof import constants
 from topoprof.errors import InputError
+from topoprof.probing import ProbeStatus
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
     from probes.host import HostInfo
@@ -94,6 +95,7 @@ class Topology:
     host: dict | None = None         # asdict(HostInfo) when the host was probed
     driver_version: str | None = None
     notes: tuple[str, ...] = ()
+    probes: tuple[ProbeStatus, ...] = ()  # each source asked, and what became of it
 
     def pair(self, a: int, b: int) -> PairLink:
         lo, hi = sorted((a, b))
@@ -118,6 +120,7 @@ class Topology:
             host=self.host,
             driver_version=self.driver_version,
             notes=self.notes,
+            probes=self.probes,
         )
 
 
@@ -126,8 +129,9 @@ def build_topology(
     nvml: "NvmlSnapshot | None" = None,
     host: "HostInfo | None" = None,
     notes: tuple[str, ...] = (),
+    probes: tuple[ProbeStatus, ...] = (),
 ) -> Topology:
-    """Combine the available sources into one Topology."""
+    """Combine the available sources into one Topology; `probes` says what became of each source."""
     from dataclasses import asdict
 
     gpus = _gpus(smi, nvml)
@@ -155,7 +159,8 @@ def build_topology(
         gpu_nic_paths=nic_paths,
         host=asdict(host) if host is not None else None,
         driver_version=nvml.driver_version if nvml is not None else None,
-        notes=notes + _consistency_notes(smi, nvml),
+        notes=notes + (smi.notes if smi is not None else ()) + _consistency_notes(smi, nvml),
+        probes=probes,
     )
 
 
@@ -218,18 +223,25 @@ def _nvml_gpu(nvml, index: int):
 
 
 def _pair_path(a: int, b: int, smi, nvml) -> tuple[str | None, int]:
-    """Path kind and NVLink count: nvidia-smi's matrix first, NVML's link remotes second."""
-    nv_from_nvml = None
-    if nvml is not None:
-        from probes.nvml import nvlink_pairs
-
-        nv_from_nvml = nvlink_pairs(nvml).get((min(a, b), max(a, b)))
+    """Path kind and NVLink count: nvidia-smi's matrix first, then NVML: its NVLink remotes, and
+    for a pair without NVLink its PCIe common ancestor (what nvidia-smi itself prints)."""
     if smi is not None and a < len(smi.gpus) and b < len(smi.gpus):
         code = smi.gpu_path(a, b)
         return code.kind, code.nvlinks
-    if nv_from_nvml:
-        return "NV", nv_from_nvml
-    return None, 0
+    if nvml is None:
+        return None, 0
+    from probes.nvml import nvlink_pairs, nvswitch_links
+
+    nvlinks = nvlink_pairs(nvml).get((min(a, b), max(a, b)))
+    if nvlinks:
+        return "NV", nvlinks
+    # Through NVSwitch every GPU reaches every other over all its switch links: nvidia-smi prints
+    # NV18 for each pair of an 8 x H100 HGX board (fixture 18).
+    switch = nvswitch_links(nvml)
+    if switch.get(a) and switch.get(b):
+        return "NV", min(switch[a], switch[b])
+    status = next((p for p in nvml.p2p if {p.gpu_a, p.gpu_b} == {a, b}), None)
+    return (status.pcie_path if status is not None else None), 0
 
 
 def _p2p(a: int, b: int, path: str | None, nvml) -> tuple[str, str]:

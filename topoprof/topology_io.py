@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from topoprof.errors import InputError
+from topoprof.probing import ProbeStatus
 from topoprof.topology import Gpu, Nic, PairLink, Topology, build_topology
 
 
@@ -18,7 +19,8 @@ def topology_from_dict(data: dict) -> Topology:
     pairs = tuple(PairLink(**{k: _tuple(v) for k, v in p.items()}) for p in data["pairs"])
     return Topology(sources=tuple(data.get("sources", ())), gpus=gpus, nics=nics, pairs=pairs,
                     gpu_nic_paths=dict(data.get("gpu_nic_paths", {})), host=data.get("host"),
-                    driver_version=data.get("driver_version"), notes=tuple(data.get("notes", ())))
+                    driver_version=data.get("driver_version"), notes=tuple(data.get("notes", ())),
+                    probes=tuple(ProbeStatus(**p) for p in data.get("probes", ())))
 
 
 def topology_from_file(path: str) -> Topology:

@@ -75,17 +75,64 @@ def _recommendations(report: dict) -> list:
     return rec.rank(recs)
 
 
+def _ranks_status(bench, vres):
+    """What became of the rank work: it ran, never started (nothing measured), or failed part-way."""
+    from topoprof.probing import ERROR, OK, ProbeStatus
+
+    measured = f"{len(bench.rows)} bench row(s)" + (f", {len(vres.modes())} validation mode(s)" if vres.modes() else "")
+    if bench.status == "ok":
+        return ProbeStatus("ranks", OK, measured)
+    if not bench.rows:
+        return ProbeStatus("ranks", ERROR, f"could not start: {bench.error}")
+    return ProbeStatus("ranks", ERROR, f"failed part-way after {measured}: {bench.error}")
+
+
+def _copies(opts):
+    """Host<->GPU and GPU<->GPU copy bandwidth on GPUs; a copy that fails is a status."""
+    from topoprof.commands.bench import copies_payload
+    from topoprof.probing import SKIPPED, UNAVAILABLE, ProbeStatus, attempt
+
+    if opts.backend != "nccl":
+        return None, ProbeStatus("copies", SKIPPED, "CPU ranks: no GPU memory to copy")
+    copies, status = attempt("copies", lambda: copies_payload(True))
+    if copies is not None and copies.get("status") != "ok":
+        status = ProbeStatus("copies", UNAVAILABLE, copies.get("detail", ""))
+    return copies, status
+
+
+def _predictions(opts, bench, vres, vopts, topology):
+    """Predictions from what was measured; a model that cannot be built is a status, not the end."""
+    from topoprof.fit import fit_rows
+    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
+    from topoprof.scan_model import predictions
+
+    job_rows = [r for r in bench.rows if r.level == "job"]
+    fit = fit_rows(job_rows, "all_reduce") if job_rows else None
+    gpu_name = topology.gpus[0].name if topology.gpus else None
+    levels = level_fits(bench.rows)
+    preds, status = attempt("model", lambda: predictions(opts, fit, opts.nproc, vres.calibration, vopts,
+                                                          gpu_name, job_rows, levels))
+    preds = preds or []
+    if status.status == OK:
+        skipped = [p["skipped"] for p in preds if p.get("skipped")]
+        if not preds:
+            status = ProbeStatus("model", SKIPPED, "it needs an all-reduce fit from at least 2 ranks")
+        elif skipped:
+            status = ProbeStatus("model", SKIPPED, skipped[0])
+        else:
+            status = ProbeStatus("model", OK, ", ".join(p["label"] for p in preds))
+    return preds, status, levels
+
+
 def run(opts, stages, out_dir: str) -> dict:
     from topoprof.commands.bench import bench_payload
     from topoprof.commands.topo import collect_topology
-    from topoprof.fit import fit_rows
     from topoprof.jsonio import envelope, to_jsonable
     from topoprof.scan import environment, run_ranks, versions
-    from topoprof.scan_model import predictions
     from topoprof.verdict import judge
 
     stages.begin("topology")
-    topology = collect_topology()
+    topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes
     stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)
@@ -97,25 +144,22 @@ def run(opts, stages, out_dir: str) -> dict:
         if bench.status != "ok":
             raise RunFailed(f"{bench.error}")
         return None  # rank 0 writes the one report of the job
-    copies = None
-    if opts.backend == "nccl":
-        stages.begin("copies")
-        from topoprof.commands.bench import copies_payload
-
-        copies = copies_payload(True)
-        stages.end()
-    stages.begin("model")
-    job_rows = [r for r in bench.rows if r.level == "job"]
-    fit = fit_rows(job_rows, "all_reduce") if job_rows else None
-    gpu_name = topology.gpus[0].name if topology.gpus else None
-    levels = level_fits(bench.rows)
-    preds = predictions(opts, fit, opts.nproc, vres.calibration, vopts, gpu_name, job_rows, levels)
+    stages.begin("copies")
+    copies, copies_status = _copies(opts)
     stages.end()
+    stages.begin("model")
+    preds, model_status, levels = _predictions(opts, bench, vres, vopts, topology)
+    stages.end()
+    probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status]
     summary, banner = _banner(opts, topology)
+    # exit 3 only when rank work failed part-way: a probe that failed, or ranks that never
+    # started, leave a report that says so and the scan succeeds with what it could measure
+    failed_part_way = bench.status != "ok" and bool(bench.rows)
     report = envelope("scan", {
-        "status": "ok" if bench.status == "ok" else "error", "error": bench.error,
+        "status": "error" if failed_part_way else "ok", "error": bench.error,
         "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
         "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(), "environment": environment(),
+        "probes": probes,
         "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
         "validation": validation_payload(vres, vopts, opts),
@@ -219,6 +263,9 @@ def _print_summary(report: dict, out_dir: str) -> None:
     click.echo(f"topoprof scan: {report['mode']['summary']}; report in {out_dir}/report.md "
                f"({report['timing']['total_s']:.1f} s)")
     click.echo(f"  {report['mode']['banner']}")
+    for probe in report.get("probes") or []:
+        if probe["status"] == "error":
+            click.echo(f"  {probe['name']}: {probe['status']}: {probe['detail']}")
     v = report.get("verdict") or {}
     if v:
         click.echo(f"  bandwidth: {v['summary']}")
