@@ -300,5 +300,8 @@ def test_gloo_allreduce_busbw_reaches_shaped_rate(netns_ok: None, tmp_path: Path
           f"per-iteration {[round(x, 3) for x in r['times']]} s, busbw {busbw / 1e6:.2f} MB/s "
           f"= {ratio:.1%} of the shaped rate")
     # For two ranks gloo's ring sends S bytes each way per all-reduce over a
-    # single TCP connection; like plain TCP it can reach ~95.6 % (headers).
-    assert ratio >= 0.85
+    # single TCP connection; like plain TCP it can reach ~95.6 % (headers). How
+    # close it gets is a benchmark (tests/benchmarks/bench_shaped_link.py); the
+    # test holds what only a broken link or timing crosses: the rate is there,
+    # and nothing beats it by more than one tbf bucket.
+    assert 0.5 <= ratio <= 1.1

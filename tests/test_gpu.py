@@ -1,0 +1,179 @@
+"""On the GPUs that are there: the real driver, NCCL, CUDA copies, bf16 training, a whole scan.
+
+Marked `gpu` and skipped, with the reason, where torch sees no CUDA GPU. `python
+tests/run_gpu_suite.py` runs them and writes one summary (README "GPU checks"); each test
+records what it measured with `record_property`, which the summary shows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU: torch.cuda.is_available() is False here")]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def _out_dir(tmp_path: Path, name: str) -> Path:
+    """Where a test keeps what the summary should carry: the suite's folder, else a temporary one."""
+    base = os.environ.get("TOPOPROF_GPU_SUITE_OUT")
+    return Path(base) / name if base else tmp_path / name
+
+
+def test_topo_on_the_real_driver(record_property):
+    proc = _cli("topo", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    topo, probes = doc["topology"], {p["name"]: p for p in doc["topology"]["probes"]}
+    record_property("probes", "; ".join(f"{p['name']}: {p['status']}" for p in probes.values()))
+    record_property("gpus", ", ".join(f"GPU{g['index']} {g['name']}" for g in topo["gpus"]))
+    # NVML lists every GPU of the machine; CUDA_VISIBLE_DEVICES may hide some from torch.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert len(topo["gpus"]) == GPUS if not visible else len(topo["gpus"]) >= GPUS
+    assert probes["nvidia-smi"]["status"] in ("ok", "partial"), probes["nvidia-smi"]
+    assert probes["NVML"]["status"] in ("ok", "partial"), probes["NVML"]
+    for gpu in topo["gpus"]:
+        for field in ("name", "pci_bus_id", "compute_capability", "pcie_gen_max", "pcie_width_max", "numa_node"):
+            # filled, or named with the driver's reason in the NVML status
+            assert gpu[field] is not None or f"{field} (" in probes["NVML"]["detail"], (field, gpu)
+    record_property("nvml_detail", probes["NVML"]["detail"])
+
+
+def test_bench_nccl_on_every_visible_gpu(tmp_path, record_property):
+    out = tmp_path / "bench.json"
+    proc = _cli("bench", "--backend", "nccl", "--collectives", "all_reduce,all_gather,reduce_scatter",
+                "-b", "8", "-e", "256M", "-f", "4", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert doc["metadata"]["world_size"] == GPUS and rows
+    assert all(r["wrong"] == 0 for r in rows)
+    peak = max(rows, key=lambda r: (r["busbw_gbps"], r["algbw_gbps"]))
+    record_property("world_size", GPUS)
+    record_property("peak", f"{peak['collective']} {peak['size_bytes']} B: algbw {peak['algbw_gbps']:.1f} GB/s, "
+                            f"busbw {peak['busbw_gbps']:.1f} GB/s")
+    record_property("nccl", doc["metadata"].get("nccl_version", "?"))
+    if GPUS == 1:  # one rank: the rows still time the collective; busbw is 0 by definition, and said so
+        assert all(r["busbw_gbps"] == 0 for r in rows)
+        assert "# One rank: bus bandwidth is 0 by definition" in proc.stdout
+    else:
+        assert peak["busbw_gbps"] > 0
+
+
+def _plain_copy_gbps(kind: str, size: int = 256 << 20, iters: int = 10) -> float:
+    """The plainest loop: copy_ `iters` times between two synchronizations, wall clock."""
+    if kind == "h2d":
+        src, dst = torch.empty(size, dtype=torch.uint8, pin_memory=True), torch.empty(size, dtype=torch.uint8, device="cuda:0")
+    elif kind == "d2h":
+        src, dst = torch.empty(size, dtype=torch.uint8, device="cuda:0"), torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    else:
+        src, dst = torch.empty(size, dtype=torch.uint8, device="cuda:0"), torch.empty(size, dtype=torch.uint8, device="cuda:0")
+    for _ in range(2):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    return size * iters / (time.perf_counter() - start) / 1e9
+
+
+def _topoprof_copies(tmp_path: Path) -> dict[str, float]:
+    out = tmp_path / "copies.json"
+    proc = _cli("bench", "--copies", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    copies = json.loads(out.read_text())["copies"]
+    assert copies["status"] == "ok", copies
+    found = {}
+    for m in copies["measurements"]:
+        if m["src"] in ("host", "cuda:0") and m["dst"] in ("host", "cuda:0"):
+            found[m["kind"]] = m["bandwidth_gbps"]
+    return found
+
+
+def test_copies_match_a_plain_torch_loop(tmp_path, record_property):
+    # Two rounds, topoprof then the plain loop, on GPU 0: medians compared.
+    ours, plain = {}, {}
+    for _ in range(2):
+        for kind, gbps in _topoprof_copies(tmp_path).items():
+            ours.setdefault(kind, []).append(gbps)
+        for kind in ("h2d", "d2h", "d2d"):
+            plain.setdefault(kind, []).append(_plain_copy_gbps(kind))
+    for kind in ("h2d", "d2h", "d2d"):
+        a, b = statistics.median(ours[kind]), statistics.median(plain[kind])
+        record_property(kind, f"topoprof {a:.1f} GB/s, plain loop {b:.1f} GB/s, ratio {a / b:.3f}")
+        assert 0.9 <= a / b <= 1.1, (kind, ours[kind], plain[kind])
+
+
+def test_training_worker_on_cuda_in_bf16(record_property):
+    import dataclasses
+
+    from topoprof.launch import JobSpec, launch_local
+    from topoprof.synthetic import spec_for_params
+
+    spec = spec_for_params(25_000_000, seq_len=256)
+    config = {"spec": dataclasses.asdict(spec), "mode": "single", "micro_batch": 8, "accum": 4, "steps": 3,
+              "warmup_steps": 1, "seed": 0, "amp": "bf16", "optimizer": "adamw"}
+    for mode, nproc in (("single", 1), ("ddp_synced", GPUS)):
+        result = launch_local(JobSpec("training", {**config, "mode": mode}, nproc, "nccl", timeout_s=300))
+        assert result.failure is None, result.failure.describe()
+        msgs = {m["type"]: m for _, m in result.messages if m["type"] != "progress"}
+        res = msgs["result"]
+        assert res["mode"] == mode and res["world_size"] == nproc and res["step_time_s"] > 0
+        record_property(f"{mode}_step_ms", round(res["step_time_s"] * 1e3, 2))
+        if mode == "single":
+            cal = msgs["calibration"]
+            assert cal["micro_batch_time_s"] > 0 and cal["optimizer_time_s"] > 0
+            record_property("calibration", f"fwd+bwd {cal['micro_batch_time_s'] * 1e3:.2f} ms, "
+                                           f"optimizer {cal['optimizer_time_s'] * 1e3:.2f} ms")
+
+
+def test_scan_end_to_end_on_the_real_driver(tmp_path, record_property):
+    out = _out_dir(tmp_path, "scan")
+    proc = _cli("scan", "--out", str(out), timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("report.json", "report.md"):
+        assert (out / name).stat().st_size > 0
+    doc = json.loads((out / "report.json").read_text())
+    probes = {p["name"]: p for p in doc["probes"]}
+    record_property("probes", "; ".join(f"{p['name']}: {p['status']}" for p in doc["probes"]))
+    record_property("summary", proc.stdout.strip().splitlines()[0])
+    record_property("wall_s", doc["timing"]["total_s"])
+    assert probes["nvidia-smi"]["status"] in ("ok", "partial"), probes["nvidia-smi"]
+    assert probes["ranks"]["status"] == "ok" and all(r["wrong"] == 0 for r in doc["bench"]["rows"])
+    assert doc["copies"]["status"] == "ok"
+    for chart in doc["charts"].values():
+        assert (out / chart).read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.skipif(GPUS < 2, reason="validate compares DDP across ranks: needs 2 or more GPUs")
+def test_validate_with_nccl(record_property):
+    proc = _cli("validate", "--backend", "nccl", "--params", "25M", "--modes",
+                "ddp_synced,ddp_no_sync,ddp_no_sync_backward_only,dp", "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    for mode, m in doc["modes"].items():
+        assert m["measured_step_s"] > 0, (mode, m)
+        assert m["predicted_step_s"] is not None or mode == "dp", (mode, m)
+        predicted = ("no prediction" if m["predicted_step_s"] is None else
+                     f"predicted {m['predicted_step_s'] * 1e3:.1f} ms, error {m['error_pct']:+.1f} %")
+        record_property(mode, f"measured {m['measured_step_s'] * 1e3:.1f} ms, {predicted}")
+    for mode, check in (doc.get("numerics") or {}).items():
+        if mode.startswith("ddp"):
+            assert check["allclose"] is True, (mode, check)
