@@ -65,7 +65,9 @@ def phases(opts: ValidateOptions) -> list[dict]:
              "warmup": 2, "dtype": "float32", "combine": "avg", "check": True}
     out = [{"name": "bench", "worker": "collectives", "config": bench},
            {"name": "calibration", "worker": "training", "config": _train(opts, "single")}]
-    out += [{"name": mode, "worker": "training", "config": _train(opts, mode)} for mode in opts.modes]
+    # DataParallel is one process over every GPU: it runs in a launch of its own (`dp_phase`).
+    out += [{"name": mode, "worker": "training", "config": _train(opts, mode)} for mode in opts.modes
+            if mode != "dp"]
     if opts.numerics:
         out.append({"name": "numerics", "worker": "training",
                     "config": {**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0}})
@@ -151,8 +153,26 @@ def run_validate(opts: ValidateOptions, on_progress=None) -> ValidateResult:
     result.wall_s = run.wall_s
     if run.failure is not None:
         result.status, result.error = "error", run.failure.describe()
+    elif "dp" in opts.modes:
+        _run_dp(opts, result, on_message)
     predict(opts, result)
     return result
+
+
+def _run_dp(opts: ValidateOptions, result: ValidateResult, on_message) -> None:
+    """torch.nn.DataParallel in one process over every visible GPU, after the DDP ranks are gone
+    (a rank waiting beside it would hold a GPU it uses)."""
+    from topoprof.launch import JobSpec, external_job, launch_local
+
+    if external_job() is not None:
+        result.measured["dp"] = {"skipped": "DataParallel is one process: run `topoprof validate --modes dp` "
+                                            "outside torchrun/srun"}
+        return
+    phase = [{"name": "dp", "worker": "training", "config": _train(opts, "dp")}]
+    run = launch_local(JobSpec("phases", {"phases": phase}, 1, opts.backend, opts.timeout_s), on_message)
+    result.wall_s += run.wall_s
+    if run.failure is not None:
+        result.status, result.error = "error", f"dp: {run.failure.describe()}"
 
 
 def summary(results: list[ValidateResult]) -> dict:
