@@ -139,6 +139,7 @@ class _Rank:
     done: bool = False
     eof: bool = False
     error: str | None = None        # the message of an "error" report, if the rank sent one
+    error_t: float | None = None    # when that report arrived
     exit_seen_t: float | None = None
 
 
@@ -242,7 +243,7 @@ def _drain(r: _Rank, on_message: OnMessage, messages: list) -> None:
         if msg.get("type") == "done":
             r.done = True
         if msg.get("type") == "error":
-            r.error = msg.get("message")
+            r.error, r.error_t = msg.get("message"), time.monotonic()
         messages.append((r.rank, msg))
         on_message(r.rank, msg)
 
@@ -257,10 +258,12 @@ def _check(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float) -> Ra
     for r in ranks:
         if r.exit_seen_t is None and r.proc.poll() is not None:
             r.exit_seen_t = now
-    # When one rank dies its peers fail too a moment later (connection reset): blame the first.
+    # When one rank dies its peers fail too a moment later, with errors about the lost peer:
+    # blame the rank whose failure is its own, then the first to report or to exit.
     dead = [r for r in ranks if r.exit_seen_t is not None and r.proc.returncode != 0 and r.eof]
     if dead:
-        r = min(dead, key=lambda x: (x.exit_seen_t, x.error is not None))
+        r = min(dead, key=lambda x: (_lost_a_peer(x.error), x.error_t if x.error_t is not None else now,
+                                     x.exit_seen_t))
         return _failure(r, _exit_reason(r.proc.returncode))
     # A rank stuck while its peers wait for it: blame the one silent the longest.
     def limit(r: _Rank) -> float:
@@ -274,6 +277,15 @@ def _check(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float) -> Ra
         return _failure(r, f"{what}: no progress for {now - r.last_progress_t:.0f} s "
                            f"(timeout {limit(r):g} s{state})")
     return None
+
+
+# How torch's gloo and NCCL process groups word an error that only reflects a peer's failure.
+_PEER_LOSS = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "communicator was aborted")
+
+
+def _lost_a_peer(error: str | None) -> bool:
+    return error is not None and any(text in error for text in _PEER_LOSS)
 
 
 def _proc_state(pid: int) -> str:
