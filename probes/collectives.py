@@ -19,23 +19,7 @@ import os
 import platform
 import time
 
-COMBINE_RULES = ("avg", "min", "max", "rank0")
-
-DTYPES = {  # name -> (torch dtype attribute, element bytes)
-    "float32": ("float32", 4), "float16": ("float16", 2), "bfloat16": ("bfloat16", 2),
-    "float64": ("float64", 8), "int32": ("int32", 4), "int64": ("int64", 8),
-    "int8": ("int8", 1), "uint8": ("uint8", 1),
-}
-
-
-def combine(times_us: list[float], rule: str) -> float:
-    if rule == "avg":
-        return sum(times_us) / len(times_us)
-    if rule == "min":
-        return min(times_us)
-    if rule == "max":
-        return max(times_us)
-    return times_us[0]
+from topoprof.measure.collectives import DTYPES, combine
 
 
 # The check works through the buffer in chunks of this many elements, so its int64 temporaries
@@ -92,7 +76,7 @@ class _Op:
             ops = [d.P2POp(d.isend, self.send, peer_to, group=g), d.P2POp(d.irecv, self.recv, peer_from, group=g)]
             for req in d.batch_isend_irecv(ops):
                 req.wait()
-        else:  # the CLI validates names against topoprof.collectives.COLLECTIVES
+        else:  # the CLI validates names against topoprof.measure.collectives.COLLECTIVES
             raise ValueError(f"unknown collective {name}")
 
     def fill_for_check(self) -> None:
@@ -227,7 +211,7 @@ def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
 
 def run_size(torch, dist, ctx, spec, size: int, config: dict, sync, where: Where | None = None):
     """Rows for one size (one per group measured): returns (rows, stop reason or None)."""
-    from topoprof.collectives import make_row
+    from topoprof.measure.collectives import make_row
 
     where = where or Where("job", None, ctx.world_size, ctx.rank, "", list(range(ctx.world_size)))
     dtype_attr, elem = DTYPES[config["dtype"]]
@@ -285,7 +269,7 @@ def run_rank(ctx, config: dict) -> None:
     import torch.distributed as dist
 
     from probes.dist import synchronize
-    from topoprof.collectives import get_collective
+    from topoprof.measure.collectives import get_collective
 
     sync = lambda: synchronize(ctx.device)  # noqa: E731
     meta = describe_ranks(torch, dist, ctx)

@@ -13,7 +13,7 @@ import platform
 def run_rank(ctx, config: dict) -> None:
     import torch.distributed as dist
 
-    from topoprof.commands.topo import collect_topology
+    from topoprof.topology.collect import collect_topology
     from topoprof.jsonio import to_jsonable
 
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))

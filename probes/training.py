@@ -1,6 +1,6 @@
 """Rank worker for `validate`: real training steps of the synthetic model, timed per strategy.
 
-Modes (the strategies of `topoprof.costmodel`): single (one process, K micro-batches with
+Modes (the strategies of `topoprof.model.strategies`): single (one process, K micro-batches with
 loss / K, and a calibration of the forward, backward and optimizer times the step-time model
 takes as inputs); ddp_synced (all-reduce after every micro-batch); ddp_no_sync (forward and
 backward of the first K-1 micro-batches inside `model.no_sync()`); ddp_no_sync_backward_only
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.dist import synchronize
-from topoprof.synthetic import (DDP_MODES, NUMERICS_TOLERANCE, STREAM_SEED_BITS, SyntheticSpec,
-                                 TrainConfig, check_supported, parse_config)
+from topoprof.model.synthetic import (DDP_MODES, NUMERICS_TOLERANCE, STREAM_SEED_BITS, SyntheticSpec,
+                                      TrainConfig, check_supported, parse_config)
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16}
 COMBINE = "max over ranks, median over steps"
@@ -53,7 +53,7 @@ class _Block(nn.Module):
 
 
 class SyntheticLM(nn.Module):
-    """The module `topoprof.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
+    """The module `topoprof.model.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
 
     def __init__(self, spec: SyntheticSpec, autocast_dtype=None):
         super().__init__()

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from topoprof.bench import BenchOptions, run_bench
-from topoprof.collectives import COLLECTIVES, size_sweep
+from topoprof.measure.bench import BenchOptions, run_bench
+from topoprof.measure.collectives import COLLECTIVES, size_sweep
 
 FIXTURE_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
 SMALL = tuple(size_sweep(1024, 256 * 1024, 4))
@@ -120,7 +120,7 @@ def test_copies_are_skipped_with_a_reason_without_gpu():
 
 def test_uneven_nodes_get_rows_from_their_own_group_sizes(tmp_path):
     """Three ranks as a torchrun job over two "nodes" (2 + 1 ranks): per-level rows, right factors."""
-    from topoprof.launch import free_port
+    from topoprof.measure.launch import free_port
 
     port = str(free_port())
     procs = []
@@ -153,7 +153,7 @@ def test_expected_values_are_the_same_in_chunks(name, monkeypatch):
     import torch
 
     import probes.collectives as pc
-    from topoprof.collectives import get_collective
+    from topoprof.measure.collectives import get_collective
 
     spec, world = get_collective(name), 3
     send_n, recv_n = spec.counts(3 * 4096, world, 4)

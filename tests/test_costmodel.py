@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from topoprof.buckets import simulate_overlap
-from topoprof.comm import FitComm, HierarchicalComm, LinkUnknown, RingComm, SingleGpuComm
-from topoprof.costmodel import (ONE_GPU_REASON, STRATEGIES, Cluster, ModelInputs, StrategyResult,
-                                Unavailable, Workload, fixed_global_batch, hide_threshold, predict,
-                                resolve, sweep)
+from topoprof.model.ddp import simulate_overlap
+from topoprof.model.comm import FitComm, HierarchicalComm, LinkUnknown, RingComm, SingleGpuComm
+from topoprof.model.strategies import (ONE_GPU_REASON, STRATEGIES, Cluster, ModelInputs, StrategyResult,
+                                       Unavailable, Workload, fixed_global_batch, hide_threshold, predict,
+                                       resolve, sweep)
 from topoprof.errors import InputError
-from topoprof.gpu_specs import Compute, lookup_gpu, normalize_gpu_name
-from topoprof.presets import Layout, TensorSpec, Use
+from topoprof.model.compute import Compute, lookup_gpu, normalize_gpu_name
+from topoprof.model.presets import Layout, TensorSpec, Use
 
 # ---- collective formulas --------------------------------------------------------------------
 
@@ -534,7 +534,7 @@ def test_hide_threshold_is_where_exposed_reaches_its_floor(inputs):
 
 
 def test_measured_curve_interpolates_inside_and_fits_outside():
-    from topoprof.comm import FitComm, MeasuredComm
+    from topoprof.model.comm import FitComm, MeasuredComm
 
     points = ((1024.0, 100.0), (4096.0, 400.0), (16384.0, 800.0))
     comm = MeasuredComm(latency_us=50.0, algbw_gbps=0.05, world_size=2, points=points)

@@ -124,8 +124,8 @@ def test_copies_match_a_plain_torch_loop(tmp_path, record_property):
 def test_training_worker_on_cuda_in_bf16(record_property):
     import dataclasses
 
-    from topoprof.launch import JobSpec, launch_local
-    from topoprof.synthetic import spec_for_params
+    from topoprof.measure.launch import JobSpec, launch_local
+    from topoprof.model.synthetic import spec_for_params
 
     spec = spec_for_params(25_000_000, seq_len=256)
     config = {"spec": dataclasses.asdict(spec), "mode": "single", "micro_batch": 8, "accum": 4, "steps": 3,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from topoprof.launch import JobSpec, external_job, launch_local
+from topoprof.measure.launch import JobSpec, external_job, launch_local
 
 
 def _alive(pid: int) -> bool:
@@ -85,7 +85,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.getcwd()!r})
-        from topoprof.launch import JobSpec, launch_local
+        from topoprof.measure.launch import JobSpec, launch_local
         def on_message(rank, msg):
             if msg["type"] == "row":
                 print(msg["pid"], flush=True)

@@ -1,4 +1,4 @@
-"""Tests for topoprof.nccl_log against real NCCL_DEBUG=INFO logs (tests/fixtures/nccl_logs)."""
+"""Tests for topoprof.measure.nccl_log against real NCCL_DEBUG=INFO logs (tests/fixtures/nccl_logs)."""
 from __future__ import annotations
 
 import random
@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.nccl_log import (
-    ChannelConnection,
-    NcclLogSummary,
-    PairTransport,
-    explain,
-    parse_nccl_info,
-    transport_family,
-    transport_kind,
-    version_tuple,
-)
+from topoprof.measure.nccl_log import (
+                                       ChannelConnection,
+                                       NcclLogSummary,
+                                       PairTransport,
+                                       explain,
+                                       parse_nccl_info,
+                                       transport_family,
+                                       transport_kind,
+                                       version_tuple,
+                                       )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl_logs"
 ALL_FIXTURES = sorted(p.name for p in FIXTURES.glob("*.log"))

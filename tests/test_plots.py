@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from topoprof import plots
-from topoprof.plots_base import _byte_ticks, fmt_bytes, fmt_num, nice_log_ticks
+from topoprof.report import plots
+from topoprof.report.plots.base import _byte_ticks, fmt_bytes, fmt_num, nice_log_ticks
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -163,7 +163,7 @@ def test_single_strategy_uses_world_size_one():
 
 
 def test_step_sweep_draws_gaps_for_nulls_and_single_rate(tmp_path, monkeypatch):
-    from topoprof import plots_steps
+    from topoprof.report.plots import steps as plots_steps
 
     drawn = {}
     real = plots_steps._draw_strategy
@@ -204,10 +204,10 @@ def test_strategy_colours_are_fixed_per_name():
 def test_import_does_not_load_matplotlib():
     code = textwrap.dedent("""
         import sys
-        import topoprof.plots
+        import topoprof.report.plots
         assert not any(m == "matplotlib" or m.startswith("matplotlib.") for m in sys.modules), "early"
         import tempfile, os
-        topoprof.plots.plot_pred_vs_measured([], os.path.join(tempfile.mkdtemp(), "x.png"))
+        topoprof.report.plots.plot_pred_vs_measured([], os.path.join(tempfile.mkdtemp(), "x.png"))
         assert "matplotlib" in sys.modules
         assert "matplotlib.pyplot" not in sys.modules
     """)
@@ -221,7 +221,7 @@ def _repo_root() -> str:
 
 
 def test_copy_cells_mark_missing_peer_access():
-    from topoprof.plots_copies import _cell_texts, _d2d_grid
+    from topoprof.report.plots.copies import _cell_texts, _d2d_grid
 
     ms = copies(2, p2p=False)["measurements"]
     grid, no_p2p = _d2d_grid(ms, [0, 1])

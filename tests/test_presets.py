@@ -2,8 +2,8 @@
 import pytest
 
 from topoprof.errors import InputError
-from topoprof.presets import (PRESETS, Layout, TensorSpec, Use, bert_layout, get_preset,
-                              gpt2_layout, synthetic_layout)
+from topoprof.model.presets import (PRESETS, Layout, TensorSpec, Use, bert_layout, get_preset,
+                                    gpt2_layout, synthetic_layout)
 
 # Totals of the Hugging Face models (sum of p.numel() over model.parameters()).
 EXPECTED_PARAMS = {

@@ -9,10 +9,10 @@ import os
 from fake_nvml import make_fake_nvml
 from probes.nvidia_smi import read_topo_file
 from probes.nvml import query_nvml
-from topoprof import recommend as rec
+from topoprof.report import recommend as rec
 from topoprof.jsonio import to_jsonable
-from topoprof.topology import build_topology
-from topoprof.verdict import judge
+from topoprof.topology.build import build_topology
+from topoprof.report.verdict import judge
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 

@@ -10,7 +10,7 @@ from fake_nvml import make_fake_nvml
 from probes.nvidia_smi import read_topo_file
 from probes.nvml import query_nvml
 from topoprof.errors import InputError
-from topoprof.topology import build_topology
+from topoprof.topology.build import build_topology
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 
@@ -55,7 +55,7 @@ def test_pix_pair_uses_pcie_generation_and_width():
 
 
 def test_pix_pair_with_p2p_gets_pcie_nominal():
-    from topoprof.topology import Gpu, nominal_bandwidth
+    from topoprof.topology.build import Gpu, nominal_bandwidth
 
     a = Gpu(index=0, pcie_gen_max=4, pcie_width_max=16)
     b = Gpu(index=1, pcie_gen_max=3, pcie_width_max=16)

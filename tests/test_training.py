@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.buckets import ddp_buckets
+from topoprof.model.buckets import ddp_buckets
 from topoprof.errors import InputError
-from topoprof.launch import JobSpec, launch_local
-from topoprof.presets import PRESETS, get_preset
-from topoprof.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
-                                 spec_for_preset)
+from topoprof.measure.launch import JobSpec, launch_local
+from topoprof.model.presets import PRESETS, get_preset
+from topoprof.model.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
+                                      spec_for_preset)
 
 torch = pytest.importorskip("torch")
 training = pytest.importorskip("probes.training")

@@ -18,8 +18,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from topoprof.bench import BenchOptions, run_bench  # noqa: E402
-from topoprof.launch import free_port  # noqa: E402
+from topoprof.measure.bench import BenchOptions, run_bench  # noqa: E402
+from topoprof.measure.launch import free_port  # noqa: E402
 
 SIZES = [16 << 20, 32 << 20, 64 << 20]
 

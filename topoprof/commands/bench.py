@@ -5,11 +5,11 @@ import sys
 
 import click
 
-from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, NothingMeasured, RunFailed
+from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed
 
 
 def _size(ctx, param, value):
-    from topoprof.collectives import parse_size
+    from topoprof.measure.collectives import parse_size
 
     if value is None:
         return None
@@ -30,95 +30,16 @@ def _clear_progress() -> None:
         sys.stderr.write("\r\033[K")
 
 
-def bench_payload(result, copies=None) -> dict:
-    """The JSON body of a bench run (also embedded in scan reports)."""
-    from topoprof.fit import bus_bandwidth_gbps
-    from topoprof.spread import slow_ranks
-
-    fits = result.fits()
-    n = result.world_size()
-    return {
-        "status": result.status,
-        "error": result.error,
-        "metadata": result.metadata,
-        "rows": result.rows,
-        "fit": {name: {**_fit_dict(f), "busbw_gbps": bus_bandwidth_gbps(f, n) if n else None}
-                for name, f in fits.items() if f is not None},
-        "fit_by_level": {key: {name: _fit_dict(f) for name, f in fits.items() if f is not None}
-                         for key, fits in result.level_fits().items()},
-        "stopped": result.stopped,
-        "slow_ranks": slow_ranks(result.rows),
-        "nccl": {"logs": result.nccl, "explained": result.nccl_explained},
-        "copies": copies,
-        "wall_s": result.wall_s,
-    }
-
-
-def _fit_dict(fit) -> dict:
-    from topoprof.jsonio import to_jsonable
-
-    return to_jsonable(fit)
-
-
-def _print_summary(result) -> None:
-    from topoprof import bench_render as r
-    from topoprof.spread import slow_ranks
-
-    by_coll: dict[tuple, list] = {}
-    for row in result.rows:
-        by_coll.setdefault((row.collective, row.level, row.group), []).append(row)
-    for (name, level, group), rows in by_coll.items():
-        click.echo(f"# {name}" + ("" if level == "job" else f" ({level} {group})".replace(" )", ")")))
-        for line in r.footer(rows):
-            click.echo(line)
-    for line in r.fit_lines(result.fits(), result.world_size()):
-        click.echo(line)
-    for line in r.spread_lines(slow_ranks(result.rows)):
-        click.echo(line)
-    for stop in result.stopped:
-        click.echo(f"# {stop['collective']}: {stop['reason']}")
-    for line in result.nccl_explained:
-        click.echo(f"# NCCL: {line}")
-    if result.world_size() == 1:
-        click.echo("# One rank: bus bandwidth is 0 by definition (nothing crosses a link); "
-                   "these rows time the collective's local overhead only.")
-
-
-def _print_imported(result) -> None:
-    from topoprof.bench_render import HEADER, format_row
-
-    meta = result.metadata
-    click.echo(f"# topoprof bench: {meta['source']}, {meta['world_size'] or '?'} rank(s)")
-    current = None
-    for row in result.rows:
-        if row.collective != current:
-            current = row.collective
-            click.echo(f"#\n# {current}\n{HEADER}")
-        click.echo(format_row(row))
-
-
-def copies_payload(enabled: bool) -> dict | None:
-    if not enabled:
-        return None
-    from probes.copies import measure_copies
-    from topoprof.jsonio import to_jsonable
-
-    try:
-        return {"status": "ok", **to_jsonable(measure_copies())}
-    except NothingMeasured as err:
-        return {"status": "unsupported", "detail": str(err)}
-
-
 def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
-    from topoprof.bench import BenchOptions, collectives_option, default_sizes, run_bench
-    from topoprof.bench_render import HEADER, format_row
-    from topoprof.collectives import size_sweep
-    from topoprof.runner import default_backend_and_nproc
+    from topoprof.measure.bench import BenchOptions, collectives_option, default_sizes, run_bench
+    from topoprof.report.text_bench import HEADER, format_row
+    from topoprof.measure.collectives import size_sweep
+    from topoprof.measure.runner import default_backend_and_nproc
 
     backend, nproc, note = default_backend_and_nproc(opts_kwargs.pop("backend"), opts_kwargs.pop("nproc"))
     lo, hi, factor = default_sizes(backend)
     min_b, max_b, fac = sizes
-    from topoprof.scan import multi_node
+    from topoprof.measure.launch import multi_node
 
     opts_kwargs["levels"] = ("intra", "inter", "job") if multi_node() else ("job",)
     opts = BenchOptions(backend=backend, nproc=nproc, collectives=collectives_option(collectives),
@@ -127,7 +48,7 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
                         **opts_kwargs)
     current = {"coll": None}
 
-    from topoprof.launch import is_reporting_rank
+    from topoprof.measure.launch import is_reporting_rank
 
     quiet = as_json or not is_reporting_rank()
 
@@ -184,21 +105,25 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
 
     check_writable(out_path, "--out")
     if from_log:
-        from topoprof.bench import result_from_nccl_tests
+        from topoprof.measure.bench import result_from_nccl_tests
 
         result = result_from_nccl_tests(from_log)
         if not as_json:
-            _print_imported(result)
+            from topoprof.report.text_bench import imported_lines
+
+            click.echo("\n".join(imported_lines(result)))
     else:
         kwargs = dict(backend=backend, nproc=nproc, iters=iters, warmup=warmup, dtype=dtype,
                       combine=combine, check=check, timeout_s=timeout_s)
         result = _run_live(kwargs, collectives, (min_bytes, max_bytes, factor), as_json)
-    from topoprof.launch import is_reporting_rank
+    from topoprof.measure.launch import is_reporting_rank
 
     if not is_reporting_rank():  # rank 0 of the job prints, writes and measures the copies alone
         if result.status != "ok":
             raise RunFailed(f"{result.error}")
         return
+    from topoprof.measure.bench import copies_payload
+
     copy_report = copies_payload(copies)
     _emit(result, copy_report, as_json, out_path)
     if result.status != "ok":
@@ -212,6 +137,7 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
 
 def _emit(result, copy_report, as_json: bool, out_path: str | None) -> None:
     from topoprof.jsonio import dumps, envelope, write_text
+    from topoprof.measure.bench import bench_payload
 
     doc = envelope("bench", bench_payload(result, copy_report))
     if out_path:
@@ -219,9 +145,12 @@ def _emit(result, copy_report, as_json: bool, out_path: str | None) -> None:
     if as_json:
         click.echo(dumps(doc))
         return
-    _print_summary(result)
+    from topoprof.report.text_bench import summary_lines
+
+    for line in summary_lines(result):
+        click.echo(line)
     if copy_report is not None:
-        from topoprof.bench_render import copy_lines
+        from topoprof.report.text_bench import copy_lines
 
         for line in copy_lines(copy_report):
             click.echo(line)

@@ -1,183 +1,9 @@
 """`topoprof model`: predicted optimizer-step time for DP, DDP and accumulation strategies."""
 from __future__ import annotations
 
-import re
-
 import click
 
 from topoprof.errors import InputError
-
-_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
-_COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
-
-
-def parse_count(text: str) -> int:
-    """'124439808', '125M', '1.3B', '7B' -> parameters (decimal units, as model names use)."""
-    match = _COUNT_RE.match(text)
-    if not match:
-        raise InputError(f"--params {text!r}: expected a number with optional K, M, B or T (e.g. 125M, 1.3B, 7B)")
-    value = float(match.group(1)) * _COUNT_UNITS[match.group(2).lower()]
-    if value < 1:
-        raise InputError(f"--params {text!r} = {value:g}: must be >= 1")
-    return int(round(value))
-
-
-def _gpus(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        chosen = [int(g) for g in text.split(",") if g.strip()]
-    except ValueError:
-        chosen = []
-    if not chosen:
-        raise InputError(f"--gpus {text!r}: expected a comma list of GPU indices, e.g. 0,1,2,3")
-    return chosen
-
-
-def _load_topology(path: str):
-    """A saved `nvidia-smi topo -m` text or a `topoprof topo --json` document."""
-    from topoprof.topology_io import topology_from_file
-
-    return topology_from_file(path)
-
-
-def _gpus_per_node(opts: dict) -> int | None:
-    """GPUs per node from --gpus-per-node, or --world-size over --nodes; None when not given."""
-    if opts["gpus_per_node"]:
-        return opts["gpus_per_node"]
-    world, nodes = opts["world_size"], opts["nodes"]
-    if world is None:
-        return None
-    gpn, rest = divmod(world, nodes)
-    if rest or gpn < 1:
-        raise InputError(f"world_size({world}) != nodes({nodes}) * gpus_per_node(an integer)")
-    return gpn
-
-
-_LINK_OPTIONS = (("link_bandwidth", "--link-bandwidth"), ("link_latency", "--link-latency"),
-                 ("topology", "--topology"))
-
-
-def _no_link_text(nodes: int) -> str:
-    return ("one GPU: nothing to all-reduce" if nodes == 1 else
-            "one GPU per node, so no intra-node link: every ring edge crosses the network")
-
-
-def _no_link(opts: dict, chosen: list[int] | None) -> tuple[None, int, dict]:
-    """One GPU per node: no edge inside a node, so no intra-node link is needed (and with one
-    node, no link at all); link options given anyway are ignored, with a note."""
-    described: dict = {"no_link": _no_link_text(opts["nodes"])}
-    if chosen:
-        described["gpus"] = chosen
-    ignored = [flag for key, flag in _LINK_OPTIONS if opts[key] is not None]
-    if ignored:
-        why = "one GPU needs no link" if opts["nodes"] == 1 else "one GPU per node has no intra-node link"
-        described["notes"] = [f"{', '.join(ignored)} ignored: {why}"]
-    return None, 1, described
-
-
-def build_comm(opts: dict):
-    """(CommModel for one node or None when none is needed, gpus_per_node, description) from
-    the first source given."""
-    from topoprof import links
-
-    gpn, chosen = _gpus_per_node(opts), _gpus(opts["gpus"])
-    if opts["bench"]:
-        lat, bw, world, fit = links.load_bench_fit(opts["bench"])
-        comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {opts['bench']}")
-        return comm, world, {"bench": opts["bench"]}
-    # One GPU per node needs no intra-node link: do not ask for one nor probe this machine.
-    # A single --gpus index is checked against a --topology file when one is given.
-    one_index = chosen is not None and len(chosen) == 1
-    if (gpn == 1 and chosen is None) or (one_index and not opts["topology"]):
-        return _no_link(opts, chosen)
-    if opts["link_bandwidth"] is not None:
-        if not gpn:
-            raise InputError("--link-bandwidth needs --world-size (or --gpus-per-node with --nodes)")
-        lat = opts["link_latency"] if opts["link_latency"] is not None else 0.0
-        return links.comm_explicit(opts["link_bandwidth"], lat, gpn), gpn, {"link_bandwidth_gbps": opts["link_bandwidth"]}
-    if opts["topology"]:
-        topology = _load_topology(opts["topology"])
-    else:
-        from topoprof.commands.topo import collect_topology
-
-        topology = collect_topology()
-        if not topology.gpus:
-            raise InputError("no link information: this machine has no GPU; give --bench FILE, "
-                             "--topology FILE or --link-bandwidth GB/s (or --world-size 1 for one GPU)")
-    comm, ring = links.comm_from_topology(topology, chosen)
-    return comm, comm.world_size, {"topology": opts["topology"] or "this machine", **ring}
-
-
-def build_inputs(opts: dict):
-    from topoprof import links
-    from topoprof.comm import HierarchicalComm
-    from topoprof.costmodel import Cluster, ModelInputs, Workload
-    from topoprof.gpu_specs import Compute
-
-    if (opts["params"] is None) == (opts["preset"] is None):
-        raise InputError("give exactly one of --params N or --preset NAME")
-    work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
-                   tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
-    workload = (Workload.from_preset(opts["preset"], **work_kw) if opts["preset"]
-                else Workload.from_params(parse_count(opts["params"]), **work_kw))
-    comm, gpn, described = build_comm(opts)
-    nodes = opts["nodes"]
-    if opts["world_size"] is not None and opts["world_size"] != nodes * gpn:
-        raise InputError(f"world_size({opts['world_size']}) != nodes({nodes}) * gpus_per_node({gpn})")
-    comm = links.across_nodes(comm, nodes, gpn, opts["network_bandwidth"], opts["network_latency"])
-    if "no_link" in described:  # a one-GPU topology may be one node of several
-        described["no_link"] = _no_link_text(nodes)
-    if isinstance(comm, HierarchicalComm):  # the network level, for the `links` echo
-        described.update(network_bandwidth_gbps=comm.inter.link_bandwidth_gbps,
-                         network_latency_us=comm.inter.hop_latency_us)
-    cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
-    compute = _compute(opts, Compute)
-    return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
-
-
-def _check_gpu_name(name: str | None) -> None:
-    """An explicit --gpu must be one the datasheet table knows: refuse it by name, with the list."""
-    if name is None:
-        return
-    import warnings
-
-    from topoprof.gpu_specs import known_gpus, lookup_gpu
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = lookup_gpu(name)
-    if found is None:
-        why = str(caught[0].message) if caught else f"GPU {name!r} is not in the datasheet table"
-        raise InputError(f"--gpu: {why.split(' (known')[0]}; known: {', '.join(known_gpus())}")
-
-
-def _compute(opts: dict, Compute):
-    _check_gpu_name(opts["gpu"])
-    common = dict(gpu=opts["gpu"], precision=opts["precision"], utilization=opts["utilization"],
-                  optimizer=opts["optimizer"], optimizer_time_s=opts["optimizer_time"],
-                  backward_fraction=opts["backward_fraction"])
-    if opts["calibration"]:
-        calibration = _read_calibration(opts["calibration"])
-        return Compute.from_calibration(calibration, **{k: v for k, v in common.items()
-                                                        if v is not None and k not in calibration})
-    if opts["micro_batch_time"] is None and opts["gpu"] is None:
-        raise InputError("compute per micro-batch is unknown: give --micro-batch-time SECONDS (measured), "
-                         "--calibration FILE (from `topoprof validate`), or --gpu NAME with --tokens N")
-    return Compute(micro_batch_time_s=opts["micro_batch_time"], **common)
-
-
-def _read_calibration(path: str) -> dict:
-    from topoprof.gpu_specs import CALIBRATION_KEYS
-
-    from topoprof.jsonio import load_json
-
-    doc = load_json(path)
-    calibration = doc.get("calibration", doc)
-    found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}
-    if "micro_batch_time_s" not in found:
-        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` output)")
-    return found
 
 
 @click.command()
@@ -212,7 +38,9 @@ def _read_calibration(path: str) -> dict:
 def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only
     and ddp_fp16_compress, with the exposed communication and what changing K or world size gains."""
-    from topoprof.model_report import model_payload, render_model
+    from topoprof.model.inputs import build_inputs
+    from topoprof.model.payload import model_payload
+    from topoprof.report.text_model import render_model
 
     opts["grad_bytes"] = int(opts["grad_bytes"])
     if opts["accum"] < 1:

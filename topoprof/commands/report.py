@@ -11,7 +11,7 @@ import click
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write here instead of beside the JSON.")
 def report(report_json: str, out_dir: str | None) -> None:
     """Re-render report.md and the PNG charts from a scan's report.json."""
-    from topoprof.report import load_report, write_report
+    from topoprof.report.files import load_report, write_report
 
     doc = load_report(report_json)
     target = out_dir or os.path.dirname(os.path.abspath(report_json))

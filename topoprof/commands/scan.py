@@ -1,228 +1,12 @@
-"""`topoprof scan`: the main job. Topology, bandwidth, predictions, validation, advice, report."""
+"""`topoprof scan`: the main job (`topoprof.scan`). Topology, bandwidth, predictions, validation,
+advice, report."""
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import sys
 
 import click
 
 from topoprof.errors import RunFailed
-
-
-def _banner(opts, topology) -> tuple[str, str]:
-    if opts.backend == "gloo" and not topology.gpus:
-        return ("gloo, CPU ranks", f"No GPU on this machine: measured with {opts.nproc} CPU rank(s) over gloo on loopback, "
-                "the same method the GPU path uses with NCCL. Link bandwidths here are host-memory and TCP "
-                "figures, not GPU links; predictions for large models use this machine's measured CPU FLOP rate.")
-    return (f"{opts.backend}, {opts.nproc} rank(s)", f"{opts.note}.")
-
-
-def used_gpus(topology, nproc: int, backend: str) -> list[int]:
-    """The node's GPUs the local ranks ran on: CUDA_VISIBLE_DEVICES (indices) or the first nproc."""
-    if backend != "nccl":
-        return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    known = [g.index for g in topology.gpus]
-    if visible:
-        try:
-            chosen = [int(v) for v in visible.split(",") if v.strip()]
-        except ValueError:  # UUIDs or MIG names: the mapping to indices is not known here
-            return []
-    else:
-        chosen = known
-    return [g for g in chosen if g in known][:nproc]
-
-
-def _ring(topology, gpus: list[int]) -> dict | None:
-    from topoprof.errors import TopoprofError
-    from topoprof.links import comm_from_topology
-
-    if len(gpus) < 2:
-        return None
-    try:
-        return comm_from_topology(topology, gpus)[1]
-    except TopoprofError:  # a topology without usable pair data has no nominal ring
-        return None
-
-
-def _recommendations(report: dict) -> list:
-    from topoprof import recommend as rec
-
-    recs = []
-    for pred in report["predictions"]:
-        if pred.get("skipped"):
-            continue
-        recs += rec.strategy_recommendations(pred, pred["label"])
-        fewer = rec.fewer_gpus_recommendation(pred, pred["label"])
-        if fewer:
-            recs.append(fewer)
-    # One model's advice is enough per kind: keep the largest gain of each key.
-    best: dict[str, object] = {}
-    for r in recs:
-        if r.key not in best or (r.gain_pct or 0) > (best[r.key].gain_pct or 0):
-            best[r.key] = r
-    recs = list(best.values())
-    topo = report["topology"]
-    recs += rec.gpu_choice_recommendations(topo)
-    numa = rec.numa_recommendation(topo)
-    recs += [numa] if numa else []
-    overrides = {}
-    for log in (report["bench"].get("nccl") or {}).get("logs", []):
-        overrides.update(log.get("env_overrides") or {})
-    recs += rec.environment_recommendations(topo, report["environment"], overrides)
-    return rec.rank(recs)
-
-
-def _ranks_status(bench, vres):
-    """What became of the rank work: it ran, never started (nothing measured), or failed part-way."""
-    from topoprof.probing import ERROR, OK, ProbeStatus
-
-    measured = f"{len(bench.rows)} bench row(s)" + (f", {len(vres.modes())} validation mode(s)" if vres.modes() else "")
-    if bench.status == "ok":
-        return ProbeStatus("ranks", OK, measured)
-    if not bench.rows:
-        return ProbeStatus("ranks", ERROR, f"could not start: {bench.error}")
-    return ProbeStatus("ranks", ERROR, f"failed part-way after {measured}: {bench.error}")
-
-
-def _copies(opts):
-    """Host<->GPU and GPU<->GPU copy bandwidth on GPUs; a copy that fails is a status."""
-    from topoprof.commands.bench import copies_payload
-    from topoprof.probing import SKIPPED, UNAVAILABLE, ProbeStatus, attempt
-
-    if opts.backend != "nccl":
-        return None, ProbeStatus("copies", SKIPPED, "CPU ranks: no GPU memory to copy")
-    copies, status = attempt("copies", lambda: copies_payload(True))
-    if copies is not None and copies.get("status") != "ok":
-        status = ProbeStatus("copies", UNAVAILABLE, copies.get("detail", ""))
-    return copies, status
-
-
-def _predictions(opts, bench, vres, vopts, topology):
-    """Predictions from what was measured; a model that cannot be built is a status, not the end."""
-    from topoprof.fit import fit_rows
-    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
-    from topoprof.scan_model import predictions
-
-    job_rows = [r for r in bench.rows if r.level == "job"]
-    fit = fit_rows(job_rows, "all_reduce") if job_rows else None
-    gpu_name = topology.gpus[0].name if topology.gpus else None
-    levels = level_fits(bench.rows)
-    preds, status = attempt("model", lambda: predictions(opts, fit, opts.nproc, vres.calibration, vopts,
-                                                          gpu_name, job_rows, levels))
-    preds = preds or []
-    if status.status == OK:
-        skipped = [p["skipped"] for p in preds if p.get("skipped")]
-        if not preds:
-            status = ProbeStatus("model", SKIPPED, "it needs an all-reduce fit from at least 2 ranks")
-        elif skipped:
-            status = ProbeStatus("model", SKIPPED, skipped[0])
-        else:
-            status = ProbeStatus("model", OK, ", ".join(p["label"] for p in preds))
-    return preds, status, levels
-
-
-def run(opts, stages, out_dir: str) -> dict:
-    from topoprof.commands.bench import bench_payload
-    from topoprof.commands.topo import collect_topology
-    from topoprof.jsonio import envelope, to_jsonable
-    from topoprof.scan import environment, run_ranks, versions
-    from topoprof.verdict import judge
-
-    stages.begin("topology")
-    topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes
-    stages.end()
-    stages.begin("ranks: bench and validation")
-    bench, vres, vopts, node_ranks = run_ranks(opts, stages)
-    stages.end()
-    from topoprof.launch import external_job
-
-    job = external_job()
-    if job is not None and job.rank != 0:
-        if bench.status != "ok":
-            raise RunFailed(f"{bench.error}")
-        return None  # rank 0 writes the one report of the job
-    stages.begin("copies")
-    copies, copies_status = _copies(opts)
-    stages.end()
-    stages.begin("model")
-    preds, model_status, levels = _predictions(opts, bench, vres, vopts, topology)
-    stages.end()
-    probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status]
-    summary, banner = _banner(opts, topology)
-    # exit 3 only when rank work failed part-way: a probe that failed, or ranks that never
-    # started, leave a report that says so and the scan succeeds with what it could measure
-    failed_part_way = bench.status != "ok" and bool(bench.rows)
-    report = envelope("scan", {
-        "status": "error" if failed_part_way else "ok", "error": bench.error,
-        "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
-        "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(), "environment": environment(),
-        "probes": probes,
-        "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
-        "predictions": preds,
-        "validation": validation_payload(vres, vopts, opts),
-        "cluster": cluster_payload(node_ranks, levels, bench.rows, opts.nproc),
-    })
-    report = to_jsonable(report)
-    report["verdict"] = to_jsonable(judge(report["bench"], report["topology"], report["ring"]))
-    stages.begin("recommendations and report")
-    report["recommendations"] = to_jsonable(_recommendations(report))
-    report["timing"] = {}
-    from topoprof.report import write_report
-
-    write_report(report, out_dir)
-    stages.end()
-    report["timing"] = stages.done()
-    write_report(report, out_dir)  # again, with the total wall time in it
-    return report
-
-
-def level_fits(rows) -> dict:
-    """All-reduce fits per level of a multi-node job: each node ("intra", by host), the network
-    ("inter") and the whole job."""
-    from topoprof.fit import fit_rows
-
-    out: dict = {}
-    for level in ("intra", "inter", "job"):
-        groups = sorted({r.group for r in rows if r.level == level and r.collective == "all_reduce"})
-        for group in groups:
-            chosen = [r for r in rows if r.level == level and r.group == group]
-            fit = fit_rows(chosen, "all_reduce")
-            if fit is not None:
-                peak = max((r for r in chosen if r.collective == "all_reduce" and not r.wrong),
-                           key=lambda r: r.busbw_gbps)
-                out.setdefault(level, {})[group or level] = {
-                    "fit": fit, "ranks": list(peak.ranks), "peak_busbw_gbps": peak.busbw_gbps,
-                    "peak_size_bytes": peak.size_bytes}
-    return out if set(out) - {"job"} else {}
-
-
-def cluster_payload(node_ranks: list, levels: dict, rows, world_size: int) -> dict | None:
-    if not node_ranks:
-        return None
-    from topoprof.cluster import nodes_from_ranks, summarize
-    from topoprof.scan_model import composed_check
-
-    nodes = nodes_from_ranks(node_ranks)
-    return {"summary": summarize(nodes), "nodes": nodes, "levels": levels,
-            "composed_check": composed_check(levels, world_size, rows)}
-
-
-def validation_payload(vres, vopts, opts) -> dict:
-    if vopts is None:
-        reason = "--no-validate" if not opts.validate else f"{opts.nproc} rank(s): validation needs at least 2"
-        return {"status": "skipped", "reason": reason}
-    from topoprof.validate import summary
-
-    return {"status": vres.status, "error": vres.error, "label": vres.label, "modes": vres.modes(),
-            "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres])}
-
-
-def default_out_dir() -> str:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return os.path.join("reports", f"{platform.node() or 'host'}-{stamp}")
 
 
 @click.command()
@@ -242,36 +26,23 @@ def scan(backend, nproc, params, preset, micro_batch_time, tokens, micro_batch_s
          timeout_s, out_dir):
     """Profile this node and write a report: wiring, measured bandwidth, DP/DDP/accumulation
     predictions checked by real loops, and what to do, with charts."""
-    from topoprof.runner import default_backend_and_nproc
-    from topoprof.scan import ScanOptions, Stages
+    from topoprof.measure.runner import default_backend_and_nproc
+    from topoprof.scan.options import ScanOptions
+    from topoprof.scan.ranks import Stages
 
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
     opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
                        preset=preset, micro_batch_time_s=micro_batch_time, tokens=tokens,
                        micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s)
+    from topoprof.scan.job import default_out_dir, run
+
     out_dir = out_dir or default_out_dir()
     stages = Stages(show=sys.stderr.isatty())
     report = run(opts, stages, out_dir)
     if report is None:  # a non-zero rank of a torchrun/SLURM job: rank 0 reports
         return
-    _print_summary(report, out_dir)
+    from topoprof.report.text_scan import summary_lines
+
+    click.echo("\n".join(summary_lines(report, out_dir)))
     if report["status"] != "ok":
         raise RunFailed(f"{report['error']}; the report in {out_dir} keeps what was measured before")
-
-
-def _print_summary(report: dict, out_dir: str) -> None:
-    click.echo(f"topoprof scan: {report['mode']['summary']}; report in {out_dir}/report.md "
-               f"({report['timing']['total_s']:.1f} s)")
-    click.echo(f"  {report['mode']['banner']}")
-    for probe in report.get("probes") or []:
-        if probe["status"] == "error":
-            click.echo(f"  {probe['name']}: {probe['status']}: {probe['detail']}")
-    v = report.get("verdict") or {}
-    if v:
-        click.echo(f"  bandwidth: {v['summary']}")
-    val = report.get("validation") or {}
-    if val.get("summary", {}).get("cases"):
-        s = val["summary"]
-        click.echo(f"  validation: median |error| {s['median_abs_error_pct']:.1f}%, worst {s['worst_abs_error_pct']:.1f}%")
-    for i, r in enumerate(report.get("recommendations", [])[:3], 1):
-        click.echo(f"  {i}. {r['title']}")

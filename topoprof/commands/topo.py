@@ -4,74 +4,6 @@ from __future__ import annotations
 import click
 
 
-
-def collect_topology(from_file: str | None = None, use_nvml: bool = True):
-    """Gather the sources and build a Topology; a source that fails is a ProbeStatus, never the end.
-
-    With `from_file`, the saved `nvidia-smi topo -m` text is the only source: it usually comes
-    from another machine, so this machine's NVML and host facts would be wrong beside it. A file
-    whose path matrix cannot be read is bad input (exit 2, FILE:LINE).
-    """
-    from dataclasses import replace
-
-    from probes import nvidia_smi
-    from topoprof.probing import SKIPPED, ProbeStatus, attempt
-    from topoprof.topology import build_topology
-
-    if from_file is not None:
-        smi = nvidia_smi.read_topo_file(from_file)
-        return build_topology(smi=smi, probes=(_smi_status(smi, ProbeStatus("nvidia-smi", "ok")),))
-    smi, smi_status = attempt("nvidia-smi", lambda: nvidia_smi.parse_topo_matrix(
-        nvidia_smi.run_topo_matrix(), source="nvidia-smi topo -m"))
-    nvml, nvml_status = None, ProbeStatus("NVML", SKIPPED, "--no-nvml")
-    if use_nvml:
-        from probes import nvml as nvml_probe
-
-        nvml, nvml_status = attempt("NVML", nvml_probe.query_nvml)
-    from probes.host import query_host
-
-    host, host_status = attempt("host", query_host)
-    if host is not None:
-        host_status = replace(host_status, detail=f"{host.hostname}: {host.cpu.cpus_logical or '?'} CPU(s), "
-                              f"{len(host.numa_nodes)} NUMA node(s), {len(host.ib_ports)} RDMA port(s)")
-    probes = (_smi_status(smi, smi_status), _nvml_status(nvml, nvml_status), host_status)
-    return build_topology(smi=smi, nvml=nvml, host=host, probes=probes)
-
-
-def _smi_status(smi, status):
-    """nvidia-smi read: how much, and whether some of it could only be noted (see the notes)."""
-    from dataclasses import replace
-
-    if smi is None:
-        return status
-    detail = f"{smi.source}: {len(smi.gpus)} GPU(s), {len(smi.nics)} NIC(s)"
-    if smi.notes:
-        return replace(status, status="partial", detail=f"{detail}; {len(smi.notes)} field(s) noted below")
-    return replace(status, detail=detail)
-
-
-# NVML fields a report relies on; the others (NVLinks on a PCIe GPU, the GPU's own NUMA node
-# outside coherent platforms) are commonly NotSupported and only listed.
-_CORE_NVML_FIELDS = ("name", "pci_bus_id", "compute_capability", "pcie_gen_max", "pcie_width_max")
-
-
-def _nvml_status(nvml, status):
-    """NVML read: every field it could not answer is named, with the driver's reason."""
-    from dataclasses import replace
-
-    if nvml is None:
-        return status
-    missing = sorted({f"{name} ({why})" for g in nvml.gpus for name, why in g.missing.items()})
-    lost = [g.index for g in nvml.gpus if g.lost]
-    core = [g.index for g in nvml.gpus if any(f in g.missing for f in _CORE_NVML_FIELDS)]
-    detail = f"{len(nvml.gpus)} GPU(s), driver {nvml.driver_version or '?'}"
-    if missing:
-        detail += "; not answered: " + ", ".join(missing)
-    bad = lost or core
-    return replace(status, status="partial" if bad else status.status,
-                   detail=detail + (f"; GPU(s) {', '.join(map(str, bad))} incomplete" if bad else ""))
-
-
 @click.command()
 @click.option("--from-file", "from_file", type=click.Path(dir_okay=False),
               help="Read a saved `nvidia-smi topo -m` output instead of probing this machine.")
@@ -83,12 +15,14 @@ def topo(from_file: str | None, as_json: bool, no_nvml: bool) -> None:
     The same matrix as `nvidia-smi topo -m`, with what each code means in GB/s, the PCIe
     generation and width and NVLink counts from NVML, P2P status, NUMA and NIC rates.
     """
+    from topoprof.topology.collect import collect_topology
+
     topology = collect_topology(from_file, use_nvml=not no_nvml)
     if as_json:
         from topoprof.jsonio import dumps, envelope
 
         click.echo(dumps(envelope("topology", {"topology": topology})))
         return
-    from topoprof.render_topology import render_topology
+    from topoprof.topology.render import render_topology
 
     click.echo(render_topology(topology))

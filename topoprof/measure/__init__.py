@@ -1,0 +1,12 @@
+"""The measurement stage. Takes a job (which worker, how many ranks, which backend) and gives
+what the ranks measured: bench rows (time, algbw, busbw, #wrong per size), their fit
+t(S) = alpha + S/beta, slow ranks, the transports NCCL chose, the nodes of a multi-node job.
+
+  launch, runner  start and watch local ranks, or run as one rank of torchrun/SLURM
+  bench           a collective sweep end to end, and its JSON payload
+  collectives     the collectives and their bus-bandwidth factors (nccl-tests')
+  fit, spread     the alpha-beta fit; ranks consistently slower than the others
+  cluster         per-node facts of a multi-node job, compared
+  nccl_tests      nccl-tests *_perf logs read into the same rows
+  nccl_log        NCCL_DEBUG=INFO logs: transports and channels per peer pair
+"""

@@ -1,0 +1,351 @@
+"""The one process launcher behind bench, validate and scan.
+
+Two ways to run rank work:
+- local: start N rank processes on this node (`python -m probes.rank_main`), rendezvous on a free
+  127.0.0.1 port, and watch them. Each rank reports JSON messages on its own pipe; its stdout and
+  stderr go to a per-rank log file (NCCL's INFO lines land there).
+- external: this process already is one rank of a torchrun or SLURM job; the worker runs in
+  this process and only rank 0 reports (see `external_job`).
+
+Watching local ranks: a rank that exits non-zero, or makes no progress for `timeout_s`, ends the
+run: every rank is killed (its whole process group), the failure names the rank and what it was
+doing, and the messages received before are kept. Rank processes also die with this one
+(PR_SET_PDEATHSIG), so nothing is orphaned even if the CLI itself is killed.
+
+No torch here: this module only starts and watches processes.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from topoprof.errors import InputError
+
+# Messages a rank sends: {"type": "progress"|"row"|"meta"|"result"|"error"|"done", ...}
+OnMessage = Callable[[int, dict], None]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    worker: str                 # a key of probes.rank_main.WORKERS
+    config: dict                # JSON-able worker configuration
+    nproc: int
+    backend: str                # "nccl" or "gloo"
+    timeout_s: float            # no progress from a rank for this long means it hung
+    env: dict = field(default_factory=dict)
+    log_dir: str | None = None  # per-rank stdout/stderr; a temporary folder when None
+    # Before its first message a rank imports torch and joins the rendezvous (NCCL set-up on
+    # many GPUs takes tens of seconds): that gets its own, longer allowance.
+    startup_timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    reason: str                 # "exited with code 1", "killed by SIGKILL", "hung: no progress ..."
+    last_step: str | None       # the last progress message the rank sent
+    log_tail: str               # the last lines of the rank's stderr/stdout
+
+    def describe(self) -> str:
+        where = f" during {self.last_step}" if self.last_step else ""
+        tail = f"; last output: {self.log_tail.splitlines()[-1]}" if self.log_tail.strip() else ""
+        return f"rank {self.rank} {self.reason}{where}{tail}"
+
+
+@dataclass
+class RunResult:
+    messages: list[tuple[int, dict]]
+    failure: RankFailure | None
+    log_dir: str
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class ExternalJob:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str               # "torchrun" or "slurm"
+
+
+def external_job(environ: dict | None = None) -> ExternalJob | None:
+    """This process's place in a torchrun or SLURM job, or None when run by hand.
+
+    torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT. Under `srun`
+    SLURM sets SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the rendezvous address must then come
+    from MASTER_ADDR/MASTER_PORT that the batch script exports (as PyTorch's env:// expects).
+    """
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return ExternalJob(
+            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+        return ExternalJob(
+            rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            local_world_size=int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]),
+            launcher="slurm",
+        )
+    return None
+
+
+def is_reporting_rank() -> bool:
+    """True unless this process is a non-zero rank of a torchrun/SLURM job (only rank 0 reports)."""
+    job = external_job()
+    return job is None or job.rank == 0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the rendezvous store binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed when the launcher dies
+    except OSError:
+        pass
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen
+    reader: object
+    log_path: str
+    buffer: bytes = b""
+    last_progress_t: float = 0.0
+    started: bool = False           # has sent a first message
+    last_step: str | None = None
+    done: bool = False
+    eof: bool = False
+    error: str | None = None        # the message of an "error" report, if the rank sent one
+    error_t: float | None = None    # when that report arrived
+    exit_seen_t: float | None = None
+
+
+def _rank_env(spec: JobSpec, rank: int, port: int, job_file: str, result_fd: int) -> dict:
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RANK": str(rank), "WORLD_SIZE": str(spec.nproc),
+        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(spec.nproc),
+        "TOPOPROF_JOB": job_file, "TOPOPROF_RESULT_FD": str(result_fd),
+        "PYTHONUNBUFFERED": "1",
+    })
+    # Gloo would otherwise resolve the hostname, which may not be loopback; keep ranks on lo.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
+    """Start every rank, appending each to `ranks` at once so a failure part-way kills those started."""
+    port = free_port()
+    job_file = os.path.join(log_dir, "job.json")
+    with open(job_file, "w") as f:
+        json.dump({"worker": spec.worker, "backend": spec.backend, "timeout_s": spec.timeout_s,
+                   "config": spec.config}, f)
+    # The package that holds probes/ must be importable by the ranks wherever the CLI runs from.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for rank in range(spec.nproc):
+        read_fd, write_fd = os.pipe()
+        env = _rank_env(spec, rank, port, job_file, write_fd)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        log_path = os.path.join(log_dir, f"rank{rank}.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "probes.rank_main"], env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+                preexec_fn=_die_with_parent,
+            )
+        os.close(write_fd)
+        ranks.append(_Rank(rank, proc, os.fdopen(read_fd, "rb", buffering=0), log_path,
+                           last_progress_t=time.monotonic()))
+
+
+def _log_tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4000))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _kill_all(ranks: list[_Rank]) -> None:
+    for r in ranks:
+        if r.proc.poll() is None:
+            try:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for r in ranks:
+        try:
+            r.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+            pass
+        try:
+            r.reader.close()
+        except OSError:
+            pass
+
+
+def _drain(r: _Rank, on_message: OnMessage, messages: list) -> None:
+    """Read what rank r has sent; deliver whole JSON lines."""
+    try:
+        chunk = r.reader.read(65536)
+    except BlockingIOError:
+        return
+    if not chunk:
+        r.eof = True
+        return
+    r.buffer += chunk
+    *lines, r.buffer = r.buffer.split(b"\n")
+    for line in lines:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        r.last_progress_t = time.monotonic()
+        r.started = True
+        if msg.get("type") == "progress":
+            r.last_step = msg.get("step")
+        if msg.get("type") == "done":
+            r.done = True
+        if msg.get("type") == "error":
+            r.error, r.error_t = msg.get("message"), time.monotonic()
+        messages.append((r.rank, msg))
+        on_message(r.rank, msg)
+
+
+def _failure(r: _Rank, reason: str) -> RankFailure:
+    tail = r.error if r.error else _log_tail(r.log_path)
+    return RankFailure(r.rank, reason, r.last_step, tail)
+
+
+def _check(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float) -> RankFailure | None:
+    now = time.monotonic()
+    for r in ranks:
+        if r.exit_seen_t is None and r.proc.poll() is not None:
+            r.exit_seen_t = now
+    # When one rank dies its peers fail too a moment later, with errors about the lost peer:
+    # blame the rank whose failure is its own, then the first to report or to exit.
+    dead = [r for r in ranks if r.exit_seen_t is not None and r.proc.returncode != 0 and r.eof]
+    if dead:
+        r = min(dead, key=lambda x: (_lost_a_peer(x.error), x.error_t if x.error_t is not None else now,
+                                     x.exit_seen_t))
+        return _failure(r, _exit_reason(r.proc.returncode))
+    # A rank stuck while its peers wait for it: blame the one silent the longest.
+    def limit(r: _Rank) -> float:
+        return timeout_s if r.started else max(timeout_s, startup_timeout_s)
+
+    stale = [r for r in ranks if r.proc.poll() is None and now - r.last_progress_t > limit(r)]
+    if stale:
+        r = min(stale, key=lambda x: x.last_progress_t)
+        state = _proc_state(r.proc.pid)
+        what = "hung" if r.started else "never started (no message since launch)"
+        return _failure(r, f"{what}: no progress for {now - r.last_progress_t:.0f} s "
+                           f"(timeout {limit(r):g} s{state})")
+    return None
+
+
+# How torch's gloo and NCCL process groups word an error that only reflects a peer's failure.
+_PEER_LOSS = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "communicator was aborted")
+
+
+def _lost_a_peer(error: str | None) -> bool:
+    return error is not None and any(text in error for text in _PEER_LOSS)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {"T": ", process stopped", "t": ", process stopped by a tracer", "D": ", in uninterruptible I/O",
+            "Z": ", zombie"}.get(state, "")
+
+
+def launch_local(spec: JobSpec, on_message: OnMessage | None = None) -> RunResult:
+    """Run spec.worker on spec.nproc local ranks; never leaves a process behind."""
+    if spec.nproc < 1:
+        raise InputError(f"--nproc must be at least 1 (got {spec.nproc})")
+    on_message = on_message or (lambda rank, msg: None)
+    log_dir = spec.log_dir or tempfile.mkdtemp(prefix="topoprof-ranks-")
+    os.makedirs(log_dir, exist_ok=True)
+    start = time.monotonic()
+    messages: list[tuple[int, dict]] = []
+    ranks: list[_Rank] = []
+    failure = None
+    try:
+        _start_ranks(spec, log_dir, ranks)
+        failure = _watch(ranks, spec.timeout_s, spec.startup_timeout_s, on_message, messages)
+    finally:
+        _kill_all(ranks)
+    return RunResult(messages, failure, log_dir, time.monotonic() - start)
+
+
+def _watch(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float, on_message: OnMessage,
+           messages: list) -> RankFailure | None:
+    sel = selectors.DefaultSelector()
+    for r in ranks:
+        os.set_blocking(r.reader.fileno(), False)
+        sel.register(r.reader, selectors.EVENT_READ, r)
+    while True:
+        for key, _ in sel.select(timeout=0.2):
+            r = key.data
+            _drain(r, on_message, messages)
+            if r.eof:
+                sel.unregister(r.reader)
+        failure = _check(ranks, timeout_s, startup_timeout_s)
+        if failure is not None:
+            return failure
+        if all(r.eof and r.proc.poll() is not None for r in ranks):
+            return _final_check(ranks)
+
+
+def _final_check(ranks: list[_Rank]) -> RankFailure | None:
+    for r in ranks:
+        if r.proc.returncode != 0:
+            return _failure(r, _exit_reason(r.proc.returncode))
+        if not r.done:
+            return _failure(r, "ended without finishing its work")
+    return None
+
+
+def multi_node() -> bool:
+    """Inside a torchrun/SLURM job that spans more than one node."""
+    job = external_job()
+    return job is not None and job.world_size > job.local_world_size

@@ -1,0 +1,97 @@
+"""Run rank work locally (spawned ranks) or as one rank of an enclosing torchrun/SLURM job."""
+from __future__ import annotations
+
+import os
+import time
+
+from topoprof.measure.launch import ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job, launch_local
+
+
+def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[str, int, str]:
+    """NCCL with one rank per visible GPU; with no GPU, gloo with 2 CPU ranks. Returns a note too."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:
+        backend = "nccl" if gpus > 0 else "gloo"
+    job = external_job()
+    if job is not None:
+        if nproc is not None and nproc != job.world_size:
+            from topoprof.errors import InputError
+
+            raise InputError(f"--nproc {nproc} conflicts with the {job.launcher} job's WORLD_SIZE {job.world_size}")
+        note = (f"rank {job.rank} of a {job.launcher} job of {job.world_size} rank(s); backend {backend}; "
+                f"{gpus} visible GPU(s) on this node")
+        return backend, job.world_size, note
+    if nproc is None:
+        nproc = gpus if backend == "nccl" else 2
+    note = f"{gpus} visible GPU(s); backend {backend}, {nproc} rank(s)"
+    if backend == "nccl" and gpus == 0:
+        from topoprof.errors import NothingMeasured
+
+        raise NothingMeasured("--backend nccl needs a CUDA GPU; none is visible (use --backend gloo)")
+    if backend == "nccl" and nproc > gpus:
+        from topoprof.errors import InputError
+
+        raise InputError(f"--nproc {nproc} > {gpus} visible GPU(s): NCCL needs one GPU per rank")
+    return backend, nproc, note
+
+
+def run_job(spec: JobSpec, on_message: OnMessage) -> RunResult:
+    job = external_job()
+    if job is None:
+        return launch_local(spec, on_message)
+    return _run_in_process(job, spec, on_message)
+
+
+def explain_job_error(err: Exception, job: ExternalJob, timeout_s: float) -> str:
+    """What a torch.distributed error means for the job, in its own words."""
+    import re
+
+    text = str(err)
+    joined = re.search(r"(\d+)/(\d+) clients joined", text)
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if joined:
+        return (f"timed out after {timeout_s:g} s: only {joined.group(1)} of {joined.group(2)} ranks joined the "
+                f"rendezvous at {where}; the ranks of the other node(s) never connected (are they started, "
+                "and can they reach that address?)")
+    if "Connection closed by peer" in text or "Connection reset by peer" in text:
+        peer = re.search(r"\[([^\]]+)\]:\d+", text)
+        return (f"lost its connection to a peer rank{' at ' + peer.group(1) if peer else ''}: that rank or its node "
+                "stopped (see its log)")
+    if "Timed out" in text or "timeout" in text.lower():
+        return f"timed out after {timeout_s:g} s waiting for the other ranks (a rank hung or a node is unreachable)"
+    return f"raised {type(err).__name__}"
+
+
+def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
+    """This process is one rank of torchrun/SLURM: run the worker here; rank 0 reports."""
+    from probes import dist
+    from probes.rank_main import RankContext, resolve
+
+    messages: list[tuple[int, dict]] = []
+
+    def emit(msg: dict) -> None:
+        messages.append((job.rank, msg))
+        if job.rank == 0:
+            on_message(0, msg)
+
+    start = time.monotonic()
+    failure = None
+    log_dir = ""
+    if spec.env.get("NCCL_DEBUG") and "NCCL_DEBUG_FILE" not in os.environ:
+        # NCCL would print to stdout, into the command's own output (--json): give it a file.
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix="topoprof-nccl-")
+        os.environ["NCCL_DEBUG_FILE"] = os.path.join(log_dir, f"rank{job.rank}.log")
+    os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
+    try:
+        env = dist.init(spec.backend, spec.timeout_s)
+        resolve(spec.worker)(RankContext(env, emit, spec.timeout_s), spec.config)
+    except Exception as err:  # one line; peers see the broken group and stop too
+        failure = RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None,
+                              str(err).splitlines()[0][:300] if str(err) else "")
+    finally:
+        dist.finish()
+    return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start)

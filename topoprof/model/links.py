@@ -1,0 +1,153 @@
+"""Collective-time models from what is known about the links: a bench fit, a topology, or numbers.
+
+The step-time model (`topoprof.model.strategies`) takes a CommModel; this module builds one from
+(a) a measured all-reduce fit (a `bench --json` or scan report), (b) the nominal links of a
+topology for a chosen GPU set, or (c) an explicit bandwidth and latency, and for several nodes
+composes the intra-node ring with the network.
+"""
+from __future__ import annotations
+
+import itertools
+
+from topoprof.topology import constants
+from topoprof.model.comm import CommModel, HierarchicalComm, RingComm, SingleGpuComm
+from topoprof.errors import InputError
+
+# Exhaustive search over rings is (n-1)!/2 cycles: fine up to 9 GPUs (20160), greedy beyond.
+EXHAUSTIVE_RING_LIMIT = 9
+
+
+def _edge(topology, a: int, b: int) -> tuple[float, float, str]:
+    """(low, high) GB/s per direction and the hop kind of one GPU pair."""
+    pair = topology.pair(a, b)
+    if pair.bandwidth_gbps is not None:
+        lo = hi = pair.bandwidth_gbps
+    elif pair.bandwidth_range_gbps is not None:
+        lo, hi = pair.bandwidth_range_gbps
+    else:
+        raise InputError(f"GPU pair {a}-{b}: no bandwidth known ({pair.basis})")
+    return lo, hi, "NV" if pair.path == "NV" and pair.p2p != "no" else "PCIE"
+
+
+def best_ring(topology, gpus: list[int]) -> tuple[list[int], tuple[float, float], str]:
+    """The ring order whose slowest edge is fastest (as NCCL's ring search aims for).
+
+    Returns (order, (low, high) bottleneck GB/s, hop kind of the slowest edge)."""
+    if len(gpus) < 2:
+        return list(gpus), (float("inf"), float("inf")), "NV"
+    first, rest = gpus[0], gpus[1:]
+    orders = (itertools.permutations(rest) if len(gpus) <= EXHAUSTIVE_RING_LIMIT
+              else [tuple(_greedy_ring(topology, gpus)[1:])])
+    best = None
+    for tail in orders:
+        ring = [first, *tail]
+        edges = [_edge(topology, ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
+        slowest = min(edges, key=lambda e: (e[0], e[1]))
+        if best is None or (slowest[0], slowest[1]) > (best[1][0], best[1][1]):
+            best = (ring, (slowest[0], slowest[1]), slowest[2])
+    return best
+
+
+def _greedy_ring(topology, gpus: list[int]) -> list[int]:
+    ring, left = [gpus[0]], set(gpus[1:])
+    while left:
+        nxt = max(sorted(left), key=lambda g: _edge(topology, ring[-1], g)[:2])
+        ring.append(nxt)
+        left.remove(nxt)
+    return ring
+
+
+def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[CommModel, dict]:
+    """A ring over the chosen GPUs at the nominal bandwidth of its slowest edge; one GPU has
+    no ring and no link (`SingleGpuComm`)."""
+    chosen = gpus if gpus is not None else [g.index for g in topology.gpus]
+    if not chosen:
+        raise InputError("no GPU chosen: --gpus needs at least one index, e.g. 0 or 0,1,2,3")
+    sub = topology.subset(chosen)  # refuses indices the topology does not have
+    where = topology.sources[0] if topology.sources else "topology"
+    if len(chosen) == 1:
+        return (SingleGpuComm(f"GPU {chosen[0]} of {where}: one GPU, no link"),
+                {"gpus": chosen, "no_link": "one GPU: nothing to all-reduce"})
+    order, (lo, hi), hop = best_ring(sub, chosen)
+    rng = None if lo == hi else (lo, hi)
+    nominal = lo if rng is None else (lo * hi) ** 0.5  # geometric middle of an uncertain range
+    comm = RingComm(link_bandwidth_gbps=nominal, hop_latency_us=constants.HOP_LATENCY_US[hop],
+                    world_size=len(chosen), bandwidth_range_gbps=rng,
+                    base_latency_us=constants.RING_BASE_LATENCY_US,
+                    source=f"nominal links of {where}")
+    return comm, {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop}
+
+
+def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
+    """(latency_us, algbw_gbps, world_size, fit dict with its `rows`) of all_reduce from a bench or scan JSON."""
+    from topoprof.jsonio import load_json
+
+    doc = load_json(path)
+    bench = doc.get("bench", doc)
+    fit = (bench.get("fit") or {}).get("all_reduce")
+    if not fit or not fit.get("bandwidth_gbps"):
+        raise InputError(f"{path}: no all_reduce fit with a finite bandwidth (run `topoprof bench --json`)")
+    world = int((bench.get("metadata") or {}).get("world_size") or 0)
+    if world < 2:
+        raise InputError(f"{path}: the bench ran on {world} rank(s); a fit needs at least 2")
+    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", [])}
+
+
+def comm_explicit(bandwidth_gbps: float, latency_us: float, world_size: int) -> RingComm:
+    return RingComm(link_bandwidth_gbps=bandwidth_gbps, hop_latency_us=latency_us,
+                    world_size=world_size, source="--link-bandwidth/--link-latency")
+
+
+def across_nodes(intra: CommModel | None, nodes: int, gpus_per_node: int,
+                 network_gbps: float | None, network_latency_us: float | None) -> CommModel:
+    """Compose the per-node ring with the network: the slowest level bounds the ring.
+
+    `intra` is None when no intra-node link was described; one GPU per node needs none (every
+    ring edge is then a network hop), and one GPU in all needs no link at all."""
+    if gpus_per_node == 1 and nodes == 1:
+        return _one_gpu(intra)
+    if nodes == 1:
+        return _need_intra(intra, gpus_per_node)
+    if network_gbps is None:
+        raise InputError(f"--nodes {nodes} needs --network-bandwidth (GB/s of each node's NICs together)")
+    inter = RingComm(link_bandwidth_gbps=network_gbps,
+                     hop_latency_us=network_latency_us if network_latency_us is not None
+                     else constants.HOP_LATENCY_US["NET"],
+                     world_size=nodes, source="--network-bandwidth")
+    intra_ring = None if gpus_per_node == 1 else _as_ring(intra, gpus_per_node)
+    return HierarchicalComm(intra=intra_ring, inter=inter, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def _one_gpu(intra: CommModel | None) -> CommModel:
+    """One node of one GPU: keep a described one-GPU model (its source), else a plain one."""
+    return intra if isinstance(intra, SingleGpuComm) else SingleGpuComm()
+
+
+def _need_intra(intra: CommModel | None, gpus_per_node: int) -> CommModel:
+    if intra is None:
+        raise InputError(f"{gpus_per_node} GPUs per node need an intra-node link: give --link-bandwidth, "
+                         "--topology or --bench")
+    return intra
+
+
+def _as_ring(intra: CommModel | None, gpus_per_node: int) -> RingComm:
+    """The per-node ring as a RingComm at gpus_per_node (a fit keeps its bus bandwidth)."""
+    intra = _need_intra(intra, gpus_per_node)
+    ring = intra if isinstance(intra, RingComm) else RingComm(
+        link_bandwidth_gbps=intra.bus_bandwidth_gbps, hop_latency_us=constants.HOP_LATENCY_US["NV"],
+        world_size=gpus_per_node, source=intra.source)
+    return ring.at_shape(1, gpus_per_node)
+
+
+def measured_comm(rows, fit, world_size: int, source: str):
+    """The all-reduce fit plus its measured curve (correct rows only), as one comm model."""
+    from topoprof.model.comm import MeasuredComm
+
+    def get(row, key):
+        return row[key] if isinstance(row, dict) else getattr(row, key)
+
+    points = sorted({get(r, "size_bytes"): get(r, "time_us") for r in rows
+                     if get(r, "collective") == "all_reduce" and not get(r, "wrong") and get(r, "time_us") > 0}.items())
+    return MeasuredComm(latency_us=fit.latency_us if hasattr(fit, "latency_us") else fit["latency_us"],
+                        algbw_gbps=fit.bandwidth_gbps if hasattr(fit, "bandwidth_gbps") else fit["bandwidth_gbps"],
+                        world_size=world_size, source=source, points=tuple(points))

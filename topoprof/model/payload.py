@@ -1,0 +1,65 @@
+"""A prediction as JSON data: every strategy, the inputs with their sources, the buckets, the
+sweep over K and the same global batch on fewer GPUs (what `model --json` prints and a scan
+report embeds)."""
+from __future__ import annotations
+
+from topoprof.jsonio import to_jsonable
+
+
+SWEEP_K = (1, 2, 4, 8, 16, 32)
+
+
+MAIN = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress")
+
+
+def _world_sizes(inputs) -> list[int]:
+    """Power-of-two GPU counts up to the node's size (fewer GPUs with more accumulation?)."""
+    gpn = inputs.cluster.gpus_per_node
+    sizes, n = [], 1
+    while n < gpn:
+        sizes.append(n)
+        n *= 2
+    return sizes + [gpn]
+
+
+def model_payload(inputs, described: dict, sweep: bool = True) -> dict:
+    from topoprof.model.strategies import fixed_global_batch, hide_threshold, predict
+    from topoprof.model.strategies import sweep as sweep_k
+
+    prediction = predict(inputs)
+    payload = {"strategies": _strategies(prediction), "inputs": to_jsonable(prediction.inputs),
+               "links": described, "per_micro_batch": prediction.per_micro_batch,
+               "buckets": to_jsonable(prediction.buckets), "assumptions": list(prediction.assumptions),
+               "warnings": [*prediction.warnings, *described.get("notes", [])],
+               "hide_threshold": to_jsonable(hide_threshold(inputs))}
+    if sweep:
+        points = sweep_k(inputs, SWEEP_K)
+        payload["sweep"] = {
+            "accum": list(SWEEP_K), "world_size": inputs.cluster.world_size,
+            "samples_per_micro_batch": inputs.workload.micro_batch_size,
+            "strategies": {name: [_step(p.strategies[name]) for p in points] for name in MAIN},
+        }
+        cl = inputs.cluster
+        global_batch = inputs.workload.micro_batch_size * inputs.accumulation_steps * cl.world_size
+        shapes = [(cl.nodes, g) for g in _world_sizes(inputs)]
+        payload["fixed_global_batch"] = {"global_batch_samples": global_batch,
+                                         "options": to_jsonable(fixed_global_batch(inputs, global_batch, shapes))}
+    return payload
+
+
+def _step(result):
+    return getattr(result, "step_time_s", None)
+
+
+def _strategies(prediction) -> dict:
+    out = {}
+    for name, result in prediction.strategies.items():
+        if hasattr(result, "reason"):
+            out[name] = None
+            out.setdefault("_reasons", {})[name] = result.reason
+        else:
+            out[name] = to_jsonable(result)
+    reasons = out.pop("_reasons", {})
+    for name, reason in reasons.items():
+        out[name] = {"reason": reason, "step_time_s": None}
+    return out

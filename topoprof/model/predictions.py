@@ -1,0 +1,132 @@
+"""Predictions inside a scan: the user's model (or a default set of sizes) on the measured links.
+
+Communication comes from the all-reduce fit the scan just measured on these ranks. Compute per
+micro-batch comes, in order of preference, from --micro-batch-time (measured by the user); from
+the scan's own calibration, as the FLOP rate this device reached on the synthetic model applied
+to the user's model's FLOPs; or from the GPU's datasheet peak and an assumed utilization.
+"""
+from __future__ import annotations
+
+from topoprof.errors import InputError
+
+DEFAULT_MODELS = ("125M", "1.3B", "7B")   # the sizes people ask about most
+DEFAULT_TOKENS = 2048                     # tokens per GPU per micro-batch when none is given
+
+
+def _workload(opts, size: str | None):
+    from topoprof.model.inputs import parse_count
+    from topoprof.model.strategies import Workload
+
+    kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=opts.tokens or DEFAULT_TOKENS)
+    if opts.preset:
+        return Workload.from_preset(opts.preset, **kw), opts.preset
+    n = parse_count(size)
+    return Workload.from_params(n, **kw), f"{size} params"
+
+
+def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | None):
+    from topoprof.model.compute import Compute
+
+    extra = {}
+    if calibration:
+        for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps"):
+            if calibration.get(key) is not None:
+                extra[key] = calibration[key]
+    if opts.micro_batch_time_s is not None:
+        return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
+    if calibration and vopts is not None:
+        layout = vopts.spec.layout()
+        tokens = vopts.micro_batch * vopts.spec.seq_len
+        rate = layout.train_flops_per_token * tokens / calibration["micro_batch_time_s"]
+        return (Compute(peak_tflops=rate / 1e12, utilization=1.0,
+                        backward_fraction=calibration.get("backward_fraction"), **extra),
+                f"FLOP rate measured on this device: {rate / 1e9:.1f} GFLOP/s (calibration model)")
+    if gpu_name:
+        return Compute(gpu=gpu_name), f"datasheet peak of {gpu_name} x assumed utilization"
+    raise InputError("compute per micro-batch is unknown: give --micro-batch-time, or let the scan validate")
+
+
+def composed_comm(levels: dict, world_size: int):
+    """Across nodes: the measured per-node ring and the measured network, composed as NCCL's
+    ring crosses them (topoprof.model.comm.HierarchicalComm); None on one node, or when several
+    ranks per node ran but no per-node level was measured (no intra link is invented)."""
+    from topoprof.model.comm import HierarchicalComm, RingComm
+
+    if "inter" not in levels:
+        return None
+    inter = next(iter(levels["inter"].values()))
+    nodes = job_nodes(levels)
+    gpn = world_size // nodes
+    if gpn > 1 and "intra" not in levels:
+        return None
+
+    def ring(entry, n, hop):
+        fit = entry["fit"]
+        bus = fit.bandwidth_gbps * 2 * (n - 1) / n
+        return RingComm(link_bandwidth_gbps=bus, hop_latency_us=fit.latency_us / (2 * (n - 1)), world_size=n,
+                        source=f"measured ({hop})")
+
+    intra = None  # one rank per node: nothing inside a node to cross
+    if gpn > 1:
+        slowest = min(levels["intra"].values(), key=lambda e: e["fit"].bandwidth_gbps)
+        intra = ring(slowest, gpn, "slowest node").at_shape(1, gpn)
+    return HierarchicalComm(intra=intra, inter=ring(inter, nodes, "network"),
+                            nodes=nodes, gpus_per_node=gpn)
+
+
+def job_nodes(levels: dict) -> int:
+    """Nodes of the job: the ranks of the network level (one per node), else 1."""
+    if "inter" not in levels:
+        return 1
+    return len(next(iter(levels["inter"].values()))["ranks"])
+
+
+def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None,
+                rows=(), levels: dict | None = None) -> list[dict]:
+    """One model payload per model: the user's, or each default size."""
+    from topoprof.model.strategies import Cluster, ModelInputs
+    from topoprof.model.links import measured_comm
+    from topoprof.model.payload import model_payload
+
+    if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:
+        return []
+    # The whole job's own measured all-reduce: it already crosses every level as this job does.
+    # (One rank per node measures only the NICs nearest that rank, so the composed levels are a
+    # cross-check in the report, not the prediction's input.)
+    comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
+    nodes = job_nodes(levels or {})
+    sizes = [None] if opts.preset else ([opts.params] if opts.params else list(DEFAULT_MODELS))
+    out = []
+    for size in sizes:
+        workload, label = _workload(opts, size)
+        try:
+            compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name)
+        except InputError as err:  # nothing to predict with: the report says why, the rest stands
+            return [{"label": label, "skipped": str(err)}]
+        inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),
+                             accumulation_steps=opts.accum)
+        payload = model_payload(inputs, {"bench": "this scan"})
+        if opts.backend != "nccl":
+            _no_dp_without_gpus(payload)
+        out.append({"label": label, "compute_source": compute_source, **payload})
+    return out
+
+
+def composed_check(levels: dict, world_size: int, rows) -> dict | None:
+    """The composed levels' all-reduce time at the largest measured size vs the whole job's."""
+    composed = composed_comm(levels, world_size)
+    job = [r for r in rows if r.level == "job" and r.collective == "all_reduce" and not r.wrong]
+    if composed is None or not job:
+        return None
+    big = max(job, key=lambda r: r.size_bytes)
+    predicted = composed.allreduce_s(big.size_bytes)
+    return {"size_bytes": big.size_bytes, "measured_s": big.time_us * 1e-6, "composed_s": predicted,
+            "error_pct": 100.0 * (predicted - big.time_us * 1e-6) / (big.time_us * 1e-6)}
+
+
+def _no_dp_without_gpus(payload: dict) -> None:
+    """DataParallel replicates a model over CUDA GPUs: on CPU ranks there is nothing to predict."""
+    reason = "DataParallel needs CUDA GPUs; this scan ran on CPU ranks"
+    payload["strategies"]["dp"] = {"reason": reason, "step_time_s": None}
+    if "sweep" in payload:
+        payload["sweep"]["strategies"]["dp"] = [None] * len(payload["sweep"]["accum"])

@@ -1,0 +1,86 @@
+"""A scan report on disk: report.json (everything), PNG charts, and report.md for people.
+
+`write_report` is used both by `topoprof scan` and by `topoprof report PATH/report.json`, which
+re-renders the charts and the Markdown from the JSON alone.
+"""
+from __future__ import annotations
+
+import os
+
+from topoprof.errors import InputError
+from topoprof.jsonio import dumps
+
+CHARTS = ("busbw", "links", "copies", "step_vs_accum", "pred_vs_measured")
+
+
+def _nominal(report: dict) -> list[dict]:
+    ring = report.get("ring")
+    if not ring:
+        return []
+    lo, hi = ring["bottleneck_gbps"]
+    label = f"nominal slowest ring link ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
+    if lo == hi:
+        return [{"label": f"{label} {lo:g} GB/s", "gbps": lo}]
+    return [{"label": f"{label} {lo:g}-{hi:g} GB/s", "low_gbps": lo, "high_gbps": hi}]
+
+
+def _primary(report: dict) -> dict | None:
+    preds = [p for p in report.get("predictions") or [] if not p.get("skipped")]
+    if not preds:
+        return None
+    return next((p for p in preds if p["label"].startswith("1.3B")), preds[0])
+
+
+def render_charts(report: dict, out_dir: str) -> dict[str, str]:
+    from topoprof.report import plots
+
+    charts = {}
+    bench = report.get("bench") or {}
+    job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
+    if job_rows:
+        charts["busbw"] = plots.plot_busbw(job_rows, bench.get("fit") or {}, _nominal(report),
+                                           os.path.join(out_dir, "busbw.png"),
+                                           title=f"Bus bandwidth, {report['mode']['summary']}")
+    topo = report.get("topology") or {}
+    if len(topo.get("gpus", [])) >= 2:
+        charts["links"] = plots.plot_link_matrix(topo["gpus"], topo["pairs"], os.path.join(out_dir, "links.png"))
+    copies = report.get("copies") or {}
+    if copies.get("status") == "ok":
+        charts["copies"] = plots.plot_copy_matrix(copies, os.path.join(out_dir, "copies.png"))
+    primary = _primary(report)
+    if primary and primary.get("sweep"):
+        charts["step_vs_accum"] = plots.plot_step_vs_accum(
+            primary["sweep"], os.path.join(out_dir, "step_vs_accum.png"),
+            title=f"Predicted step time vs accumulation steps: {primary['label']}")
+    validation = report.get("validation") or {}
+    cases = [{"label": validation.get("label", ""), "mode": mode, **m}
+             for mode, m in (validation.get("modes") or {}).items() if m.get("measured_step_s")]
+    if cases:
+        charts["pred_vs_measured"] = plots.plot_pred_vs_measured(cases, os.path.join(out_dir, "pred_vs_measured.png"))
+    return {name: os.path.basename(path) for name, path in charts.items()}
+
+
+def write_report(report: dict, out_dir: str) -> dict[str, str]:
+    """report.json, the charts and report.md in out_dir; returns the file names written."""
+    from topoprof.report.markdown import render_markdown
+
+    os.makedirs(out_dir, exist_ok=True)
+    report["charts"] = render_charts(report, out_dir)
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        f.write(dumps(report) + "\n")
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(render_markdown(report))
+    return {"json": "report.json", "markdown": "report.md", **report["charts"]}
+
+
+def load_report(path: str) -> dict:
+    from topoprof.jsonio import load_json
+
+    doc = load_json(path)
+    if doc.get("kind") != "scan":
+        raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof scan`")
+    from topoprof.jsonio import SCHEMA_VERSION
+
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this topoprof reads")
+    return doc

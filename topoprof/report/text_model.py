@@ -1,0 +1,110 @@
+"""The `topoprof model` result as text tables (its JSON shape is `topoprof.model.payload`)."""
+from __future__ import annotations
+
+from topoprof.model.compute import OPTIMIZER_UNKNOWN_SOURCE
+
+
+def describe_links(links: dict) -> str:
+    """One line: the intra-node source (or why there is none), then the network if any."""
+    text = _intra_text(links)
+    if links.get("network_bandwidth_gbps") is not None:
+        text += (f"; network {links['network_bandwidth_gbps']:g} GB/s per node per direction "
+                 f"(its NICs together), {links['network_latency_us']:g} us per hop")
+    return text
+
+
+def _intra_text(links: dict) -> str:
+    if "no_link" in links:  # with several nodes the network line follows
+        return links["no_link"] if "network_bandwidth_gbps" in links else f"none needed ({links['no_link']})"
+    if "bench" in links:
+        return f"all-reduce fit measured by bench ({links['bench']})"
+    if "link_bandwidth_gbps" in links:
+        return f"{links['link_bandwidth_gbps']:g} GB/s per direction (given)"
+    lo, hi = links["bottleneck_gbps"]
+    ring = "-".join(str(g) for g in links["ring"])
+    kind = "NVLink" if links["hop"] == "NV" else "PCIe / host"
+    span = f"{lo:.1f} GB/s" if lo == hi else f"{lo:.1f}-{hi:.1f} GB/s (uncertain: predictions are given as ranges)"
+    return f"nominal ring {ring} of {links['topology']}, slowest edge {kind} {span} per direction"
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def _speedup(value) -> str:
+    return f"{'-':>14} " if value is None else f"{value:>14.2f}x"
+
+
+def _strategy_rows(payload: dict) -> list[str]:
+    lines = [f"{'strategy':<28}{'step ms':>12}{'exposed comm ms':>17}{'samples/s':>12}{'vs ddp_synced':>15}  range (step ms)"]
+    strategies = payload["strategies"]
+    reasons = [s.get("reason") for s in strategies.values() if s.get("step_time_s") is None]
+    if len(reasons) > 1 and len(set(reasons)) == 1:  # e.g. one GPU: say it once, not per row
+        names = [name for name, s in strategies.items() if s.get("step_time_s") is None]
+        lines += [_strategy_row(name, s) for name, s in strategies.items() if s.get("step_time_s") is not None]
+        return lines + [f"{', '.join(names)}: n/a ({reasons[0]})"]
+    return lines + [_strategy_row(name, s) for name, s in strategies.items()]
+
+
+def _strategy_row(name: str, s: dict) -> str:
+    if s.get("step_time_s") is None:
+        return f"{name:<28}{'n/a':>12}   {s.get('reason', '')}"
+    rng = s.get("range")
+    span = "" if not rng else f"{_ms(rng['step_time_s'][0])} - {_ms(rng['step_time_s'][1])}"
+    return (f"{name:<28}{_ms(s['step_time_s']):>12}{_ms(s['comm_exposed_s']):>17}"
+            f"{s['samples_per_s']:>12,.1f}{_speedup(s.get('speedup_vs_ddp_synced'))}  {span}").rstrip()
+
+
+def _sweep_rows(payload: dict) -> list[str]:
+    sweep = payload["sweep"]
+    lines = ["Step time (ms) by accumulation steps K:", f"{'strategy':<28}" + "".join(f"{'K=' + str(k):>10}" for k in sweep["accum"])]
+    for name, steps in sweep["strategies"].items():
+        if all(step is None for step in steps):  # does not apply here (e.g. DDP on one GPU)
+            continue
+        lines.append(f"{name:<28}" + "".join(f"{_ms(s):>10}" for s in steps))
+    return lines
+
+
+def _header(payload: dict) -> list[str]:
+    inputs = payload["inputs"]
+    value = lambda k: inputs.get(k, {}).get("value")  # noqa: E731
+    per = payload["per_micro_batch"]
+    assumed = inputs.get("optimizer_time_s", {}).get("source") == OPTIMIZER_UNKNOWN_SOURCE
+    optimizer = f"optimizer {_ms(per['optimizer_s'])} ms" + (" (unknown: assumed 0)" if assumed else "")
+    buckets = f"; {payload['buckets']['count']} DDP bucket(s)" if value("world_size") != 1 else ""
+    return [f"topoprof model: {value('model')} ({value('params'):,} params), world size {value('world_size')} "
+            f"({value('nodes')} node(s)), K = {value('accumulation_steps')}, micro-batch {value('micro_batch_size')} sample(s)",
+            f"links: {describe_links(payload['links'])}",
+            f"per micro-batch: compute {_ms(per['micro_batch_s'])} ms (backward {_ms(per['backward_s'])} ms), {optimizer}{buckets}", ""]
+
+
+def _hide_line(h: dict) -> list[str]:
+    if h.get("reason") is not None:  # DDP does not apply (one GPU)
+        return []
+    return ["", f"DDP exposes {_ms(h['exposed_s'])} ms of communication per synced micro-batch; its floor is "
+                f"{_ms(h['exposed_floor_s'])} ms, reached at >= {_ms(h['threshold_micro_batch_time_s'])} ms of compute "
+                f"per micro-batch ({'reached' if h['hidden'] else 'not reached'} now)."]
+
+
+def _fixed_rows(fixed: dict) -> list[str]:
+    """Fewer GPUs with more accumulation; nothing to compare when there is one shape."""
+    if len(fixed["options"]) < 2:
+        return []
+    out = ["", f"Same global batch ({fixed['global_batch_samples']} samples) on fewer GPUs with more accumulation (ddp_no_sync):"]
+    for o in fixed["options"]:
+        if o["step_time_s"] is None:
+            out.append(f"  {o['world_size']:>3} GPU(s): {o['reason']}")
+            continue
+        other = f" [{o['strategy']}]" if o.get("strategy") not in (None, "ddp_no_sync") else ""
+        out.append(f"  {o['world_size']:>3} GPU(s), K={o['accumulation_steps']:<4} step {_ms(o['step_time_s'])} ms, "
+                   f"{o['samples_per_s']:,.1f} samples/s ({o['samples_per_s_per_gpu']:,.1f} per GPU){other}")
+    return out
+
+
+def render_model(payload: dict) -> str:
+    out = _header(payload) + _strategy_rows(payload) + _hide_line(payload["hide_threshold"])
+    if "sweep" in payload:
+        out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
+    if payload["warnings"]:
+        out += ["", "Warnings:"] + [f"  - {w}" for w in payload["warnings"]]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,68 @@
+"""What a scan is asked to do, checked before anything runs, and the sweeps it chooses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topoprof.errors import InputError
+from topoprof.measure.launch import multi_node
+
+
+@dataclass(frozen=True)
+class ScanOptions:
+    backend: str
+    nproc: int
+    note: str
+    quick: bool = False
+    validate: bool = True
+    params: str | None = None
+    preset: str | None = None
+    micro_batch_time_s: float | None = None
+    tokens: int | None = None
+    micro_batch_size: int = 1
+    accum: int = 8
+    timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if self.params and self.preset:
+            raise InputError("give --params or --preset, not both")
+        if self.accum < 1:
+            raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
+        # Bad input is refused before anything runs; a model that fails later is a report note.
+        if self.params:
+            from topoprof.model.inputs import parse_count
+
+            parse_count(self.params)
+        if self.preset:
+            from topoprof.model.presets import PRESETS
+
+            if self.preset.strip().lower() not in PRESETS:
+                raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
+
+
+def bench_config(opts: ScanOptions) -> dict:
+    """A quick sweep: enough sizes for the fit and the plateau, little time. Across nodes, three
+    levels: each node alone, the network alone (one rank per node), and the whole job."""
+    gpu = opts.backend == "nccl"
+    if opts.quick:
+        sizes, collectives = [4096 * 4 ** i for i in range(7)], ["all_reduce"]       # 4 KiB..16 MiB
+    elif gpu:
+        sizes, collectives = [8 * 4 ** i for i in range(14)] + [1 << 30], ["all_reduce", "all_gather", "reduce_scatter"]
+    else:
+        sizes, collectives = [1024 * 2 ** i for i in range(15)], ["all_reduce"]     # 1 KiB..16 MiB
+    return {"collectives": collectives, "sizes": sizes, "iters": 5 if opts.quick else 10,
+            "warmup": 2, "dtype": "float32", "combine": "avg", "check": True,
+            "levels": ["intra", "inter", "job"] if multi_node() else ["job"]}
+
+
+def validate_options(opts: ScanOptions):
+    from topoprof.model.synthetic import spec_for_params
+    from topoprof.model.validate import ValidateOptions, cpu_threads_per_rank
+
+    gpu = opts.backend == "nccl"
+    spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)
+    return ValidateOptions(backend=opts.backend, nproc=opts.nproc, spec=spec, label=f"synthetic {spec.params / 1e6:.1f}M",
+                           micro_batch=8 if gpu else 4, accum=4, steps=2 if opts.quick else 4,
+                           warmup_steps=1 if opts.quick else 2, numerics=not opts.quick,
+                           threads=None if gpu else cpu_threads_per_rank(opts.nproc), timeout_s=opts.timeout_s)
+
+

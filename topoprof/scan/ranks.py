@@ -1,0 +1,117 @@
+"""All rank work of a scan in one launcher start: the bench sweep (at every level of a multi-node
+job), the calibration, each DDP mode and the numerics, with a progress line per stage."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+from topoprof.measure.launch import multi_node
+from topoprof.scan.options import ScanOptions, bench_config, validate_options
+
+
+def _phases(opts: ScanOptions, vopts) -> list[dict]:
+    from topoprof.model.validate import phases
+
+    bench = {"name": "bench", "worker": "collectives", "config": bench_config(opts)}
+    first = [{"name": "nodes", "worker": "nodes", "config": {}}] if multi_node() else []
+    if vopts is None or opts.nproc < 2:
+        return first + [bench]
+    return first + [bench] + phases(vopts)[1:]
+
+
+class Stages:
+    """Wall time per stage, and a progress line on a terminal."""
+
+    def __init__(self, show: bool):
+        self.show, self.times, self._t = show, {}, None
+        self.start = time.monotonic()
+
+    def begin(self, name: str) -> None:
+        self._name, self._t = name, time.monotonic()
+        self.say(name)
+
+    def end(self) -> None:
+        self.times[self._name] = time.monotonic() - self._t
+
+    def say(self, text: str) -> None:
+        if self.show:
+            sys.stderr.write(f"\r\033[K  [{time.monotonic() - self.start:5.1f}s] {text}")
+            sys.stderr.flush()
+
+    def done(self) -> dict:
+        if self.show:
+            sys.stderr.write("\r\033[K")
+        return {**{k: round(v, 2) for k, v in self.times.items()}, "total_s": round(time.monotonic() - self.start, 2)}
+
+
+def run_ranks(opts: ScanOptions, stages: Stages):
+    """Bench and validation in one launch; returns (BenchResult-like dict parts, ValidateResult)."""
+    from topoprof.measure.bench import BenchResult, nccl_env
+    from topoprof.measure.launch import JobSpec
+    from topoprof.measure.runner import run_job
+    from topoprof.model.validate import ValidateResult, collect, predict
+
+    vopts = validate_options(opts) if opts.validate and opts.nproc >= 2 else None
+    from topoprof.measure.bench import PROTOCOL
+
+    cfg = bench_config(opts)
+    protocol = PROTOCOL.format(warmup=cfg["warmup"], iters=cfg["iters"], combine=cfg["combine"])
+    bench = BenchResult(status="ok", rows=[], metadata={"backend": opts.backend, "world_size": opts.nproc,
+                                                        "iters": cfg["iters"], "warmup": cfg["warmup"],
+                                                        "combine": cfg["combine"], "protocol": protocol})
+    vres = ValidateResult(label=vopts.label if vopts else "")
+    file_validation = collect(vres)
+    nodes: list = []
+
+    def on_message(rank: int, msg: dict) -> None:
+        kind = msg.get("type")
+        if kind == "nodes":
+            nodes.extend(msg["ranks"])
+        if msg.get("phase") == "bench":
+            if kind == "meta":
+                bench.metadata.update({k: v for k, v in msg.items() if k not in ("type", "phase")})
+            elif kind == "stopped":
+                bench.stopped.append({"collective": msg["collective"], "reason": msg["reason"]})
+        file_validation(rank, msg)
+        if kind == "progress" and rank == 0:
+            stages.say(f"{msg.get('phase')}: {msg.get('step')}")
+
+    from topoprof.measure.bench import BenchOptions
+
+    env = nccl_env(BenchOptions(backend=opts.backend, nproc=opts.nproc, sizes=tuple(cfg["sizes"])))
+    spec = JobSpec("phases", {"phases": _phases(opts, vopts)}, opts.nproc, opts.backend, opts.timeout_s, env=env)
+    from topoprof.probing import attempt
+
+    run, status = attempt("ranks", lambda: run_job(spec, on_message))
+    bench.rows = list(vres.bench_rows)
+    bench.wall_s = run.wall_s if run is not None else None
+    failure = status.detail if run is None else (run.failure.describe() if run.failure is not None else None)
+    if failure is not None:
+        bench.status = vres.status = "error"
+        bench.error = vres.error = failure
+    if run is not None and opts.backend == "nccl" and run.log_dir:
+        from topoprof.measure.bench import read_nccl_logs
+
+        read_nccl_logs(bench, run.log_dir)
+    if vopts is not None:
+        predict(vopts, vres)
+    return bench, vres, vopts, nodes
+
+
+def versions() -> dict:
+    from topoprof import __version__
+
+    out = {"topoprof": __version__, "python": platform.python_version()}
+    try:
+        import torch
+
+        out.update(torch=torch.__version__, cuda=torch.version.cuda)
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return out
+
+
+def environment() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "CUDA_VISIBLE", "OMP_NUM"))}
