@@ -16,6 +16,7 @@ import traceback
 WORKERS = {
     "collectives": "probes.collectives:run_rank",
     "training": "probes.training:run_rank",
+    "validation": "probes.validation:run_rank",
     "sleep": "probes.rank_main:_sleep_worker",
     "phases": "probes.rank_main:_phases_worker",
     "nodes": "probes.nodes:run_rank",
@@ -80,7 +81,7 @@ def _sleep_worker(ctx: RankContext, config: dict) -> None:
                 time.sleep(3600)
             raise RuntimeError("injected failure")
         dist.barrier()
-        ctx.emit("row", rank=ctx.rank, step=i, pid=os.getpid())
+        ctx.emit("row", rank=ctx.rank, step=i, pid=os.getpid(), probes=os.path.abspath(__file__))
         time.sleep(float(config.get("sleep_s", 0.05)))
 
 

@@ -218,7 +218,7 @@ def calibrate(ctx, cfg, model, optimizer, batches_for, sync) -> dict:
         opt.append(time.perf_counter() - t2)
     fwd, bwd = statistics.median(forward), statistics.median(backward)
     slowdown = _slowdown_during_comm(ctx, cfg, model, batches_for, sync, fwd + bwd)
-    memory = _memory_bandwidth_gbps(ctx.device)
+    memory = memory_bandwidth_gbps(ctx.device)
     return {"memory_bandwidth_gbps": memory, "forward_s": fwd, "backward_s": bwd, "micro_batch_time_s": fwd + bwd,
             "backward_fraction": bwd / (fwd + bwd), "optimizer_time_s": statistics.median(opt),
             "threads": torch.get_num_threads(), "combine": "median over timed micro-batches/steps",
@@ -285,7 +285,7 @@ def _slowdown_during_comm(ctx, cfg, model, batches_for, sync, alone_s: float) ->
             "slowdown_samples": {"compute": compute, "comm": comm, "comm_alone_s": comm_alone}}
 
 
-def _memory_bandwidth_gbps(device: str) -> float:
+def memory_bandwidth_gbps(device: str) -> float:
     """Copy bandwidth as memory traffic (read + write) per second: what DDP's bucket copies use.
     Every rank measures at the same time, so each sees its share of a shared memory bus."""
     src = torch.ones(16 << 20, dtype=torch.float32, device=device)

@@ -55,6 +55,15 @@ def test_killed_rank_ends_run_naming_it_and_keeps_earlier_rows():
     assert not any(_alive(p) for p in pids.values())
 
 
+def test_ranks_run_the_same_code_as_the_launcher():
+    # Not another installed copy of the package: the ranks import probes/ from where this one is.
+    import probes.rank_main
+
+    result = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30))
+    assert result.failure is None
+    assert {m["probes"] for _, m in result.messages if m["type"] == "row"} == {os.path.abspath(probes.rank_main.__file__)}
+
+
 def test_rank_that_raises_is_named_with_its_error():
     result = launch_local(JobSpec("sleep", {"steps": 3, "fail_rank": 1, "how": "raise"}, 2, "gloo", timeout_s=30))
     assert result.failure.rank == 1

@@ -17,8 +17,9 @@ from topoprof.errors import RunFailed
 @click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--micro-batch", type=click.IntRange(min=1), default=4, show_default=True, help="Samples per rank per micro-batch.")
 @click.option("--accum", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Timed rotations: each measures every input and one step of every mode.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True, help="Rotations run first, untimed.")
 @click.option("--modes", default="ddp_synced,ddp_no_sync,ddp_no_sync_backward_only", show_default=True,
               help="Comma list; add dp where >= 2 GPUs exist.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,

@@ -165,8 +165,10 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
     with open(job_file, "w") as f:
         json.dump({"worker": spec.worker, "backend": spec.backend, "timeout_s": spec.timeout_s,
                    "config": spec.config}, f)
-    # The package that holds probes/ must be importable by the ranks wherever the CLI runs from.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The ranks must import the same probes/ (and topoprof/) as this process, wherever it runs from.
+    import probes
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(probes.__file__)))
     for rank in range(spec.nproc):
         read_fd, write_fd = os.pipe()
         env = _rank_env(spec, rank, port, job_file, write_fd)

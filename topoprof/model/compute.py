@@ -14,6 +14,8 @@ TFLOP/s = 1e12 FLOP/s; GB/s = 1e9 B/s.
 """
 from __future__ import annotations
 
+import math
+
 import re
 import warnings
 from collections.abc import Mapping
@@ -158,7 +160,7 @@ OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times ex
                           "optimizer step; give --optimizer-time SECONDS (measured) or --gpu NAME")
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
-                    "memory_bandwidth_gbps")
+                    "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size")
 
 
 def _need(cond: bool, message: str) -> None:
@@ -181,7 +183,14 @@ class Compute:
     memory_bandwidth_gbps: float | None = None  # overrides the datasheet figure
     compute_slowdown_during_comm: float = 1.0  # backward runs 1/x as fast while comm is in flight
     comm_slowdown_during_compute: float = 1.0  # an all-reduce runs 1/x as fast beside backward
+    # The same factor measured at several all-reduce sizes ((bytes, factor), by size): beside
+    # compute a small all-reduce loses more than a large one. When given, it decides per size.
+    comm_slowdown_by_size: tuple[tuple[float, float], ...] = ()
     dp_thread_overhead_s: float = 0.0  # DataParallel's per-micro-batch Python-thread/GIL cost
+    # DDP's own compute per micro-batch (its forward and gradient hooks, nothing communicated),
+    # measured by `topoprof validate`: the same micro-batch through DDP inside no_sync() minus
+    # through the bare module. 0 unless measured.
+    ddp_overhead_s: float = 0.0
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
 
     def __post_init__(self) -> None:
@@ -193,6 +202,7 @@ class Compute:
               f"optimizer_time_s must be >= 0, got {self.optimizer_time_s}")
         _need(self.dp_thread_overhead_s >= 0,
               f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
+        _need(self.ddp_overhead_s >= 0, f"ddp_overhead_s must be >= 0, got {self.ddp_overhead_s}")
         _need(self.utilization is None or 0 < self.utilization <= 1,
               f"utilization must be in (0, 1], got {self.utilization}")
         _need(self.backward_fraction is None or 0 < self.backward_fraction < 1,
@@ -201,6 +211,10 @@ class Compute:
               f">= 1, got {self.compute_slowdown_during_comm}")
         _need(self.comm_slowdown_during_compute >= 1, "comm_slowdown_during_compute must be "
               f">= 1, got {self.comm_slowdown_during_compute}")
+        _need(all(size > 0 and factor >= 1 for size, factor in self.comm_slowdown_by_size),
+              f"comm_slowdown_by_size needs sizes > 0 and factors >= 1, got {self.comm_slowdown_by_size}")
+        object.__setattr__(self, "comm_slowdown_by_size",
+                           tuple(sorted((float(a), float(b)) for a, b in self.comm_slowdown_by_size)))
         _need(self.precision in PRECISIONS,
               f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         _need(self.optimizer in OPTIMIZER_STATE_WORDS, "optimizer must be one of "
@@ -216,6 +230,23 @@ class Compute:
 
     def origin(self, name: str) -> str:
         return "calibration" if name in self.calibrated else "given"
+
+    def comm_slowdown_at(self, size_bytes: float) -> float:
+        return slowdown_at(self.comm_slowdown_by_size, self.comm_slowdown_during_compute, size_bytes)
+
+
+def slowdown_at(points: tuple[tuple[float, float], ...], default: float, size_bytes: float) -> float:
+    """A slowdown measured at several sizes ((bytes, factor), by size), for `size_bytes`:
+    interpolated in log size between them, the nearest one's beyond them; `default` without them."""
+    if not points:
+        return default
+    if size_bytes <= points[0][0]:
+        return points[0][1]
+    for (s0, f0), (s1, f1) in zip(points, points[1:]):
+        if size_bytes <= s1:
+            w = math.log(size_bytes / s0) / math.log(s1 / s0) if s1 > s0 else 1.0
+            return f0 + w * (f1 - f0)
+    return points[-1][1]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from topoprof.errors import InputError
 from topoprof.model.buckets import Bucket
 from topoprof.model.comm import GB, CommModel
+from topoprof.model.compute import slowdown_at
 
 
 FP16_BYTES = 2  # torch.float16, what fp16_compress_hook sends per element
@@ -44,8 +45,15 @@ class Overlap:
     exposed_s: float  # max(backward_end, comm_end) - T_bwd: time communication adds
 
 
+def _per_bucket(comm_slowdown: float | Sequence[float], n: int) -> list[float]:
+    slowdowns = [float(comm_slowdown)] * n if isinstance(comm_slowdown, (int, float)) else list(comm_slowdown)
+    if len(slowdowns) != n:
+        raise InputError(f"{len(slowdowns)} communication slowdowns for {n} buckets")
+    return slowdowns
+
+
 def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward_s: float,
-                     slowdown: float = 1.0, comm_slowdown: float = 1.0) -> Overlap:
+                     slowdown: float = 1.0, comm_slowdown: float | Sequence[float] = 1.0) -> Overlap:
     """DDP's bucket pipeline. Bucket j (launch order) starts once backward has produced its last
     gradient and bucket j-1 has finished: start_j = max(ready_j, end_{j-1}); reducer.cpp
     `mark_bucket_ready` launches buckets strictly in order, and one communication stream runs
@@ -54,8 +62,11 @@ def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward
 
     While both run they share the machine: backward advances at 1/slowdown of its own speed and
     the all-reduce at 1/comm_slowdown of its own (communication threads or kernels competing with
-    compute for the same cores or SMs; 1.0 = no interference). Either runs at full speed alone."""
-    if slowdown < 1 or comm_slowdown < 1:
+    compute for the same cores or SMs; 1.0 = no interference). Either runs at full speed alone.
+    comm_slowdown may be one factor per bucket: beside compute a small all-reduce loses more than
+    a large one (on CPU ranks its threads wait for a core on every message)."""
+    comm_slowdowns = _per_bucket(comm_slowdown, len(comm_s))
+    if slowdown < 1 or min(comm_slowdowns, default=1.0) < 1:
         raise InputError(f"slowdowns must be >= 1, got compute {slowdown}, communication {comm_slowdown}")
     # Tracked as lag = wall clock - backward progress: it grows only while the two share the
     # machine (by what backward loses) or an all-reduce runs after backward; summing small lags
@@ -63,7 +74,7 @@ def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward
     lag = progress = 0.0
     backward_lag = None  # lag when backward finishes
     comm_end = 0.0
-    for ready, duration in zip(ready_s, comm_s):
+    for ready, duration, comm_slowdown in zip(ready_s, comm_s, comm_slowdowns):
         progress = max(progress, ready)  # backward alone until this bucket is ready
         left = duration  # seconds of all-reduce-alone work still to do
         if progress < backward_s and left > 0:
@@ -82,16 +93,16 @@ def simulate_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward
 
 
 def overlap_floor_s(ready_fractions: Sequence[float], comm_s: Sequence[float],
-                    slowdown: float = 1.0, comm_slowdown: float = 1.0) -> float:
+                    slowdown: float = 1.0, comm_slowdown: float | Sequence[float] = 1.0) -> float:
     """The least exposed time however long backward is: buckets ready only when backward ends
     run after it in full; the others run beside backward for d * comm_slowdown of wall time, in
     which backward advances only 1/slowdown of that, so each adds d * comm_slowdown * (1 - 1/slowdown)."""
-    return sum(d if f >= 1.0 else comm_slowdown * (1 - 1 / slowdown) * d
-               for f, d in zip(ready_fractions, comm_s))
+    return sum(d if f >= 1.0 else m * (1 - 1 / slowdown) * d
+               for f, d, m in zip(ready_fractions, comm_s, _per_bucket(comm_slowdown, len(comm_s))))
 
 
 def hiding_backward_s(ready_fractions: Sequence[float], comm_s: Sequence[float],
-                      slowdown: float = 1.0, comm_slowdown: float = 1.0) -> float:
+                      slowdown: float = 1.0, comm_slowdown: float | Sequence[float] = 1.0) -> float:
     """The shortest backward for which the exposed time reaches `overlap_floor_s`. The exposed
     time never grows with backward time (more compute, more room to overlap) and reaches the
     floor at a finite time, so: bracket by doubling, then bisect."""
@@ -125,6 +136,7 @@ class DdpSetting:
     memory_bandwidth_gbps: float | None  # for the bucket copies and fp16 casts; None: counted 0
     compute_slowdown: float = 1.0        # backward runs 1/x as fast while an all-reduce runs
     comm_slowdown: float = 1.0           # an all-reduce runs 1/x as fast beside backward
+    comm_slowdown_by_size: tuple[tuple[float, float], ...] = ()  # the same per all-reduce size
     gradient_as_bucket_view: bool = False
 
 
@@ -163,13 +175,20 @@ def copies_s(setting: DdpSetting) -> float:
     return _memory_s(setting, ddp_copy_bytes(setting.params, setting.grad_bytes, setting.gradient_as_bucket_view))
 
 
+def comm_slowdowns(setting: DdpSetting, buckets: Sequence[Bucket], fp16_compress: bool = False) -> list[float]:
+    """Each bucket's communication slowdown beside compute, at the size it sends."""
+    return [slowdown_at(setting.comm_slowdown_by_size, setting.comm_slowdown,
+                        b.numel * FP16_BYTES if fp16_compress else b.size_bytes) for b in buckets]
+
+
 def ddp_timeline(setting: DdpSetting, buckets: Sequence[Bucket], comm: CommModel,
                  fp16_compress: bool = False) -> DdpTimeline:
     """The whole timeline of one synced micro-batch: readiness, the all-reduce chain, the
     interference between backward and the all-reduces, and the copies."""
     ready = tuple(b.ready_fraction * setting.backward_s for b in buckets)
     comm_s = tuple(bucket_comm_s(setting, buckets, comm, fp16_compress))
-    overlap = simulate_overlap(ready, comm_s, setting.backward_s, setting.compute_slowdown, setting.comm_slowdown)
+    overlap = simulate_overlap(ready, comm_s, setting.backward_s, setting.compute_slowdown,
+                               comm_slowdowns(setting, buckets, fp16_compress))
     return DdpTimeline(ready, comm_s, overlap, copies_s(setting))
 
 
@@ -178,6 +197,6 @@ def hiding_threshold(setting: DdpSetting, buckets: Sequence[Bucket], comm: CommM
     compute hides (buckets ready only at the end, the slowdown on the rest, the copies)."""
     fractions = [b.ready_fraction for b in buckets]
     comm_s = bucket_comm_s(setting, buckets, comm)
-    args = (setting.compute_slowdown, setting.comm_slowdown)
+    args = (setting.compute_slowdown, comm_slowdowns(setting, buckets))
     return (hiding_backward_s(fractions, comm_s, *args),
             overlap_floor_s(fractions, comm_s, *args) + copies_s(setting))

@@ -29,9 +29,13 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
 
     extra = {}
     if calibration:
+        # The machine's interference and memory, which hold for any model; DDP's per-micro-batch
+        # hook cost belongs to the calibration model's tensors and is not carried over.
         for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps"):
             if calibration.get(key) is not None:
                 extra[key] = calibration[key]
+        if calibration.get("comm_slowdown_by_size"):
+            extra["comm_slowdown_by_size"] = tuple(tuple(p) for p in calibration["comm_slowdown_by_size"])
     if opts.micro_batch_time_s is not None:
         return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
     if calibration and vopts is not None:

@@ -135,6 +135,9 @@ def resolve(inputs: ModelInputs) -> Resolved:
                                        else "= bucket_cap when bucket_cap_mb is given (torch)"),
             "dp_thread_overhead_s": (dp_overhead, "given" if dp_overhead
                                      else "default 0: GIL contention not modelled unless given"),
+            "ddp_overhead_s": (inputs.compute.ddp_overhead_s,
+                               inputs.compute.origin("ddp_overhead_s") if inputs.compute.ddp_overhead_s
+                               else "default 0: DDP's hooks cost nothing unless measured"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)")}
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
@@ -147,13 +150,31 @@ def ddp_setting(res: Resolved) -> DdpSetting:
     work, compute = res.inputs.workload, res.inputs.compute
     return DdpSetting(res.backward_s, work.layout.params, work.grad_bytes, res.memory_bandwidth_gbps,
                       compute.compute_slowdown_during_comm, compute.comm_slowdown_during_compute,
-                      work.gradient_as_bucket_view)
+                      compute.comm_slowdown_by_size, work.gradient_as_bucket_view)
 
 
 def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
                   fp16_compress: bool = False) -> float:
     """E per synced micro-batch (`topoprof.model.ddp`)."""
     return ddp_timeline(ddp_setting(res), buckets, comm, fp16_compress).exposed_s
+
+
+# How many micro-batches of a step all-reduce, per DDP strategy (of k).
+def _synced(mode: str, k: int) -> int:
+    return 1 if mode == "ddp_no_sync" else k
+
+
+def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel, mode: str) -> dict[str, float]:
+    """A DDP strategy's step in the parts a timeline shows: compute (forward and backward, with
+    DDP's hooks and what communication slows it), the communication left exposed after backward
+    (the tail of the all-reduces and the bucket copies), the optimizer. They add up to the step."""
+    k = res.inputs.accumulation_steps
+    timeline = ddp_timeline(ddp_setting(res), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
+    overlap, n = timeline.overlap, _synced(mode, k)
+    slowed = overlap.backward_end_s - res.backward_s  # what backward lost to the all-reduces
+    tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s
+    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * slowed,
+            "exposed_comm": n * tail, "optimizer": res.optimizer_s}
 
 
 def dp_comm_s(res: Resolved, comm: CommModel) -> float:
@@ -171,14 +192,15 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
                 for name in STRATEGIES}
     e = ddp_exposed_s(res, buckets, comm)
     e16 = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+    cd = c + res.inputs.compute.ddp_overhead_s  # a micro-batch through DDP's hooks
     out: dict[str, tuple[float, float] | str] = {
         "single": (k * c + t_opt, 0.0),
-        "ddp_synced": (k * (c + e) + t_opt, k * e),
-        "ddp_no_sync": (k * c + e + t_opt, e),
+        "ddp_synced": (k * (cd + e) + t_opt, k * e),
+        "ddp_no_sync": (k * cd + e + t_opt, e),
         # _post_forward calls reducer.prepare_for_backward whenever require_backward_grad_sync
         # is True during forward; no_sync() around backward alone then changes nothing.
-        "ddp_no_sync_backward_only": (k * (c + e) + t_opt, k * e),
-        "ddp_fp16_compress": (k * (c + e16) + t_opt, k * e16),
+        "ddp_no_sync_backward_only": (k * (cd + e) + t_opt, k * e),
+        "ddp_fp16_compress": (k * (cd + e16) + t_opt, k * e16),
     }
     if res.inputs.cluster.nodes > 1:
         out["dp"] = "DataParallel is single-process, single-node"
@@ -191,10 +213,10 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
 FORMULAS = {
     "single": "k*c + T_opt (one GPU)",
     "dp": "k*(c + broadcast(params) + gather(outputs) + reduce(grads) + thread_overhead) + T_opt",
-    "ddp_synced": "k*(c + E) + T_opt",
-    "ddp_no_sync": "k*c + E + T_opt",
-    "ddp_no_sync_backward_only": "k*(c + E) + T_opt, the same as ddp_synced",
-    "ddp_fp16_compress": "k*(c + E_fp16) + T_opt",
+    "ddp_synced": "k*(c + o + E) + T_opt",
+    "ddp_no_sync": "k*(c + o) + E + T_opt",
+    "ddp_no_sync_backward_only": "k*(c + o + E) + T_opt, the same as ddp_synced",
+    "ddp_fp16_compress": "k*(c + o + E_fp16) + T_opt",
 }
 ASSUMPTIONS = (
     "gradients become ready in reverse forward order; a tensor's share of backward is its "

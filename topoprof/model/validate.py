@@ -1,10 +1,13 @@
 """Validation: real training loops for every strategy, measured against the model's prediction.
 
-One launcher start runs, on the same ranks and links: an all-reduce sweep (the fit the model
-uses), a calibration (every rank trains its own copy alone, at the same time as the DDP runs
-will: compute per micro-batch, backward share, optimizer time, and the slowdown of compute while
-an all-reduce is in flight), each DDP mode, and the numerics check. Then every mode is predicted
-from those measurements and compared with what it measured.
+One launcher start runs, on the same ranks and links: an all-reduce sweep (the curve the model
+interpolates), then rotations (probes/validation.py) in which every rank's calibration (compute
+per micro-batch alone and through DDP's hooks, the optimizer), one step of each DDP mode with its
+timeline, each bucket's all-reduce alone and the interference between compute and communication
+are measured in turns, so that a drifting machine moves inputs and steps together; then the
+numerics check. Every mode is predicted from the measured inputs (`topoprof.model.rotations`
+says which statistic of each), with a range from their spread, and compared with what it measured,
+part by part: compute, exposed communication, optimizer, the rest.
 """
 from __future__ import annotations
 
@@ -64,11 +67,10 @@ def _train(opts: ValidateOptions, mode: str) -> dict:
 def phases(opts: ValidateOptions) -> list[dict]:
     bench = {"collectives": ["all_reduce"], "sizes": list(FIT_SIZES), "iters": opts.bench_iters,
              "warmup": 2, "dtype": "float32", "combine": "avg", "check": True}
+    # DataParallel is one process over every GPU: it runs in a launch of its own (`_run_dp`).
+    ddp = [mode for mode in opts.modes if mode != "dp"]
     out = [{"name": "bench", "worker": "collectives", "config": bench},
-           {"name": "calibration", "worker": "training", "config": _train(opts, "single")}]
-    # DataParallel is one process over every GPU: it runs in a launch of its own (`dp_phase`).
-    out += [{"name": mode, "worker": "training", "config": _train(opts, mode)} for mode in opts.modes
-            if mode != "dp"]
+           {"name": "rotations", "worker": "validation", "config": {**_train(opts, "ddp_synced"), "modes": ddp}}]
     if opts.numerics:
         out.append({"name": "numerics", "worker": "training",
                     "config": {**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0}})
@@ -81,18 +83,29 @@ class ValidateResult:
     status: str = "ok"
     error: str | None = None
     bench_rows: list = field(default_factory=list)
-    calibration: dict | None = None
-    measured: dict = field(default_factory=dict)      # mode -> result message
+    rotations: dict | None = None                     # the `validation` message of rank 0
+    calibration: dict | None = None                   # the model's inputs, each with its spread
+    measured: dict = field(default_factory=dict)      # mode -> step (and parts) as measured
     numerics: dict | None = None
-    predictions: dict = field(default_factory=dict)   # mode -> predicted step seconds
+    predictions: dict = field(default_factory=dict)   # mode -> step, range and parts as predicted
     wall_s: float = 0.0
 
     def modes(self) -> dict:
         out = {}
         for mode, pred in self.predictions.items():
-            meas = self.measured.get(mode, {}).get("step_time_s")
-            err = None if meas is None or pred is None else 100.0 * (pred - meas) / meas
-            out[mode] = {"measured_step_s": meas, "predicted_step_s": pred, "error_pct": err}
+            meas = self.measured.get(mode, {})
+            step, predicted = meas.get("step_time_s"), pred.get("step_time_s")
+            err = None if step is None or predicted is None else 100.0 * (predicted - step) / step
+            if meas.get("per_rotation_s") and pred.get("per_rotation_s"):  # matched rotations
+                err = 100.0 * (statistics.median(p / m for p, m in zip(pred["per_rotation_s"], meas["per_rotation_s"])) - 1)
+            low, high = pred.get("range_s") or (None, None)
+            out[mode] = {"measured_step_s": step, "predicted_step_s": predicted, "error_pct": err,
+                         "predicted_range_s": pred.get("range_s"),
+                         "inside_range": None if step is None or low is None else low <= step <= high,
+                         "parts": {"measured": meas.get("parts"), "predicted": pred.get("parts")},
+                         "measured_parts_cover_pct": meas.get("parts_cover_pct"),
+                         "per_rotation": {"measured_s": meas.get("per_rotation_s"),
+                                          "predicted_s": pred.get("per_rotation_s")}}
         return out
 
 
@@ -102,39 +115,118 @@ def collect(result: ValidateResult):
 
     def on_message(rank: int, msg: dict) -> None:
         kind, phase = msg.get("type"), msg.get("phase")
+        body = {k: v for k, v in msg.items() if k not in ("type", "phase")}
         if kind == "row" and phase == "bench":
             result.bench_rows.append(row_from_dict(msg["row"]))
-        elif kind == "calibration":
-            result.calibration = {k: v for k, v in msg.items() if k not in ("type", "phase")}
-        elif kind == "result" and phase in DDP_MODES + ("dp",):
-            result.measured[phase] = {k: v for k, v in msg.items() if k not in ("type", "phase")}
+        elif kind == "validation":
+            result.rotations = body
+        elif kind == "result" and phase == "dp":
+            result.measured["dp"] = {"step_time_s": body.get("step_time_s")}
         elif kind == "numerics":
-            result.numerics = {k: v for k, v in msg.items() if k not in ("type", "phase")}
+            result.numerics = body
     return on_message
 
 
 def predict(opts: ValidateOptions, result: ValidateResult) -> None:
-    """Fill result.predictions from the measured fit and calibration, with the cost model."""
-    from topoprof.model.strategies import Cluster, ModelInputs, Workload
-    from topoprof.model.strategies import predict as model_predict
+    """The calibration, what each mode measured, and what the model predicts for it.
+
+    Each rotation is a matched experiment: its inputs were measured within a second of its steps.
+    A mode is predicted from every rotation's own inputs, and its error is the median over
+    rotations of that rotation's (predicted - measured) / measured: a machine that drifts between
+    rotations, or a slow spell in one of them, then moves prediction and measurement together.
+    """
+    from topoprof.model import rotations as rot
+
+    msg = result.rotations
+    if not msg or not msg.get("rotations"):
+        return
+    rotations = msg["rotations"]
+    result.calibration = _calibration_payload(rot.calibration(rotations), msg)
+    per_rotation = [_inputs(opts, result, [r], rotations) for r in rotations]
+    for mode in msg["modes"]:
+        measured = rot.measured_mode(rotations, mode)
+        result.measured[mode] = {"step_time_s": measured["step"].value, "per_rotation_s": measured["steps"],
+                                 "parts": measured["parts"], "parts_cover_pct": measured["parts_cover_pct"]}
+        result.predictions[mode] = _predicted(per_rotation, mode, measured["middle"])
+    if "dp" in opts.modes:
+        result.predictions["dp"] = _predicted([_inputs(opts, result, rotations)], "dp", 0)
+
+
+def _calibration_payload(cal: dict, msg: dict) -> dict:
+    """The inputs as the model and `model --calibration` take them, their spreads, and the setup."""
+    from topoprof.model import rotations as rot
+
+    c, c_ddp = cal["micro_batch_time_s"].value, cal.get("ddp_micro_batch_time_s")
+    out = {"micro_batch_time_s": c, "forward_s": cal["forward_s"].value, "backward_s": cal["backward_s"].value,
+           "backward_fraction": cal["backward_s"].value / (cal["forward_s"].value + cal["backward_s"].value),
+           "optimizer_time_s": cal["optimizer_time_s"].value,
+           "ddp_overhead_s": max(0.0, c_ddp.value - c) if c_ddp else 0.0,
+           "memory_bandwidth_gbps": msg.get("memory_bandwidth_gbps")}
+    for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute"):
+        out[key] = max(1.0, cal[key].value) if key in cal else 1.0
+    by_size = rot.comm_slowdowns(msg["rotations"])
+    out["comm_slowdown_by_size"] = [[size, max(1.0, s.value)] for size, s in by_size]
+    out["spread"] = {k: dataclasses.asdict(v) for k, v in cal.items()}
+    out["spread"].update({f"comm_slowdown_at_{size}_bytes": dataclasses.asdict(s) for size, s in by_size})
+    out.update({k: msg.get(k) for k in ("micro_batch", "accum", "params", "tokens_per_micro_batch", "threads")})
+    out["rotations"] = len(msg["rotations"])
+    out["combine"] = ("compute and optimizer: mean over micro-batches of the slower rank; interference: "
+                      "median of samples")
+    return out
+
+
+def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run: list | None = None):
+    """ModelInputs from what `rotations` measured (part of `run`, every rotation, when given:
+    `topoprof.model.rotations.calibration`): compute, optimizer, each bucket's all-reduce alone
+    (the bench curve for other sizes), interference, memory bandwidth."""
     from topoprof.measure.fit import fit_rows
+    from topoprof.model import rotations as rot
     from topoprof.model.compute import CALIBRATION_KEYS, Compute
     from topoprof.model.links import measured_comm
+    from topoprof.model.strategies import Cluster, ModelInputs, Workload
 
+    values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations})
+    values["comm_slowdown_by_size"] = tuple(tuple(p) for p in values["comm_slowdown_by_size"])
+    compute = Compute.from_calibration({k: values[k] for k in CALIBRATION_KEYS if values.get(k) is not None},
+                                       optimizer="adamw")
     job_rows = [r for r in result.bench_rows if r.level == "job"]
-    fit = fit_rows(job_rows, "all_reduce")
-    if fit is None or result.calibration is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf"):
-        return
-    cal = {k: result.calibration[k] for k in CALIBRATION_KEYS if result.calibration.get(k) is not None}
+    bucket_rows = [{"collective": "all_reduce", "size_bytes": size, "wrong": 0, "time_us": s.value * 1e6}
+                   for size, s in rot.allreduce_points(rotations)]
+    comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
+                         "all-reduce measured on these ranks (bucket sizes in the rotations)")
     workload = Workload(opts.spec.layout(), micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.micro_batch * opts.spec.seq_len)
-    comm = measured_comm(job_rows, fit, opts.nproc, "all-reduce measured on these ranks")
-    inputs = ModelInputs(workload, Compute.from_calibration(cal, optimizer="adamw"),
-                         Cluster(comm, nodes=1, gpus_per_node=opts.nproc), accumulation_steps=opts.accum)
-    prediction = model_predict(inputs)
-    for mode in opts.modes:
-        strategy = prediction.strategies.get(mode)
-        result.predictions[mode] = getattr(strategy, "step_time_s", None)
+    return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc),
+                       accumulation_steps=opts.accum)
+
+
+def _merged(bench_rows, bucket_rows) -> list[dict]:
+    """The bench curve, with each bucket size as the rotations measured it (closer in time to the
+    steps than the sweep before them)."""
+    sizes = {r["size_bytes"] for r in bucket_rows}
+    kept = [{"collective": r.collective, "size_bytes": r.size_bytes, "wrong": r.wrong, "time_us": r.time_us}
+            for r in bench_rows if r.collective == "all_reduce" and r.size_bytes not in sizes]
+    return kept + bucket_rows
+
+
+def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
+    """The mode predicted from each rotation's inputs, and the parts of the prediction for the
+    rotation whose measured step is the median (the one whose measured parts are shown)."""
+    from topoprof.model.buckets import ddp_buckets
+    from topoprof.model.strategies import predict as model_predict
+    from topoprof.model.strategies import resolve, step_components
+
+    steps = [getattr(model_predict(inputs).strategies.get(mode), "step_time_s", None) for inputs in per_rotation]
+    if any(s is None for s in steps):
+        return {"step_time_s": None}
+    parts = None
+    if mode != "dp":
+        inputs = per_rotation[middle]
+        work = inputs.workload
+        buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
+        parts = {**step_components(resolve(inputs), buckets, inputs.cluster.comm, mode), "other": 0.0}
+    return {"step_time_s": statistics.median(steps), "per_rotation_s": steps, "range_s": [min(steps), max(steps)],
+            "parts": parts}
 
 
 def run_validate(opts: ValidateOptions, on_progress=None) -> ValidateResult:
@@ -178,10 +270,13 @@ def _run_dp(opts: ValidateOptions, result: ValidateResult, on_message) -> None:
 
 def summary(results: list[ValidateResult]) -> dict:
     """Median and worst |error| over every DDP mode of every case."""
-    errors = [abs(m["error_pct"]) for r in results for m in r.modes().values() if m["error_pct"] is not None]
-    if not errors:
+    modes = [m for r in results for m in r.modes().values() if m["error_pct"] is not None]
+    if not modes:
         return {"cases": 0}
-    return {"cases": len(errors), "median_abs_error_pct": statistics.median(errors), "worst_abs_error_pct": max(errors)}
+    errors = [abs(m["error_pct"]) for m in modes]
+    return {"cases": len(errors), "median_abs_error_pct": statistics.median(errors), "worst_abs_error_pct": max(errors),
+            "mean_signed_error_pct": statistics.fmean(m["error_pct"] for m in modes),
+            "inside_range": sum(1 for m in modes if m.get("inside_range"))}
 
 
 def spec_from_options(params: str | None, preset: str | None, scale: float, seq_len: int):
@@ -209,7 +304,9 @@ def validate_payload(result, opts) -> dict:
                       "params": opts.spec.params, "micro_batch": opts.micro_batch, "accum": opts.accum,
                       "steps": opts.steps, "warmup_steps": opts.warmup_steps, "threads": opts.threads,
                       "step_rule": "a step's time is the max over ranks; the median over timed steps"},
-            "wall_s": result.wall_s}
+            "wall_s": result.wall_s,
+            # every rank's raw timelines and samples, rotation by rotation (probes/validation.py)
+            "rotations": result.rotations}
 
 
 def save_calibration(path: str, payload: dict) -> None:

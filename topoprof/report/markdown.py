@@ -136,17 +136,71 @@ def _predictions(report: dict) -> list[str]:
     return out
 
 
+_PARTS = ("compute", "exposed_comm", "optimizer", "other")
+
+
+def _range(v: dict) -> str:
+    rng = v.get("predicted_range_s")
+    if not rng:
+        return "–"
+    inside = {True: " (inside)", False: " (outside)", None: ""}[v.get("inside_range")]
+    return f"{_ms(rng[0])} – {_ms(rng[1])}{inside}"
+
+
+def _parts_rows(modes: dict) -> list[list]:
+    rows = []
+    for m, v in modes.items():
+        parts = v.get("parts") or {}
+        meas, pred = parts.get("measured"), parts.get("predicted")
+        if meas and pred:
+            rows.append([f"`{m}`", *[f"{_ms(meas[p])} / {_ms(pred[p])}" for p in _PARTS]])
+    return rows
+
+
+def _calibration_rows(cal: dict) -> list[list]:
+    from topoprof.report.text_validate import INPUTS
+
+    spread = cal.get("spread") or {}
+    rows = []
+    for key, label, unit in INPUTS:
+        s = spread.get(key)
+        if s and key != "comm_slowdown_during_compute":
+            rows.append([label, _value(s["value"], unit), f"{_value(s['p25'], unit)} – {_value(s['p75'], unit)}", s["n"]])
+    for key, s in spread.items():
+        if key.startswith("comm_slowdown_at_"):
+            size = int(key.split("_")[-2])
+            rows.append([f"all-reduce of {size / 2**20:.1f} MiB beside compute", _value(s["value"], "x"),
+                         f"{_value(s['p25'], 'x')} – {_value(s['p75'], 'x')}", s["n"]])
+    return rows
+
+
+def _value(v: float, unit: str) -> str:
+    return f"{v * 1e3:,.1f} ms" if unit == "ms" else f"×{v:.2f}"
+
+
 def _validation(report: dict) -> list[str]:
     val = report.get("validation") or {}
     out = ["## Validation: predicted vs measured", ""]
     if val.get("status") == "skipped":
         return out + [f"Skipped: {val.get('reason')}.", ""]
     modes = val.get("modes") or {}
-    rows = [[f"`{m}`", _ms(v["measured_step_s"]), _ms(v["predicted_step_s"]),
+    rows = [[f"`{m}`", _ms(v["measured_step_s"]), _ms(v["predicted_step_s"]), _range(v),
              "–" if v["error_pct"] is None else f"{v['error_pct']:+.1f}%"] for m, v in modes.items()]
-    out += [f"Real training loops of a {val.get('label')} model on the same ranks "
-            f"(step time = max over ranks, median over steps).", ""]
-    out += _table(["mode", "measured ms", "predicted ms", "error"], rows) + [""]
+    cal = val.get("calibration") or {}
+    out += [f"Real training loops of a {val.get('label')} model on the same ranks, in {cal.get('rotations', '?')} "
+            "rotations: each rotation measures every input of the prediction and runs one step of every mode, so "
+            "that a machine whose speed drifts moves both together (step time = max over ranks, median over "
+            "rotations; the predicted range puts every input at its lower or upper quartile).", ""]
+    out += _table(["mode", "measured ms", "predicted ms", "predicted range ms", "error"], rows) + [""]
+    parts = _parts_rows(modes)
+    if parts:
+        out += ["Where the time went, measured / predicted (ms; measured from the slowest rank's timeline of the "
+                "median step): the part that differs most names the miss.", ""]
+        out += _table(["mode", *_PARTS], parts) + [""]
+    calibration = _calibration_rows(cal)
+    if calibration:
+        out += ["The model's inputs, measured in every rotation (value used, interquartile range, samples):", ""]
+        out += _table(["input", "value", "quartiles", "n"], calibration) + [""]
     num = val.get("numerics") or {}
     if num:
         agree = all(num[m]["allclose"] for m in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only") if m in num)

@@ -1,27 +1,77 @@
-"""The `topoprof validate` result as text: calibration, fit, measured vs predicted per mode, and
-the numerics check."""
+"""The `topoprof validate` result as text: the calibration with each input's spread, measured vs
+predicted per mode with the predicted range, where each step's time went, and the numerics."""
 from __future__ import annotations
+
+PARTS = ("compute", "exposed_comm", "optimizer", "other")
+# The calibration's inputs as a reader knows them, in the order the model uses them.
+INPUTS = (("micro_batch_time_s", "forward+backward per micro-batch", "ms"),
+          ("ddp_micro_batch_time_s", "the same through DDP's hooks", "ms"),
+          ("optimizer_time_s", "optimizer step", "ms"),
+          ("compute_slowdown_during_comm", "compute slowdown beside an all-reduce", "x"),
+          ("comm_slowdown_during_compute", "all-reduce slowdown beside compute", "x"))
+
+
+def _value(v: float, unit: str) -> str:
+    return f"{v * 1e3:.1f} ms" if unit == "ms" else f"x{v:.2f}"
+
+
+def calibration_lines(cal: dict) -> list[str]:
+    out = [f"calibration over {cal.get('rotations', '?')} rotation(s) ({cal.get('combine', '')}):"]
+    spread = cal.get("spread") or {}
+    rows = [(spread.get(key), label, unit) for key, label, unit in INPUTS if key != "comm_slowdown_during_compute"]
+    rows += [(s, f"all-reduce of {_size(key)} beside compute", "x") for key, s in spread.items()
+             if key.startswith("comm_slowdown_at_")]
+    for s, label, unit in rows:
+        if s:
+            out.append(f"  {label:<40} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
+                       f"{_value(s['p75'], unit)}, n = {s['n']}")
+    return out
+
+
+def _size(key: str) -> str:
+    n = int(key.split("_")[-2])
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def mode_lines(modes: dict) -> list[str]:
+    out = [f"{'mode':<28}{'measured ms':>13}{'predicted ms':>14}{'range ms':>19}{'error':>9}"]
+    for mode, m in modes.items():
+        rng = m.get("predicted_range_s")
+        span = "-" if not rng else f"{_ms(rng[0])}-{_ms(rng[1])}" + ("" if m.get("inside_range") is None else
+                                                                      (" in" if m["inside_range"] else " out"))
+        err = "-" if m["error_pct"] is None else f"{m['error_pct']:+.1f}%"
+        out.append(f"{mode:<28}{_ms(m['measured_step_s']):>13}{_ms(m['predicted_step_s']):>14}{span:>19}{err:>9}")
+    return out
+
+
+def parts_lines(modes: dict) -> list[str]:
+    """Where each step went, measured beside predicted: the part that differs most names the miss."""
+    out = ["", "Where the time went (ms, measured / predicted):",
+           f"{'mode':<28}" + "".join(f"{p:>19}" for p in PARTS)]
+    for mode, m in modes.items():
+        parts = m.get("parts") or {}
+        meas, pred = parts.get("measured"), parts.get("predicted")
+        if not meas or not pred:
+            continue
+        out.append(f"{mode:<28}" + "".join(f"{_ms(meas[p]) + ' / ' + _ms(pred[p]):>19}" for p in PARTS))
+    return out
 
 
 def render_validate(payload: dict) -> str:
     s = payload["setup"]
     out = [f"topoprof validate: {payload['label']} ({s['params']:,} params), {s['nproc']} rank(s) on {s['backend']}, "
-           f"micro-batch {s['micro_batch']}, K = {s['accum']}, {s['steps']} timed step(s)"]
+           f"micro-batch {s['micro_batch']}, K = {s['accum']}, {s['steps']} timed rotation(s)"]
     cal = payload.get("calibration")
     if cal:
-        out.append(f"calibration: forward+backward {cal['micro_batch_time_s'] * 1e3:.1f} ms per micro-batch "
-                   f"(backward {cal['backward_fraction']:.0%}), optimizer {cal['optimizer_time_s'] * 1e3:.1f} ms, "
-                   f"compute x{cal.get('compute_slowdown_during_comm', 1):.2f} slower beside an all-reduce, "
-                   f"all-reduce x{cal.get('comm_slowdown_during_compute', 1):.2f} slower beside compute")
+        out += calibration_lines(cal)
     fit = payload.get("fit")
     if fit is not None:
         out.append(f"all-reduce fit on these ranks: {fit.latency_us:.0f} us + S / {fit.bandwidth_gbps:.3f} GB/s")
-    out += ["", f"{'mode':<28}{'measured ms':>13}{'predicted ms':>14}{'error':>9}"]
-    for mode, m in payload["modes"].items():
-        meas = "-" if m["measured_step_s"] is None else f"{m['measured_step_s'] * 1e3:.1f}"
-        pred = "-" if m["predicted_step_s"] is None else f"{m['predicted_step_s'] * 1e3:.1f}"
-        err = "-" if m["error_pct"] is None else f"{m['error_pct']:+.1f}%"
-        out.append(f"{mode:<28}{meas:>13}{pred:>14}{err:>9}")
+    out += [""] + mode_lines(payload["modes"]) + parts_lines(payload["modes"])
     num = payload.get("numerics")
     if num:
         out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
@@ -33,5 +83,6 @@ def render_validate(payload: dict) -> str:
     summ = payload["summary"]
     if summ.get("cases"):
         out += ["", f"median |error| {summ['median_abs_error_pct']:.1f}%, worst {summ['worst_abs_error_pct']:.1f}% "
-                    f"over {summ['cases']} mode(s)"]
+                    f"over {summ['cases']} mode(s); {summ.get('inside_range', 0)} of {summ['cases']} inside "
+                    "the predicted range"]
     return "\n".join(out) + "\n"

@@ -54,6 +54,12 @@ def bench_config(opts: ScanOptions) -> dict:
             "levels": ["intra", "inter", "job"] if multi_node() else ["job"]}
 
 
+# Timed rotations of the validation (each: a calibration, every DDP mode, the interference
+# samples). The prediction is checked on medians over them: enough that one slow spell of a
+# shared machine moves a median little, few enough for the scan's time budget.
+ROTATIONS, QUICK_ROTATIONS = 8, 6
+
+
 def validate_options(opts: ScanOptions):
     from topoprof.model.synthetic import spec_for_params
     from topoprof.model.validate import ValidateOptions, cpu_threads_per_rank
@@ -61,7 +67,7 @@ def validate_options(opts: ScanOptions):
     gpu = opts.backend == "nccl"
     spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)
     return ValidateOptions(backend=opts.backend, nproc=opts.nproc, spec=spec, label=f"synthetic {spec.params / 1e6:.1f}M",
-                           micro_batch=8 if gpu else 4, accum=4, steps=2 if opts.quick else 4,
+                           micro_batch=8 if gpu else 4, accum=4, steps=QUICK_ROTATIONS if opts.quick else ROTATIONS,
                            warmup_steps=1 if opts.quick else 2, numerics=not opts.quick,
                            threads=None if gpu else cpu_threads_per_rank(opts.nproc), timeout_s=opts.timeout_s)
 

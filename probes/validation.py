@@ -1,0 +1,275 @@
+"""Rank worker for `validate`: every measurement the prediction needs and every DDP mode it
+predicts, taken in turns, so that all of them see the same machine.
+
+One rotation is: a calibration step (each rank trains its own copy alone: forward, backward and
+optimizer times), one step of each DDP mode with its timeline, each bucket's all-reduce alone,
+and the interference samples (compute beside an all-reduce, an all-reduce beside compute). A
+run is `warmup_steps` rotations, then `steps` timed ones. A machine whose speed drifts (shared
+cores, other tenants) moves a calibration and the steps it predicts together; phases run one
+after the other would not.
+
+The timeline of a DDP step (host clock, seconds from the step's start `t0`, on every rank; the
+clock is the machine's monotonic one, so `t0` lines ranks up):
+zero_grad; per micro-batch forward and backward, and for a synced one each bucket's all-reduce
+(launched when DDP calls the comm hook, i.e. when the bucket is ready; ended when its future
+completes); the optimizer. From it: forward, backward compute (to the last bucket's launch), the
+exposed communication (the last launch to backward's return: the tail of the all-reduces and
+the bucket copies), the optimizer, zero_grad, and what none of them covers.
+
+On GPUs the hook's times are host times: an NCCL all-reduce's future completes on the host, not
+when its kernel ends, so per-bucket ends there are approximate; the step's parts stay exact
+because every boundary is synchronised.
+
+Config: a training config (`topoprof.model.synthetic.parse_config`) plus `modes` (the DDP modes
+to time) and `interference` (bool). Rank 0 emits one `validation` message with every rank's
+records per rotation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from probes import training
+from probes.dist import synchronize
+from topoprof.model.synthetic import DDP_MODES, check_supported, parse_config
+
+# Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
+# the compute time at the all-reduce rate this rotation measured.
+_OUTLAST_FACTOR = 3.0
+_MIN_INTERFERENCE_BYTES = 1 << 16
+_MAX_INTERFERENCE_BYTES = 256 << 20
+# An all-reduce beside compute runs beside as many forward+backward passes as it lasts, at most:
+_MAX_PASSES_BESIDE = 200
+# torch's default bucket_cap_mb (torch/nn/parallel/distributed.py): the size big models' buckets have.
+_DEFAULT_BUCKET_BYTES = 25 * 2 ** 20
+
+
+@dataclasses.dataclass
+class _BucketClock:
+    """When each bucket's all-reduce was launched and when it completed, and each bucket's size."""
+
+    world_size: int
+    events: list = dataclasses.field(default_factory=list)  # (index, numel, launched, done)
+    numel: dict = dataclasses.field(default_factory=dict)
+
+
+def _timed_allreduce(clock: _BucketClock, bucket):
+    """A DDP comm hook doing what DDP does without one (divide by the world size, all-reduce:
+    default_hooks.allreduce_hook), and noting when."""
+    launched = time.perf_counter()
+    index, tensor = bucket.index(), bucket.buffer()
+    clock.numel[index] = tensor.numel()
+    future = dist.all_reduce(tensor.div_(clock.world_size), async_op=True).get_future()
+
+    def done(fut):
+        clock.events.append((index, tensor.numel(), launched, time.perf_counter()))
+        return fut.value()[0]
+
+    return future.then(done)
+
+
+def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sync) -> dict:
+    """One optimizer step of `mode` with its timeline."""
+    accum = len(batches)
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    sync()
+    zero_end = time.perf_counter()
+    micro = []
+    for j, tokens in enumerate(batches):
+        clock.events.clear()
+        start = time.perf_counter()
+        if mode == "ddp_no_sync" and j < accum - 1:
+            with ddp.no_sync():
+                loss = ddp(tokens).mean() / accum
+                sync()
+                mid = time.perf_counter()
+                loss.backward()
+        elif mode == "ddp_no_sync_backward_only" and j < accum - 1:
+            loss = ddp(tokens).mean() / accum
+            sync()
+            mid = time.perf_counter()
+            with ddp.no_sync():
+                loss.backward()
+        else:
+            loss = ddp(tokens).mean() / accum
+            sync()
+            mid = time.perf_counter()
+            loss.backward()
+        sync()
+        end = time.perf_counter()
+        buckets = sorted((i, n, a - t0, b - t0) for i, n, a, b in clock.events)
+        micro.append({"forward": [start - t0, mid - t0], "backward": [mid - t0, end - t0], "buckets": buckets})
+    opt_start = time.perf_counter()
+    optimizer.step()
+    sync()
+    stop = time.perf_counter()
+    return {"t0": t0, "step_s": stop - t0, "zero_grad": [0.0, zero_end - t0], "micro": micro,
+            "optimizer": [opt_start - t0, stop - t0]}
+
+
+def _compute_pass(module, batches, sync) -> tuple[list[float], list[float]]:
+    """Forward and backward times of every micro-batch through `module` (no optimizer)."""
+    accum = len(batches)
+    forward, backward = [], []
+    for tokens in batches:
+        sync()
+        t0 = time.perf_counter()
+        loss = module(tokens).mean() / accum
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        sync()
+        forward.append(t1 - t0)
+        backward.append(time.perf_counter() - t1)
+    return forward, backward
+
+
+def _calibration_step(model, ddp, optimizer, batches, sync, ddp_first: bool) -> dict:
+    """Each rank alone: forward and backward per micro-batch of its own copy, the optimizer, and
+    the same micro-batches through the DDP wrapper inside `no_sync()`, where nothing is
+    communicated: what DDP's forward and its gradient hooks cost in compute. The two passes take
+    turns going first, so that neither always follows the communication of the rotation before."""
+    def plain():
+        optimizer.zero_grad(set_to_none=True)
+        return _compute_pass(model, batches, sync)
+
+    def wrapped():
+        optimizer.zero_grad(set_to_none=True)
+        with ddp.no_sync():
+            return _compute_pass(ddp, batches, sync)
+
+    if ddp_first:
+        (ddp_forward, ddp_backward), (forward, backward) = wrapped(), plain()
+    else:
+        (forward, backward), (ddp_forward, ddp_backward) = plain(), wrapped()
+    t2 = time.perf_counter()
+    optimizer.step()
+    sync()
+    return {"forward_s": forward, "backward_s": backward, "optimizer_s": time.perf_counter() - t2,
+            "ddp_forward_s": ddp_forward, "ddp_backward_s": ddp_backward}
+
+
+def _allreduce_alone_s(buffers: list, device: str) -> list[float]:
+    """Each bucket-sized buffer all-reduced alone, after a barrier."""
+    out = []
+    for buf in buffers:
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        synchronize(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _sized(numel: int, device: str):
+    return torch.zeros(max(1, numel), dtype=torch.float32, device=device)
+
+
+def _agreed_numel(numel: int, device: str) -> int:
+    """Every rank must all-reduce the same size: the largest any rank asks for."""
+    agreed = torch.tensor([numel], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return int(agreed.item())
+
+
+def _comm_beside_compute_s(buf, model, tokens, accum: int, device: str, sync) -> float:
+    """How long an all-reduce of `buf` takes while forward+backward passes run beside it, one
+    after another until it has finished."""
+    done: list[float] = []
+    model.zero_grad(set_to_none=True)
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    # the chained future: it completes after the callback has noted the time
+    future = dist.all_reduce(buf, async_op=True).get_future().then(lambda f: done.append(time.perf_counter()))
+    for _ in range(_MAX_PASSES_BESIDE):
+        (model(tokens).mean() / accum).backward()
+        sync()
+        if done:
+            break
+    future.wait()
+    synchronize(device)
+    return done[0] - t0
+
+
+def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: float, buffers: list,
+                  alone_s: list[float], anchor_numel: int, device: str, sync) -> dict:
+    """How much compute and communication slow each other when they run together, each a ratio
+    of two durations measured alike (no difference of noisy times enters):
+    - forward+backward beside an all-reduce that outlasts it, over forward+backward alone;
+    - each bucket's all-reduce beside forward+backward passes that outlast it, over the same
+      alone; and one of DDP's default bucket size, for the buckets of bigger models: beside
+      compute a small all-reduce loses more than a large one (on CPU ranks its threads wait for
+      a core on every message)."""
+    size = min(max(_OUTLAST_FACTOR * compute_alone_s * rate_bps, _MIN_INTERFERENCE_BYTES), _MAX_INTERFERENCE_BYTES)
+    long_buf, anchor = _sized(_agreed_numel(int(size // 4), device), device), _sized(anchor_numel, device)
+    anchor_alone = _allreduce_alone_s([anchor], device)[0]
+    model.zero_grad(set_to_none=True)
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    work = dist.all_reduce(long_buf, async_op=True)
+    (model(tokens).mean() / accum).backward()
+    sync()
+    compute_beside = time.perf_counter() - t0
+    work.wait()
+    synchronize(device)
+    outlasted = time.perf_counter() - t0 > compute_beside
+    beside = [_comm_beside_compute_s(b, model, tokens, accum, device, sync) for b in [*buffers, anchor]]
+    return {"compute_beside_s": compute_beside, "compute_alone_s": compute_alone_s,
+            "compute_slowdown": compute_beside / compute_alone_s if outlasted else None,
+            "allreduce_beside_s": beside, "allreduce_alone_s": [*alone_s, anchor_alone],
+            "bytes": [4 * b.numel() for b in [*buffers, anchor]]}
+
+
+def run_rank(ctx, config: dict) -> None:
+    cfg = parse_config({**config, "mode": "ddp_synced"})
+    modes = [m for m in config.get("modes", DDP_MODES) if m in DDP_MODES]
+    check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    sync = lambda: synchronize(ctx.device)  # noqa: E731
+    model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp]).to(ctx.device)
+    ddp = training.wrap_ddp(model, ctx.device, cfg)
+    clock = _BucketClock(ctx.world_size)
+    ddp.register_comm_hook(clock, _timed_allreduce)
+    optimizer = training.make_optimizer(cfg, model)
+    rotations = []
+    buffers: list = []
+    total = cfg.warmup_steps + cfg.steps
+    for r in range(total):
+        ctx.progress(f"rotation {r + 1}/{total}")
+        batches = training.step_batches(cfg, r, ctx.rank, ctx.world_size, ctx.device)
+        dist.barrier()
+        record = {"calibration": _calibration_step(model, ddp, optimizer, batches, sync, r % 2 == 0), "modes": {}}
+        for mode in modes:
+            dist.barrier()
+            record["modes"][mode] = _ddp_step(model, ddp, optimizer, batches, mode, clock, sync)
+        if not buffers:  # DDP's buckets are rebuilt after its first step: their sizes are known now
+            buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
+        record["bucket_numel"] = [b.numel() for b in buffers]
+        record["allreduce_alone_s"] = _allreduce_alone_s(buffers, ctx.device)
+        if config.get("interference", True) and ctx.world_size > 1:
+            cal = record["calibration"]
+            compute = statistics.median(f + b for f, b in zip(cal["forward_s"], cal["backward_s"]))
+            rate = 4 * sum(record["bucket_numel"]) / max(sum(record["allreduce_alone_s"]), 1e-9)
+            anchor = int((cfg.bucket_cap_mb * 2 ** 20) if cfg.bucket_cap_mb else _DEFAULT_BUCKET_BYTES) // 4
+            record["interference"] = _interference(model, batches[0], cfg.accum, compute, rate, buffers,
+                                                   record["allreduce_alone_s"], anchor, ctx.device, sync)
+        if r >= cfg.warmup_steps:
+            rotations.append(record)
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, rotations)
+    if ctx.rank == 0:
+        ctx.emit("validation", rotations=[[everyone[rank][i] for rank in range(ctx.world_size)]
+                                          for i in range(len(rotations))],
+                 modes=modes, world_size=ctx.world_size, micro_batch=cfg.micro_batch, accum=cfg.accum,
+                 params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len,
+                 spec=dataclasses.asdict(cfg.spec), threads=torch.get_num_threads(), device=ctx.device,
+                 optimizer=cfg.optimizer, amp=cfg.amp, bucket_cap_mb=cfg.bucket_cap_mb,
+                 memory_bandwidth_gbps=training.memory_bandwidth_gbps(ctx.device))

@@ -1,0 +1,162 @@
+"""What `validate`'s rank worker measured (probes/validation.py), reduced to the model's inputs and
+to what each DDP mode really did.
+
+Every input is measured many times, in turns with the steps it predicts, and reported with its
+spread (median, quartiles, extremes, count). The statistic that feeds the model follows from how
+a step adds up:
+- A DDP step waits for the slowest rank at every all-reduce, so compute per micro-batch is the
+  slower rank's: the calibration runs every rank's micro-batches at the same time, and each
+  micro-batch counts at the maximum over ranks.
+- A step is a sum of micro-batches, and short slow spells (a shared core, another tenant) hit
+  some of them: a sum's typical value follows the parts' means, not their medians. Predicting
+  one rotation, the machine's level is that rotation's median and the spells are added at the
+  rate the whole run measured (mean less median): one rotation has too few samples to tell a
+  spell from a level. The interference factors are ratios of two durations measured together;
+  they enter as medians over the run, each reported with its spread.
+A mode's measured step is the slowest rank's, and its parts come from that rank's timeline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A quantity measured `n` times."""
+
+    value: float   # the statistic the model uses
+    median: float
+    p25: float
+    p75: float
+    low: float
+    high: float
+    n: int
+    statistic: str
+
+    @property
+    def half_range_pct(self) -> float:
+        """Half the interquartile range, as a share of the value (the ± a reader sees)."""
+        return 50.0 * (self.p75 - self.p25) / self.value if self.value else 0.0
+
+
+def spread(samples: list[float], statistic: str = "median") -> Spread | None:
+    values = sorted(x for x in samples if x is not None and x == x)
+    if not values:
+        return None
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    value = statistics.fmean(values) if statistic == "mean" else statistics.median(values)
+    return Spread(value, statistics.median(values), q[0], q[2], values[0], values[-1], len(values), statistic)
+
+
+def _per_micro_batch_max(rotation: list[dict], forward: str, backward: str) -> list[tuple[float, float]]:
+    """(forward, backward) of the slower rank, micro-batch by micro-batch (they ran together)."""
+    out = []
+    for j in range(len(rotation[0]["calibration"][forward])):
+        pairs = [(r["calibration"][forward][j], r["calibration"][backward][j]) for r in rotation]
+        out.append(max(pairs, key=lambda fb: fb[0] + fb[1]))
+    return out
+
+
+def _compute_samples(rotations: list[list[dict]]) -> dict[str, list[float]]:
+    plain = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "forward_s", "backward_s")]
+    wrapped = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "ddp_forward_s", "ddp_backward_s")]
+    return {"forward_s": [f for f, _ in plain], "backward_s": [b for _, b in plain],
+            "micro_batch_time_s": [f + b for f, b in plain], "ddp_micro_batch_time_s": [f + b for f, b in wrapped],
+            "optimizer_time_s": [max(r["calibration"]["optimizer_s"] for r in rot) for rot in rotations]}
+
+
+def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None) -> dict[str, Spread]:
+    """The model's inputs, each with its spread, from the calibration records of `rotations`.
+
+    Alone, the times are the means of the samples. With `run` (every rotation of the run, of
+    which `rotations` is a part), each time is the machine's level in `rotations` (the median of
+    their samples, which one slow spell does not move) plus what slow spells cost on average over
+    the whole run (its mean less its median): a step adds its micro-batches, so spells count at
+    their rate, and that rate is measured from all the samples, not from the few of one rotation.
+    The interference factors then come from the whole run too."""
+    own = _compute_samples(rotations)
+    if run is None:
+        out = {k: spread(v, "mean") for k, v in own.items()}
+    else:
+        pooled = _compute_samples(run)
+        out = {}
+        for k, values in own.items():
+            level = spread(values)
+            shift = statistics.fmean(pooled[k]) - statistics.median(pooled[k])
+            out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
+    source = run if run is not None else rotations
+    samples = [r.get("interference") or {} for rot in source for r in rot]
+    out["compute_slowdown_during_comm"] = spread([s.get("compute_slowdown") for s in samples])
+    by_size = comm_slowdowns(source)
+    if by_size:  # the single factor: the one at the largest size, as for big models' buckets
+        out["comm_slowdown_during_compute"] = by_size[-1][1]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def comm_slowdowns(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
+    """(bytes, how much slower an all-reduce of that size runs beside compute than alone): per
+    rotation the slower rank's beside over its alone (a collective ends with its last rank). The
+    value is the ratio of the sums over rotations, which a single odd rotation moves less than a
+    median of few ratios; the spread is that of the per-rotation ratios."""
+    first = rotations[0][0].get("interference")
+    if not first:
+        return []
+    out = []
+    for i, size in enumerate(first["bytes"]):
+        beside, alone = [], []
+        for rot in rotations:
+            samples = [r["interference"] for r in rot if r.get("interference")]
+            if samples:
+                beside.append(max(s["allreduce_beside_s"][i] for s in samples))
+                alone.append(max(s["allreduce_alone_s"][i] for s in samples))
+        ratios = spread([b / a for b, a in zip(beside, alone)])
+        if ratios is not None:
+            out.append((size, dataclasses.replace(ratios, value=sum(beside) / sum(alone), statistic="ratio of sums")))
+    return out
+
+
+def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
+    """(bytes, time of one bucket's all-reduce alone) per bucket size: a collective ends when its
+    last rank does, so each rotation counts at the maximum over ranks."""
+    numel = rotations[0][0]["bucket_numel"]
+    return [(4 * n, spread([max(r["allreduce_alone_s"][i] for r in rot) for rot in rotations]))
+            for i, n in enumerate(numel)]
+
+
+def step_parts(rotation: list[dict], mode: str, rank: int) -> dict[str, float]:
+    """One rank's DDP step in the model's parts. compute: forward, and backward until the last
+    rank has launched the micro-batch's last bucket (its last gradient is ready everywhere, so
+    waiting for a slower rank counts as compute, as the model's slower-rank compute does);
+    exposed communication: from there to backward's return (the all-reduce tail and the bucket
+    copies); the optimizer; and the rest (zero_grad, and what no part covers). Ranks are lined
+    up by the machine's monotonic clock."""
+    step = rotation[rank]["modes"][mode]
+    t0 = step["t0"]
+    forward = sum(mb["forward"][1] - mb["forward"][0] for mb in step["micro"])
+    backward = exposed = 0.0
+    for j, mb in enumerate(step["micro"]):
+        start, end = mb["backward"]
+        launches = [r["modes"][mode]["t0"] + r["modes"][mode]["micro"][j]["buckets"][-1][2] - t0
+                    for r in rotation if r["modes"][mode]["micro"][j]["buckets"]]
+        last = min(max(launches), end) if launches else end
+        backward += last - start
+        exposed += end - last
+    optimizer = step["optimizer"][1] - step["optimizer"][0]
+    return {"compute": forward + backward, "exposed_comm": exposed, "optimizer": optimizer,
+            "other": step["step_s"] - (forward + backward + exposed + optimizer)}
+
+
+def measured_mode(rotations: list[list[dict]], mode: str) -> dict:
+    """A mode's step (the slowest rank's, median over rotations) and the parts of the median
+    rotation's step (so that they add up to a step that happened), with the share of it the
+    named parts cover."""
+    def slowest(rot):
+        return max(range(len(rot)), key=lambda r: rot[r]["modes"][mode]["step_s"])
+
+    steps = [rot[slowest(rot)]["modes"][mode]["step_s"] for rot in rotations]
+    middle = sorted(range(len(steps)), key=steps.__getitem__)[(len(steps) - 1) // 2]
+    parts = step_parts(rotations[middle], mode, slowest(rotations[middle]))
+    return {"step": spread(steps), "steps": steps, "middle": middle, "parts": parts,
+            "parts_cover_pct": 100.0 * (1 - parts["other"] / steps[middle])}
