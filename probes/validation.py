@@ -39,11 +39,16 @@ from topoprof.model.synthetic import DDP_MODES, check_supported, parse_config
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
 # the compute time at the all-reduce rate this rotation measured.
-_OUTLAST_FACTOR = 3.0
+_OUTLAST_FACTOR = 1.5  # beside compute an all-reduce runs at least x1.5 slower here, so it outlasts
 _MIN_INTERFERENCE_BYTES = 1 << 16
 _MAX_INTERFERENCE_BYTES = 256 << 20
 # An all-reduce beside compute runs beside as many forward+backward passes as it lasts, at most:
 _MAX_PASSES_BESIDE = 200
+# Micro-batches per rotation through DDP inside no_sync(): its hook cost is a statistic of the
+# whole run (topoprof.model.rotations), so each rotation adds only a few samples.
+_DDP_PASS_MICRO_BATCHES = 2
+# The interference is a statistic of the whole run too: it is sampled every other rotation.
+_INTERFERENCE_EVERY = 2
 # torch's default bucket_cap_mb (torch/nn/parallel/distributed.py): the size big models' buckets have.
 _DEFAULT_BUCKET_BYTES = 25 * 2 ** 20
 
@@ -138,10 +143,10 @@ def _calibration_step(model, ddp, optimizer, batches, sync, ddp_first: bool) -> 
         optimizer.zero_grad(set_to_none=True)
         return _compute_pass(model, batches, sync)
 
-    def wrapped():
+    def wrapped():  # DDP's cost is taken over the whole run: a few micro-batches per rotation do
         optimizer.zero_grad(set_to_none=True)
         with ddp.no_sync():
-            return _compute_pass(ddp, batches, sync)
+            return _compute_pass(ddp, batches[:_DDP_PASS_MICRO_BATCHES], sync)
 
     if ddp_first:
         (ddp_forward, ddp_backward), (forward, backward) = wrapped(), plain()
@@ -254,7 +259,7 @@ def run_rank(ctx, config: dict) -> None:
             buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
         record["bucket_numel"] = [b.numel() for b in buffers]
         record["allreduce_alone_s"] = _allreduce_alone_s(buffers, ctx.device)
-        if config.get("interference", True) and ctx.world_size > 1:
+        if config.get("interference", True) and ctx.world_size > 1 and r % _INTERFERENCE_EVERY == 0:
             cal = record["calibration"]
             compute = statistics.median(f + b for f, b in zip(cal["forward_s"], cal["backward_s"]))
             rate = 4 * sum(record["bucket_numel"]) / max(sum(record["allreduce_alone_s"]), 1e-9)

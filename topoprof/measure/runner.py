@@ -7,11 +7,26 @@ import time
 from topoprof.measure.launch import ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job, launch_local
 
 
-def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[str, int, str]:
-    """NCCL with one rank per visible GPU; with no GPU, gloo with 2 CPU ranks. Returns a note too."""
+def visible_gpus() -> int:
+    """CUDA GPUs this process can use. Without NVML there is no NVIDIA driver, hence no CUDA GPU,
+    and torch (seconds to import) is not needed to say so; with it, torch counts, as it honours
+    CUDA_VISIBLE_DEVICES the way the ranks will."""
+    from topoprof.errors import NothingMeasured
+
+    try:
+        from probes.nvml import query_nvml
+
+        query_nvml()
+    except NothingMeasured:
+        return 0
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[str, int, str]:
+    """NCCL with one rank per visible GPU; with no GPU, gloo with 2 CPU ranks. Returns a note too."""
+    gpus = visible_gpus()
     if backend is None:
         backend = "nccl" if gpus > 0 else "gloo"
     job = external_job()

@@ -50,20 +50,26 @@ def spread(samples: list[float], statistic: str = "median") -> Spread | None:
     return Spread(value, statistics.median(values), q[0], q[2], values[0], values[-1], len(values), statistic)
 
 
-def _per_micro_batch_max(rotation: list[dict], forward: str, backward: str) -> list[tuple[float, float]]:
+def _per_micro_batch_max(rotation: list[dict], forward: str, backward: str, count: int | None = None
+                         ) -> list[tuple[float, float]]:
     """(forward, backward) of the slower rank, micro-batch by micro-batch (they ran together)."""
     out = []
-    for j in range(len(rotation[0]["calibration"][forward])):
+    for j in range(count if count is not None else len(rotation[0]["calibration"][forward])):
         pairs = [(r["calibration"][forward][j], r["calibration"][backward][j]) for r in rotation]
         out.append(max(pairs, key=lambda fb: fb[0] + fb[1]))
     return out
 
 
 def _compute_samples(rotations: list[list[dict]]) -> dict[str, list[float]]:
+    """Every compute sample, and for DDP's cost the plain micro-batches that also went through DDP
+    (`matched_plain_s`), so that the two are compared on the same micro-batches."""
     plain = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "forward_s", "backward_s")]
     wrapped = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "ddp_forward_s", "ddp_backward_s")]
+    matched = [fb for rot in rotations for fb in _per_micro_batch_max(
+        rot, "forward_s", "backward_s", len(rot[0]["calibration"]["ddp_forward_s"]))]
     return {"forward_s": [f for f, _ in plain], "backward_s": [b for _, b in plain],
             "micro_batch_time_s": [f + b for f, b in plain], "ddp_micro_batch_time_s": [f + b for f, b in wrapped],
+            "matched_plain_s": [f + b for f, b in matched],
             "optimizer_time_s": [max(r["calibration"]["optimizer_s"] for r in rot) for rot in rotations]}
 
 
@@ -77,15 +83,22 @@ def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None
     their rate, and that rate is measured from all the samples, not from the few of one rotation.
     The interference factors then come from the whole run too."""
     own = _compute_samples(rotations)
+    own.pop("matched_plain_s")
     if run is None:
         out = {k: spread(v, "mean") for k, v in own.items()}
     else:
         pooled = _compute_samples(run)
         out = {}
         for k, values in own.items():
+            if k == "ddp_micro_batch_time_s":
+                continue
             level = spread(values)
             shift = statistics.fmean(pooled[k]) - statistics.median(pooled[k])
             out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
+        # DDP's hook cost, over the whole run, on top of this rotation's compute
+        overhead = statistics.fmean(pooled["ddp_micro_batch_time_s"]) - statistics.fmean(pooled["matched_plain_s"])
+        out["ddp_micro_batch_time_s"] = dataclasses.replace(
+            out["micro_batch_time_s"], value=out["micro_batch_time_s"].value + overhead, statistic="+ run's DDP cost")
     source = run if run is not None else rotations
     samples = [r.get("interference") or {} for rot in source for r in rot]
     out["compute_slowdown_during_comm"] = spread([s.get("compute_slowdown") for s in samples])

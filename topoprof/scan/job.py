@@ -157,7 +157,7 @@ def run(opts, stages, out_dir: str) -> dict:
     report = envelope("scan", {
         "status": "error" if failed_part_way else "ok", "error": bench.error,
         "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
-        "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(), "environment": environment(),
+        "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(bench.metadata), "environment": environment(),
         "probes": probes,
         "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,

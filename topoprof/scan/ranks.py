@@ -100,16 +100,20 @@ def run_ranks(opts: ScanOptions, stages: Stages):
     return bench, vres, vopts, nodes
 
 
-def versions() -> dict:
+def versions(bench_metadata: dict | None = None) -> dict:
+    """topoprof, Python, and torch's versions as the ranks reported them (CUDA's too), read here
+    without importing torch."""
+    from importlib import metadata
+
     from topoprof import __version__
 
     out = {"topoprof": __version__, "python": platform.python_version()}
+    meta = bench_metadata or {}
     try:
-        import torch
-
-        out.update(torch=torch.__version__, cuda=torch.version.cuda)
-    except ImportError:  # pragma: no cover - torch is a dependency
+        out["torch"] = meta.get("torch_version") or metadata.version("torch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - torch is a dependency
         pass
+    out["cuda"] = meta.get("cuda_version")
     return out
 
 
