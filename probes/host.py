@@ -86,6 +86,9 @@ class HostInfo:
     memory_total_bytes: int | None
     interfaces: tuple[NetInterface, ...]
     ib_ports: tuple[IbPort, ...]
+    # net.ipv4.tcp_slow_start_after_idle: 1 (the kernel's default) makes TCP restart from its
+    # initial window after a connection idled longer than its retransmission timeout.
+    tcp_slow_start_after_idle: int | None = None
     missing: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
@@ -426,4 +429,7 @@ def query_host(root: str = "/") -> HostInfo:
         missing["memory_total_bytes"] = mem_reason or "no 'MemTotal' line in /proc/meminfo"
     interfaces = read_interfaces(root, missing)
     ib_ports = read_ib_ports(root, missing)
-    return HostInfo(hostname, cpu, numa_nodes, memory, interfaces, ib_ports, missing)
+    slow_start, reason = _read_int(os.path.join(root, "proc/sys/net/ipv4/tcp_slow_start_after_idle"))
+    if slow_start is None:
+        missing["tcp_slow_start_after_idle"] = reason
+    return HostInfo(hostname, cpu, numa_nodes, memory, interfaces, ib_ports, slow_start, missing)

@@ -1,9 +1,10 @@
 """Rank worker for `validate`: every measurement the prediction needs and every DDP mode it
 predicts, taken in turns, so that all of them see the same machine.
 
-One rotation is: a calibration step (each rank trains its own copy alone: forward, backward and
-optimizer times), one step of each DDP mode with its timeline, each bucket's all-reduce alone,
-and the interference samples (compute beside an all-reduce, an all-reduce beside compute). A
+One rotation is: half a calibration (each rank trains its own copy alone, nothing communicated:
+forward, backward and optimizer times, and DDP's own costs), one step of each DDP mode with its
+timeline, the other half of the calibration, each bucket's all-reduce alone, and the interference
+samples (compute beside an all-reduce, an all-reduce beside compute). A
 run is `warmup_steps` rotations, then `steps` timed ones. A machine whose speed drifts (shared
 cores, other tenants) moves a calibration and the steps it predicts together; phases run one
 after the other would not.
@@ -44,9 +45,6 @@ _MIN_INTERFERENCE_BYTES = 1 << 16
 _MAX_INTERFERENCE_BYTES = 256 << 20
 # An all-reduce beside compute runs beside as many forward+backward passes as it lasts, at most:
 _MAX_PASSES_BESIDE = 200
-# Micro-batches per rotation through DDP inside no_sync(): its hook cost is a statistic of the
-# whole run (topoprof.model.rotations), so each rotation adds only a few samples.
-_DDP_PASS_MICRO_BATCHES = 2
 # The interference is a statistic of the whole run too: it is sampled every other rotation.
 _INTERFERENCE_EVERY = 2
 # torch's default bucket_cap_mb (torch/nn/parallel/distributed.py): the size big models' buckets have.
@@ -55,19 +53,26 @@ _DEFAULT_BUCKET_BYTES = 25 * 2 ** 20
 
 @dataclasses.dataclass
 class _BucketClock:
-    """When each bucket's all-reduce was launched and when it completed, and each bucket's size."""
+    """When each bucket's all-reduce was launched and when it completed, and each bucket's size.
+    With `local` set the hook communicates nothing (the calibration's synced pass)."""
 
     world_size: int
     events: list = dataclasses.field(default_factory=list)  # (index, numel, launched, done)
     numel: dict = dataclasses.field(default_factory=dict)
+    local: bool = False
 
 
 def _timed_allreduce(clock: _BucketClock, bucket):
     """A DDP comm hook doing what DDP does without one (divide by the world size, all-reduce:
-    default_hooks.allreduce_hook), and noting when."""
+    default_hooks.allreduce_hook), and noting when. Local, it returns the divided bucket as
+    debugging_hooks.noop_hook does: DDP still copies every gradient into its bucket and back."""
     launched = time.perf_counter()
     index, tensor = bucket.index(), bucket.buffer()
     clock.numel[index] = tensor.numel()
+    if clock.local:
+        future = torch.futures.Future()
+        future.set_result(tensor.div_(clock.world_size))
+        return future
     future = dist.all_reduce(tensor.div_(clock.world_size), async_op=True).get_future()
 
     def done(fut):
@@ -80,6 +85,7 @@ def _timed_allreduce(clock: _BucketClock, bucket):
 def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sync) -> dict:
     """One optimizer step of `mode` with its timeline."""
     accum = len(batches)
+    clock.numel.clear()  # this step's buckets only (DDP rebuilds them after its first iteration)
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     sync()
@@ -134,29 +140,45 @@ def _compute_pass(module, batches, sync) -> tuple[list[float], list[float]]:
     return forward, backward
 
 
-def _calibration_step(model, ddp, optimizer, batches, sync, ddp_first: bool) -> dict:
-    """Each rank alone: forward and backward per micro-batch of its own copy, the optimizer, and
-    the same micro-batches through the DDP wrapper inside `no_sync()`, where nothing is
-    communicated: what DDP's forward and its gradient hooks cost in compute. The two passes take
-    turns going first, so that neither always follows the communication of the rotation before."""
+def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock, ddp_first: bool) -> dict:
+    """Each rank alone, nothing communicated: forward and backward of `batches` through its own
+    copy, then the optimizer; and the first of them again through the DDP wrapper inside
+    `no_sync()` (what DDP's forward and its hooks cost), and synced with a hook that does not
+    communicate (what a synced micro-batch adds: every gradient copied into its bucket and back).
+    The plain pass and the DDP passes take turns going first."""
     def plain():
         optimizer.zero_grad(set_to_none=True)
         return _compute_pass(model, batches, sync)
 
-    def wrapped():  # DDP's cost is taken over the whole run: a few micro-batches per rotation do
+    def wrapped():
         optimizer.zero_grad(set_to_none=True)
         with ddp.no_sync():
-            return _compute_pass(ddp, batches[:_DDP_PASS_MICRO_BATCHES], sync)
+            no_sync = _compute_pass(ddp, batches[:1], sync)
+        clock.local = True
+        try:
+            local = _compute_pass(ddp, batches[:1], sync)
+        finally:
+            clock.local = False
+        return no_sync, local
 
     if ddp_first:
-        (ddp_forward, ddp_backward), (forward, backward) = wrapped(), plain()
+        ((ddp_forward, ddp_backward), (local_forward, local_backward)), (forward, backward) = wrapped(), plain()
     else:
-        (forward, backward), (ddp_forward, ddp_backward) = plain(), wrapped()
-    t2 = time.perf_counter()
+        (forward, backward), ((ddp_forward, ddp_backward), (local_forward, local_backward)) = plain(), wrapped()
+    t0 = time.perf_counter()
     optimizer.step()
     sync()
-    return {"forward_s": forward, "backward_s": backward, "optimizer_s": time.perf_counter() - t2,
-            "ddp_forward_s": ddp_forward, "ddp_backward_s": ddp_backward}
+    return {"forward_s": forward, "backward_s": backward, "optimizer_s": [time.perf_counter() - t0],
+            "ddp_forward_s": ddp_forward, "ddp_backward_s": ddp_backward,
+            "local_forward_s": local_forward, "local_backward_s": local_backward}
+
+
+def _joined(before: dict, after: dict, plain_before: int) -> dict:
+    """The two halves of a rotation's calibration as one record; `ddp_pairs` names, for each DDP
+    sample, the plain micro-batch it repeats (the first of its half)."""
+    out = {key: before[key] + after[key] for key in before}
+    out["ddp_pairs"] = [0, plain_before]
+    return out
 
 
 def _allreduce_alone_s(buffers: list, device: str) -> list[float]:
@@ -251,10 +273,17 @@ def run_rank(ctx, config: dict) -> None:
         ctx.progress(f"rotation {r + 1}/{total}")
         batches = training.step_batches(cfg, r, ctx.rank, ctx.world_size, ctx.device)
         dist.barrier()
-        record = {"calibration": _calibration_step(model, ddp, optimizer, batches, sync, r % 2 == 0), "modes": {}}
+        # the calibration in two halves around the steps: a machine whose speed differs between
+        # the start and the end of a rotation is measured at both, as the steps run between them
+        half = len(batches) // 2 or 1
+        before = _calibration_half(model, ddp, optimizer, batches[:half], sync, clock, r % 2 == 0)
+        record = {"modes": {}}
         for mode in modes:
             dist.barrier()
             record["modes"][mode] = _ddp_step(model, ddp, optimizer, batches, mode, clock, sync)
+        dist.barrier()
+        after = _calibration_half(model, ddp, optimizer, batches[half:] or batches, sync, clock, r % 2 == 1)
+        record["calibration"] = _joined(before, after, half)
         if not buffers:  # DDP's buckets are rebuilt after its first step: their sizes are known now
             buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
         record["bucket_numel"] = [b.numel() for b in buffers]

@@ -544,3 +544,65 @@ def test_measured_curve_interpolates_inside_and_fits_outside():
     fit = FitComm(latency_us=50.0, algbw_gbps=0.05, world_size=2)
     assert comm.allreduce_s(1 << 20) == pytest.approx(fit.allreduce_s(1 << 20))  # outside: the fit
     assert comm.at_shape(1, 4).allreduce_s(4096) == pytest.approx(fit.at_shape(1, 4).allreduce_s(4096))
+
+
+def test_ddp_hook_cost_adds_to_every_ddp_micro_batch_not_to_single():
+    base = _hand_inputs()
+    o = 3e-4
+    with_cost = dataclasses.replace(base, compute=dataclasses.replace(base.compute, ddp_overhead_s=o))
+    k = base.accumulation_steps
+    before_p, after_p = predict(base), predict(with_cost)
+    assert _step(after_p, "single") == _step(before_p, "single")
+    for name in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress"):
+        assert _step(after_p, name) == pytest.approx(_step(before_p, name) + k * o)
+    assert predict(with_cost).inputs["ddp_overhead_s"].value == o
+
+
+@pytest.mark.parametrize("mode", ["ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress"])
+def test_step_components_add_up_to_the_step(mode):
+    from topoprof.model.buckets import ddp_buckets
+    from topoprof.model.strategies import resolve, step_components
+
+    inputs = _hand_inputs()
+    inputs = dataclasses.replace(inputs, compute=dataclasses.replace(
+        inputs.compute, ddp_overhead_s=2e-4, compute_slowdown_during_comm=1.5, comm_slowdown_during_compute=2.0))
+    work = inputs.workload
+    buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
+    parts = step_components(resolve(inputs), buckets, inputs.cluster.comm, mode)
+    assert set(parts) == {"compute", "exposed_comm", "optimizer"}
+    assert all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(_step(predict(inputs), mode))
+
+
+def test_communication_slowdown_by_size_is_interpolated_in_log_size():
+    from topoprof.model.compute import slowdown_at
+
+    points = ((1 << 20, 5.0), (16 << 20, 2.0))
+    assert slowdown_at(points, 9.0, 1 << 10) == 5.0           # below: the smallest size's
+    assert slowdown_at(points, 9.0, 1 << 30) == 2.0           # above: the largest's
+    assert slowdown_at(points, 9.0, 4 << 20) == pytest.approx(3.5)  # halfway in log size
+    assert slowdown_at((), 9.0, 4 << 20) == 9.0               # none measured: the one factor
+
+
+def test_a_small_bucket_slowed_more_than_a_large_one_exposes_more():
+    # Same links and compute; only the slowdown of the early (small) bucket differs.
+    base = _hand_inputs()
+    flat = dataclasses.replace(base, compute=dataclasses.replace(base.compute, comm_slowdown_during_compute=1.0))
+    by_size = dataclasses.replace(base, compute=dataclasses.replace(
+        base.compute, comm_slowdown_by_size=((1.0, 8.0), (1e12, 1.0))))
+    assert _step(predict(by_size), "ddp_synced") >= _step(predict(flat), "ddp_synced")
+
+
+def test_measured_copy_rate_sets_the_bucket_copies_of_each_synced_micro_batch():
+    from topoprof.model.ddp import ddp_copy_bytes
+
+    base = _hand_inputs()
+    work, k = base.workload, base.accumulation_steps
+    traffic = ddp_copy_bytes(work.layout.params, work.grad_bytes, work.gradient_as_bucket_view)
+    slow = dataclasses.replace(base, compute=dataclasses.replace(base.compute, ddp_copy_bandwidth_gbps=1.0))
+    fast = dataclasses.replace(base, compute=dataclasses.replace(base.compute, ddp_copy_bandwidth_gbps=2.0))
+    extra = traffic / 1e9 - traffic / 2e9  # the copies at 1 GB/s less at 2 GB/s
+    assert _step(predict(slow), "ddp_synced") == pytest.approx(_step(predict(fast), "ddp_synced") + k * extra)
+    assert _step(predict(slow), "ddp_no_sync") == pytest.approx(_step(predict(fast), "ddp_no_sync") + extra)
+    assert _step(predict(slow), "single") == _step(predict(fast), "single")
+    assert predict(slow).inputs["ddp_copy_bandwidth_gbps"].value == 1.0

@@ -97,6 +97,7 @@ def x86_host(tmp_path: Path) -> Path:
     write(root, "proc/cpuinfo", x86_cpuinfo(sockets=2, cores=2, threads=2))
     write(root, "proc/meminfo", "MemTotal:       527958132 kB\nMemFree:        1000 kB\n")
     write(root, "proc/sys/kernel/hostname", "gpu-node-07\n")
+    write(root, "proc/sys/net/ipv4/tcp_slow_start_after_idle", "1\n")
     node = "sys/devices/system/node"
     write(root, f"{node}/node0/cpulist", "0-1,4-5\n")
     write(root, f"{node}/node0/meminfo", "Node 0 MemTotal:       263833672 kB\nNode 0 MemFree: 1 kB\n")
@@ -196,6 +197,13 @@ def test_arm_host_without_model_name_or_numa(tmp_path: Path) -> None:
     assert (info.cpu.sockets, info.cpu.cores_physical, info.cpu.cpus_logical) == (1, 4, 4)
     assert info.numa_nodes == () and "numa_nodes" in info.missing
     assert info.hostname == "" and "hostname" in info.missing
+    assert info.tcp_slow_start_after_idle is None and "tcp_slow_start_after_idle" in info.missing
+
+
+def test_tcp_slow_start_after_idle_is_read(x86_host: Path) -> None:
+    assert query_host(str(x86_host)).tcp_slow_start_after_idle == 1
+    write(x86_host, "proc/sys/net/ipv4/tcp_slow_start_after_idle", "0\n")
+    assert query_host(str(x86_host)).tcp_slow_start_after_idle == 0
 
 
 def test_arm_host_with_unknown_package_leaves_sockets_unknown(tmp_path: Path) -> None:

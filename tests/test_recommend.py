@@ -93,3 +93,47 @@ def test_verdict_for_gloo_says_there_is_no_nominal():
              "metadata": {"world_size": 2, "backend": "gloo"}}
     v = judge(bench, {"pairs": []}, None)
     assert v.status == "unknown" and "no nominal figure" in v.summary
+
+
+# ---------------------------------------------------------------- TCP slow start after idle
+
+def _multi_node_report(*, backend="gloo", sysctl=1, micro_batch_s=0.06, accum=8, step_s=0.6,
+                       latency_us=5000.0, busbw_gbps=12.5, ib_state=None):
+    host = {"tcp_slow_start_after_idle": sysctl,
+            "ib_ports": [{"device": "mlx5_0", "port": 1, "state": ib_state}] if ib_state else []}
+    nodes = [{"host": h, "ranks": [i], "topology": {"host": host}} for i, h in enumerate(("a", "b"))]
+    return {
+        "mode": {"backend": backend}, "environment": {},
+        "cluster": {"nodes": nodes, "levels": {"inter": {"inter": {
+            "fit": {"latency_us": latency_us, "bandwidth_gbps": busbw_gbps}, "peak_busbw_gbps": busbw_gbps}}}},
+        "predictions": [{"inputs": {"micro_batch_time_s": {"value": micro_batch_s},
+                                    "accumulation_steps": {"value": accum}},
+                         "strategies": {"ddp_no_sync": {"step_time_s": step_s},
+                                        "ddp_synced": {"step_time_s": 2 * step_s}}}]}
+
+
+def test_slow_start_restart_costs_one_round_trip_per_doubling():
+    from topoprof.model import tcp
+
+    # the initial window already covers a LAN round trip at 1 Gbit/s: nothing to regrow
+    assert tcp.restart_cost_s(125e6, 50e-6) == 0.0
+    # 12.5 GB/s x 1 ms = 12.5 MB = 2^10 x 12 KiB... ceil(log2(12.5e6 / 14600)) = 10 round trips
+    assert tcp.restart_cost_s(12.5e9, 1e-3) == pytest.approx(10 * 1e-3)
+    assert tcp.restarts_per_step(0.05, 1, 8) == 0          # 50 ms gaps: shorter than the minimum RTO
+    assert tcp.restarts_per_step(0.05, 8, 1) == 1          # no_sync: 400 ms of silence, one restart
+
+
+def test_slow_start_is_advised_only_when_it_costs_a_share_of_the_step():
+    advice = rec.slow_start_recommendation(_multi_node_report())
+    assert advice is not None and advice.numbers["mode"] == "ddp_no_sync"
+    # 62.5 MB in flight over 14.6 KB: 13 doublings of a 5 ms round trip, once per no_sync step
+    assert advice.gain_pct == pytest.approx(100 * 13 * 5e-3 / 0.6)
+    assert "tcp_slow_start_after_idle=0" in advice.snippet
+    for quiet in (dict(sysctl=0), dict(latency_us=50.0), dict(micro_batch_s=0.02),
+                  dict(backend="nccl", ib_state="ACTIVE"), dict(step_s=100.0)):
+        assert rec.slow_start_recommendation(_multi_node_report(**quiet)) is None, quiet
+    # NCCL without an active RDMA port falls back to sockets: TCP again
+    assert rec.slow_start_recommendation(_multi_node_report(backend="nccl", ib_state="DOWN")) is not None
+    single_node = _multi_node_report()
+    single_node["cluster"] = None
+    assert rec.slow_start_recommendation(single_node) is None

@@ -16,7 +16,7 @@ def _cli(*args, timeout=300):
 def tiny_run(tmp_path_factory):
     cal = tmp_path_factory.mktemp("cal") / "calibration.json"
     proc = _cli("validate", "--params", "60K", "--seq-len", "16", "--micro-batch", "2", "--accum", "3",
-                "--steps", "2", "--warmup-steps", "1", "--save-calibration", str(cal), "--json")
+                "--steps", "3", "--warmup-steps", "1", "--save-calibration", str(cal), "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), cal
 
@@ -27,9 +27,45 @@ def test_every_ddp_mode_is_measured_and_predicted(tiny_run):
     assert set(doc["modes"]) == {"ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"}
     for mode, m in doc["modes"].items():
         assert m["measured_step_s"] > 0 and m["predicted_step_s"] > 0, mode
-        assert m["error_pct"] == pytest.approx(100 * (m["predicted_step_s"] - m["measured_step_s"]) / m["measured_step_s"])
+        per = m["per_rotation"]
+        assert len(per["measured_s"]) == len(per["predicted_s"]) == 3
+        # matched rotations: the error is the median of each rotation's own error
+        ratios = sorted(p / q for p, q in zip(per["predicted_s"], per["measured_s"]))
+        assert m["error_pct"] == pytest.approx(100 * (ratios[1] - 1))
+        low, high = m["predicted_range_s"]
+        assert low <= m["predicted_step_s"] <= high and m["inside_range"] == (low <= m["measured_step_s"] <= high)
     assert doc["fit"]["bandwidth_gbps"] > 0
     assert doc["setup"]["step_rule"].startswith("a step's time is the max over ranks")
+
+
+def test_each_step_is_split_into_parts_measured_and_predicted(tiny_run):
+    doc, _ = tiny_run
+    for mode, m in doc["modes"].items():
+        measured, predicted = m["parts"]["measured"], m["parts"]["predicted"]
+        assert set(measured) == set(predicted) == {"compute", "exposed_comm", "optimizer", "other"}
+        # measured parts are one real step's (the median rotation's): they add up to it, and the
+        # named ones cover nearly all of it (only broken instrumentation leaves much uncovered)
+        assert any(sum(measured.values()) == pytest.approx(s) for s in m["per_rotation"]["measured_s"])
+        assert 90.0 < m["measured_parts_cover_pct"] <= 100.0
+        assert any(sum(predicted.values()) == pytest.approx(s) for s in m["per_rotation"]["predicted_s"])
+        assert measured["compute"] > 0 and predicted["compute"] > 0
+    # no_sync exposes one all-reduce tail per step, synced one per micro-batch (K = 3)
+    assert doc["modes"]["ddp_no_sync"]["parts"]["predicted"]["exposed_comm"] < \
+        doc["modes"]["ddp_synced"]["parts"]["predicted"]["exposed_comm"]
+
+
+def test_every_input_comes_with_its_spread_and_the_raw_timelines(tiny_run):
+    doc, _ = tiny_run
+    cal = doc["calibration"]
+    for name in ("micro_batch_time_s", "optimizer_time_s", "compute_slowdown_during_comm"):
+        s = cal["spread"][name]
+        assert s["low"] <= s["p25"] <= s["median"] <= s["p75"] <= s["high"] and s["n"] >= 1, name
+    assert cal["comm_slowdown_by_size"] and all(f >= 1 for _, f in cal["comm_slowdown_by_size"])
+    assert cal["rotations"] == 3
+    rotations = doc["rotations"]["rotations"]
+    assert len(rotations) == 3 and len(rotations[0]) == 2  # rotations x ranks
+    step = rotations[0][0]["modes"]["ddp_synced"]
+    assert len(step["micro"]) == 3 and all(mb["buckets"] for mb in step["micro"])
 
 
 def test_numerics_agree_across_strategies(tiny_run):

@@ -160,7 +160,8 @@ OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times ex
                           "optimizer step; give --optimizer-time SECONDS (measured) or --gpu NAME")
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
-                    "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size")
+                    "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size",
+                    "ddp_copy_bandwidth_gbps")
 
 
 def _need(cond: bool, message: str) -> None:
@@ -191,10 +192,14 @@ class Compute:
     # measured by `topoprof validate`: the same micro-batch through DDP inside no_sync() minus
     # through the bare module. 0 unless measured.
     ddp_overhead_s: float = 0.0
+    # The rate of DDP's bucket copies (their traffic, `ddp_copy_bytes`, over their measured time:
+    # a synced micro-batch through a hook that communicates nothing, less the same inside
+    # no_sync()). None: the copies run at memory_bandwidth_gbps.
+    ddp_copy_bandwidth_gbps: float | None = None
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps"):
+        for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps", "ddp_copy_bandwidth_gbps"):
             value = getattr(self, name)
             _need(value is None or value > 0, f"{name} must be > 0, got {value}")
         # 0 is a legitimate optimizer time: a measurement floor, or a what-if without it

@@ -138,6 +138,7 @@ class DdpSetting:
     comm_slowdown: float = 1.0           # an all-reduce runs 1/x as fast beside backward
     comm_slowdown_by_size: tuple[tuple[float, float], ...] = ()  # the same per all-reduce size
     gradient_as_bucket_view: bool = False
+    copy_bandwidth_gbps: float | None = None  # the bucket copies' measured rate; None: memory's
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,10 @@ def bucket_comm_s(setting: DdpSetting, buckets: Sequence[Bucket], comm: CommMode
 
 
 def copies_s(setting: DdpSetting) -> float:
-    return _memory_s(setting, ddp_copy_bytes(setting.params, setting.grad_bytes, setting.gradient_as_bucket_view))
+    traffic = ddp_copy_bytes(setting.params, setting.grad_bytes, setting.gradient_as_bucket_view)
+    if setting.copy_bandwidth_gbps is not None:
+        return traffic / (setting.copy_bandwidth_gbps * GB)
+    return _memory_s(setting, traffic)
 
 
 def comm_slowdowns(setting: DdpSetting, buckets: Sequence[Bucket], fp16_compress: bool = False) -> list[float]:

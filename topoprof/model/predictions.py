@@ -31,7 +31,8 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
     if calibration:
         # The machine's interference and memory, which hold for any model; DDP's per-micro-batch
         # hook cost belongs to the calibration model's tensors and is not carried over.
-        for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps"):
+        for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps",
+                    "ddp_copy_bandwidth_gbps"):
             if calibration.get(key) is not None:
                 extra[key] = calibration[key]
         if calibration.get("comm_slowdown_by_size"):

@@ -13,6 +13,8 @@ a step adds up:
   rate the whole run measured (mean less median): one rotation has too few samples to tell a
   spell from a level. The interference factors are ratios of two durations measured together;
   they enter as medians over the run, each reported with its spread.
+- DDP's own costs per micro-batch (its hooks; the bucket copies of a synced micro-batch) are a
+  few milliseconds inside a micro-batch's spread: they are medians of paired differences.
 A mode's measured step is the slowest rank's, and its parts come from that rank's timeline.
 """
 from __future__ import annotations
@@ -50,27 +52,51 @@ def spread(samples: list[float], statistic: str = "median") -> Spread | None:
     return Spread(value, statistics.median(values), q[0], q[2], values[0], values[-1], len(values), statistic)
 
 
-def _per_micro_batch_max(rotation: list[dict], forward: str, backward: str, count: int | None = None
-                         ) -> list[tuple[float, float]]:
+def _per_micro_batch_max(rotation: list[dict], forward: str, backward: str) -> list[tuple[float, float]]:
     """(forward, backward) of the slower rank, micro-batch by micro-batch (they ran together)."""
     out = []
-    for j in range(count if count is not None else len(rotation[0]["calibration"][forward])):
+    for j in range(len(rotation[0]["calibration"][forward])):
         pairs = [(r["calibration"][forward][j], r["calibration"][backward][j]) for r in rotation]
         out.append(max(pairs, key=lambda fb: fb[0] + fb[1]))
     return out
 
 
 def _compute_samples(rotations: list[list[dict]]) -> dict[str, list[float]]:
-    """Every compute sample, and for DDP's cost the plain micro-batches that also went through DDP
-    (`matched_plain_s`), so that the two are compared on the same micro-batches."""
+    """Every compute sample: per micro-batch the slower rank's (they ran together)."""
     plain = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "forward_s", "backward_s")]
-    wrapped = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "ddp_forward_s", "ddp_backward_s")]
-    matched = [fb for rot in rotations for fb in _per_micro_batch_max(
-        rot, "forward_s", "backward_s", len(rot[0]["calibration"]["ddp_forward_s"]))]
     return {"forward_s": [f for f, _ in plain], "backward_s": [b for _, b in plain],
-            "micro_batch_time_s": [f + b for f, b in plain], "ddp_micro_batch_time_s": [f + b for f, b in wrapped],
-            "matched_plain_s": [f + b for f, b in matched],
-            "optimizer_time_s": [max(r["calibration"]["optimizer_s"] for r in rot) for rot in rotations]}
+            "micro_batch_time_s": [f + b for f, b in plain],
+            "optimizer_time_s": [max(times) for rot in rotations
+                                 for times in zip(*(r["calibration"]["optimizer_s"] for r in rot))]}
+
+
+def _paired_costs(rotations: list[list[dict]], slower: str, faster: str) -> list[float]:
+    """What pass `slower` costs over pass `faster`, micro-batch by micro-batch on each rank: the
+    same micro-batch, the same rank, a moment apart, so that the machine's level cancels."""
+    out = []
+    for rot in rotations:
+        for r in rot:
+            cal = r["calibration"]
+            if f"{slower}forward_s" not in cal or f"{faster}forward_s" not in cal:
+                continue
+            a = [f + b for f, b in zip(cal[f"{slower}forward_s"], cal[f"{slower}backward_s"])]
+            b = [f + b for f, b in zip(cal[f"{faster}forward_s"], cal[f"{faster}backward_s"])]
+            if not faster:  # the plain pass: the micro-batch each DDP sample repeats
+                b = [b[i] for i in cal["ddp_pairs"]]
+            out += [x - y for x, y in zip(a, b)]
+    return out
+
+
+def ddp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
+    """DDP's own compute per micro-batch, as the median of paired differences: through DDP inside
+    `no_sync()` less the bare module (`ddp_overhead_s`: its forward and hooks), and synced with a
+    hook that communicates nothing less inside `no_sync()` (`ddp_copies_s`: every gradient copied
+    into its bucket, divided, and copied back). Each is a few milliseconds under the micro-batch's
+    own spread: a pair a moment apart on one rank cancels the machine's level, and the median over
+    the run ignores the pairs a slow spell split."""
+    out = {"ddp_overhead_s": spread(_paired_costs(rotations, "ddp_", "")),
+           "ddp_copies_s": spread(_paired_costs(rotations, "local_", "ddp_"))}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None) -> dict[str, Spread]:
@@ -81,25 +107,19 @@ def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None
     their samples, which one slow spell does not move) plus what slow spells cost on average over
     the whole run (its mean less its median): a step adds its micro-batches, so spells count at
     their rate, and that rate is measured from all the samples, not from the few of one rotation.
-    The interference factors then come from the whole run too."""
+    DDP's own costs and the interference factors come from the whole run."""
     own = _compute_samples(rotations)
-    own.pop("matched_plain_s")
     if run is None:
         out = {k: spread(v, "mean") for k, v in own.items()}
     else:
         pooled = _compute_samples(run)
         out = {}
         for k, values in own.items():
-            if k == "ddp_micro_batch_time_s":
-                continue
             level = spread(values)
             shift = statistics.fmean(pooled[k]) - statistics.median(pooled[k])
             out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
-        # DDP's hook cost, over the whole run, on top of this rotation's compute
-        overhead = statistics.fmean(pooled["ddp_micro_batch_time_s"]) - statistics.fmean(pooled["matched_plain_s"])
-        out["ddp_micro_batch_time_s"] = dataclasses.replace(
-            out["micro_batch_time_s"], value=out["micro_batch_time_s"].value + overhead, statistic="+ run's DDP cost")
     source = run if run is not None else rotations
+    out.update(ddp_costs(source))
     samples = [r.get("interference") or {} for rot in source for r in rot]
     out["compute_slowdown_during_comm"] = spread([s.get("compute_slowdown") for s in samples])
     by_size = comm_slowdowns(source)
@@ -113,7 +133,9 @@ def comm_slowdowns(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     rotation the slower rank's beside over its alone (a collective ends with its last rank). The
     value is the ratio of the sums over rotations, which a single odd rotation moves less than a
     median of few ratios; the spread is that of the per-rotation ratios."""
-    first = rotations[0][0].get("interference")
+    # interference is sampled in some rotations only (probes/validation.py): the sizes come from
+    # the first that has it
+    first = next((r["interference"] for rot in rotations for r in rot if r.get("interference")), None)
     if not first:
         return []
     out = []

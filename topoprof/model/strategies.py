@@ -138,6 +138,10 @@ def resolve(inputs: ModelInputs) -> Resolved:
             "ddp_overhead_s": (inputs.compute.ddp_overhead_s,
                                inputs.compute.origin("ddp_overhead_s") if inputs.compute.ddp_overhead_s
                                else "default 0: DDP's hooks cost nothing unless measured"),
+            "ddp_copy_bandwidth_gbps": (inputs.compute.ddp_copy_bandwidth_gbps,
+                                        inputs.compute.origin("ddp_copy_bandwidth_gbps")
+                                        if inputs.compute.ddp_copy_bandwidth_gbps
+                                        else "default: the bucket copies run at the memory bandwidth"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)")}
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
@@ -150,7 +154,8 @@ def ddp_setting(res: Resolved) -> DdpSetting:
     work, compute = res.inputs.workload, res.inputs.compute
     return DdpSetting(res.backward_s, work.layout.params, work.grad_bytes, res.memory_bandwidth_gbps,
                       compute.compute_slowdown_during_comm, compute.comm_slowdown_during_compute,
-                      compute.comm_slowdown_by_size, work.gradient_as_bucket_view)
+                      compute.comm_slowdown_by_size, work.gradient_as_bucket_view,
+                      compute.ddp_copy_bandwidth_gbps)
 
 
 def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
@@ -172,8 +177,11 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     timeline = ddp_timeline(ddp_setting(res), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
     overlap, n = timeline.overlap, _synced(mode, k)
     slowed = overlap.backward_end_s - res.backward_s  # what backward lost to the all-reduces
-    tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s
-    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * slowed,
+    # Half the copies' traffic runs inside backward (each gradient into its bucket as it is
+    # ready), half after the last all-reduce (the buckets back into the gradients), where a
+    # timeline shows them: in compute and in the exposed tail.
+    tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s / 2
+    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2),
             "exposed_comm": n * tail, "optimizer": res.optimizer_s}
 
 

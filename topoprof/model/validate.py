@@ -156,12 +156,18 @@ def _calibration_payload(cal: dict, msg: dict) -> dict:
     """The inputs as the model and `model --calibration` take them, their spreads, and the setup."""
     from topoprof.model import rotations as rot
 
-    c, c_ddp = cal["micro_batch_time_s"].value, cal.get("ddp_micro_batch_time_s")
+    from topoprof.model.ddp import ddp_copy_bytes
+
+    c = cal["micro_batch_time_s"].value
     out = {"micro_batch_time_s": c, "forward_s": cal["forward_s"].value, "backward_s": cal["backward_s"].value,
            "backward_fraction": cal["backward_s"].value / (cal["forward_s"].value + cal["backward_s"].value),
            "optimizer_time_s": cal["optimizer_time_s"].value,
-           "ddp_overhead_s": max(0.0, c_ddp.value - c) if c_ddp else 0.0,
+           "ddp_overhead_s": max(0.0, cal["ddp_overhead_s"].value) if "ddp_overhead_s" in cal else 0.0,
            "memory_bandwidth_gbps": msg.get("memory_bandwidth_gbps")}
+    copies = cal.get("ddp_copies_s")
+    if copies is not None and copies.value > 0 and msg.get("params"):
+        # the validation model's fp32 gradients, copied as the DDP wrapper there does (no bucket view)
+        out["ddp_copy_bandwidth_gbps"] = ddp_copy_bytes(msg["params"], 4, False) / copies.value / 1e9
     for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute"):
         out[key] = max(1.0, cal[key].value) if key in cal else 1.0
     by_size = rot.comm_slowdowns(msg["rotations"])
@@ -170,8 +176,9 @@ def _calibration_payload(cal: dict, msg: dict) -> dict:
     out["spread"].update({f"comm_slowdown_at_{size}_bytes": dataclasses.asdict(s) for size, s in by_size})
     out.update({k: msg.get(k) for k in ("micro_batch", "accum", "params", "tokens_per_micro_batch", "threads")})
     out["rotations"] = len(msg["rotations"])
-    out["combine"] = ("compute and optimizer: mean over micro-batches of the slower rank; interference: "
-                      "median of samples")
+    out["combine"] = ("compute and optimizer: the slower rank's, per rotation its median plus the run's "
+                      "mean less median; DDP's costs: medians of paired differences; interference: "
+                      "medians of ratios")
     return out
 
 

@@ -190,7 +190,9 @@ def _validation(report: dict) -> list[str]:
     out += [f"Real training loops of a {val.get('label')} model on the same ranks, in {cal.get('rotations', '?')} "
             "rotations: each rotation measures every input of the prediction and runs one step of every mode, so "
             "that a machine whose speed drifts moves both together (step time = max over ranks, median over "
-            "rotations; the predicted range puts every input at its lower or upper quartile).", ""]
+            "rotations; the error compares each rotation's prediction with that rotation's measured step, median "
+            "over rotations, so it need not equal the ratio of the two medians; the predicted range spans the "
+            "predictions from each rotation's own inputs).", ""]
     out += _table(["mode", "measured ms", "predicted ms", "predicted range ms", "error"], rows) + [""]
     parts = _parts_rows(modes)
     if parts:

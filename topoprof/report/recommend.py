@@ -214,6 +214,57 @@ def environment_recommendations(topology: dict, env: dict, nccl_overrides: dict)
     return out
 
 
+def _tcp_transport(backend: str, nodes: list[dict], env: dict) -> bool:
+    """gloo always rides TCP; NCCL does when no node has an active RDMA port or IB is disabled."""
+    if backend == "gloo":
+        return True
+    if str(env.get("NCCL_IB_DISABLE", "0")) not in ("0", ""):
+        return True
+    ports = [p for n in nodes for p in (((n.get("topology") or {}).get("host") or {}).get("ib_ports") or [])]
+    return not any(p.get("state") == "ACTIVE" for p in ports)
+
+
+def slow_start_recommendation(report: dict) -> Recommendation | None:
+    """A multi-node job over TCP on nodes that restart slow start after idle, when the restarts
+    the predicted step would see cost at least MIN_GAIN of it."""
+    from topoprof.model import tcp
+
+    cluster = report.get("cluster") or {}
+    inter = next(iter(((cluster.get("levels") or {}).get("inter") or {}).values()), None)
+    nodes = cluster.get("nodes") or []
+    on = [n["host"] for n in nodes
+          if ((n.get("topology") or {}).get("host") or {}).get("tcp_slow_start_after_idle") == 1]
+    if not inter or not on or not report.get("predictions"):
+        return None
+    if not _tcp_transport(report["mode"]["backend"], nodes, report.get("environment") or {}):
+        return None
+    # The network's all-reduce latency bounds one round trip; its peak busbw is the link's rate.
+    rtt_s = inter["fit"]["latency_us"] * 1e-6
+    cost = tcp.restart_cost_s(inter["peak_busbw_gbps"] * 1e9, rtt_s)
+    inputs = report["predictions"][0]["inputs"]
+    c, k = inputs["micro_batch_time_s"]["value"], inputs["accumulation_steps"]["value"]
+    worst = None
+    for mode, between, syncs in (("ddp_no_sync", k, 1), ("ddp_synced", 1, k)):
+        step = _step(report["predictions"][0], mode)
+        if step:
+            lost = tcp.restarts_per_step(c, between, syncs) * cost
+            if worst is None or lost / step > worst[1] / worst[2]:
+                worst = (mode, lost, step)
+    if worst is None or worst[1] / worst[2] < MIN_GAIN:
+        return None
+    mode, lost, step = worst
+    return Recommendation(
+        "tcp_slow_start", "Keep TCP's congestion window across accumulation gaps",
+        f"Inter-node traffic rides TCP and net.ipv4.tcp_slow_start_after_idle is 1 on {', '.join(on[:4])}: "
+        f"after every gap longer than {tcp.MIN_RTO_S * 1e3:.0f} ms without traffic ({mode} waits "
+        f"{c * (k if mode == 'ddp_no_sync' else 1) * 1e3:.0f} ms of compute between all-reduces) TCP restarts "
+        f"from {tcp.INITIAL_WINDOW_BYTES // 1024} KiB; at {inter['peak_busbw_gbps']:.2f} GB/s and a round trip "
+        f"of at most {rtt_s * 1e3:.2f} ms, regrowing the window costs up to {lost * 1e3:.1f} ms per step "
+        f"({100 * lost / step:.0f} % of {step * 1e3:.0f} ms).",
+        100 * lost / step, "sysctl -w net.ipv4.tcp_slow_start_after_idle=0   # on every node, as root",
+        {"nodes": on, "mode": mode, "lost_s": lost, "step_s": step, "rtt_bound_s": rtt_s})
+
+
 def rank(recs: list[Recommendation]) -> list[Recommendation]:
     """Largest predicted gain first; problems and placement advice (no gain figure) after them."""
     return sorted(recs, key=lambda r: (r.gain_pct is None, -(r.gain_pct or 0.0)))

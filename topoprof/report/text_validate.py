@@ -5,7 +5,8 @@ from __future__ import annotations
 PARTS = ("compute", "exposed_comm", "optimizer", "other")
 # The calibration's inputs as a reader knows them, in the order the model uses them.
 INPUTS = (("micro_batch_time_s", "forward+backward per micro-batch", "ms"),
-          ("ddp_micro_batch_time_s", "the same through DDP's hooks", "ms"),
+          ("ddp_overhead_s", "+ through DDP's hooks (no_sync)", "ms"),
+          ("ddp_copies_s", "+ DDP's bucket copies (synced)", "ms"),
           ("optimizer_time_s", "optimizer step", "ms"),
           ("compute_slowdown_during_comm", "compute slowdown beside an all-reduce", "x"),
           ("comm_slowdown_during_compute", "all-reduce slowdown beside compute", "x"))
@@ -45,7 +46,12 @@ def mode_lines(modes: dict) -> list[str]:
                                                                       (" in" if m["inside_range"] else " out"))
         err = "-" if m["error_pct"] is None else f"{m['error_pct']:+.1f}%"
         out.append(f"{mode:<28}{_ms(m['measured_step_s']):>13}{_ms(m['predicted_step_s']):>14}{span:>19}{err:>9}")
-    return out
+    return out + [MATCHED_NOTE]
+
+
+# Why the error is not the ratio of the two medians beside it.
+MATCHED_NOTE = ("(medians over rotations; the error compares each rotation's prediction with that rotation's "
+                "step, median over rotations; the range spans the per-rotation predictions)")
 
 
 def parts_lines(modes: dict) -> list[str]:

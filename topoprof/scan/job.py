@@ -71,6 +71,8 @@ def _recommendations(report: dict) -> list:
     for log in (report["bench"].get("nccl") or {}).get("logs", []):
         overrides.update(log.get("env_overrides") or {})
     recs += rec.environment_recommendations(topo, report["environment"], overrides)
+    slow_start = rec.slow_start_recommendation(report)
+    recs += [slow_start] if slow_start else []
     return rec.rank(recs)
 
 
@@ -216,7 +218,9 @@ def validation_payload(vres, vopts, opts) -> dict:
     from topoprof.model.validate import summary
 
     return {"status": vres.status, "error": vres.error, "label": vres.label, "modes": vres.modes(),
-            "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres])}
+            "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres]),
+            # every rank's raw timelines and samples, rotation by rotation (probes/validation.py)
+            "rotations": vres.rotations}
 
 
 def default_out_dir() -> str:
