@@ -20,6 +20,7 @@ WORKERS = {
     "sleep": "probes.rank_main:_sleep_worker",
     "phases": "probes.rank_main:_phases_worker",
     "nodes": "probes.nodes:run_rank",
+    "user_model": "probes.user_model:run_rank",
 }
 
 

@@ -82,7 +82,7 @@ def _timed_allreduce(clock: _BucketClock, bucket):
     return future.then(done)
 
 
-def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sync) -> dict:
+def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sync, loss_of) -> dict:
     """One optimizer step of `mode` with its timeline."""
     accum = len(batches)
     clock.numel.clear()  # this step's buckets only (DDP rebuilds them after its first iteration)
@@ -96,18 +96,18 @@ def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sy
         start = time.perf_counter()
         if mode == "ddp_no_sync" and j < accum - 1:
             with ddp.no_sync():
-                loss = ddp(tokens).mean() / accum
+                loss = loss_of(ddp, tokens) / accum
                 sync()
                 mid = time.perf_counter()
                 loss.backward()
         elif mode == "ddp_no_sync_backward_only" and j < accum - 1:
-            loss = ddp(tokens).mean() / accum
+            loss = loss_of(ddp, tokens) / accum
             sync()
             mid = time.perf_counter()
             with ddp.no_sync():
                 loss.backward()
         else:
-            loss = ddp(tokens).mean() / accum
+            loss = loss_of(ddp, tokens) / accum
             sync()
             mid = time.perf_counter()
             loss.backward()
@@ -123,14 +123,14 @@ def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sy
             "optimizer": [opt_start - t0, stop - t0]}
 
 
-def _compute_pass(module, batches, sync) -> tuple[list[float], list[float]]:
+def _compute_pass(module, batches, sync, loss_of) -> tuple[list[float], list[float]]:
     """Forward and backward times of every micro-batch through `module` (no optimizer)."""
     accum = len(batches)
     forward, backward = [], []
     for tokens in batches:
         sync()
         t0 = time.perf_counter()
-        loss = module(tokens).mean() / accum
+        loss = loss_of(module, tokens) / accum
         sync()
         t1 = time.perf_counter()
         loss.backward()
@@ -140,7 +140,8 @@ def _compute_pass(module, batches, sync) -> tuple[list[float], list[float]]:
     return forward, backward
 
 
-def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock, ddp_first: bool) -> dict:
+def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock, ddp_first: bool,
+                      loss_of) -> dict:
     """Each rank alone, nothing communicated: forward and backward of `batches` through its own
     copy, then the optimizer; and the first of them again through the DDP wrapper inside
     `no_sync()` (what DDP's forward and its hooks cost), and synced with a hook that does not
@@ -148,15 +149,15 @@ def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock,
     The plain pass and the DDP passes take turns going first."""
     def plain():
         optimizer.zero_grad(set_to_none=True)
-        return _compute_pass(model, batches, sync)
+        return _compute_pass(model, batches, sync, loss_of)
 
     def wrapped():
         optimizer.zero_grad(set_to_none=True)
         with ddp.no_sync():
-            no_sync = _compute_pass(ddp, batches[:1], sync)
+            no_sync = _compute_pass(ddp, batches[:1], sync, loss_of)
         clock.local = True
         try:
-            local = _compute_pass(ddp, batches[:1], sync)
+            local = _compute_pass(ddp, batches[:1], sync, loss_of)
         finally:
             clock.local = False
         return no_sync, local
@@ -204,7 +205,7 @@ def _agreed_numel(numel: int, device: str) -> int:
     return int(agreed.item())
 
 
-def _comm_beside_compute_s(buf, model, tokens, accum: int, device: str, sync) -> float:
+def _comm_beside_compute_s(buf, model, tokens, accum: int, device: str, sync, loss_of) -> float:
     """How long an all-reduce of `buf` takes while forward+backward passes run beside it, one
     after another until it has finished."""
     done: list[float] = []
@@ -215,7 +216,7 @@ def _comm_beside_compute_s(buf, model, tokens, accum: int, device: str, sync) ->
     # the chained future: it completes after the callback has noted the time
     future = dist.all_reduce(buf, async_op=True).get_future().then(lambda f: done.append(time.perf_counter()))
     for _ in range(_MAX_PASSES_BESIDE):
-        (model(tokens).mean() / accum).backward()
+        (loss_of(model, tokens) / accum).backward()
         sync()
         if done:
             break
@@ -225,7 +226,7 @@ def _comm_beside_compute_s(buf, model, tokens, accum: int, device: str, sync) ->
 
 
 def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: float, buffers: list,
-                  alone_s: list[float], anchor_numel: int, device: str, sync) -> dict:
+                  alone_s: list[float], anchor_numel: int, device: str, sync, loss_of) -> dict:
     """How much compute and communication slow each other when they run together, each a ratio
     of two durations measured alike (no difference of noisy times enters):
     - forward+backward beside an all-reduce that outlasts it, over forward+backward alone;
@@ -241,17 +242,33 @@ def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: f
     dist.barrier()
     t0 = time.perf_counter()
     work = dist.all_reduce(long_buf, async_op=True)
-    (model(tokens).mean() / accum).backward()
+    (loss_of(model, tokens) / accum).backward()
     sync()
     compute_beside = time.perf_counter() - t0
     work.wait()
     synchronize(device)
     outlasted = time.perf_counter() - t0 > compute_beside
-    beside = [_comm_beside_compute_s(b, model, tokens, accum, device, sync) for b in [*buffers, anchor]]
+    beside = [_comm_beside_compute_s(b, model, tokens, accum, device, sync, loss_of) for b in [*buffers, anchor]]
     return {"compute_beside_s": compute_beside, "compute_alone_s": compute_alone_s,
             "compute_slowdown": compute_beside / compute_alone_s if outlasted else None,
             "allreduce_beside_s": beside, "allreduce_alone_s": [*alone_s, anchor_alone],
             "bytes": [4 * b.numel() for b in [*buffers, anchor]]}
+
+
+def _synthetic_loss(module, tokens):
+    return module(tokens).mean()
+
+
+def _trainee(cfg, user_model: str | None, device: str):
+    """(model, example batch or None, loss_of(module, batch)): the synthetic model with its token
+    stream, or the user's model (`--model`) trained on its own example batch every micro-batch."""
+    if user_model is None:
+        model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp])
+        return model.to(device), None, _synthetic_loss
+    from probes.user_model import call_user_callable, to_device, user_loss
+
+    module, batch, loss_fn = call_user_callable(user_model)
+    return module.to(device), to_device(batch, device), lambda m, b: user_loss(m, b, loss_fn)
 
 
 def run_rank(ctx, config: dict) -> None:
@@ -261,7 +278,7 @@ def run_rank(ctx, config: dict) -> None:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     sync = lambda: synchronize(ctx.device)  # noqa: E731
-    model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp]).to(ctx.device)
+    model, example, loss_of = _trainee(cfg, config.get("user_model"), ctx.device)
     ddp = training.wrap_ddp(model, ctx.device, cfg)
     clock = _BucketClock(ctx.world_size)
     ddp.register_comm_hook(clock, _timed_allreduce)
@@ -271,18 +288,20 @@ def run_rank(ctx, config: dict) -> None:
     total = cfg.warmup_steps + cfg.steps
     for r in range(total):
         ctx.progress(f"rotation {r + 1}/{total}")
-        batches = training.step_batches(cfg, r, ctx.rank, ctx.world_size, ctx.device)
+        batches = [example] * cfg.accum if example is not None else \
+            training.step_batches(cfg, r, ctx.rank, ctx.world_size, ctx.device)
         dist.barrier()
         # the calibration in two halves around the steps: a machine whose speed differs between
         # the start and the end of a rotation is measured at both, as the steps run between them
         half = len(batches) // 2 or 1
-        before = _calibration_half(model, ddp, optimizer, batches[:half], sync, clock, r % 2 == 0)
+        before = _calibration_half(model, ddp, optimizer, batches[:half], sync, clock, r % 2 == 0, loss_of)
         record = {"modes": {}}
         for mode in modes:
             dist.barrier()
-            record["modes"][mode] = _ddp_step(model, ddp, optimizer, batches, mode, clock, sync)
+            record["modes"][mode] = _ddp_step(model, ddp, optimizer, batches, mode, clock, sync, loss_of)
         dist.barrier()
-        after = _calibration_half(model, ddp, optimizer, batches[half:] or batches, sync, clock, r % 2 == 1)
+        after = _calibration_half(model, ddp, optimizer, batches[half:] or batches, sync, clock, r % 2 == 1,
+                                  loss_of)
         record["calibration"] = _joined(before, after, half)
         if not buffers:  # DDP's buckets are rebuilt after its first step: their sizes are known now
             buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
@@ -294,7 +313,7 @@ def run_rank(ctx, config: dict) -> None:
             rate = 4 * sum(record["bucket_numel"]) / max(sum(record["allreduce_alone_s"]), 1e-9)
             anchor = int((cfg.bucket_cap_mb * 2 ** 20) if cfg.bucket_cap_mb else _DEFAULT_BUCKET_BYTES) // 4
             record["interference"] = _interference(model, batches[0], cfg.accum, compute, rate, buffers,
-                                                   record["allreduce_alone_s"], anchor, ctx.device, sync)
+                                                   record["allreduce_alone_s"], anchor, ctx.device, sync, loss_of)
         if r >= cfg.warmup_steps:
             rotations.append(record)
     everyone = [None] * ctx.world_size

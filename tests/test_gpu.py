@@ -144,6 +144,26 @@ def test_training_worker_on_cuda_in_bf16(record_property):
                                            f"optimizer {cal['optimizer_time_s'] * 1e3:.2f} ms")
 
 
+def test_user_model_timed_on_cuda_under_each_precision(record_property):
+    """`--model` on a GPU: timed on cuda:0 under bf16 and fp16 autocast and fp32, AdamW fused;
+    the buckets from its measured ready order are the same whatever the precision."""
+    from topoprof.measure.user_model import measure_user_model
+    from topoprof.model.buckets import ddp_buckets
+    from topoprof.model.user_model import user_compute, user_layout
+
+    spec = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py") + ":build_1m"
+    buckets = set()
+    for precision in ("bf16", "fp16", "fp32"):
+        record = measure_user_model(spec, "cuda:0", precision=precision)
+        assert record["precision"] == (f"{precision} autocast" if precision != "fp32" else "fp32")
+        assert record["optimizer"].startswith("AdamW")
+        compute = user_compute(record)
+        assert compute["micro_batch_time_s"] > 0 and compute["optimizer_time_s"] > 0
+        buckets.add(tuple(b.tensor_indices for b in ddp_buckets(user_layout(record), 4)))
+        record_property(f"{precision}_fwd_bwd_ms", round(compute["micro_batch_time_s"] * 1e3, 3))
+    assert len(buckets) == 1
+
+
 def test_scan_end_to_end_on_the_real_driver(tmp_path, record_property):
     out = _out_dir(tmp_path, "scan")
     proc = _cli("scan", "--out", str(out), timeout=900)

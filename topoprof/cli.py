@@ -23,6 +23,8 @@ class _Root(click.Group):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             click.echo(f"topoprof: error: {err}", err=True)
+            if err.detail_text:
+                click.echo(err.detail_text.rstrip("\n"), err=True)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo("topoprof: interrupted", err=True)

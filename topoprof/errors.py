@@ -15,9 +15,11 @@ EXIT_RUN_FAILED = 3
 
 
 class TopoprofError(Exception):
-    """Base class: the message is the whole one-line error a user sees."""
+    """Base class: the message is the whole one-line error a user sees. `detail_text`, when set, is
+    printed under it (the traceback of the user's own code that failed, never topoprof's)."""
 
     exit_code = EXIT_BAD_INPUT
+    detail_text: str = ""
 
 
 class InputError(TopoprofError):

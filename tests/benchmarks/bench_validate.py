@@ -2,7 +2,8 @@
 
 Five consecutive `topoprof validate` runs (2 gloo ranks) on loopback and five across an emulated
 1 Gbit/s link (two network namespaces joined by a tc-shaped veth; root only), then five `topoprof
-scan` and five `topoprof scan --quick` runs (their validation section is the one users read).
+scan` and five `topoprof scan --quick` runs (their validation section is the one users read), and
+five `validate --model` runs of a user's own model (target there: median |error| <= 10 %).
 For every run it prints each mode's matched error and the run's median and worst |error|; then,
 over all runs: the mean signed error, each calibration input's run-to-run spread, and how much
 of each measured step the timeline's parts cover.
@@ -15,7 +16,7 @@ parts covering the step within 3 %.
 compute-heavy run (idle between all-reduces longer than TCP's minimum RTO, 200 ms) with
 net.ipv4.tcp_slow_start_after_idle 1 and 0 inside both namespaces, side by side.
 
-    python tests/benchmarks/bench_validate.py [--runs 5] [--parts validate,shaped,scan,quick] [--save DIR]
+    python tests/benchmarks/bench_validate.py [--runs 5] [--parts validate,shaped,scan,quick,user] [--save DIR]
     python tests/benchmarks/bench_validate.py --slow-start
 """
 from __future__ import annotations
@@ -48,6 +49,18 @@ def _cli(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
 
 def validate_loopback(extra: list[str]) -> dict:
     proc = _cli(["validate", *VALIDATE, *extra])
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-800:])
+    return json.loads(proc.stdout)
+
+
+# A user's own model (`--model`): frozen parameters, a tied weight, parameters registered out of
+# forward order; about a million parameters, trained on its example batch of 4 x 64 tokens.
+USER_MODEL = "tests/fixtures/user_models/tied.py:build_1m"
+
+
+def validate_user() -> dict:
+    proc = _cli(["validate", "--model", USER_MODEL, "--accum", "4", "--json"])
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-800:])
     return json.loads(proc.stdout)
@@ -120,7 +133,7 @@ def run_parts(parts: list[str], runs: int, save: str | None = None) -> None:
             print(f"shaped link: skipped ({unavailable_reason()})")
             continue
         for i in range(runs):
-            doc = {"validate": lambda: validate_loopback([]), "shaped": lambda: validate_shaped(1000.0, []),
+            doc = {"validate": lambda: validate_loopback([]), "shaped": lambda: validate_shaped(1000.0, []), "user": validate_user,
                    "scan": lambda: scan(False), "quick": lambda: scan(True)}[part]()
             docs.append(doc)
             if save:
@@ -128,7 +141,10 @@ def run_parts(parts: list[str], runs: int, save: str | None = None) -> None:
                     json.dump(doc, f, default=str)
             print(_line(f"{part} run {i + 1}", doc), flush=True)
             s = doc["summary"]
-            ok &= s["median_abs_error_pct"] <= 8 and s["worst_abs_error_pct"] <= 15
+            if part == "user":  # a user's model: the target bounds the median only
+                ok &= s["median_abs_error_pct"] <= 10
+            else:
+                ok &= s["median_abs_error_pct"] <= 8 and s["worst_abs_error_pct"] <= 15
         every += docs
         lines, steady = _spreads(part, docs)
         print("\n".join(lines))
@@ -139,7 +155,7 @@ def run_parts(parts: list[str], runs: int, save: str | None = None) -> None:
         ok &= abs(mean) <= 4
         cover = min(v.get("measured_parts_cover_pct") or 0.0 for d in every for v in d["modes"].values())
         print(f"RESULT over {len(every)} runs, {len(signed)} modes: mean signed error {mean:+.2f}%; "
-              f"every run median <= 8% and worst <= 15%, mean within +-4%: {'PASS' if ok else 'FAIL'}; "
+              f"every run within its bounds (median <= 8% and worst <= 15%; user model: median <= 10%), mean within +-4%: {'PASS' if ok else 'FAIL'}; "
               f"every factor within +-20% run to run: {'PASS' if factors_ok else 'FAIL'}; "
               f"timeline parts cover >= {cover:.1f}% of each step: {'PASS' if cover >= 97 else 'FAIL'}")
 
@@ -160,7 +176,7 @@ def run_slow_start(runs: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--parts", default="validate,shaped,scan,quick")
+    ap.add_argument("--parts", default="validate,shaped,scan,quick,user")
     ap.add_argument("--slow-start", action="store_true")
     ap.add_argument("--save", metavar="DIR", help="keep each run's validation JSON there")
     args = ap.parse_args()

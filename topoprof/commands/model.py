@@ -9,6 +9,9 @@ from topoprof.errors import InputError
 @click.command()
 @click.option("--params", help="Model size: 124439808, 125M, 1.3B, 7B (a synthetic even layout).")
 @click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, llama-7b.")
+@click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
+              help="Your own model: a function returning (module, example_batch[, loss_fn]); its parameters, "
+                   "gradient-ready order and compute are measured here (also as package.module:CALLABLE).")
 @click.option("--grad-bytes", type=click.Choice(["2", "4"]), default="4", show_default=True,
               help="Bytes per gradient element: 4 under autocast (fp32 params), 2 for pure bf16/fp16.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per GPU per micro-batch.")

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from topoprof.errors import RunFailed
+from topoprof.errors import InputError, RunFailed
 
 
 @click.command()
@@ -13,6 +13,8 @@ from topoprof.errors import RunFailed
 @click.option("--nproc", type=click.IntRange(min=1), default=None)
 @click.option("--params", help="Synthetic model size (default 2M): 500K, 10M, 125M.")
 @click.option("--preset", help="A preset's shape, scaled by --scale: gpt2, gpt2-medium, bert-base, llama-7b.")
+@click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
+              help="Train your own model instead: a function returning (module, example_batch[, loss_fn]).")
 @click.option("--scale", type=float, default=0.05, show_default=True, help="Parameter scale for --preset.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--micro-batch", type=click.IntRange(min=1), default=4, show_default=True, help="Samples per rank per micro-batch.")
@@ -29,7 +31,7 @@ from topoprof.errors import RunFailed
 @click.option("--save-calibration", "save_calibration_to", type=click.Path(dir_okay=False), help="Write the calibration for `topoprof model --calibration`.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Also write the JSON here.")
-def validate(backend, nproc, params, preset, scale, seq_len, micro_batch, accum, steps, warmup_steps, modes,
+def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_batch, accum, steps, warmup_steps, modes,
              threads, numerics, timeout_s, save_calibration_to, as_json, out_path):
     """Run short real training loops for each strategy and compare with the model's prediction."""
     from topoprof.jsonio import dumps, envelope, write_text
@@ -44,12 +46,20 @@ def validate(backend, nproc, params, preset, scale, seq_len, micro_batch, accum,
     check_writable(save_calibration_to, "--save-calibration")
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
     spec, label = spec_from_options(params, preset, scale, seq_len)
+    layout = None
+    if user_model:
+        if params or preset:
+            raise InputError("give at most one of --params, --preset or --model")
+        from topoprof.model.user_model import measure_here, user_layout
+
+        layout = user_layout(measure_here(user_model))
+        label = layout.name
     if threads is None and backend == "gloo":
         threads = cpu_threads_per_rank(nproc)
     opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch,
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
                            modes=tuple(m.strip() for m in modes.split(",") if m.strip()), threads=threads,
-                           numerics=numerics, timeout_s=timeout_s)
+                           numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout)
     progress = None
     if not as_json and sys.stderr.isatty():
         progress = lambda step: (sys.stderr.write(f"\r\033[K  {step}"), sys.stderr.flush())  # noqa: E731

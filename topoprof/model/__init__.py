@@ -6,6 +6,7 @@ would gain; `validate` checks it against real training loops.
 
   inputs        the model's inputs from what a user gives
   presets, synthetic  parameter layouts: real architectures, the synthetic model
+  user_model    the user's own model (`--model`): its measured layout and compute
   compute       datasheet figures, compute and optimizer time
   comm, links   collective times (ring, fit, measured curve, several nodes)
   buckets       DDP's gradient buckets, as torch forms them
@@ -13,5 +14,6 @@ would gain; `validate` checks it against real training loops.
   dataparallel  torch.nn.DataParallel's traffic
   strategies    step time per strategy, sweeps, thresholds; `results` are its records
   payload       a prediction as JSON; `predictions` the ones a scan makes
-  validate      predicted vs measured on real loops
+  validate      predicted vs measured on real loops; `rotations` reads their samples
+  tcp           what TCP's slow start after idle can cost a multi-node step
 """

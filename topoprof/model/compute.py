@@ -197,6 +197,7 @@ class Compute:
     # no_sync()). None: the copies run at memory_bandwidth_gbps.
     ddp_copy_bandwidth_gbps: float | None = None
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
+    origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps", "ddp_copy_bandwidth_gbps"):
@@ -234,7 +235,7 @@ class Compute:
         return cls(**{**kwargs, **calibration, "calibrated": tuple(sorted(calibration))})
 
     def origin(self, name: str) -> str:
-        return "calibration" if name in self.calibrated else "given"
+        return dict(self.origins).get(name) or ("calibration" if name in self.calibrated else "given")
 
     def comm_slowdown_at(self, size_bytes: float) -> float:
         return slowdown_at(self.comm_slowdown_by_size, self.comm_slowdown_during_compute, size_bytes)

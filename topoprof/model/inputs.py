@@ -118,12 +118,27 @@ def build_inputs(opts: dict):
     from topoprof.model.strategies import Cluster, ModelInputs, Workload
     from topoprof.model.compute import Compute
 
-    if (opts["params"] is None) == (opts["preset"] is None):
-        raise InputError("give exactly one of --params N or --preset NAME")
+    user = opts.get("user_model")
+    if sum(x is not None for x in (opts["params"], opts["preset"], user)) != 1:
+        raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
                    tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
-    workload = (Workload.from_preset(opts["preset"], **work_kw) if opts["preset"]
-                else Workload.from_params(parse_count(opts["params"]), **work_kw))
+    if user:
+        from topoprof.model.user_model import measure_here
+
+        record = measure_here(user, opts["precision"], opts["optimizer"])
+        from topoprof.model.user_model import user_compute, user_layout
+
+        workload = Workload(user_layout(record), **work_kw)
+        measured, origins = user_compute(record), []
+        for key, option in (("micro_batch_time_s", "micro_batch_time"), ("backward_fraction", "backward_fraction"),
+                            ("optimizer_time_s", "optimizer_time")):
+            if opts[option] is None and not opts["calibration"]:
+                opts = {**opts, option: measured[key]}
+                origins.append((key, measured["source"]))
+    else:
+        workload = (Workload.from_preset(opts["preset"], **work_kw) if opts["preset"]
+                    else Workload.from_params(parse_count(opts["params"]), **work_kw))
     comm, gpn, described = build_comm(opts)
     nodes = opts["nodes"]
     if opts["world_size"] is not None and opts["world_size"] != nodes * gpn:
@@ -136,6 +151,10 @@ def build_inputs(opts: dict):
                          network_latency_us=comm.inter.hop_latency_us)
     cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
     compute = _compute(opts, Compute)
+    if user:
+        from dataclasses import replace
+
+        compute = replace(compute, origins=tuple(origins))
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
 
 

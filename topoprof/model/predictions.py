@@ -18,6 +18,11 @@ def _workload(opts, size: str | None):
     from topoprof.model.strategies import Workload
 
     kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=opts.tokens or DEFAULT_TOKENS)
+    if opts.user_record is not None:
+        from topoprof.model.user_model import user_layout
+
+        layout = user_layout(opts.user_record)
+        return Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens}), layout.name
     if opts.preset:
         return Workload.from_preset(opts.preset, **kw), opts.preset
     n = parse_count(size)
@@ -39,6 +44,13 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
             extra["comm_slowdown_by_size"] = tuple(tuple(p) for p in calibration["comm_slowdown_by_size"])
     if opts.micro_batch_time_s is not None:
         return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
+    if opts.user_record is not None:
+        from topoprof.model.user_model import user_compute
+
+        measured = user_compute(opts.user_record)
+        keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
+        return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra,
+                        origins=tuple((k, measured["source"]) for k in keys)), measured["source"])
     if calibration and vopts is not None:
         layout = vopts.spec.layout()
         tokens = vopts.micro_batch * vopts.spec.seq_len
@@ -100,7 +112,7 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
     # cross-check in the report, not the prediction's input.)
     comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
     nodes = job_nodes(levels or {})
-    sizes = [None] if opts.preset else ([opts.params] if opts.params else list(DEFAULT_MODELS))
+    sizes = [None] if opts.preset or opts.user_record is not None else ([opts.params] if opts.params else list(DEFAULT_MODELS))
     out = []
     for size in sizes:
         workload, label = _workload(opts, size)

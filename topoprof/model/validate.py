@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
+from topoprof.model.presets import Layout
 from topoprof.model.synthetic import SyntheticSpec
 
 DDP_MODES = ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only")
@@ -40,6 +41,18 @@ class ValidateOptions:
     numerics: bool = True
     timeout_s: float = 300.0
     bench_iters: int = 5
+    # `--model PATH:CALLABLE`: the user's model, trained instead of `spec`, and its layout as
+    # measured (`topoprof.model.user_model.user_layout`)
+    user_model: str | None = None
+    user_layout: Layout | None = None
+
+    @property
+    def layout(self) -> Layout:
+        return self.user_layout if self.user_layout is not None else self.spec.layout()
+
+    @property
+    def tokens_per_micro_batch(self) -> int | None:
+        return None if self.user_model else self.micro_batch * self.spec.seq_len
 
     def __post_init__(self):
         if self.nproc < 2:
@@ -61,7 +74,7 @@ def cpu_threads_per_rank(nproc: int) -> int:
 def _train(opts: ValidateOptions, mode: str) -> dict:
     return {"spec": dataclasses.asdict(opts.spec), "mode": mode, "micro_batch": opts.micro_batch,
             "accum": opts.accum, "steps": opts.steps, "warmup_steps": opts.warmup_steps,
-            "threads": opts.threads, "optimizer": "adamw", "seed": 0}
+            "threads": opts.threads, "optimizer": "adamw", "seed": 0, "user_model": opts.user_model}
 
 
 def phases(opts: ValidateOptions) -> list[dict]:
@@ -71,7 +84,7 @@ def phases(opts: ValidateOptions) -> list[dict]:
     ddp = [mode for mode in opts.modes if mode != "dp"]
     out = [{"name": "bench", "worker": "collectives", "config": bench},
            {"name": "rotations", "worker": "validation", "config": {**_train(opts, "ddp_synced"), "modes": ddp}}]
-    if opts.numerics:
+    if opts.numerics and not opts.user_model:  # the numerics check trains the synthetic model
         out.append({"name": "numerics", "worker": "training",
                     "config": {**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0}})
     return out
@@ -201,8 +214,8 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
                    for size, s in rot.allreduce_points(rotations)]
     comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
                          "all-reduce measured on these ranks (bucket sizes in the rotations)")
-    workload = Workload(opts.spec.layout(), micro_batch_size=opts.micro_batch,
-                        tokens_per_micro_batch=opts.micro_batch * opts.spec.seq_len)
+    workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
+                        tokens_per_micro_batch=opts.tokens_per_micro_batch)
     return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc),
                        accumulation_steps=opts.accum)
 
@@ -307,8 +320,9 @@ def validate_payload(result, opts) -> dict:
     return {"status": result.status, "error": result.error, "label": result.label,
             "modes": result.modes(), "numerics": result.numerics, "calibration": result.calibration,
             "fit": fit, "bench_rows": result.bench_rows, "summary": summary([result]),
-            "setup": {"backend": opts.backend, "nproc": opts.nproc, "spec": opts.spec,
-                      "params": opts.spec.params, "micro_batch": opts.micro_batch, "accum": opts.accum,
+            "setup": {"backend": opts.backend, "nproc": opts.nproc,
+                      "spec": {"user_model": opts.user_model} if opts.user_model else opts.spec,
+                      "params": opts.layout.params, "micro_batch": opts.micro_batch, "accum": opts.accum,
                       "steps": opts.steps, "warmup_steps": opts.warmup_steps, "threads": opts.threads,
                       "step_rule": "a step's time is the max over ranks; the median over timed steps"},
             "wall_s": result.wall_s,

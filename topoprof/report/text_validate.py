@@ -69,8 +69,10 @@ def parts_lines(modes: dict) -> list[str]:
 
 def render_validate(payload: dict) -> str:
     s = payload["setup"]
-    out = [f"topoprof validate: {payload['label']} ({s['params']:,} params), {s['nproc']} rank(s) on {s['backend']}, "
-           f"micro-batch {s['micro_batch']}, K = {s['accum']}, {s['steps']} timed rotation(s)"]
+    user = isinstance(s.get("spec"), dict) and s["spec"].get("user_model")
+    batch = "its example batch per micro-batch" if user else f"micro-batch {s['micro_batch']}"
+    out = [f"topoprof validate: {payload['label']} ({s['params']:,} params), {s['nproc']} rank(s) on "
+           f"{s['backend']}, {batch}, K = {s['accum']}, {s['steps']} timed rotation(s)"]
     cal = payload.get("calibration")
     if cal:
         out += calibration_lines(cal)

@@ -135,6 +135,14 @@ def run(opts, stages, out_dir: str) -> dict:
     stages.begin("topology")
     topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes
     stages.end()
+    if opts.user_model:
+        from dataclasses import replace
+
+        from topoprof.model.user_model import measure_here
+
+        stages.begin("your model")
+        opts = replace(opts, user_record=measure_here(opts.user_model))  # bad input ends here, exit 2
+        stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)
     stages.end()
@@ -159,7 +167,7 @@ def run(opts, stages, out_dir: str) -> dict:
     report = envelope("scan", {
         "status": "error" if failed_part_way else "ok", "error": bench.error,
         "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
-        "inputs": {k: v for k, v in opts.__dict__.items()}, "versions": versions(bench.metadata), "environment": environment(),
+        "inputs": {k: v for k, v in opts.__dict__.items() if k != "user_record"}, "versions": versions(bench.metadata), "environment": environment(),
         "probes": probes,
         "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,

@@ -1,7 +1,7 @@
 """What a scan is asked to do, checked before anything runs, and the sweeps it chooses."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
@@ -21,10 +21,17 @@ class ScanOptions:
     micro_batch_size: int = 1
     accum: int = 8
     timeout_s: float = 120.0
+    user_model: str | None = None  # --model PATH.py:CALLABLE
+    # what `probes/user_model.py` measured of it (set by the scan before its ranks start)
+    user_record: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.params and self.preset:
-            raise InputError("give --params or --preset, not both")
+        if sum(bool(x) for x in (self.params, self.preset, self.user_model)) > 1:
+            raise InputError("give at most one of --params, --preset or --model")
+        if self.user_model:
+            from topoprof.model.user_model import check_spec
+
+            check_spec(self.user_model)
         if self.accum < 1:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
         # Bad input is refused before anything runs; a model that fails later is a report note.
@@ -66,7 +73,14 @@ def validate_options(opts: ScanOptions):
 
     gpu = opts.backend == "nccl"
     spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)
-    return ValidateOptions(backend=opts.backend, nproc=opts.nproc, spec=spec, label=f"synthetic {spec.params / 1e6:.1f}M",
+    user = {}
+    if opts.user_record is not None:  # the user's own model is trained instead
+        from topoprof.model.user_model import user_layout
+
+        layout = user_layout(opts.user_record)
+        user = dict(user_model=opts.user_model, user_layout=layout, label=layout.name)
+    return ValidateOptions(**{"label": f"synthetic {spec.params / 1e6:.1f}M", **user}, backend=opts.backend,
+                           nproc=opts.nproc, spec=spec,
                            micro_batch=8 if gpu else 4, accum=4, steps=QUICK_ROTATIONS if opts.quick else ROTATIONS,
                            warmup_steps=1 if opts.quick else 2, numerics=not opts.quick,
                            threads=None if gpu else cpu_threads_per_rank(opts.nproc), timeout_s=opts.timeout_s)

@@ -1,0 +1,223 @@
+"""Rank worker: the user's own model, read and timed on one process.
+
+`--model PATH.py:CALLABLE` or `package.module:CALLABLE` names a function that returns
+`(module, example_batch)` or `(module, example_batch, loss_fn)`. This worker calls it and reports:
+
+- the parameter list as DDP sees it: `module.named_parameters()` (shared tensors once, in
+  registration order; DDP's `_build_params_for_reducer` walks the same modules with the same
+  memo), each with its shape, dtype and `requires_grad`, and the names that alias it;
+- the order in which gradients become ready in backward, and when: a post-accumulate-grad hook
+  per trainable parameter fires where DDP's reducer hook fires (`Reducer::autograd_hook` runs on
+  the same AccumulateGrad node), which is the order DDP rebuilds its buckets in;
+- forward, backward and optimizer times over a few repeats, under the user's precision (bf16
+  autocast by default on a GPU, fp16 with a gradient scaler, or fp32; CPU ranks train in fp32)
+  and optimizer (AdamW, fused on CUDA where torch has it, or SGD).
+
+The loss: `loss_fn(output, batch)` when given; else the output's `.loss` (Hugging Face models);
+else the mean of the output in float32. A user error (import, call, return value, a failing
+forward) is reported as a `user_model_error` message with its kind and traceback, not raised:
+it is the user's to fix, not a rank failure.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import time
+import traceback
+
+
+class UserModelError(Exception):
+    """The user's callable cannot be used; `kind` says at which stage."""
+
+    def __init__(self, kind: str, message: str, trace: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.trace = trace
+
+
+def _load(spec: str):
+    target, _, name = spec.rpartition(":")
+    try:
+        if target.endswith(".py") or os.sep in target:
+            path = os.path.abspath(target)
+            sys.path.insert(0, os.path.dirname(path))
+            module_spec = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(path))[0], path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except Exception as err:
+        raise UserModelError("import", f"importing {target} raised {type(err).__name__}: {err}",
+                             traceback.format_exc()) from None
+    if not callable(getattr(module, name, None)):
+        raise UserModelError("callable", f"{target} has no callable named {name!r}")
+    return getattr(module, name)
+
+
+def call_user_callable(spec: str):
+    import torch
+
+    build = _load(spec)
+    try:
+        made = build()
+    except Exception as err:
+        raise UserModelError("call", f"{spec}() raised {type(err).__name__}: {err}",
+                             traceback.format_exc()) from None
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise UserModelError("return", f"{spec}() returned {type(made).__name__}"
+                             f"{f' of {len(made)}' if isinstance(made, tuple) else ''}; expected "
+                             "(module, example_batch) or (module, example_batch, loss_fn)")
+    module, batch, loss_fn = (*made, None) if len(made) == 2 else made
+    if not isinstance(module, torch.nn.Module):
+        raise UserModelError("return", f"{spec}()[0] is {type(module).__name__}, not a torch.nn.Module")
+    if loss_fn is not None and not callable(loss_fn):
+        raise UserModelError("return", f"{spec}()[2] is {type(loss_fn).__name__}, not callable")
+    return module, batch, loss_fn
+
+
+def to_device(batch, device):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def user_loss(module, batch, loss_fn):
+    import torch
+
+    if isinstance(batch, dict):
+        out = module(**batch)
+    elif isinstance(batch, (list, tuple)):
+        out = module(*batch)
+    else:
+        out = module(batch)
+    if loss_fn is not None:
+        loss = loss_fn(out, batch)
+    elif getattr(out, "loss", None) is not None:
+        loss = out.loss
+    else:
+        loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise UserModelError("loss", "the loss is not a one-element tensor "
+                             f"(got {type(loss).__name__}); return a loss_fn as the third element")
+    return loss
+
+
+def parameter_list(module) -> list[dict]:
+    """DDP's view of the parameters: registration order, shared tensors once with their aliases."""
+    aliases: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    return [{"name": name, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
+             "requires_grad": bool(p.requires_grad), "aliases": aliases[id(p)][1:]}
+            for name, p in module.named_parameters()]
+
+
+def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler) -> dict:
+    """One forward and backward; each trainable gradient's ready moment after backward starts."""
+    ready: list[tuple[int, float]] = []
+    handles = [p.register_post_accumulate_grad_hook(
+        lambda _p, i=i: ready.append((i, time.perf_counter()))) for i, p in enumerate(params)
+        if p.requires_grad]
+    try:
+        sync()
+        t0 = time.perf_counter()
+        with autocast():
+            loss = user_loss(module, batch, loss_fn)
+        sync()
+        t1 = time.perf_counter()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        sync()
+        t2 = time.perf_counter()
+    finally:
+        for h in handles:
+            h.remove()
+    return {"forward_s": t1 - t0, "backward_s": t2 - t1,
+            "ready": [[i, (t - t1) / max(t2 - t1, 1e-12)] for i, t in ready]}
+
+
+def _optimizer(name: str, params: list, device: str):
+    """AdamW, fused on CUDA where this torch has it (one kernel for every tensor); or SGD."""
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-4), "SGD"
+    if device.startswith("cuda"):
+        try:
+            return torch.optim.AdamW(params, lr=1e-4, fused=True), "AdamW (fused)"
+        except (TypeError, RuntimeError):  # torch without fused AdamW, or unsupported dtypes
+            pass
+    return torch.optim.AdamW(params, lr=1e-4), "AdamW"
+
+
+def precision_context(precision: str, device: str):
+    """The forward under the user's precision: bf16 or fp16 autocast over fp32 weights on a GPU
+    (fp16 with a gradient scaler), fp32 otherwise. CPU ranks train in fp32, as `validate` does."""
+    import contextlib
+
+    import torch
+
+    if not device.startswith("cuda") or precision == "fp32":
+        return contextlib.nullcontext, "fp32", None
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    return (lambda: torch.autocast("cuda", dtype=dtype)), f"{precision} autocast", scaler
+
+
+def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw") -> dict:
+    import torch
+
+    module, batch, loss_fn = call_user_callable(spec)
+    module, batch = module.to(device), to_device(batch, device)
+    params = list(module.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        raise UserModelError("return", "the module has no parameter with requires_grad: nothing to train")
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    opt, opt_name = _optimizer(optimizer, trainable, device)
+    autocast, precision_used, scaler = precision_context(precision, device)
+    passes, optimizer_s = [], []
+    try:
+        for i in range(repeats + 1):  # the first pass warms up (allocations, kernel choice)
+            module.zero_grad(set_to_none=True)
+            one = _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler)
+            sync()
+            t0 = time.perf_counter()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            sync()
+            if i:
+                passes.append(one)
+                optimizer_s.append(time.perf_counter() - t0)
+    except UserModelError:
+        raise
+    except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
+        raise UserModelError("run", f"training {spec} on {device} raised {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
+    return {"spec": spec, "device": device, "params": parameter_list(module),
+            "ready": passes[-1]["ready"], "passes": passes, "optimizer_s": optimizer_s,
+            "optimizer": opt_name, "precision": precision_used}
+
+
+def run_rank(ctx, config: dict) -> None:
+    if ctx.rank != 0:
+        return
+    ctx.progress(f"timing {config['spec']}")
+    if config.get("cwd"):
+        os.chdir(config["cwd"])
+    try:
+        ctx.emit("user_model", **measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
+                                         config.get("precision", "bf16"), config.get("optimizer", "adamw")))
+    except UserModelError as err:
+        ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)

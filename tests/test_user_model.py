@@ -1,0 +1,184 @@
+"""`--model PATH:CALLABLE`: the user's parameters read as DDP reads them, buckets equal to torch's
+own rebuilt buckets, measured compute in the prediction, and one-line errors for bad input."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from topoprof.errors import InputError
+from topoprof.model.buckets import ddp_buckets
+from topoprof.model.user_model import check_spec, user_compute, user_layout
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py")
+
+
+@pytest.fixture(scope="module")
+def record():
+    from probes.user_model import measure
+
+    return measure(f"{FIXTURE}:build", "cpu", 2)
+
+
+def _torch_rebuilt_buckets(bucket_cap_mb):
+    """The buckets a real DDP run rebuilds after its first iteration (one gloo rank)."""
+    import torch
+    import torch.distributed as dist
+
+    from probes.user_model import call_user_callable, user_loss
+
+    module, batch, loss_fn = call_user_callable(f"{FIXTURE}:build")
+    store = tempfile.mktemp()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        kw = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        ddp = torch.nn.parallel.DistributedDataParallel(module, **kw)
+        for _ in range(3):
+            user_loss(ddp, batch, loss_fn).backward()
+        data = ddp._get_ddp_logging_data()
+    finally:
+        dist.destroy_process_group()
+    assert data["has_rebuilt_buckets"] == 1
+    return [tuple(int(i) for i in bucket.split()) for bucket in data["rebuilt_per_bucket_param_indices"].split(", ")]
+
+
+def test_parameters_as_ddp_sees_them(record):
+    names = [p["name"] for p in record["params"]]
+    assert names[:2] == ["out.weight", "out.bias"]           # registration order, not forward order
+    assert "embed.weight" not in names                       # tied: counted once, under its first name
+    shared = next(p for p in record["params"] if p["name"] == "head.weight")
+    assert shared["aliases"] == ["embed.weight"]
+    assert [p["requires_grad"] for p in record["params"] if p["name"].startswith("frozen")] == [False, False]
+    layout = user_layout(record)
+    assert not any(t.name.startswith("frozen") for t in layout.tensors)
+    from probes.user_model import call_user_callable
+
+    module = call_user_callable(f"{FIXTURE}:build")[0]
+    assert layout.params == sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.02, 0.005])
+def test_buckets_equal_torch_rebuilt_buckets(record, bucket_cap_mb):
+    ours = [b.tensor_indices for b in ddp_buckets(user_layout(record), 4, bucket_cap_mb)]
+    assert ours == _torch_rebuilt_buckets(bucket_cap_mb)
+    if bucket_cap_mb == 0.005:
+        assert len(ours) > 3                                  # a cap that really splits
+
+
+def test_measured_compute_is_positive_with_its_source(record):
+    compute = user_compute(record)
+    assert compute["micro_batch_time_s"] > 0 and compute["optimizer_time_s"] > 0
+    assert 0 < compute["backward_fraction"] < 1
+    assert "measured on cpu (fp32, AdamW), 2 repeats" in compute["source"]
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("tied.py", "expected PATH.py:CALLABLE"),
+    ("missing/model.py:build", "no such file"),
+    ("tied.py:not-a-name", "expected PATH.py:CALLABLE"),
+])
+def test_spec_is_checked_before_anything_runs(spec, says):
+    with pytest.raises(InputError, match=says):
+        check_spec(spec)
+
+
+def _model_cli(spec: str):
+    return subprocess.run([sys.executable, "-m", "topoprof", "model", "--model", spec, "--world-size", "2",
+                           "--link-bandwidth", "10", "--accum", "4", "--no-sweep", "--json"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_model_command_uses_the_measured_model():
+    import json
+
+    proc = _model_cli(f"{FIXTURE}:build")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    inputs = doc["inputs"]
+    assert inputs["model"]["value"].startswith("user:")
+    assert "measured on cpu" in inputs["micro_batch_time_s"]["source"]
+    assert "measured on cpu" in inputs["optimizer_time_s"]["source"]
+
+
+@pytest.mark.parametrize("callable_name, says, traceback", [
+    ("raises", "raised ValueError: no data here", True),
+    ("wrong_shape", "returned Linear; expected (module, example_batch)", False),
+    ("no_trainable", "no parameter with requires_grad", False),
+    ("absent", "has no callable named 'absent'", False),
+])
+def test_bad_user_model_is_one_line_and_exit_2(callable_name, says, traceback):
+    proc = _model_cli(f"{FIXTURE}:{callable_name}")
+    assert proc.returncode == 2, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("topoprof: error: --model ") and says in first
+    assert ("Traceback (most recent call last)" in proc.stderr) == traceback
+    assert proc.stderr.count("Traceback") <= 1
+
+
+@pytest.mark.slow
+def test_validate_trains_the_user_model_in_every_mode():
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "topoprof", "validate", "--model", f"{FIXTURE}:build",
+                           "--nproc", "2", "--backend", "gloo", "--steps", "2", "--warmup-steps", "1", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["setup"]["spec"] == {"user_model": f"{FIXTURE}:build"}
+    assert doc["label"] == f"user:{FIXTURE}:build"
+    from probes.user_model import call_user_callable
+
+    module = call_user_callable(f"{FIXTURE}:build")[0]
+    assert doc["setup"]["params"] == sum(p.numel() for p in module.parameters() if p.requires_grad)
+    assert doc["numerics"] is None                       # the numerics check trains the synthetic model
+    for mode in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"):
+        m = doc["modes"][mode]
+        assert m["measured_step_s"] > 0 and m["predicted_step_s"] > 0
+        # within 0.5-2x: only a model that lost a part of the step crosses it
+        assert 0.5 < m["predicted_step_s"] / m["measured_step_s"] < 2, (mode, m)
+    # every step reduced the buckets the model predicted: the rotations' bucket sizes are DDP's
+    from topoprof.model.buckets import ddp_buckets
+    from topoprof.model.user_model import user_layout
+    from probes.user_model import measure
+
+    predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure(f"{FIXTURE}:build", "cpu", 1)), 4))
+    assert sorted(doc["rotations"]["rotations"][0][0]["bucket_numel"]) == predicted
+
+
+@pytest.mark.slow
+def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
+    import json
+
+    def scan(name, out):
+        return subprocess.run([sys.executable, "-m", "topoprof", "scan", "--quick", "--no-validate", "--nproc", "2",
+                               "--backend", "gloo", "--model", f"{FIXTURE}:{name}", "--out", str(out)],
+                              capture_output=True, text=True, timeout=600)
+
+    proc = scan("build", tmp_path / "ok")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    (pred,) = report["predictions"]
+    assert pred["label"] == f"user:{FIXTURE}:build"
+    assert "measured on cpu" in pred["compute_source"]
+    assert "user_record" not in report["inputs"] and report["inputs"]["user_model"] == f"{FIXTURE}:build"
+    proc = scan("raises", tmp_path / "bad")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0].startswith("topoprof: error: --model ")
+    assert not (tmp_path / "bad" / "report.json").exists()
+
+
+def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
+    from probes.user_model import measure, precision_context
+
+    for precision in ("bf16", "fp16", "fp32"):
+        _, used, scaler = precision_context(precision, "cpu")
+        assert used == "fp32" and scaler is None
+    record = measure(f"{FIXTURE}:build", "cpu", 1, precision="bf16", optimizer="sgd")
+    assert record["precision"] == "fp32" and record["optimizer"] == "SGD"
+    with pytest.raises(InputError, match="adamw or sgd"):
+        from topoprof.model.user_model import measure_here
+
+        measure_here(f"{FIXTURE}:build", optimizer="adam")

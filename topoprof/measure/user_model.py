@@ -1,0 +1,29 @@
+"""Read and time the user's own model in a process of its own (the `user_model` worker), so that
+its import, its memory and its bugs stay out of the CLI, and a hang ends at the timeout."""
+from __future__ import annotations
+
+import os
+
+from topoprof.errors import InputError, RunFailed
+from topoprof.measure.launch import JobSpec, launch_local
+
+
+def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
+                       precision: str = "bf16", optimizer: str = "adamw") -> dict:
+    """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
+    traceback as the error's detail, printed once under its one line."""
+    job = JobSpec("user_model", {"spec": spec, "device": device, "repeats": repeats, "cwd": os.getcwd(),
+                                 "precision": precision, "optimizer": optimizer},
+                  1, "gloo", timeout_s)
+    run = launch_local(job)
+    found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("user_model", "user_model_error")}
+    if "user_model_error" in found:
+        err = found["user_model_error"]
+        error = InputError(f"--model {spec}: {err['message']}")
+        error.detail_text = err.get("trace") or ""
+        raise error
+    if run.failure is not None or "user_model" not in found:
+        why = run.failure.describe() if run.failure else "the worker reported nothing"
+        raise RunFailed(f"--model {spec}: timing it failed: {why}")
+    return found["user_model"]
+

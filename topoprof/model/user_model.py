@@ -1,0 +1,82 @@
+"""The user's own model (`--model PATH:CALLABLE`) as the model's inputs, from what
+`probes/user_model.py` measured: its parameter list, gradient-ready order and times.
+
+- The layout holds the trainable parameters in registration order (DDP's parameter list: frozen
+  ones are never bucketed, a shared tensor counts once). Its uses are the measured ready events
+  in reverse, one tensor each, weighted by the share of backward that passed before each
+  gradient was ready, so that `Layout.ready_schedule()` returns the measured ready order and
+  moments: the order DDP rebuilds its buckets in after its first iteration. The weights are
+  scaled to 4 FLOPs per trainable parameter per token (the matmul convention of `presets`) so
+  that FLOP-based what-ifs stay comparable; the measured times are what the prediction uses.
+- Compute: forward + backward per micro-batch, the backward share and the optimizer step, each
+  the median of the timed repeats.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+from topoprof.errors import InputError
+from topoprof.model.presets import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
+
+
+def check_spec(spec: str) -> str:
+    """`PATH.py:CALLABLE` or `package.module:CALLABLE`; a path must exist. One line otherwise."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise InputError(f"--model {spec!r}: expected PATH.py:CALLABLE or package.module:CALLABLE "
+                         "(e.g. train.py:build)")
+    if (target.endswith(".py") or os.sep in target) and not os.path.isfile(target):
+        raise InputError(f"--model {spec!r}: no such file: {target}")
+    return spec
+
+
+def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw") -> dict:
+    """The user's model read and timed on this machine: its first GPU when it has one (under
+    `precision`), else the CPU (fp32, as CPU ranks train)."""
+    from topoprof.measure.runner import visible_gpus
+    from topoprof.measure.user_model import measure_user_model
+
+    if optimizer not in ("adamw", "sgd"):
+        raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
+    return measure_user_model(check_spec(spec), "cuda:0" if visible_gpus() else "cpu",
+                              precision=precision, optimizer=optimizer)
+
+
+def user_layout(record: dict) -> Layout:
+    params = record["params"]
+    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
+    position = {i: k for k, i in enumerate(trainable)}
+    tensors = tuple(TensorSpec(params[i]["name"], tuple(params[i]["shape"])) for i in trainable)
+    ready = [(position[i], fraction) for i, fraction in record["ready"] if i in position]
+    missing = sorted(set(range(len(trainable))) - {k for k, _ in ready})
+    if missing:
+        raise InputError(f"--model {record['spec']}: no gradient reached "
+                         f"{', '.join(tensors[k].name for k in missing[:4])} in backward (unused "
+                         "parameters: DDP would need find_unused_parameters=True, which topoprof does not model)")
+    total_flops = MATMUL_BACKWARD_FLOPS_PER_PARAM * sum(t.numel for t in tensors)
+    end = max(ready[-1][1], 1e-12)
+    uses, before = [], 0.0
+    for k, fraction in ready:
+        share = max(fraction, before)  # hooks fire in order; clock jitter never runs backwards
+        uses.append(Use((k,), total_flops * (share - before) / end))
+        before = share
+    if sum(u.backward_flops_per_token for u in uses) <= 0:  # every hook at the same instant
+        uses = [Use((k,), total_flops / len(ready)) for k, _ in ready]
+    frozen = len(params) - len(trainable)
+    shared = sum(1 for p in params if p["aliases"])
+    return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
+                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared), "
+                  f"gradient-ready order measured on {record['device']}")
+
+
+def user_compute(record: dict) -> dict:
+    """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
+    passes = record["passes"]
+    total = [p["forward_s"] + p["backward_s"] for p in passes]
+    where = (f"measured on {record['device']} ({record.get('precision', 'fp32')}, {record.get('optimizer', 'AdamW')}), "
+             f"{len(passes)} repeats, median")
+    return {"micro_batch_time_s": statistics.median(total),
+            "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
+            "optimizer_time_s": statistics.median(record["optimizer_s"]),
+            "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)"}
