@@ -57,12 +57,12 @@ def _load(spec: str):
     return getattr(module, name)
 
 
-def call_user_callable(spec: str):
+def call_user_callable(spec: str, kwargs: dict | None = None):
     import torch
 
     build = _load(spec)
     try:
-        made = build()
+        made = build(**(kwargs or {}))
     except Exception as err:
         raise UserModelError("call", f"{spec}() raised {type(err).__name__}: {err}",
                              traceback.format_exc()) from None
@@ -172,10 +172,11 @@ def precision_context(precision: str, device: str):
     return (lambda: torch.autocast("cuda", dtype=dtype)), f"{precision} autocast", scaler
 
 
-def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw") -> dict:
+def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw",
+            kwargs: dict | None = None) -> dict:
     import torch
 
-    module, batch, loss_fn = call_user_callable(spec)
+    module, batch, loss_fn = call_user_callable(spec, kwargs)
     module, batch = module.to(device), to_device(batch, device)
     params = list(module.parameters())
     trainable = [p for p in params if p.requires_grad]
@@ -218,6 +219,7 @@ def run_rank(ctx, config: dict) -> None:
         os.chdir(config["cwd"])
     try:
         ctx.emit("user_model", **measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
-                                         config.get("precision", "bf16"), config.get("optimizer", "adamw")))
+                                         config.get("precision", "bf16"), config.get("optimizer", "adamw"),
+                                         config.get("kwargs")))
     except UserModelError as err:
         ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)

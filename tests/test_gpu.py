@@ -164,6 +164,21 @@ def test_user_model_timed_on_cuda_under_each_precision(record_property):
     assert len(buckets) == 1
 
 
+def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
+    """gpt2 at its real size fits and is timed whole; llama-7b with AdamW in fp32 master weights
+    (16 bytes per parameter before activations) exceeds one 80 GB GPU and is timed by its blocks."""
+    from topoprof.model.user_model import measure_preset
+
+    gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
+    assert gpt2["scaled"] is None and gpt2["micro_batch_time_s"] > 0
+    record_property("gpt2_4x1024_bf16_ms", round(gpt2["micro_batch_time_s"] * 1e3, 2))
+    memory = torch.cuda.get_device_properties(0).total_memory
+    if memory < 7e9 * 16:
+        llama = measure_preset("llama-7b", 1, 1024, "cuda:0")
+        assert llama["scaled"] == [2, 4] and "extended linearly to 32" in llama["source"]
+        record_property("llama7b_1x1024_scaled_ms", round(llama["micro_batch_time_s"] * 1e3, 2))
+
+
 def test_scan_end_to_end_on_the_real_driver(tmp_path, record_property):
     out = _out_dir(tmp_path, "scan")
     proc = _cli("scan", "--out", str(out), timeout=900)

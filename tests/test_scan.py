@@ -9,7 +9,7 @@ import pytest
 
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
-               "verdict", "recommendations", "charts", "timing", "cluster", "probes"}
+               "verdict", "recommendations", "charts", "timing", "cluster", "probes", "what_if"}
 
 
 def _cli(*args, timeout=600):

@@ -9,11 +9,11 @@ from topoprof.measure.launch import JobSpec, launch_local
 
 
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
-                       precision: str = "bf16", optimizer: str = "adamw") -> dict:
+                       precision: str = "bf16", optimizer: str = "adamw", kwargs: dict | None = None) -> dict:
     """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
     traceback as the error's detail, printed once under its one line."""
     job = JobSpec("user_model", {"spec": spec, "device": device, "repeats": repeats, "cwd": os.getcwd(),
-                                 "precision": precision, "optimizer": optimizer},
+                                 "precision": precision, "optimizer": optimizer, "kwargs": kwargs},
                   1, "gloo", timeout_s)
     run = launch_local(job)
     found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("user_model", "user_model_error")}

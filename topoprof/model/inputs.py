@@ -123,22 +123,20 @@ def build_inputs(opts: dict):
         raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
                    tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
+    origins: list = []
     if user:
-        from topoprof.model.user_model import measure_here
+        from topoprof.model.user_model import measure_here, user_compute, user_layout
 
         record = measure_here(user, opts["precision"], opts["optimizer"])
-        from topoprof.model.user_model import user_compute, user_layout
-
         workload = Workload(user_layout(record), **work_kw)
-        measured, origins = user_compute(record), []
-        for key, option in (("micro_batch_time_s", "micro_batch_time"), ("backward_fraction", "backward_fraction"),
-                            ("optimizer_time_s", "optimizer_time")):
-            if opts[option] is None and not opts["calibration"]:
-                opts = {**opts, option: measured[key]}
-                origins.append((key, measured["source"]))
+        opts, origins = _measured(opts, user_compute(record))
     else:
         workload = (Workload.from_preset(opts["preset"], **work_kw) if opts["preset"]
                     else Workload.from_params(parse_count(opts["params"]), **work_kw))
+        if opts["preset"] and opts["micro_batch_time"] is None and not opts["calibration"]:
+            measured = _preset_on_this_gpu(opts)
+            if measured is not None:
+                opts, origins = _measured(opts, measured)
     comm, gpn, described = build_comm(opts)
     nodes = opts["nodes"]
     if opts["world_size"] is not None and opts["world_size"] != nodes * gpn:
@@ -151,11 +149,36 @@ def build_inputs(opts: dict):
                          network_latency_us=comm.inter.hop_latency_us)
     cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
     compute = _compute(opts, Compute)
-    if user:
+    if origins:
         from dataclasses import replace
 
         compute = replace(compute, origins=tuple(origins))
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
+
+
+def _measured(opts: dict, measured: dict) -> tuple[dict, list]:
+    """Options completed with measured compute where the user gave none, and where each came from."""
+    origins = []
+    for key, option in (("micro_batch_time_s", "micro_batch_time"), ("backward_fraction", "backward_fraction"),
+                        ("optimizer_time_s", "optimizer_time")):
+        if opts[option] is None and not opts["calibration"]:
+            opts = {**opts, option: measured[key]}
+            origins.append((key, measured["source"]))
+    return opts, origins
+
+
+def _preset_on_this_gpu(opts: dict) -> dict | None:
+    """A preset timed at its real size on this machine's first GPU; None without a GPU (the
+    datasheet estimate, or the user's own figures, then stand in)."""
+    from topoprof.measure.runner import visible_gpus
+
+    if not visible_gpus():
+        return None
+    from topoprof.model.user_model import measure_preset
+
+    batch = opts["micro_batch_size"]
+    seq_len = max(1, opts["tokens"] // batch) if opts["tokens"] else None
+    return measure_preset(opts["preset"].strip().lower(), batch, seq_len, "cuda:0", opts["precision"], opts["optimizer"])
 
 
 def _check_gpu_name(name: str | None) -> None:

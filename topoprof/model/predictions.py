@@ -147,3 +147,21 @@ def _no_dp_without_gpus(payload: dict) -> None:
     payload["strategies"]["dp"] = {"reason": reason, "step_time_s": None}
     if "sweep" in payload:
         payload["sweep"]["strategies"]["dp"] = [None] * len(payload["sweep"]["accum"])
+
+
+def single_gpu_what_ifs(opts, gpu) -> dict:
+    """A one-GPU node: its model on 2-8 such GPUs and on 2-4 such nodes, from nominal links
+    (`topoprof.model.whatif`), with this GPU's measured compute."""
+    from topoprof.model.compute import Compute
+    from topoprof.model.whatif import what_ifs
+
+    size = None if opts.preset or opts.user_record is not None else (opts.params or DEFAULT_MODELS[0])
+    workload, label = _workload(opts, size)
+    if opts.micro_batch_time_s is not None:
+        compute, source = Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu.name), "given"
+    elif opts.user_record is not None:
+        compute, source = _compute(opts, workload, None, None, gpu.name)
+    else:
+        return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model PATH.py:CALLABLE "
+                                           "(timed here) or --micro-batch-time SECONDS"}
+    return {**what_ifs(workload, compute, gpu, opts.accum), "label": label, "compute_source": source}

@@ -80,3 +80,39 @@ def user_compute(record: dict) -> dict:
             "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
             "optimizer_time_s": statistics.median(record["optimizer_s"]),
             "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)"}
+
+
+PRESET_SPEC = "probes.preset_models:build"
+SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is timed at
+
+
+def _out_of_memory(err: Exception) -> bool:
+    return "OutOfMemory" in str(err) or "out of memory" in str(err).lower()
+
+
+def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
+                   optimizer: str = "adamw") -> dict:
+    """A preset built at its real size and timed on `device`; when it does not fit, timed at
+    SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.scaled`), and said so."""
+    from probes.preset_models import MAX_SEQ_LEN, depth
+    from topoprof.measure.user_model import measure_user_model
+    from topoprof.model.scaled import scaled_compute
+
+    seq_len = seq_len or min(1024, MAX_SEQ_LEN[preset])
+    if seq_len > MAX_SEQ_LEN[preset]:
+        raise InputError(f"--tokens: {preset} reads at most {MAX_SEQ_LEN[preset]} tokens per sequence, "
+                         f"got {seq_len} (tokens / micro-batch size)")
+    kwargs = {"preset": preset, "micro_batch": micro_batch, "seq_len": seq_len}
+
+    def timed(**more):
+        record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
+                                    kwargs={**kwargs, **more})
+        return user_compute({**record, "spec": preset})
+
+    try:
+        return {**timed(), "scaled": None}
+    except InputError as err:
+        if not _out_of_memory(err):
+            raise
+    shallow, deep = (timed(n_layer=n) for n in SCALED_DEPTHS)
+    return {**scaled_compute(shallow, deep, SCALED_DEPTHS, depth(preset)), "scaled": list(SCALED_DEPTHS)}

@@ -37,7 +37,7 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
     charts = {}
     bench = report.get("bench") or {}
     job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
-    if job_rows:
+    if job_rows and report["mode"].get("nproc") != 1:  # one rank: no link, no bus bandwidth
         charts["busbw"] = plots.plot_busbw(job_rows, bench.get("fit") or {}, _nominal(report),
                                            os.path.join(out_dir, "busbw.png"),
                                            title=f"Bus bandwidth, {report['mode']['summary']}")

@@ -77,9 +77,15 @@ def _topology(report: dict) -> list[str]:
     return out + ([""] if topo.get("nics") else []) + [f"> {n}" for n in notes] + ([""] if notes else [])
 
 
+def _one_rank(report: dict) -> bool:
+    return (report.get("mode") or {}).get("nproc") == 1
+
+
 def _bandwidth(report: dict) -> list[str]:
     bench = report.get("bench") or {}
     out = ["## Measured bandwidth", ""]
+    if _one_rank(report):
+        return out + ["One GPU: no GPU-to-GPU link to measure.", ""]
     v = report.get("verdict")
     if v:
         status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
@@ -116,6 +122,9 @@ def _speedup(value) -> str:
 def _predictions(report: dict) -> list[str]:
     preds = report.get("predictions") or []
     out = ["## Predictions", ""]
+    if not preds and _one_rank(report):
+        return out + ["One GPU: nothing to all-reduce, so no DDP prediction for this node; "
+                      "\"What if\" below shows more such GPUs and nodes.", ""]
     if not preds:
         return out + ["No prediction: it needs an all-reduce fit from at least 2 ranks.", ""]
     if preds[0].get("skipped"):
@@ -133,6 +142,34 @@ def _predictions(report: dict) -> list[str]:
                              f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))])
         out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"], rows) + [""]
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
+    return out
+
+
+def _span_ms(pair: list) -> str:
+    low, high = sorted(pair)
+    return f"{low * 1e3:.1f}" if abs(high - low) < 0.05e-3 else f"{low * 1e3:.1f}–{high * 1e3:.1f}"
+
+
+def _what_if(report: dict) -> list[str]:
+    w = report.get("what_if")
+    if not w:
+        return []
+    out = ["## What if: more GPUs like this one", ""]
+    if w.get("skipped"):
+        return out + [f"No what-if: {w['skipped']}.", ""]
+    out += [f"**What-if from nominal figures, not measured.** {w['label']}, K = {w['accum']}; compute: "
+            f"{w['compute_source']}. One GPU: {w['single_step_s'] * 1e3:.1f} ms per optimizer step. "
+            "Each range spans the link's nominal low and high.", ""]
+    rows = []
+    for c in w["cases"]:
+        low, high = sorted(c["no_sync_saving"])
+        span = f"{100 * low:.0f}" if round(100 * low) == round(100 * high) else f"{100 * low:.0f}–{100 * high:.0f}"
+        advice = (f"`no_sync()`: {span} % faster" if low >= 0.05 else
+                  "sync every micro-batch: `no_sync()` saves under 5 %")
+        rows.append([c["label"], c["basis"], _span_ms(c["step_time_s"]["ddp_synced"]),
+                     _span_ms(c["step_time_s"]["ddp_no_sync"]), advice])
+    out += _table(["job", "link", "ddp_synced ms", "ddp_no_sync ms", "advice"], rows) + [""]
+    out += [f"- {m}" for m in w.get("missing", [])] + ([""] if w.get("missing") else [])
     return out
 
 
@@ -262,6 +299,7 @@ def render_markdown(report: dict) -> str:
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
     out += _todo(report) + _sources(report) + _cluster(report) + _topology(report) + _bandwidth(report)
     out += _predictions(report)
+    out += _what_if(report)
     out += _validation(report)
     more = (report.get("recommendations") or [])[3:]
     if more:

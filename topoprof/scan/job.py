@@ -125,6 +125,18 @@ def _predictions(opts, bench, vres, vopts, topology):
     return preds, status, levels
 
 
+def _what_ifs(opts, topology) -> dict | None:
+    """One GPU, one rank: nothing to all-reduce here, so the report shows what more such GPUs
+    or nodes would do instead (from nominal links, labelled as such)."""
+    if opts.nproc != 1 or len(topology.gpus) != 1:
+        return None
+    from topoprof.model.predictions import single_gpu_what_ifs
+    from topoprof.probing import attempt
+
+    result, status = attempt("what-if", lambda: single_gpu_what_ifs(opts, topology.gpus[0]))
+    return result if result is not None else {"skipped": status.detail}
+
+
 def run(opts, stages, out_dir: str) -> dict:
     from topoprof.measure.bench import bench_payload
     from topoprof.topology.collect import collect_topology
@@ -159,6 +171,7 @@ def run(opts, stages, out_dir: str) -> dict:
     stages.begin("model")
     preds, model_status, levels = _predictions(opts, bench, vres, vopts, topology)
     stages.end()
+    what_if = _what_ifs(opts, topology)
     probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status]
     summary, banner = _banner(opts, topology)
     # exit 3 only when rank work failed part-way: a probe that failed, or ranks that never
@@ -171,6 +184,7 @@ def run(opts, stages, out_dir: str) -> dict:
         "probes": probes,
         "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
+        "what_if": what_if,
         "validation": validation_payload(vres, vopts, opts),
         "cluster": cluster_payload(node_ranks, levels, bench.rows, opts.nproc),
     })

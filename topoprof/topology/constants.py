@@ -27,6 +27,21 @@ NVLINK_GBPS_BY_SM: dict[tuple[int, int | None], float] = {
     (10, None): 40.1,  # SM100_NVLINK_BW (B200, GB200)
 }
 
+# NVIDIA datasheets, SXM parts on NVSwitch baseboards: NVLinks per GPU and each link's raw
+# bandwidth per direction (GB/s). V100 SXM2: 6 x 25 (300 GB/s total, both directions); A100 SXM4:
+# 12 x 25 (600 GB/s); H100/H200 SXM5: 18 x 25 (900 GB/s); B200: 18 x 50 (1.8 TB/s). With NCCL's
+# per-link figure above this gives the range a what-if on NVLink uses.
+NVLINK_DATASHEET_BY_SM: dict[tuple[int, int | None], tuple[int, float]] = {
+    (7, None): (6, 25.0),
+    (8, None): (12, 25.0),
+    (9, None): (18, 25.0),
+    (10, None): (18, 50.0),
+}
+
+# PCIe transfer rate per lane (GT/s) by generation (PCI-SIG base specifications) and the line
+# encoding: 8b/10b for Gen1-2, 128b/130b for Gen3-5. Raw x16 Gen4 = 16 x 16 x 128/130 / 8 = 31.5 GB/s.
+PCIE_GT_PER_S_BY_GEN: dict[int, float] = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0}
+
 # NCCL topo.cc: per-lane rate index for PCIe generation n, bandwidth = width * rate / 80.
 PCIE_LANE_RATE_BY_GEN: dict[int, float] = {1: 15.0, 2: 30.0, 3: 60.0, 4: 120.0, 5: 240.0, 6: 480.0}
 
@@ -62,6 +77,22 @@ def pcie_gbps(generation: int | None, width: int | None) -> float | None:
     if generation is None or width is None or generation not in PCIE_LANE_RATE_BY_GEN:
         return None
     return width * PCIE_LANE_RATE_BY_GEN[generation] / 80.0
+
+
+def nvlink_datasheet(compute_capability: tuple[int, int] | None) -> tuple[int, float] | None:
+    """(links per GPU, raw GB/s per link per direction) of an SXM part of this generation, or None."""
+    if compute_capability is None:
+        return None
+    major, minor = compute_capability
+    return NVLINK_DATASHEET_BY_SM.get((major, minor)) or NVLINK_DATASHEET_BY_SM.get((major, None))
+
+
+def pcie_raw_gbps(generation: int | None, width: int | None) -> float | None:
+    """The link's raw rate per direction after line encoding, or None if unknown."""
+    if generation is None or width is None or generation not in PCIE_GT_PER_S_BY_GEN:
+        return None
+    encoding = 0.8 if generation <= 2 else 128 / 130
+    return width * PCIE_GT_PER_S_BY_GEN[generation] * encoding / BITS_PER_BYTE
 
 
 def nic_gbps(rate_gbit: float | None) -> float | None:

@@ -1,0 +1,79 @@
+"""A one-GPU node (the H100 VM's driver output and NVML, faked): the scan says there is no link
+to measure, draws no bus-bandwidth chart, and shows what more such GPUs or nodes would do,
+from nominal links, as ranges labelled what-if."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.fake_driver import driver_env, fixture_body
+from topoprof.model.compute import Compute
+from topoprof.model.strategies import Workload
+from topoprof.model.whatif import GPU_COUNTS, NETWORK_GBIT, NODE_COUNTS, what_ifs
+
+H100_VM = Path(__file__).parent / "fixtures" / "topo" / "28_h100-1x-vm-driver580-ansi-raw.txt"
+H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
+
+
+def _what_if(gpu=H100, accum=8):
+    workload = Workload.from_preset("gpt2", tokens_per_micro_batch=1024)
+    return what_ifs(workload, Compute(micro_batch_time_s=0.03, optimizer_time_s=0.004), gpu, accum)
+
+
+def test_every_case_is_a_range_that_orders_as_the_links_do():
+    w = _what_if()
+    assert len(w["cases"]) == 2 * len(GPU_COUNTS) + len(NODE_COUNTS) * len(NETWORK_GBIT)
+    for case in w["cases"]:
+        low, high = case["bandwidth_gbps"]
+        assert 0 < low < high                                    # nominal low and high, never one number
+        for name in ("ddp_synced", "ddp_no_sync"):
+            fast, slow = case["step_time_s"][name]
+            assert w["single_step_s"] <= fast <= slow            # never faster than one GPU's own step
+    by_label = {c["label"]: c for c in w["cases"]}
+    name = H100.name
+    # NVLink beats PCIe beats a 25 Gbit/s network for the same count, at the slow end
+    nv, pci = by_label[f"2 x {name} over NVLink"], by_label[f"2 x {name} over PCIe"]
+    net = by_label[f"2 nodes x 1 {name}, 25 Gbit/s"]
+    assert nv["step_time_s"]["ddp_synced"][1] < pci["step_time_s"]["ddp_synced"][1] < net["step_time_s"]["ddp_synced"][1]
+    # on a slow network, no_sync saves most of the step: K - 1 fewer all-reduces of 124M gradients
+    assert min(net["no_sync_saving"]) > 0.5
+
+
+def test_unknown_gpu_says_which_links_cannot_be_priced():
+    w = _what_if(SimpleNamespace(name="mystery", compute_capability=None, pcie_gen_max=None, pcie_width_max=None))
+    assert len(w["missing"]) == 2 and all("mystery" in m for m in w["missing"])
+    assert {c["kind"] for c in w["cases"]} == {"network"}
+
+
+def _scan(tmp_path, *extra):
+    env = driver_env(tmp_path, smi_output=fixture_body(H100_VM), nvml_scenario="h100_vm_1x")
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--backend", "gloo", "--nproc", "1", "--quick",
+                           "--preset", "gpt2", "--out", str(out), *extra],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out
+
+
+@pytest.mark.slow
+def test_one_gpu_scan_reports_no_link_and_what_ifs(tmp_path):
+    report, md, out = _scan(tmp_path, "--micro-batch-time", "0.03")
+    assert "One GPU: no GPU-to-GPU link to measure." in md
+    assert not (out / "busbw.png").exists()
+    assert "## What if: more GPUs like this one" in md and "not measured" in md
+    w = report["what_if"]
+    assert w["compute_source"] == "given" and w["label"] == "gpt2"
+    assert any(c["kind"] == "NVLink" for c in w["cases"]) and any(c["kind"] == "PCIe" for c in w["cases"])
+    assert "PCIe Gen5 x16" in md
+
+
+@pytest.mark.slow
+def test_one_gpu_scan_without_compute_says_what_to_give(tmp_path):
+    report, md, _ = _scan(tmp_path)
+    assert "--micro-batch-time" in report["what_if"]["skipped"]
+    assert "No what-if:" in md
