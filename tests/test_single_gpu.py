@@ -77,3 +77,26 @@ def test_one_gpu_scan_without_compute_says_what_to_give(tmp_path):
     report, md, _ = _scan(tmp_path)
     assert "--micro-batch-time" in report["what_if"]["skipped"]
     assert "No what-if:" in md
+
+
+def _copy_case(measured, gen_now=5, width_now=16):
+    from topoprof.report.verdict import copy_verdicts
+
+    topology = {"gpus": [{"index": 0, "pcie_gen_current": gen_now, "pcie_gen_max": 5,
+                          "pcie_width_current": width_now, "pcie_width_max": 16}]}
+    copies = {"status": "ok", "measurements": [
+        {"kind": "h2d", "src": "host", "dst": "cuda:0", "bandwidth_gbps": measured},
+        {"kind": "d2d", "src": "cuda:0", "dst": "cuda:0", "bandwidth_gbps": 1479.0}]}
+    return copy_verdicts(copies, topology)
+
+
+def test_copies_are_judged_against_the_pcie_link():
+    # the H100 VM of fixture 28: host->GPU 54.8 GB/s measured on Gen5 x16 (raw 63.0 GB/s)
+    (row,) = _copy_case(54.8)
+    assert row["status"] == "ok" and row["link"] == "Gen5 x16"
+    assert row["nominal_gbps"] == pytest.approx(16 * 32 * 128 / 130 / 8)
+    assert row["ratio"] == pytest.approx(54.8 / row["nominal_gbps"]) and row["cause"] is None
+    # an idle GPU's lower current generation is not a fault when the copy is fast
+    assert _copy_case(54.8, gen_now=1)[0]["cause"] is None
+    low = _copy_case(20.0, width_now=8)[0]
+    assert low["status"] == "low" and "x8 of x16" in low["cause"]

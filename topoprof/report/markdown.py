@@ -85,7 +85,7 @@ def _bandwidth(report: dict) -> list[str]:
     bench = report.get("bench") or {}
     out = ["## Measured bandwidth", ""]
     if _one_rank(report):
-        return out + ["One GPU: no GPU-to-GPU link to measure.", ""]
+        return out + ["One GPU: no GPU-to-GPU link to measure.", ""] + _copies(report)
     v = report.get("verdict")
     if v:
         status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
@@ -112,7 +112,7 @@ def _bandwidth(report: dict) -> list[str]:
     out += [f"- NCCL: {line}" for line in nccl] + ([""] if nccl else [])
     if bench.get("error"):
         out += [f"> The run failed: {bench['error']}. The rows above were measured before the failure.", ""]
-    return out
+    return out + _copies(report)
 
 
 def _speedup(value) -> str:
@@ -148,6 +148,22 @@ def _predictions(report: dict) -> list[str]:
 def _span_ms(pair: list) -> str:
     low, high = sorted(pair)
     return f"{low * 1e3:.1f}" if abs(high - low) < 0.05e-3 else f"{low * 1e3:.1f}–{high * 1e3:.1f}"
+
+
+def _copies(report: dict) -> list[str]:
+    from topoprof.report.verdict import copy_verdicts
+
+    rows = copy_verdicts(report.get("copies"), report.get("topology") or {})
+    if not rows:
+        return []
+    status = {"ok": "OK", "low": "LOW", "unknown": "no reference figure"}
+    out = ["### Host↔GPU copies against the PCIe link", ""]
+    out += _table(["GPU", "copy", "measured GB/s", "link (NVML)", "raw GB/s", "share", "verdict"],
+                  [[r["gpu"], r["kind"], f"{r['measured_gbps']:.1f}", r["link"],
+                    f"{r['nominal_gbps']:.1f}" if r["nominal_gbps"] else "–",
+                    f"{100 * r['ratio']:.0f} %" if r["ratio"] else "–", status[r["status"]]] for r in rows]) + [""]
+    causes = sorted({r["cause"] for r in rows if r["cause"]})
+    return out + [f"- {c}" for c in causes] + ([""] if causes else [])
 
 
 def _what_if(report: dict) -> list[str]:

@@ -80,3 +80,37 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
     text = (f"peak busbw {measured:.2f} GB/s against an uncertain {lo:.1f}-{hi:.1f} GB/s "
             f"({'within what this path can give' if status == 'in range' else 'below even the low end'})")
     return Verdict(level, measured, size, None, (lo, hi), status, None, text, causes if status == "low" else ())
+
+
+def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
+    """Each host<->GPU copy against its GPU's PCIe link as NVML reports it: the raw rate after
+    line encoding at the link's maximum generation and width (a pinned copy reaches most of it;
+    an idle GPU reports a lower current generation to save power, so the maximum is the
+    reference), OK from LOW_SHARE; when low, a link NVML saw running narrower or slower is named."""
+    from topoprof.topology import constants
+
+    if not copies or copies.get("status") != "ok":
+        return []
+    gpus = {g["index"]: g for g in topology.get("gpus", [])}
+    out = []
+    for m in copies.get("measurements", []):
+        if m["kind"] not in ("h2d", "d2h"):
+            continue
+        index = int((m["dst"] if m["kind"] == "h2d" else m["src"]).split(":")[1])
+        gpu = gpus.get(index) or {}
+        gen, width = gpu.get("pcie_gen_max") or gpu.get("pcie_gen_current"), gpu.get("pcie_width_max") or gpu.get("pcie_width_current")
+        nominal = constants.pcie_raw_gbps(gen, width)
+        row = {"gpu": index, "kind": m["kind"], "measured_gbps": m["bandwidth_gbps"], "nominal_gbps": nominal,
+               "link": f"Gen{gen} x{width}" if nominal else "unknown", "ratio": None, "status": "unknown", "cause": None}
+        if nominal:
+            row["ratio"] = m["bandwidth_gbps"] / nominal
+            row["status"] = "ok" if row["ratio"] >= LOW_SHARE else "low"
+        below = [f"{what}{now} of {what}{best}" for what, now, best in
+                 (("Gen", gpu.get("pcie_gen_current"), gpu.get("pcie_gen_max")),
+                  ("x", gpu.get("pcie_width_current"), gpu.get("pcie_width_max")))
+                 if now and best and now < best]
+        if below and row["status"] == "low":
+            row["cause"] = "the link runs below what it can (" + ", ".join(below) + \
+                           "): check `nvidia-smi -q -d PCIE` while a copy runs (an idle GPU lowers its generation on purpose)"
+        out.append(row)
+    return out
