@@ -49,9 +49,12 @@ def test_each_step_is_split_into_parts_measured_and_predicted(tiny_run):
         assert 90.0 < m["measured_parts_cover_pct"] <= 100.0
         assert any(sum(predicted.values()) == pytest.approx(s) for s in m["per_rotation"]["predicted_s"])
         assert measured["compute"] > 0 and predicted["compute"] > 0
-    # no_sync exposes one all-reduce tail per step, synced one per micro-batch (K = 3)
-    assert doc["modes"]["ddp_no_sync"]["parts"]["predicted"]["exposed_comm"] < \
-        doc["modes"]["ddp_synced"]["parts"]["predicted"]["exposed_comm"]
+    # from the same rotation's inputs, no_sync does K - 1 = 2 fewer all-reduces than synced: its
+    # predicted step is shorter in every rotation (the parts above are each mode's median
+    # rotation, which may differ between modes, so they are not compared across modes)
+    synced = doc["modes"]["ddp_synced"]["per_rotation"]["predicted_s"]
+    no_sync = doc["modes"]["ddp_no_sync"]["per_rotation"]["predicted_s"]
+    assert all(a < b for a, b in zip(no_sync, synced))
 
 
 def test_every_input_comes_with_its_spread_and_the_raw_timelines(tiny_run):
