@@ -24,10 +24,10 @@ def test_module_has_the_layouts_tensors_in_order(preset):
 # checked by the meta-device test above and its training on a GPU (tests/test_gpu.py)
 @pytest.mark.parametrize("preset", ["bert-base", "gpt2"])
 def test_one_block_trains_on_cpu(preset):
-    from probes.user_model import measure
+    from topoprof.measure.user_model import measure_user_model
 
-    record = measure("probes.preset_models:build", "cpu", 1,
-                     kwargs={"preset": preset, "micro_batch": 1, "seq_len": 16, "n_layer": 1})
+    record = measure_user_model("probes.preset_models:build", "cpu", 1,
+                                kwargs={"preset": preset, "micro_batch": 1, "seq_len": 16, "n_layer": 1})
     assert record["passes"][0]["backward_s"] > 0
     trainable = [p for p in record["params"] if p["requires_grad"]]
     assert len({i for i, _ in record["ready"]}) == len(trainable)   # every parameter got its gradient

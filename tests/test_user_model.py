@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -18,31 +17,41 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "ti
 
 @pytest.fixture(scope="module")
 def record():
-    from probes.user_model import measure
+    # in a process of its own, as the CLI does: torch work in the test process itself could meet
+    # the state earlier tests left there (threads, a process group)
+    from topoprof.measure.user_model import measure_user_model
 
-    return measure(f"{FIXTURE}:build", "cpu", 2)
+    return measure_user_model(f"{FIXTURE}:build", "cpu", 2, timeout_s=120)
+
+
+_TORCH_BUCKETS = """
+import json, sys, tempfile
+import torch, torch.distributed as dist
+from probes.user_model import call_user_callable, user_loss
+spec, cap = sys.argv[1], json.loads(sys.argv[2])
+module, batch, loss_fn = call_user_callable(spec)
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+ddp = torch.nn.parallel.DistributedDataParallel(module, **({} if cap is None else {"bucket_cap_mb": cap}))
+for _ in range(3):
+    user_loss(ddp, batch, loss_fn).backward()
+data = ddp._get_ddp_logging_data()
+print(json.dumps([data["has_rebuilt_buckets"], data["rebuilt_per_bucket_param_indices"]]))
+"""
 
 
 def _torch_rebuilt_buckets(bucket_cap_mb):
-    """The buckets a real DDP run rebuilds after its first iteration (one gloo rank)."""
-    import torch
-    import torch.distributed as dist
+    """The buckets a real DDP run rebuilds after its first iteration (one gloo rank), read in a
+    fresh interpreter."""
+    import json
 
-    from probes.user_model import call_user_callable, user_loss
-
-    module, batch, loss_fn = call_user_callable(f"{FIXTURE}:build")
-    store = tempfile.mktemp()
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        kw = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-        ddp = torch.nn.parallel.DistributedDataParallel(module, **kw)
-        for _ in range(3):
-            user_loss(ddp, batch, loss_fn).backward()
-        data = ddp._get_ddp_logging_data()
-    finally:
-        dist.destroy_process_group()
-    assert data["has_rebuilt_buckets"] == 1
-    return [tuple(int(i) for i in bucket.split()) for bucket in data["rebuilt_per_bucket_param_indices"].split(", ")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _TORCH_BUCKETS, f"{FIXTURE}:build", json.dumps(bucket_cap_mb)],
+                          capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    rebuilt, indices = json.loads(proc.stdout.splitlines()[-1])
+    assert rebuilt == 1
+    return [tuple(int(i) for i in bucket.split()) for bucket in indices.split(", ")]
 
 
 def test_parameters_as_ddp_sees_them(record):
@@ -142,9 +151,9 @@ def test_validate_trains_the_user_model_in_every_mode():
     # every step reduced the buckets the model predicted: the rotations' bucket sizes are DDP's
     from topoprof.model.buckets import ddp_buckets
     from topoprof.model.user_model import user_layout
-    from probes.user_model import measure
+    from topoprof.measure.user_model import measure_user_model
 
-    predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure(f"{FIXTURE}:build", "cpu", 1)), 4))
+    predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure_user_model(f"{FIXTURE}:build", "cpu", 1)), 4))
     assert sorted(doc["rotations"]["rotations"][0][0]["bucket_numel"]) == predicted
 
 
@@ -171,12 +180,13 @@ def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
 
 
 def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
-    from probes.user_model import measure, precision_context
+    from probes.user_model import precision_context
+    from topoprof.measure.user_model import measure_user_model
 
     for precision in ("bf16", "fp16", "fp32"):
         _, used, scaler = precision_context(precision, "cpu")
         assert used == "fp32" and scaler is None
-    record = measure(f"{FIXTURE}:build", "cpu", 1, precision="bf16", optimizer="sgd")
+    record = measure_user_model(f"{FIXTURE}:build", "cpu", 1, precision="bf16", optimizer="sgd")
     assert record["precision"] == "fp32" and record["optimizer"] == "SGD"
     with pytest.raises(InputError, match="adamw or sgd"):
         from topoprof.model.user_model import measure_here
