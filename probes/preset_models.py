@@ -204,12 +204,7 @@ PRESET_MODULES = {
     "bert-base": (Bert, {"n_layer": 12}, 30522, _bert_loss),
     "llama-7b": (Llama, {"n_layer": 32}, 32000, _next_token_loss),
 }
-# the longest sequence each accepts (learned position embeddings; LLaMA's context length)
-MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "llama-7b": 2048}
 
-
-def depth(preset: str) -> int:
-    return PRESET_MODULES[preset][1]["n_layer"]
 
 
 def build(preset: str, micro_batch: int = 1, seq_len: int = 1024, n_layer: int | None = None, seed: int = 0):

@@ -129,6 +129,28 @@ def train_step(model, optimizer, batches: list, mode: str) -> None:
     optimizer.step()
 
 
+def mean_loss(module, tokens):
+    return module(tokens).mean()
+
+
+def timed_passes(module, batches, sync, loss_of=mean_loss) -> tuple[list[float], list[float]]:
+    """Forward and backward times of every micro-batch through `module`, loss / len(batches)
+    (no optimizer)."""
+    accum = len(batches)
+    forward, backward = [], []
+    for tokens in batches:
+        sync()
+        t0 = time.perf_counter()
+        loss = loss_of(module, tokens) / accum
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        sync()
+        forward.append(t1 - t0)
+        backward.append(time.perf_counter() - t1)
+    return forward, backward
+
+
 def make_optimizer(cfg: TrainConfig, model):
     if cfg.optimizer == "sgd" or cfg.mode == "numerics":
         return torch.optim.SGD(model.parameters(), lr=cfg.lr)
@@ -202,16 +224,9 @@ def calibrate(ctx, cfg, model, optimizer, batches_for, sync) -> dict:
         ctx.progress(f"calibration step {step + 1}/{cfg.steps}")
         batches = batches_for(cfg.warmup_steps + cfg.steps + step)
         optimizer.zero_grad(set_to_none=True)
-        for tokens in batches:
-            sync()
-            t0 = time.perf_counter()
-            loss = model(tokens).mean() / cfg.accum
-            sync()
-            t1 = time.perf_counter()
-            loss.backward()
-            sync()
-            forward.append(t1 - t0)
-            backward.append(time.perf_counter() - t1)
+        f, b = timed_passes(model, batches, sync)
+        forward += f
+        backward += b
         t2 = time.perf_counter()
         optimizer.step()
         sync()

@@ -123,23 +123,6 @@ def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sy
             "optimizer": [opt_start - t0, stop - t0]}
 
 
-def _compute_pass(module, batches, sync, loss_of) -> tuple[list[float], list[float]]:
-    """Forward and backward times of every micro-batch through `module` (no optimizer)."""
-    accum = len(batches)
-    forward, backward = [], []
-    for tokens in batches:
-        sync()
-        t0 = time.perf_counter()
-        loss = loss_of(module, tokens) / accum
-        sync()
-        t1 = time.perf_counter()
-        loss.backward()
-        sync()
-        forward.append(t1 - t0)
-        backward.append(time.perf_counter() - t1)
-    return forward, backward
-
-
 def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock, ddp_first: bool,
                       loss_of) -> dict:
     """Each rank alone, nothing communicated: forward and backward of `batches` through its own
@@ -149,15 +132,15 @@ def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock,
     The plain pass and the DDP passes take turns going first."""
     def plain():
         optimizer.zero_grad(set_to_none=True)
-        return _compute_pass(model, batches, sync, loss_of)
+        return training.timed_passes(model, batches, sync, loss_of)
 
     def wrapped():
         optimizer.zero_grad(set_to_none=True)
         with ddp.no_sync():
-            no_sync = _compute_pass(ddp, batches[:1], sync, loss_of)
+            no_sync = training.timed_passes(ddp, batches[:1], sync, loss_of)
         clock.local = True
         try:
-            local = _compute_pass(ddp, batches[:1], sync, loss_of)
+            local = training.timed_passes(ddp, batches[:1], sync, loss_of)
         finally:
             clock.local = False
         return no_sync, local
@@ -255,16 +238,12 @@ def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: f
             "bytes": [4 * b.numel() for b in [*buffers, anchor]]}
 
 
-def _synthetic_loss(module, tokens):
-    return module(tokens).mean()
-
-
 def _trainee(cfg, user_model: str | None, device: str):
     """(model, example batch or None, loss_of(module, batch)): the synthetic model with its token
     stream, or the user's model (`--model`) trained on its own example batch every micro-batch."""
     if user_model is None:
         model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp])
-        return model.to(device), None, _synthetic_loss
+        return model.to(device), None, training.mean_loss
     from probes.user_model import call_user_callable, to_device, user_loss
 
     module, batch, loss_fn = call_user_callable(user_model)

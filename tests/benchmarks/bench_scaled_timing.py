@@ -21,10 +21,10 @@ sys.path.insert(0, ROOT)
 
 
 def main() -> None:
-    from probes.preset_models import depth
     from topoprof.measure.runner import visible_gpus
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.scaled import scaled_compute
+    from topoprof.model.presets import PRESET_DEPTH
     from topoprof.model.user_model import PRESET_SPEC, SCALED_DEPTHS, user_compute
 
     ap = argparse.ArgumentParser()
@@ -42,7 +42,7 @@ def main() -> None:
     whole, scaled = [], []
     for r in range(args.rounds):
         full = timed()
-        extended = scaled_compute(*(timed(n_layer=n) for n in SCALED_DEPTHS), SCALED_DEPTHS, depth(args.preset))
+        extended = scaled_compute(*(timed(n_layer=n) for n in SCALED_DEPTHS), SCALED_DEPTHS, PRESET_DEPTH[args.preset])
         whole.append(full)
         scaled.append(extended)
         print(f"round {r + 1}: forward+backward whole {full['micro_batch_time_s'] * 1e3:.1f} ms, scaled "

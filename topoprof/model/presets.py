@@ -269,6 +269,12 @@ PRESETS: dict[str, Callable[[], Layout]] = {
 }
 
 
+# Blocks and the longest sequence of each preset (the configs cited in the layouts above: learned
+# position embeddings; LLaMA's context length), for timing them as torch modules without importing torch.
+PRESET_DEPTH = {"gpt2": 12, "gpt2-medium": 24, "bert-base": 12, "llama-7b": 32}
+MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "llama-7b": 2048}
+
+
 def get_preset(name: str) -> Layout:
     key = name.strip().lower()
     if key not in PRESETS:

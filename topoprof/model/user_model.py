@@ -94,8 +94,8 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
                    optimizer: str = "adamw") -> dict:
     """A preset built at its real size and timed on `device`; when it does not fit, timed at
     SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.scaled`), and said so."""
-    from probes.preset_models import MAX_SEQ_LEN, depth
     from topoprof.measure.user_model import measure_user_model
+    from topoprof.model.presets import MAX_SEQ_LEN, PRESET_DEPTH
     from topoprof.model.scaled import scaled_compute
 
     seq_len = seq_len or min(1024, MAX_SEQ_LEN[preset])
@@ -115,4 +115,4 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
         if not _out_of_memory(err):
             raise
     shallow, deep = (timed(n_layer=n) for n in SCALED_DEPTHS)
-    return {**scaled_compute(shallow, deep, SCALED_DEPTHS, depth(preset)), "scaled": list(SCALED_DEPTHS)}
+    return {**scaled_compute(shallow, deep, SCALED_DEPTHS, PRESET_DEPTH[preset]), "scaled": list(SCALED_DEPTHS)}
