@@ -1,7 +1,8 @@
 """torch.distributed set-up for rank workers: the one place that creates process groups.
 
-Each rank finds its place from the environment torchrun (or topoprof's launcher, or SLURM with
-MASTER_ADDR/MASTER_PORT exported) sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+Each rank finds its place from the environment torchrun (or topoprof's launcher) sets: RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; under srun, from SLURM's own variables (the
+runner fills MASTER_ADDR/MASTER_PORT from the step's node list and reserved ports).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class RankEnv:
 def rank_env_from_environ(backend: str) -> RankEnv:
     env = os.environ
     rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
-    world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+    # a step may run fewer tasks than the job has (srun -n2 in a 4-task job): the step's count
+    world = int(env.get("WORLD_SIZE", env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1"))))
     local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
     device = "cpu"
     if backend == "nccl":

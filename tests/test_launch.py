@@ -113,11 +113,36 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
 def test_external_job_detection():
     assert external_job({}) is None
     job = external_job({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
-    assert (job.rank, job.world_size, job.local_rank, job.launcher) == (3, 8, 1, "torchrun")
-    job = external_job({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
-                        "SLURM_NTASKS_PER_NODE": "8(x2)"})
-    assert (job.rank, job.world_size, job.local_world_size, job.launcher) == (5, 16, 8, "slurm")
-    assert external_job({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a plain one-task allocation
+    assert (job.rank, job.world_size, job.local_rank, job.launcher, job.nodes) == (3, 8, 1, "torchrun", 2)
+    # what srun set for task 5 of `srun -N2 -n16` (real SLURM 22.05 under tests/helpers/slurm.py)
+    job = external_job({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_NODEID": "0",
+                        "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_NUM_NODES": "2",
+                        "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_TASKS_PER_NODE": "8(x2)"})
+    assert (job.rank, job.world_size, job.local_world_size, job.launcher, job.nodes) == (5, 16, 8, "slurm", 2)
+    assert external_job({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) is None  # one task
+
+
+def test_the_batch_script_itself_is_not_a_rank():
+    # sbatch's script has the job's SLURM_PROCID and SLURM_NTASKS but no step: run there without
+    # srun, topoprof must work alone instead of waiting for peers that never come.
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1", "SLURM_NNODES": "2",
+             "SLURM_JOB_NODELIST": "tpnode[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_NTASKS_PER_NODE": "1"}
+    assert external_job(batch) is None
+
+
+def test_a_step_smaller_than_its_job_counts_its_own_tasks_and_nodes():
+    # `srun -N1 -n2` inside a 2-node, 4-task allocation
+    job = external_job({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "1", "SLURM_LOCALID": "1",
+                        "SLURM_NODEID": "0", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "1",
+                        "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2",
+                        "SLURM_TASKS_PER_NODE": "2(x2)"})
+    assert (job.world_size, job.local_world_size, job.nodes) == (2, 2, 1)
+
+
+def test_uneven_tasks_per_node_are_read_for_this_node():
+    env = {"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_STEP_ID": "0", "SLURM_NODEID": "2",
+           "SLURM_STEP_NUM_NODES": "3", "SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}
+    assert external_job(env).local_world_size == 1
 
 
 def test_nproc_below_one_is_refused():

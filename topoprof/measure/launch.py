@@ -77,29 +77,31 @@ class ExternalJob:
     local_rank: int
     local_world_size: int
     launcher: str               # "torchrun" or "slurm"
+    nodes: int = 1
 
 
 def external_job(environ: dict | None = None) -> ExternalJob | None:
     """This process's place in a torchrun or SLURM job, or None when run by hand.
 
-    torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT. Under `srun`
-    SLURM sets SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the rendezvous address must then come
-    from MASTER_ADDR/MASTER_PORT that the batch script exports (as PyTorch's env:// expects).
+    torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT. A task of an
+    `srun` step has SLURM_STEP_ID beside SLURM_PROCID and SLURM_NTASKS; the batch script itself has
+    SLURM_PROCID 0 and the job's SLURM_NTASKS too, but it is no rank: run there without srun,
+    topoprof works alone. The rendezvous address comes from SLURM (topoprof.measure.slurm).
     """
+    from topoprof.measure import slurm
+
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
+        world, local_world = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
         return ExternalJob(
-            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
-            launcher="torchrun",
+            rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=local_world, launcher="torchrun", nodes=-(-world // max(1, local_world)),
         )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+    world = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")))
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and world > 1:
         return ExternalJob(
-            rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
-            local_rank=int(env.get("SLURM_LOCALID", "0")),
-            local_world_size=int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]),
-            launcher="slurm",
+            rank=int(env["SLURM_PROCID"]), world_size=world, local_rank=int(env.get("SLURM_LOCALID", "0")),
+            local_world_size=slurm.tasks_on_this_node(env), launcher="slurm", nodes=slurm.nodes_in_step(env),
         )
     return None
 
@@ -350,4 +352,4 @@ def _final_check(ranks: list[_Rank]) -> RankFailure | None:
 def multi_node() -> bool:
     """Inside a torchrun/SLURM job that spans more than one node."""
     job = external_job()
-    return job is not None and job.world_size > job.local_world_size
+    return job is not None and job.nodes > 1

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 from topoprof.measure.launch import ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job, launch_local
@@ -35,8 +37,13 @@ def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[s
             from topoprof.errors import InputError
 
             raise InputError(f"--nproc {nproc} conflicts with the {job.launcher} job's WORLD_SIZE {job.world_size}")
-        note = (f"rank {job.rank} of a {job.launcher} job of {job.world_size} rank(s); backend {backend}; "
-                f"{gpus} visible GPU(s) on this node")
+        note = (f"rank {job.rank} of a {job.launcher} job of {job.world_size} rank(s) on {job.nodes} node(s); "
+                f"backend {backend}; {gpus} visible GPU(s) on this node")
+        if job.launcher == "slurm":
+            from topoprof.measure import slurm
+
+            where = slurm.rendezvous(os.environ)
+            note += f"; rendezvous at {where.addr}:{where.port} ({where.source})"
         return backend, job.world_size, note
     if nproc is None:
         nproc = gpus if backend == "nccl" else 2
@@ -64,6 +71,8 @@ def explain_job_error(err: Exception, job: ExternalJob, timeout_s: float) -> str
     import re
 
     text = str(err)
+    if isinstance(err, Stopped):
+        return text
     joined = re.search(r"(\d+)/(\d+) clients joined", text)
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     if joined:
@@ -72,11 +81,49 @@ def explain_job_error(err: Exception, job: ExternalJob, timeout_s: float) -> str
                 "and can they reach that address?)")
     if "Connection closed by peer" in text or "Connection reset by peer" in text:
         peer = re.search(r"\[([^\]]+)\]:\d+", text)
-        return (f"lost its connection to a peer rank{' at ' + peer.group(1) if peer else ''}: that rank or its node "
-                "stopped (see its log)")
+        return (f"lost its connection to a peer rank{' on ' + peer_host(peer.group(1)) if peer else ''}: that rank or "
+                "its node stopped (see its log)")
     if "Timed out" in text or "timeout" in text.lower():
         return f"timed out after {timeout_s:g} s waiting for the other ranks (a rank hung or a node is unreachable)"
     return f"raised {type(err).__name__}"
+
+
+class Stopped(Exception):
+    """The launcher asked this rank to stop (scancel, a time limit, a preemption: SIGTERM)."""
+
+
+def _stop_on_sigterm():
+    """SIGTERM becomes `Stopped` in the rank's own code, so what was measured is still written.
+
+    SLURM sends SIGTERM to every task of a cancelled, timed-out or preempted step and SIGKILL only
+    KillWait seconds later (slurm.conf(5), 30 s by default); torchrun forwards SIGTERM the same way.
+    The handler is one-shot: a second SIGTERM must not interrupt the writing of the report."""
+    def stop(signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Stopped(f"was stopped by {signal.Signals(signum).name} (scancel, the job's time limit or a "
+                      "preemption)")
+
+    if threading.current_thread() is not threading.main_thread():
+        return signal.getsignal(signal.SIGTERM)  # only the main thread may set handlers
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _rendezvous_from_slurm() -> None:
+    """torch's env:// rendezvous reads MASTER_ADDR/MASTER_PORT: fill them from SLURM's own variables."""
+    from topoprof.measure import slurm
+
+    where = slurm.rendezvous(os.environ)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = where.addr, str(where.port)
+
+
+def peer_host(addr: str) -> str:
+    """A peer's address with the node name the cluster's resolver gives it ("node7 (10.1.0.7)")."""
+    import socket
+
+    try:
+        return f"{socket.gethostbyaddr(addr)[0]} ({addr})"
+    except (OSError, UnicodeError):
+        return addr
 
 
 def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
@@ -101,12 +148,17 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
         log_dir = tempfile.mkdtemp(prefix="topoprof-nccl-")
         os.environ["NCCL_DEBUG_FILE"] = os.path.join(log_dir, f"rank{job.rank}.log")
     os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
+    previous_handler = _stop_on_sigterm()
     try:
+        if job.launcher == "slurm":
+            _rendezvous_from_slurm()
         env = dist.init(spec.backend, spec.timeout_s)
         resolve(spec.worker)(RankContext(env, emit, spec.timeout_s), spec.config)
     except Exception as err:  # one line; peers see the broken group and stop too
         failure = RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None,
-                              str(err).splitlines()[0][:300] if str(err) else "")
+                              str(err).splitlines()[0][:300] if str(err) and not isinstance(err, Stopped) else "")
     finally:
         dist.finish()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous_handler)
     return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start)

@@ -294,6 +294,8 @@ def _cluster(report: dict) -> list[str]:
     levels = cluster.get("levels") or {}
     rows = []
     for level, label in (("intra", "inside a node"), ("inter", "network (one rank per node)"), ("job", "whole job")):
+        if level == "intra" and not levels.get(level) and max(summ["ranks_per_node"], default=0) == 1:
+            rows.append([label, "–", 1, "–", "one rank per node: nothing to all-reduce inside a node"])
         for group, e in (levels.get(level) or {}).items():
             fit = e["fit"]
             bw = fit.get("bandwidth_gbps")

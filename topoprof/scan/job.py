@@ -12,9 +12,15 @@ from topoprof.errors import RunFailed
 
 def _banner(opts, topology) -> tuple[str, str]:
     if opts.backend == "gloo" and not topology.gpus:
-        return ("gloo, CPU ranks", f"No GPU on this machine: measured with {opts.nproc} CPU rank(s) over gloo on loopback, "
+        from topoprof.measure.launch import external_job
+
+        job = external_job()
+        where = (f"across {job.nodes} nodes of a {job.launcher} job (TCP between the nodes)"
+                 if job is not None and job.nodes > 1 else "on loopback")
+        return ("gloo, CPU ranks", f"No GPU on this machine: measured with {opts.nproc} CPU rank(s) over gloo {where}, "
                 "the same method the GPU path uses with NCCL. Link bandwidths here are host-memory and TCP "
-                "figures, not GPU links; predictions for large models use this machine's measured CPU FLOP rate.")
+                "figures, not GPU links; predictions for large models use this machine's measured CPU FLOP rate."
+                + (f" This process is {opts.note}." if job is not None else ""))
     return (f"{opts.backend}, {opts.nproc} rank(s)", f"{opts.note}.")
 
 
