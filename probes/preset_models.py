@@ -202,6 +202,8 @@ PRESET_MODULES = {
     "gpt2": (Gpt2, {"n_layer": 12}, 50257, _next_token_loss),
     "gpt2-medium": (Gpt2, {"n_layer": 24, "n_embd": 1024, "n_head": 16}, 50257, _next_token_loss),
     "bert-base": (Bert, {"n_layer": 12}, 30522, _bert_loss),
+    # 2048 / 16 heads = 128 per head, GPT-3's d_head (its table's 24 heads would not divide 2048)
+    "gpt3-xl": (Gpt2, {"n_layer": 24, "n_embd": 2048, "n_head": 16, "n_positions": 2048}, 50257, _next_token_loss),
     "llama-7b": (Llama, {"n_layer": 32}, 32000, _next_token_loss),
 }
 

@@ -197,17 +197,40 @@ def test_hide_threshold_with_slowdown_hand_computed():
 
 
 def test_flops_mode_hand_computed():
-    # 6 FLOPs x 1e6 matmul params x 1000 tokens = 6e9 FLOPs over 312 TFLOP/s x 0.4
+    # 6 FLOPs x 1e6 matmul params x 1000 tokens = 6e9 FLOPs over 312 TFLOP/s x utilization
     # AdamW: (6 x 4 + 4) B/param x 1.25e6 params / 2039 GB/s
     inputs = ModelInputs(Workload(HAND, tokens_per_micro_batch=1000),
-                         Compute(gpu="NVIDIA A100-SXM4-80GB"),
+                         Compute(gpu="NVIDIA A100-SXM4-80GB", utilization=0.4),
                          Cluster(RingComm(10.0, 0.0, 2), 1, 2))
     res = resolve(inputs)
     assert res.micro_batch_s == pytest.approx(6e9 / (312e12 * 0.4))
     assert res.backward_s == pytest.approx(res.micro_batch_s * 2 / 3)
     assert res.optimizer_s == pytest.approx(28 * 1.25e6 / 2039e9)
-    assert "assumption" in res.echo["utilization"][1]
+    assert res.echo["utilization"] == (0.4, "given")
+    assert "micro_batch_time_range_s" not in res.echo  # a given utilization is the user's own figure
     assert "A100" in res.echo["peak_tflops"][1] or "a100" in res.echo["peak_tflops"][1]
+
+
+def test_a_datasheet_what_if_is_a_range_never_one_number():
+    from topoprof.model.compute import UTILIZATION_RANGE
+
+    inputs = ModelInputs(Workload(HAND, tokens_per_micro_batch=1000), Compute(gpu="NVIDIA A100-SXM4-80GB"),
+                         Cluster(RingComm(10.0, 0.0, 2), 1, 2))
+    res = resolve(inputs)
+    low, high = UTILIZATION_RANGE
+    (fast, slow), basis = res.echo["micro_batch_time_range_s"]
+    assert (fast, slow) == (pytest.approx(6e9 / (312e12 * high)), pytest.approx(6e9 / (312e12 * low)))
+    assert "what-if" in basis and "Narayanan" in basis
+    assert fast < res.micro_batch_s < slow and "assumption" in res.echo["utilization"][1]
+    pred = predict(inputs)
+    for name, s in pred.strategies.items():
+        lo, hi = s.range.step_time_s
+        assert lo < s.step_time_s < hi, name
+    # a measured micro-batch time is one number again
+    measured = predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=1000),
+                                   Compute(gpu="NVIDIA A100-SXM4-80GB", micro_batch_time_s=0.01),
+                                   Cluster(RingComm(10.0, 0.0, 2), 1, 2)))
+    assert all(s.range is None for s in measured.strategies.values())
 
 
 def test_sgd_traffic_and_calibration():
@@ -366,7 +389,7 @@ def test_optimizer_time_zero_gives_k_times_c_plus_e():
     (lambda: Compute(compute_slowdown_during_comm=0.5), "must be >= 1, got 0.5"),
     (lambda: Compute(optimizer="lamb"), "optimizer must be one of adamw, adam, sgd_momentum, sgd"),
     (lambda: Compute.from_calibration({"step_s": 1.0}), "unknown calibration keys ['step_s']"),
-    (lambda: Workload.from_preset("gpt-5"), "valid names: bert-base, gpt2, gpt2-medium, llama-7b"),
+    (lambda: Workload.from_preset("gpt-5"), "valid names: bert-base, gpt2, gpt2-medium, gpt3-xl, llama-7b"),
     (lambda: Workload(HAND, grad_bytes=3), "grad_bytes must be 2 or 4, got 3"),
     (lambda: Workload.from_params(0), "params must be >= 1, got 0"),
 ])

@@ -11,6 +11,9 @@ EXPECTED_PARAMS = {
     "gpt2-medium": 354_823_168,
     "bert-base": 109_482_240,  # bert-base-uncased BertModel, pooler included
     "llama-7b": 6_738_415_616,
+    # GPT-3 XL (no published HF checkpoint): GPT-2's blocks at d 2048, 24 layers, 2048 positions,
+    # counted by hand: 24 x (12 d^2 + 13 d) + 50257 d + 2048 d + 2 d
+    "gpt3-xl": 24 * (12 * 2048 ** 2 + 13 * 2048) + 50257 * 2048 + 2048 * 2048 + 2 * 2048,
 }
 
 

@@ -84,3 +84,27 @@ def test_no_validate_without_compute_still_writes_the_report(tmp_path):
     assert "Skipped: --no-validate" in md
     doc = json.loads((out / "report.json").read_text())
     assert doc["bench"]["rows"] and doc["validation"]["status"] == "skipped"
+
+
+def test_a_datasheet_what_if_prediction_is_shown_as_ranges():
+    # A GPU scan whose compute was not measured falls back to the datasheet: the report must give
+    # every step time as a range with its basis, not one number.
+    from topoprof.model.comm import RingComm
+    from topoprof.model.compute import Compute
+    from topoprof.model.payload import model_payload
+    from topoprof.model.strategies import Cluster, ModelInputs, Workload
+    from topoprof.report.markdown import render_markdown
+
+    inputs = ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=2048),
+                         Compute(gpu="NVIDIA H100 80GB HBM3"), Cluster(RingComm(100.0, 5.0, 8), 1, 8))
+    payload = {"label": "gpt2", "compute_source": "datasheet peak of NVIDIA H100 80GB HBM3 x a utilization range",
+               **model_payload(inputs, {"link_bandwidth_gbps": 100.0}, sweep=False)}
+    text = render_markdown({"predictions": [payload]})
+    section = text[text.index("## Predictions"):]
+    assert "Compute per micro-batch" in section and "what-if" in section
+    header = next(line for line in section.splitlines() if line.startswith("| strategy"))
+    assert header.endswith("| step range ms |")
+    row = next(line for line in section.splitlines() if line.startswith("| `ddp_synced`"))
+    low, high = (float(v.replace(",", "")) for v in row.split("|")[-2].split("–"))
+    step = float(row.split("|")[2].replace(",", ""))
+    assert low < step < high

@@ -8,7 +8,7 @@ from topoprof.errors import InputError
 
 @click.command()
 @click.option("--params", help="Model size: 124439808, 125M, 1.3B, 7B (a synthetic even layout).")
-@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, llama-7b.")
+@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, gpt3-xl, llama-7b.")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Your own model: a function returning (module, example_batch[, loss_fn]); its parameters, "
                    "gradient-ready order and compute are measured here (also as package.module:CALLABLE).")
@@ -22,7 +22,7 @@ from topoprof.errors import InputError
 @click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON written by `topoprof validate`.")
 @click.option("--gpu", help="GPU name for datasheet peak FLOP/s and memory bandwidth (e.g. 'H100 SXM').")
 @click.option("--precision", default="bf16", show_default=True)
-@click.option("--utilization", type=float, help="Share of peak FLOP/s reached (an assumption; default 0.4).")
+@click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu what-if spans 3-52 %.")
 @click.option("--optimizer", default="adamw", show_default=True)
 @click.option("--optimizer-time", type=float, help="Measured optimizer step seconds (>= 0). If neither this, --calibration nor --gpu gives it, 0 is assumed and the output says so.")
 @click.option("--bench", type=click.Path(dir_okay=False), help="Use the all_reduce fit of a `bench --json` or scan report.")

@@ -13,7 +13,7 @@ from topoprof.errors import RunFailed
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None)
 @click.option("--nproc", type=click.IntRange(min=1), default=None)
 @click.option("--params", help="Your model's size (125M, 1.3B, 7B); default: those three.")
-@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, llama-7b.")
+@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b.")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Your own model: a function returning (module, example_batch[, loss_fn]); timed here, "
                    "its buckets read as DDP forms them, and trained in the validation.")

@@ -15,7 +15,6 @@ TFLOP/s = 1e12 FLOP/s; GB/s = 1e9 B/s.
 from __future__ import annotations
 
 import math
-
 import re
 import warnings
 from collections.abc import Mapping
@@ -144,8 +143,21 @@ def lookup_gpu(name: str) -> GpuSpec | None:
 # Backward ~= 2x forward: C ~= 6N per token = 2N forward + 4N backward (Kaplan et al. 2020,
 # "Scaling Laws for Neural Language Models", §2.1).
 DEFAULT_BACKWARD_FRACTION = 2 / 3
-# An assumption, not a measurement: the share of datasheet peak a training step reaches.
-DEFAULT_UTILIZATION = 0.4
+# Datasheet peak x utilization is only a what-if for a GPU that is not here (on a GPU the compute
+# is measured). The share of peak a training step reaches spans more than an order of magnitude,
+# so the what-if is a range, never one number:
+#  - 3 %: the lowest share an eager bf16 training loop (fp32 master weights, fused AdamW) reached
+#    on one H100 80GB HBM3 for GPT-2-small, GPT-2-medium and BERT-base shapes at 1 to 16
+#    sequences x 1024 tokens per micro-batch (21 % its highest): small models and micro-batches
+#    leave the GPU waiting on kernel launches and memory;
+#  - 52 %: the best sustained share reported for large-model training, Megatron-LM's 163 of
+#    312 TFLOP/s per A100 (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+#    Clusters Using Megatron-LM", SC'21).
+UTILIZATION_RANGE = (0.03, 0.52)
+UTILIZATION_BASIS = ("3 % (an eager bf16 loop of GPT-2/BERT shapes on one H100) to 52 % (Megatron-LM's best, "
+                     "Narayanan et al. 2021)")
+# Where one number is needed (a table row, a sweep): the middle of the range on a log scale.
+DEFAULT_UTILIZATION = math.sqrt(UTILIZATION_RANGE[0] * UTILIZATION_RANGE[1])
 STATE_BYTES = 4  # fp32 parameters and optimizer state
 # Optimizer memory traffic per parameter, in fp32 words besides the gradient read: AdamW reads
 # param, exp_avg, exp_avg_sq and writes all three (7 x 4 B with an fp32 grad; torch/optim/
@@ -293,11 +305,22 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
     flops = flops_per_token * tokens
     seconds = flops / (peak * 1e12 * util)
     echo["micro_batch_time_s"] = (seconds, f"{flops:.4g} FLOPs (6 x matmul params x {tokens} "
-                                  f"tokens) / ({peak} TFLOP/s x utilization {util})")
+                                  f"tokens) / ({peak} TFLOP/s x utilization {util:.3g})")
     echo["peak_tflops"] = (peak, peak_src)
-    echo["utilization"] = (util, "given" if comp.utilization is not None
-                           else "default: an assumption, not a measurement")
+    if comp.utilization is not None:
+        echo["utilization"] = (util, "given")
+    else:
+        low, high = UTILIZATION_RANGE
+        echo["utilization"] = (util, "an assumption, not a measurement: the middle (log scale) of the what-if range "
+                               f"{UTILIZATION_BASIS}")
+        echo["micro_batch_time_range_s"] = ((flops / (peak * 1e12 * high), flops / (peak * 1e12 * low)),
+                                            f"datasheet what-if: peak x utilization from {UTILIZATION_BASIS}")
     return seconds
+
+
+def utilization_is_assumed(comp: Compute) -> bool:
+    """Compute from a datasheet with no measured time and no given utilization: a what-if range."""
+    return comp.micro_batch_time_s is None and comp.utilization is None
 
 
 def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float | None,

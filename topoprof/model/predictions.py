@@ -2,8 +2,10 @@
 
 Communication comes from the all-reduce fit the scan just measured on these ranks. Compute per
 micro-batch comes, in order of preference, from --micro-batch-time (measured by the user); from
-the scan's own calibration, as the FLOP rate this device reached on the synthetic model applied
-to the user's model's FLOPs; or from the GPU's datasheet peak and an assumed utilization.
+the user's --model timed here; on a GPU, from the preset (or, for the default sizes, the real
+architecture of that size) built and timed on GPU0; from the scan's own calibration, as the FLOP
+rate this device reached on the synthetic model applied to the model's FLOPs; or from the GPU's
+datasheet peak, as a what-if range.
 """
 from __future__ import annotations
 
@@ -11,6 +13,17 @@ from topoprof.errors import InputError
 
 DEFAULT_MODELS = ("125M", "1.3B", "7B")   # the sizes people ask about most
 DEFAULT_TOKENS = 2048                     # tokens per GPU per micro-batch when none is given
+# On a GPU the default sizes are real architectures, built and timed there: GPT-3 Small's 125M
+# has GPT-2's shape, GPT-3 XL is the 1.3B (topoprof.model.presets), LLaMA the 7B.
+SIZE_PRESETS = {"125M": "gpt2", "1.3B": "gpt3-xl", "7B": "llama-7b"}
+
+
+def timed_preset(opts, size: str | None) -> str | None:
+    """The preset a GPU scan builds and times for this model, or None (the user's own model is
+    timed by --model; without a GPU compute comes from the calibration)."""
+    if opts.backend != "nccl" or opts.user_record is not None or opts.micro_batch_time_s is not None:
+        return None
+    return opts.preset.strip().lower() if opts.preset else SIZE_PRESETS.get(size or "")
 
 
 def _workload(opts, size: str | None):
@@ -25,11 +38,15 @@ def _workload(opts, size: str | None):
         return Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens}), layout.name
     if opts.preset:
         return Workload.from_preset(opts.preset, **kw), opts.preset
+    preset = timed_preset(opts, size)
+    if preset is not None:
+        return Workload.from_preset(preset, **kw), f"{size} params ({preset})"
     n = parse_count(size)
     return Workload.from_params(n, **kw), f"{size} params"
 
 
-def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | None):
+def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | None, size: str | None = None,
+             time_on_gpu: bool = True):
     from topoprof.model.compute import Compute
 
     extra = {}
@@ -51,6 +68,14 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
         keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
         return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra,
                         origins=tuple((k, measured["source"]) for k in keys)), measured["source"])
+    preset = timed_preset(opts, size) if time_on_gpu else None
+    if preset is not None:
+        try:
+            return _time_on_gpu(preset, opts, gpu_name, extra)
+        except Exception as err:  # noqa: BLE001 - the datasheet or calibration still predicts
+            failed = f"timing {preset} on GPU0 failed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+            compute, source = _compute(opts, workload, calibration, vopts, gpu_name, size, time_on_gpu=False)
+            return compute, failed + source
     if calibration and vopts is not None:
         layout = vopts.spec.layout()
         tokens = vopts.micro_batch * vopts.spec.seq_len
@@ -59,8 +84,27 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
                         backward_fraction=calibration.get("backward_fraction"), **extra),
                 f"FLOP rate measured on this device: {rate / 1e9:.1f} GFLOP/s (calibration model)")
     if gpu_name:
-        return Compute(gpu=gpu_name), f"datasheet peak of {gpu_name} x assumed utilization"
+        return Compute(gpu=gpu_name), f"datasheet peak of {gpu_name} x a utilization range: a what-if, nothing measured"
     raise InputError("compute per micro-batch is unknown: give --micro-batch-time, or let the scan validate")
+
+
+def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
+    """The preset built at its real size and timed on the first GPU (scaled from a few blocks
+    when it does not fit), with `tokens` per micro-batch split into whole sequences."""
+    import math
+
+    from topoprof.model.compute import Compute
+    from topoprof.model.presets import MAX_SEQ_LEN
+    from topoprof.model.user_model import measure_preset
+
+    tokens = opts.tokens or DEFAULT_TOKENS
+    sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
+    measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0")
+    keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
+    source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
+                                   "blocks and extended to its depth" if measured.get("scaled") else "")
+    return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra,
+                    origins=tuple((k, source) for k in keys)), source)
 
 
 def composed_comm(levels: dict, world_size: int):
@@ -117,7 +161,7 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
     for size in sizes:
         workload, label = _workload(opts, size)
         try:
-            compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name)
+            compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name, size)
         except InputError as err:  # nothing to predict with: the report says why, the rest stands
             return [{"label": label, "skipped": str(err)}]
         inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),
@@ -159,8 +203,8 @@ def single_gpu_what_ifs(opts, gpu) -> dict:
     workload, label = _workload(opts, size)
     if opts.micro_batch_time_s is not None:
         compute, source = Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu.name), "given"
-    elif opts.user_record is not None:
-        compute, source = _compute(opts, workload, None, None, gpu.name)
+    elif opts.user_record is not None or timed_preset(opts, size) is not None:  # timed on this GPU
+        compute, source = _compute(opts, workload, None, None, gpu.name, size)
     else:
         return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model PATH.py:CALLABLE "
                                            "(timed here) or --micro-batch-time SECONDS"}

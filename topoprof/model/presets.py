@@ -265,14 +265,20 @@ PRESETS: dict[str, Callable[[], Layout]] = {
     "gpt2-medium": lambda: gpt2_layout(
         n_layer=24, n_embd=1024, name="gpt2-medium",
         source="https://huggingface.co/openai-community/gpt2-medium/blob/main/config.json"),
+    # GPT-3 XL, 1.3B: "the same model and architecture as GPT-2" at n_layers 24, d_model 2048,
+    # n_ctx 2048 (Brown et al. 2020, "Language Models are Few-Shot Learners", §2.1 and Table 2.1;
+    # its alternating sparse attention has no parameters and is left out)
+    "gpt3-xl": lambda: gpt2_layout(
+        n_layer=24, n_embd=2048, n_positions=2048, name="gpt3-xl",
+        source="Brown et al. 2020, Table 2.1 (GPT-3 XL), GPT-2 architecture"),
     "llama-7b": llama_layout,
 }
 
 
 # Blocks and the longest sequence of each preset (the configs cited in the layouts above: learned
 # position embeddings; LLaMA's context length), for timing them as torch modules without importing torch.
-PRESET_DEPTH = {"gpt2": 12, "gpt2-medium": 24, "bert-base": 12, "llama-7b": 32}
-MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "llama-7b": 2048}
+PRESET_DEPTH = {"gpt2": 12, "gpt2-medium": 24, "bert-base": 12, "gpt3-xl": 24, "llama-7b": 32}
+MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl": 2048, "llama-7b": 2048}
 
 
 def get_preset(name: str) -> Layout:

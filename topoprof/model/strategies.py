@@ -20,7 +20,8 @@ from topoprof.model.results import (BucketSummary, GlobalBatchOption, HideThresh
                                     InputValue, Prediction, Range, StrategyResult,
                                     SweepPoint, Unavailable)
 from topoprof.errors import InputError
-from topoprof.model.compute import MEMORY_UNKNOWN_NOTE, Compute, compute_times
+from topoprof.model.compute import (MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, Compute, compute_times,
+                                    utilization_is_assumed)
 from topoprof.model.presets import Layout, get_preset, synthetic_layout
 
 STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
@@ -273,10 +274,15 @@ def predict(inputs: ModelInputs) -> Prediction:
     buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
                           inputs.workload.bucket_cap_mb)
     nominal = step_times(res, buckets, comm)
-    ends = comm.bounds()
+    slow_comm, fast_comm = comm.bounds() or (comm, comm)
+    slow_res = fast_res = res
+    if utilization_is_assumed(inputs.compute):  # a datasheet what-if: the utilization's whole range
+        low, high = UTILIZATION_RANGE
+        slow_res = resolve(replace(inputs, compute=replace(inputs.compute, utilization=low)))
+        fast_res = resolve(replace(inputs, compute=replace(inputs.compute, utilization=high)))
     bounds = None
-    if ends is not None:
-        bounds = (step_times(res, buckets, ends[0]), step_times(res, buckets, ends[1]))
+    if slow_res is not res or slow_comm is not comm:
+        bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))
     first, cap = ddp_bucket_limits(inputs.workload.bucket_cap_mb)
     summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
                             tuple(b.ready_fraction for b in buckets), first, cap)

@@ -86,6 +86,36 @@ PRESET_SPEC = "probes.preset_models:build"
 SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is timed at
 
 
+# Training state per parameter, before any activation: fp32 weight and gradient (4 + 4 B), plus
+# AdamW's exp_avg and exp_avg_sq (2 x 4 B; torch/optim/adamw.py keeps them in the parameter's
+# dtype); plain SGD without momentum keeps no state (torch/optim/sgd.py).
+TRAIN_STATE_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
+
+
+def _gpu_memory_bytes(device: str) -> int | None:
+    """The GPU's total memory from NVML (no torch, no CUDA context in this process); None when unknown."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        from probes.nvml import query_nvml
+
+        gpus = query_nvml().gpus
+        index = int(device.split(":")[1]) if ":" in device else 0
+        return gpus[index].memory_total_bytes if index < len(gpus) else None
+    except Exception:  # noqa: BLE001 - unknown: the whole model is tried, and an OOM then scales it
+        return None
+
+
+def _cannot_fit(preset: str, optimizer: str, memory_bytes: int | None) -> bool:
+    """True when the training state alone exceeds the GPU's memory: building the whole model
+    (tens of GB of random weights on the host) only to run out of memory would waste the scan's time."""
+    from topoprof.model.presets import get_preset
+
+    if memory_bytes is None:
+        return False
+    return get_preset(preset).params * TRAIN_STATE_BYTES_PER_PARAM.get(optimizer, 16) > memory_bytes
+
+
 def _out_of_memory(err: Exception) -> bool:
     return "OutOfMemory" in str(err) or "out of memory" in str(err).lower()
 
@@ -109,10 +139,11 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
                                     kwargs={**kwargs, **more})
         return user_compute({**record, "spec": preset})
 
-    try:
-        return {**timed(), "scaled": None}
-    except InputError as err:
-        if not _out_of_memory(err):
-            raise
+    if not _cannot_fit(preset, optimizer, _gpu_memory_bytes(device)):
+        try:
+            return {**timed(), "scaled": None}
+        except InputError as err:
+            if not _out_of_memory(err):
+                raise
     shallow, deep = (timed(n_layer=n) for n in SCALED_DEPTHS)
     return {**scaled_compute(shallow, deep, SCALED_DEPTHS, PRESET_DEPTH[preset]), "scaled": list(SCALED_DEPTHS)}

@@ -133,14 +133,22 @@ def _predictions(report: dict) -> list[str]:
         k = p["inputs"]["accumulation_steps"]["value"]
         n = p["inputs"]["world_size"]["value"]
         out += [f"### {p['label']}: {n} rank(s), K = {k}", "", f"Compute: {p['compute_source']}.", ""]
+        what_if = p["inputs"].get("micro_batch_time_range_s")
+        if what_if:
+            fast, slow = what_if["value"]
+            out += [f"Compute per micro-batch {_ms(fast)} – {_ms(slow)} ms ({what_if['source']}). Every step "
+                    "time is a range; the step column uses the middle.", ""]
+        ranged = any(s.get("range") for s in p["strategies"].values())
         rows = []
         for name, s in p["strategies"].items():
             if s.get("step_time_s") is None:
-                rows.append([f"`{name}`", "–", "–", "–", s.get("reason", "")])
+                rows.append([f"`{name}`", "–", "–", "–", s.get("reason", "")] + (["–"] if ranged else []))
             else:
                 rows.append([f"`{name}`", _ms(s["step_time_s"]), _ms(s["comm_exposed_s"]),
-                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))])
-        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"], rows) + [""]
+                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))]
+                            + ([_step_range(s)] if ranged else []))
+        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
+                      + (["step range ms"] if ranged else []), rows) + [""]
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     return out
 
@@ -277,6 +285,11 @@ def _method(report: dict) -> list[str]:
             + f"; total {timing.get('total_s', 0):.1f} s.", ""]
     versions = report.get("versions") or {}
     return out + ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
+
+
+def _step_range(s: dict) -> str:
+    rng = s.get("range")
+    return "–" if not rng else f"{_ms(rng['step_time_s'][0])} – {_ms(rng['step_time_s'][1])}"
 
 
 def _cluster(report: dict) -> list[str]:

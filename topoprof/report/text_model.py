@@ -75,7 +75,17 @@ def _header(payload: dict) -> list[str]:
     return [f"topoprof model: {value('model')} ({value('params'):,} params), world size {value('world_size')} "
             f"({value('nodes')} node(s)), K = {value('accumulation_steps')}, micro-batch {value('micro_batch_size')} sample(s)",
             f"links: {describe_links(payload['links'])}",
-            f"per micro-batch: compute {_ms(per['micro_batch_s'])} ms (backward {_ms(per['backward_s'])} ms), {optimizer}{buckets}", ""]
+            f"per micro-batch: {_compute_text(inputs, per)}, {optimizer}{buckets}", ""]
+
+
+def _compute_text(inputs: dict, per: dict) -> str:
+    """Measured or given compute is one number; a datasheet what-if is its range, with its basis."""
+    what_if = inputs.get("micro_batch_time_range_s")
+    if what_if is None:
+        return f"compute {_ms(per['micro_batch_s'])} ms (backward {_ms(per['backward_s'])} ms)"
+    fast, slow = what_if["value"]
+    return (f"compute {_ms(fast)}-{_ms(slow)} ms (a {what_if['source']}; the tables use the middle, "
+            f"{_ms(per['micro_batch_s'])} ms, and their range column spans the rest)")
 
 
 def _hide_line(h: dict) -> list[str]:
