@@ -88,8 +88,8 @@ def _finish(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str, float]:
     return out, err, time.monotonic() - start
 
 
-def _bench_argv(nodes: int, tasks: int, out: str, extra: list[str]) -> list[str]:
-    return ["srun", f"-N{nodes}", f"-n{tasks}", "python", "-m", "topoprof", "bench", "--backend", "gloo",
+def _bench_argv(nodes: int, tasks: int, out: str, extra: list[str], name: str = "topoprof") -> list[str]:
+    return ["srun", f"--job-name={name}", f"-N{nodes}", f"-n{tasks}", "python", "-m", "topoprof", "bench", "--backend", "gloo",
             "-w", "1", "--timeout", "60", "--out", out, *extra]
 
 
@@ -173,9 +173,9 @@ def test_a_node_that_fails_mid_run_is_named_and_rows_are_kept(cluster, tmp_path)
 
 def test_scancel_mid_run_keeps_the_rows_measured_before(cluster, tmp_path):
     out = tmp_path / "bench.json"
-    proc, seen = _srun_until(cluster, _bench_argv(2, 2, str(out), ["-b", "1M", "-e", "256M", "-n", "5"]),
+    proc, seen = _srun_until(cluster, _bench_argv(2, 2, str(out), ["-b", "1M", "-e", "256M", "-n", "5"], "cancelled"),
                              _first_row, str(tmp_path))
-    jobs = cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+    jobs = cluster.run(["squeue", "-h", "--name=cancelled", "--states=RUNNING", "-o", "%i"]).stdout.split()
     assert len(jobs) == 1, jobs
     assert cluster.run(["scancel", jobs[0]]).returncode == 0
     stdout, stderr, after_s = _finish(proc, JOB_TIMEOUT_S)
@@ -185,3 +185,19 @@ def test_scancel_mid_run_keeps_the_rows_measured_before(cluster, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["status"] == "error" and doc["rows"], doc.get("error")
     assert _wait_for_job(cluster, jobs[0], 60)["JobState"] == "CANCELLED"
+
+
+def test_topoprof_in_the_batch_script_itself_works_alone(cluster, tmp_path):
+    # The batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS=2 but runs no step: taken for
+    # rank 0 of two, topoprof would wait for a peer that never comes. It must start its own ranks.
+    proc = cluster.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--output=batch-%j.out", "--wrap",
+                        "python -m topoprof bench --backend gloo -b 1K -e 4K -n 1 -w 1 --timeout 60 --out bench.json"],
+                       env=_env(), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    fields = _wait_for_job(cluster, job_id, JOB_TIMEOUT_S)
+    output = (tmp_path / f"batch-{job_id}.out").read_text()
+    assert fields["JobState"] == "COMPLETED", (fields, output[-2000:])
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["status"] == "ok" and doc["metadata"]["world_size"] == 2
+    assert {r["host"] for r in doc["metadata"]["ranks"]} == {cluster.nodes[0]}  # both local to the batch node
