@@ -147,20 +147,23 @@ def tail_readings(words: list[Word], first: int, either: dict[int, int]) -> list
     """The words after the path cells, once for each way of reading what a terminal wrap left
     open: a break that gives table words glued or apart, and a word that a tab stopped at the
     margin (column 8k-1), which may belong one, two or three tab stops on."""
+    # Each open break doubles the readings and each margin word triples them: the caps apply as
+    # they grow, or a row with many of them (a mangled copy) would take exponential time and memory.
     readings = [list(words[first:])]
     for index, cut in sorted(either.items(), reverse=True):
         if index >= first:
             start, word = words[index]
             apart = [(start, word[:cut]), (start + cut, word[cut:])]
             readings += [r[:index - first] + apart + r[index - first + 1:] for r in readings]
+            readings = readings[:_MAX_READINGS]
     out = []
-    for reading in readings[:_MAX_READINGS]:
+    for reading in readings:
         variants = [reading]
         for i, (start, word) in enumerate(reading):
             if start % TAB == TAB - 1:
                 variants = [v[:i] + [(start + 1 + TAB * skip, word)] + v[i + 1:]
-                            for v in variants for skip in range(_MAX_SKIPPED_STOPS)]
-        out += variants[:_MAX_READINGS]
+                            for v in variants for skip in range(_MAX_SKIPPED_STOPS)][:_MAX_READINGS]
+        out += variants
     return out
 
 

@@ -565,8 +565,22 @@ def test_measured_curve_interpolates_inside_and_fits_outside():
     assert comm.allreduce_s(2048) == pytest.approx(200e-6)      # log-log midpoint of 100 and 400
     assert comm.allreduce_s(8192) == pytest.approx((400 * 800) ** 0.5 * 1e-6)
     fit = FitComm(latency_us=50.0, algbw_gbps=0.05, world_size=2)
-    assert comm.allreduce_s(1 << 20) == pytest.approx(fit.allreduce_s(1 << 20))  # outside: the fit
+    assert comm.allreduce_s(512) == pytest.approx(fit.allreduce_s(512))  # below the curve: the fit
     assert comm.at_shape(1, 4).allreduce_s(4096) == pytest.approx(fit.at_shape(1, 4).allreduce_s(4096))
+
+
+def test_above_the_measured_sizes_the_curve_grows_at_its_top_slope():
+    from topoprof.model.comm import MeasuredComm
+
+    # The shape of a scan across a 1 Gbit/s link: the plateau is 0.12 GB/s, while a fit weighted
+    # by every size's relative error says 0.145 GB/s. Above 16 MiB the plateau must hold.
+    points = ((4 << 20, 35000.0), (8 << 20, 70000.0), (16 << 20, 140000.0))
+    comm = MeasuredComm(latency_us=2074.0, algbw_gbps=0.145, world_size=2, points=points)
+    assert comm.allreduce_s(32 << 20) == pytest.approx(0.280)
+    # a top slope that noise inverted gives no slope: the fit then applies
+    flat = MeasuredComm(latency_us=2074.0, algbw_gbps=0.145, world_size=2,
+                        points=((8 << 20, 140000.0), (16 << 20, 139000.0)))
+    assert flat.allreduce_s(32 << 20) == pytest.approx((2074.0 + (32 << 20) / 0.145e3) * 1e-6)
 
 
 def test_ddp_hook_cost_adds_to_every_ddp_micro_batch_not_to_single():

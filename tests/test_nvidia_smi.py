@@ -682,3 +682,18 @@ def test_run_returns_output_that_parses(tmp_path, monkeypatch):
     out = run_topo_matrix()
     assert out == load_fixture(fixture.name)[0]
     assert parse_topo_matrix(out, fixture.name) == parse_fixture(fixture.name)
+
+
+def test_readings_of_a_mangled_row_stay_bounded():
+    # Every word at a tab stop's margin and every break open: 3^40 x 2^20 ways to read the row if
+    # nothing bounds them (a randomly mangled copy once took minutes and 14 GB here).
+    import time
+
+    from probes.smi_text import _MAX_READINGS, tail_readings
+
+    words = [(7 + 16 * k, "ab1") for k in range(40)]
+    either = {k: 1 for k in range(0, 40, 2)}
+    start = time.monotonic()
+    readings = tail_readings(words, 0, either)
+    assert len(readings) <= _MAX_READINGS ** 2
+    assert time.monotonic() - start < 60  # bounded work; unbounded, this never ends

@@ -229,13 +229,20 @@ class MeasuredComm(FitComm):
     At the measured world size and within the measured sizes, an all-reduce takes the time
     interpolated between the two nearest measurements (linear in log size and log time), so the
     shape of the real curve (protocol switches, TCP windows, cache effects) is kept instead of
-    being flattened into two parameters; outside that range, and for every other collective
-    and world size, the fit applies."""
+    being flattened into two parameters. Above the largest measured size the time grows from the
+    largest measurement at the curve's own top slope (the bandwidth between its two largest
+    sizes), not the fit's: the fit weighs every size's relative error alike, so on a curve that
+    bends late (TCP across nodes) its bandwidth can exceed the plateau the link really reaches.
+    Below the measured sizes, and for every other collective and world size, the fit applies."""
 
     points: tuple[tuple[float, float], ...] = ()
 
     def allreduce_s(self, size_bytes: float) -> float:
         pts = self.points
+        if self.world_size == self.measured_world_size and len(pts) >= 2 and size_bytes > pts[-1][0]:
+            (s0, t0), (s1, t1) = pts[-2], pts[-1]
+            if t1 > t0:  # a top slope that noise did not invert
+                return (t1 + (size_bytes - s1) * (t1 - t0) / (s1 - s0)) * US
         if self.world_size != self.measured_world_size or len(pts) < 2 or not pts[0][0] <= size_bytes <= pts[-1][0]:
             return super().allreduce_s(size_bytes)
         for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
@@ -249,7 +256,8 @@ class MeasuredComm(FitComm):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "kind": "measured curve + fit", "points": len(self.points),
                 "formula": "allreduce = measured time interpolated in log-log within the measured "
-                           "sizes; latency + S/algbw outside them and at other n"}
+                           "sizes, extended above them at the top slope; latency + S/algbw below them "
+                           "and at other n"}
 
 
 @dataclass(frozen=True)
