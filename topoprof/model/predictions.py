@@ -65,9 +65,7 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
         from topoprof.model.user_model import user_compute
 
         measured = user_compute(opts.user_record)
-        keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
-        return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra,
-                        origins=tuple((k, measured["source"]) for k in keys)), measured["source"])
+        return _measured_compute(measured, measured["source"], gpu_name, extra)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:
         try:
@@ -93,16 +91,23 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     when it does not fit), with `tokens` per micro-batch split into whole sequences."""
     import math
 
-    from topoprof.model.compute import Compute
     from topoprof.model.presets import MAX_SEQ_LEN
     from topoprof.model.user_model import measure_preset
 
     tokens = opts.tokens or DEFAULT_TOKENS
     sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
     measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0")
-    keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
     source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
                                    "blocks and extended to its depth" if measured.get("scaled") else "")
+    return _measured_compute(measured, source, gpu_name, extra)
+
+
+def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict):
+    """Compute from a timing of the model itself (its record from `topoprof.model.user_model`),
+    each timed input carrying where it was measured."""
+    from topoprof.model.compute import Compute
+
+    keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
     return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra,
                     origins=tuple((k, source) for k in keys)), source)
 
