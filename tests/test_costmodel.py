@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from dataclasses import replace
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -226,11 +227,20 @@ def test_a_datasheet_what_if_is_a_range_never_one_number():
     for name, s in pred.strategies.items():
         lo, hi = s.range.step_time_s
         assert lo < s.step_time_s < hi, name
-    # a measured micro-batch time is one number again
-    measured = predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=1000),
-                                   Compute(gpu="NVIDIA A100-SXM4-80GB", micro_batch_time_s=0.01),
-                                   Cluster(RingComm(10.0, 0.0, 2), 1, 2)))
-    assert all(s.range is None for s in measured.strategies.values())
+    # a measured micro-batch time is one number on one GPU; what DDP adds on a GPU that nothing
+    # measured (its kernels, NCCL's SMs, the slowest GPU) is still a what-if range
+    measured_compute = Compute(gpu="NVIDIA A100-SXM4-80GB", micro_batch_time_s=0.01)
+    cluster = Cluster(RingComm(10.0, 0.0, 2), 1, 2)
+    measured = predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=1000), measured_compute, cluster))
+    single = measured.strategies["single"]
+    assert single.range.step_time_s[0] == single.step_time_s == single.range.step_time_s[1]
+    lo, hi = measured.strategies["ddp_synced"].range.step_time_s
+    assert lo < measured.strategies["ddp_synced"].step_time_s < hi
+    # ... and one number again once a calibration measured those too
+    calibrated = replace(measured_compute, ddp_kernel_s=5e-6, rank_speed_spread=0.01,
+                         compute_slowdown_during_comm=1.05)
+    again = predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=1000), calibrated, cluster))
+    assert all(s.range is None for s in again.strategies.values())
 
 
 def test_sgd_traffic_and_calibration():

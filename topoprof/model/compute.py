@@ -173,7 +173,8 @@ OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times ex
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
                     "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size",
-                    "ddp_copy_bandwidth_gbps")
+                    "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter_s",
+                    "rank_spread_world_size")
 
 
 def _need(cond: bool, message: str) -> None:
@@ -208,6 +209,16 @@ class Compute:
     # a synced micro-batch through a hook that communicates nothing, less the same inside
     # no_sync()). None: the copies run at memory_bandwidth_gbps.
     ddp_copy_bandwidth_gbps: float | None = None
+    # DDP's fixed cost per kernel its reducer launches (topoprof.model.ddp_gpu), measured; None:
+    # on a known GPU the cited what-if range, elsewhere counted in the measured copies or 0.
+    ddp_kernel_s: float | None = None
+    # The ranks' spread, measured by `validate` (topoprof.model.ddp_gpu.straggler_wait_s): the
+    # standard deviation of their persistent speeds (share of compute), None when not measured;
+    # of one micro-batch's time around its rank's level (s); and how many ranks' slowest the
+    # measured compute already is.
+    rank_speed_spread: float | None = None
+    rank_jitter_s: float = 0.0
+    rank_spread_world_size: int = 1
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
     origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
 
@@ -221,6 +232,12 @@ class Compute:
         _need(self.dp_thread_overhead_s >= 0,
               f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
         _need(self.ddp_overhead_s >= 0, f"ddp_overhead_s must be >= 0, got {self.ddp_overhead_s}")
+        for name in ("ddp_kernel_s", "rank_speed_spread"):
+            value = getattr(self, name)
+            _need(value is None or value >= 0, f"{name} must be >= 0, got {value}")
+        _need(self.rank_jitter_s >= 0, f"rank_jitter_s must be >= 0, got {self.rank_jitter_s}")
+        _need(isinstance(self.rank_spread_world_size, int) and self.rank_spread_world_size >= 1,
+              f"rank_spread_world_size must be an integer >= 1, got {self.rank_spread_world_size}")
         _need(self.utilization is None or 0 < self.utilization <= 1,
               f"utilization must be in (0, 1], got {self.utilization}")
         _need(self.backward_fraction is None or 0 < self.backward_fraction < 1,
@@ -244,7 +261,10 @@ class Compute:
         unknown = sorted(set(calibration) - set(CALIBRATION_KEYS))
         _need(not unknown, f"unknown calibration keys {unknown}; "
               f"valid: {', '.join(CALIBRATION_KEYS)}")
-        return cls(**{**kwargs, **calibration, "calibrated": tuple(sorted(calibration))})
+        values = {**kwargs, **calibration, "calibrated": tuple(sorted(calibration))}
+        if "rank_spread_world_size" in calibration:  # JSON may carry it as a float
+            values["rank_spread_world_size"] = int(calibration["rank_spread_world_size"])
+        return cls(**values)
 
     def origin(self, name: str) -> str:
         return dict(self.origins).get(name) or ("calibration" if name in self.calibrated else "given")
@@ -275,6 +295,7 @@ class ComputeTimes:
     memory_bandwidth_gbps: float | None
     echo: dict[str, tuple[Any, str]]  # value and where it came from
     warnings: tuple[str, ...]
+    gpu_key: str | None = None  # the datasheet row of the GPU predicted for, when known
 
 
 def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
@@ -367,4 +388,5 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
                                             else comp.origin("comm_slowdown_during_compute"))
     echo["compute_slowdown_during_comm"] = (slowdown, "default: no interference" if slowdown == 1
                                             else comp.origin("compute_slowdown_during_comm"))
-    return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes))
+    return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes),
+                        spec.name if spec is not None else None)

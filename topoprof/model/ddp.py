@@ -139,6 +139,7 @@ class DdpSetting:
     comm_slowdown_by_size: tuple[tuple[float, float], ...] = ()  # the same per all-reduce size
     gradient_as_bucket_view: bool = False
     copy_bandwidth_gbps: float | None = None  # the bucket copies' measured rate; None: memory's
+    kernels_s: float = 0.0  # the reducer's kernels at their fixed cost each (topoprof.model.ddp_gpu)
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,17 @@ def bucket_comm_s(setting: DdpSetting, buckets: Sequence[Bucket], comm: CommMode
             for b in buckets]
 
 
-def copies_s(setting: DdpSetting) -> float:
+def copies_traffic_s(setting: DdpSetting) -> float:
+    """The bucket copies' memory traffic: at their measured rate, else the memory bandwidth."""
     traffic = ddp_copy_bytes(setting.params, setting.grad_bytes, setting.gradient_as_bucket_view)
     if setting.copy_bandwidth_gbps is not None:
         return traffic / (setting.copy_bandwidth_gbps * GB)
     return _memory_s(setting, traffic)
+
+
+def copies_s(setting: DdpSetting) -> float:
+    """DDP's own work per synced micro-batch: the copies' traffic and the reducer's kernels."""
+    return copies_traffic_s(setting) + setting.kernels_s
 
 
 def comm_slowdowns(setting: DdpSetting, buckets: Sequence[Bucket], fp16_compress: bool = False) -> list[float]:

@@ -31,7 +31,8 @@ def model_payload(inputs, described: dict, sweep: bool = True) -> dict:
                "links": described, "per_micro_batch": prediction.per_micro_batch,
                "buckets": to_jsonable(prediction.buckets), "assumptions": list(prediction.assumptions),
                "warnings": [*prediction.warnings, *described.get("notes", [])],
-               "hide_threshold": to_jsonable(hide_threshold(inputs))}
+               "hide_threshold": to_jsonable(hide_threshold(inputs)),
+               "ddp_costs": to_jsonable(prediction.ddp_costs), "ddp_knobs": ddp_knobs(inputs, prediction)}
     if sweep:
         points = sweep_k(inputs, SWEEP_K)
         payload["sweep"] = {
@@ -45,6 +46,42 @@ def model_payload(inputs, described: dict, sweep: bool = True) -> dict:
         payload["fixed_global_batch"] = {"global_batch_samples": global_batch,
                                          "options": to_jsonable(fixed_global_batch(inputs, global_batch, shapes))}
     return payload
+
+
+# DDP's options a user can change, each with the part of DDP's cost it acts on. static_graph is
+# not among them: what it saves (the reducer's per-iteration graph checks) is no part the model
+# prices, so it is never recommended from a prediction.
+KNOBS = (
+    ("gradient_as_bucket_view=True", "ddp_kernels, copy_traffic", {"gradient_as_bucket_view": True}),
+    ("bucket_cap_mb=100", "ddp_kernels, allreduce_tail", {"bucket_cap_mb": 100.0}),
+    ("bucket_cap_mb=10", "allreduce_tail", {"bucket_cap_mb": 10.0}),
+)
+
+
+def ddp_knobs(inputs, prediction) -> list[dict]:
+    """Each DDP option's predicted gain on `ddp_synced` (and the fp16 hook's, from the strategy
+    table), with the part it comes from; only the ones that gain."""
+    from dataclasses import replace
+
+    from topoprof.model.strategies import predict
+
+    now = prediction.strategies.get("ddp_synced")
+    if not hasattr(now, "step_time_s"):
+        return []
+    out = []
+    for knob, part, change in KNOBS:
+        if all(getattr(inputs.workload, k) == v for k, v in change.items()):
+            continue
+        after = predict(replace(inputs, workload=replace(inputs.workload, **change))).strategies["ddp_synced"]
+        out.append({"knob": knob, "part": part, "step_time_s": after.step_time_s})
+    fp16 = prediction.strategies.get("ddp_fp16_compress")
+    if hasattr(fp16, "step_time_s"):
+        out.append({"knob": "register_comm_hook(fp16_compress_hook)", "part": "allreduce_tail",
+                    "step_time_s": fp16.step_time_s})
+    for o in out:
+        o["gain_s"] = now.step_time_s - o["step_time_s"]
+        o["gain_pct"] = 100.0 * o["gain_s"] / now.step_time_s
+    return sorted((o for o in out if o["gain_s"] > 0), key=lambda o: -o["gain_s"])
 
 
 def _step(result):

@@ -2,7 +2,7 @@
 so `dataclasses.asdict` (or `topoprof.jsonio.to_jsonable`) of any of them is the JSON."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -56,6 +56,18 @@ class Prediction:
     buckets: BucketSummary
     assumptions: tuple[str, ...]
     warnings: tuple[str, ...]
+    # what DDP adds per synced micro-batch, part by part (`strategies.DDP_COST_PARTS`); empty on one GPU
+    ddp_costs: dict[str, DdpCost] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DdpCost:
+    """One part of what DDP adds to a synced micro-batch, with its what-if range when it has one."""
+
+    seconds: float
+    range_s: tuple[float, float] | None  # (fast end, slow end)
+    scales_with: str
+    source: str
 
 
 @dataclass(frozen=True)

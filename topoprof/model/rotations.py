@@ -99,6 +99,34 @@ def ddp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
+    """How the ranks' compute differs, from the calibration micro-batches they ran at the same
+    time: per micro-batch each rank's time less the mean over ranks, split into each rank's own
+    level over a rotation (a persistently slower rank) and what is left (jitter). Returns the
+    standard deviations pooled over rotations, the persistent one as a share of the mean
+    micro-batch (`rank_speed_spread`) and the jitter in seconds (`rank_jitter_s`), with the
+    number of ranks; None with one rank or one micro-batch."""
+    persistent, jitter, means = [], [], []
+    for rot in rotations:
+        times = [[f + b for f, b in zip(r["calibration"]["forward_s"], r["calibration"]["backward_s"])] for r in rot]
+        n, m = len(times), min(len(t) for t in times)
+        if n < 2 or m < 2:
+            continue
+        per_batch = [statistics.fmean(t[j] for t in times) for j in range(m)]
+        levels = [statistics.fmean(t[j] - per_batch[j] for j in range(m)) for t in times]
+        rest = [t[j] - per_batch[j] - level for t, level in zip(times, levels) for j in range(m)]
+        var_jitter = sum(e * e for e in rest) / ((n - 1) * (m - 1))
+        # a rank's level over m micro-batches carries 1/m of the jitter's variance: take it out
+        var_level = max(0.0, sum(x * x for x in levels) / (n - 1) - var_jitter / m)
+        persistent.append(var_level)
+        jitter.append(var_jitter)
+        means.append(statistics.fmean(per_batch))
+    if not means:
+        return None
+    return {"rank_speed_spread": (statistics.fmean(persistent) ** 0.5) / statistics.fmean(means),
+            "rank_jitter_s": statistics.fmean(jitter) ** 0.5, "rank_spread_world_size": len(rotations[0])}
+
+
 def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None) -> dict[str, Spread]:
     """The model's inputs, each with its spread, from the calibration records of `rotations`.
 

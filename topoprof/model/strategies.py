@@ -15,8 +15,9 @@ from typing import Any
 from topoprof.model.buckets import Bucket, ddp_bucket_limits, ddp_buckets
 from topoprof.model.comm import CommModel, HierarchicalComm, LinkUnknown
 from topoprof.model.dataparallel import dataparallel_comm_s
-from topoprof.model.ddp import DdpSetting, ddp_timeline, hiding_threshold
-from topoprof.model.results import (BucketSummary, GlobalBatchOption, HideThreshold,
+from topoprof.model.ddp import DdpSetting, copies_traffic_s, ddp_timeline, hiding_threshold
+from topoprof.model import ddp_gpu
+from topoprof.model.results import (BucketSummary, DdpCost, GlobalBatchOption, HideThreshold,
                                     InputValue, Prediction, Range, StrategyResult,
                                     SweepPoint, Unavailable)
 from topoprof.errors import InputError
@@ -103,6 +104,77 @@ class ModelInputs:
 
 
 @dataclass(frozen=True)
+class GpuCosts:
+    """What DDP costs on a GPU beyond its all-reduces (`topoprof.model.ddp_gpu`), as resolved for
+    one end of the what-if ranges: measured values where `validate` measured them."""
+
+    kernel_s: float = 0.0           # per kernel DDP's reducer launches
+    compute_slowdown: float = 1.0   # backward beside an all-reduce
+    speed_spread: float = 0.0       # the ranks' persistent speed spread, share of compute
+    jitter_s: float = 0.0           # one micro-batch's spread around its rank's level
+    spread_basis: int = 1           # ranks whose slowest the compute already is
+
+
+# Which end of a what-if range each resolution takes: the nominal middle, or the end that makes
+# steps slow or fast.
+ENDS = (None, "slow", "fast")
+
+
+def _pick(rng: tuple[float, float], end: str | None) -> float:
+    low, high = rng
+    return {None: ddp_gpu.geometric_middle(low, high), "slow": high, "fast": low}[end]
+
+
+def _rings(comm: CommModel) -> int:
+    """Rings NCCL runs at once over the intra-node links (1 unless the comm model knows more)."""
+    intra = getattr(comm, "intra", None) or comm
+    return int(getattr(intra, "rings", 1) or 1)
+
+
+def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
+               echo: dict, notes: list[str]) -> GpuCosts:
+    """Each part measured where a calibration has it; else, on a GPU the datasheet table knows,
+    its cited what-if range (`end` picks the middle or an end); else not priced, with a note."""
+    comp, n = inputs.compute, inputs.cluster.world_size
+    on_gpu = gpu_key is not None
+    ranges: dict[str, tuple[float, float]] = {}
+    kernel = comp.ddp_kernel_s
+    if kernel is not None:
+        echo["ddp_kernel_s"] = (kernel, comp.origin("ddp_kernel_s"))
+    elif on_gpu and comp.ddp_copy_bandwidth_gbps is None:  # measured copies already hold it
+        ranges["ddp_kernel_s"] = ddp_gpu.KERNEL_COST_RANGE_S
+        kernel = _pick(ddp_gpu.KERNEL_COST_RANGE_S, end)
+        echo["ddp_kernel_s"] = (kernel, f"what-if range {ddp_gpu.KERNEL_COST_BASIS}")
+    slowdown = comp.compute_slowdown_during_comm
+    measured_slowdown = slowdown != 1.0 or "compute_slowdown_during_comm" in comp.calibrated
+    if not measured_slowdown and on_gpu and n > 1 and gpu_key in ddp_gpu.SM_COUNT:
+        sms, rings = ddp_gpu.SM_COUNT[gpu_key], _rings(inputs.cluster.comm)
+        ranges["compute_slowdown_during_comm"] = ddp_gpu.nccl_sm_slowdown_range(sms, rings)
+        slowdown = _pick(ranges["compute_slowdown_during_comm"], end)
+        echo["compute_slowdown_during_comm"] = (slowdown, (
+            f"what-if range 1-{ranges['compute_slowdown_during_comm'][1]:.3f}: NCCL holds {2 * rings} of "
+            f"{sms} SMs while an all-reduce runs (2 channels per ring, src/graph/connect.cc)"))
+    spread = comp.rank_speed_spread
+    if spread is not None:
+        echo["rank_speed_spread"] = (spread, comp.origin("rank_speed_spread"))
+        echo["rank_jitter_s"] = (comp.rank_jitter_s, comp.origin("rank_jitter_s"))
+    elif on_gpu:
+        ranges["rank_speed_spread"] = ddp_gpu.gpu_speed_spread_range()
+        spread = _pick(ranges["rank_speed_spread"], end)
+        echo["rank_speed_spread"] = (spread, f"what-if range {ranges['rank_speed_spread'][0]:.2%}-"
+                                     f"{ranges['rank_speed_spread'][1]:.2%} per GPU: {ddp_gpu.GPU_SPEED_SPREAD_BASIS}")
+    if not on_gpu and n > 1 and (comp.ddp_kernel_s is None or spread is None) and comp.ddp_copy_bandwidth_gbps is None:
+        notes.append(DDP_GPU_UNPRICED_NOTE)
+    if ranges:
+        echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()}, "what-if ranges (topoprof.model.ddp_gpu)")
+    return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter_s, comp.rank_spread_world_size)
+
+
+DDP_GPU_UNPRICED_NOTE = ("DDP's per-kernel cost and the slowest rank's wait are not priced: no GPU named and no "
+                         "calibration measured them (give --gpu NAME or --calibration FILE)")
+
+
+@dataclass(frozen=True)
 class Resolved:
     """The numbers the strategies need; `echo` says where each came from."""
 
@@ -113,9 +185,16 @@ class Resolved:
     memory_bandwidth_gbps: float | None
     echo: dict[str, tuple[Any, str]]
     warnings: tuple[str, ...]
+    gpu: GpuCosts = GpuCosts()
+    what_if: bool = False  # some input is a range: predictions have bounds
 
 
-def resolve(inputs: ModelInputs) -> Resolved:
+def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
+    """The numbers of `inputs`; where an input is a what-if range, its middle, or with
+    `end` = "slow"/"fast" the end that makes steps slowest/fastest."""
+    if end is not None and utilization_is_assumed(inputs.compute):
+        low, high = UTILIZATION_RANGE
+        inputs = replace(inputs, compute=replace(inputs.compute, utilization=low if end == "slow" else high))
     work, cl = inputs.workload, inputs.cluster
     times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
                           work.tokens_per_micro_batch, work.grad_bytes)
@@ -145,24 +224,37 @@ def resolve(inputs: ModelInputs) -> Resolved:
                                         else "default: the bucket copies run at the memory bandwidth"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)")}
+    notes_list = list(times.warnings)
+    gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
-    notes = tuple(w for w in times.warnings if cl.world_size > 1 or w != MEMORY_UNKNOWN_NOTE)
+    notes = tuple(w for w in notes_list if cl.world_size > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
+    what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
-                    times.memory_bandwidth_gbps, echo, notes)
+                    times.memory_bandwidth_gbps, echo, notes, gpu, what_if)
 
 
-def ddp_setting(res: Resolved) -> DdpSetting:
+def ddp_setting(res: Resolved, buckets: tuple[Bucket, ...] = ()) -> DdpSetting:
     work, compute = res.inputs.workload, res.inputs.compute
+    kernels = ddp_gpu.ddp_kernels(len(work.layout.tensors), len(buckets), work.gradient_as_bucket_view)
     return DdpSetting(res.backward_s, work.layout.params, work.grad_bytes, res.memory_bandwidth_gbps,
-                      compute.compute_slowdown_during_comm, compute.comm_slowdown_during_compute,
+                      res.gpu.compute_slowdown, compute.comm_slowdown_during_compute,
                       compute.comm_slowdown_by_size, work.gradient_as_bucket_view,
-                      compute.ddp_copy_bandwidth_gbps)
+                      compute.ddp_copy_bandwidth_gbps, kernels * res.gpu.kernel_s)
 
 
 def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
                   fp16_compress: bool = False) -> float:
     """E per synced micro-batch (`topoprof.model.ddp`)."""
-    return ddp_timeline(ddp_setting(res), buckets, comm, fp16_compress).exposed_s
+    return ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress).exposed_s
+
+
+def straggler_s(res: Resolved, syncs: int) -> float:
+    """What a step of `syncs` syncs waits for its slowest rank (`ddp_gpu.straggler_wait_s`)."""
+    n, k = res.inputs.cluster.world_size, res.inputs.accumulation_steps
+    g = res.gpu
+    if n == 1 or (g.speed_spread == 0 and g.jitter_s == 0):
+        return 0.0
+    return ddp_gpu.straggler_wait_s(n, res.micro_batch_s, k, syncs, g.speed_spread, g.jitter_s, g.spread_basis)
 
 
 # How many micro-batches of a step all-reduce, per DDP strategy (of k).
@@ -175,14 +267,16 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     DDP's hooks and what communication slows it), the communication left exposed after backward
     (the tail of the all-reduces and the bucket copies), the optimizer. They add up to the step."""
     k = res.inputs.accumulation_steps
-    timeline = ddp_timeline(ddp_setting(res), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
+    timeline = ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
     overlap, n = timeline.overlap, _synced(mode, k)
     slowed = overlap.backward_end_s - res.backward_s  # what backward lost to the all-reduces
     # Half the copies' traffic runs inside backward (each gradient into its bucket as it is
     # ready), half after the last all-reduce (the buckets back into the gradients), where a
     # timeline shows them: in compute and in the exposed tail.
     tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s / 2
-    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2),
+    # waiting for the slowest rank counts as compute, as validate measures it (rotations.step_parts)
+    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2)
+            + straggler_s(res, n),
             "exposed_comm": n * tail, "optimizer": res.optimizer_s}
 
 
@@ -202,30 +296,32 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
     e = ddp_exposed_s(res, buckets, comm)
     e16 = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
     cd = c + res.inputs.compute.ddp_overhead_s  # a micro-batch through DDP's hooks
+    # the slowest rank: waited for at every sync, k per step synced, once with no_sync
+    w_synced, w_once = straggler_s(res, k), straggler_s(res, 1)
     out: dict[str, tuple[float, float] | str] = {
         "single": (k * c + t_opt, 0.0),
-        "ddp_synced": (k * (cd + e) + t_opt, k * e),
-        "ddp_no_sync": (k * cd + e + t_opt, e),
+        "ddp_synced": (k * (cd + e) + w_synced + t_opt, k * e),
+        "ddp_no_sync": (k * cd + e + w_once + t_opt, e),
         # _post_forward calls reducer.prepare_for_backward whenever require_backward_grad_sync
         # is True during forward; no_sync() around backward alone then changes nothing.
-        "ddp_no_sync_backward_only": (k * (cd + e) + t_opt, k * e),
-        "ddp_fp16_compress": (k * (cd + e16) + t_opt, k * e16),
+        "ddp_no_sync_backward_only": (k * (cd + e) + w_synced + t_opt, k * e),
+        "ddp_fp16_compress": (k * (cd + e16) + w_synced + t_opt, k * e16),
     }
     if res.inputs.cluster.nodes > 1:
         out["dp"] = "DataParallel is single-process, single-node"
-    else:
+    else:  # DataParallel's reduce onto GPU 0 waits for every GPU's backward, every micro-batch
         d = dp_comm_s(res, comm)
-        out["dp"] = (k * (c + d + res.inputs.compute.dp_thread_overhead_s) + t_opt, k * d)
+        out["dp"] = (k * (c + d + res.inputs.compute.dp_thread_overhead_s) + w_synced + t_opt, k * d)
     return out
 
 
 FORMULAS = {
     "single": "k*c + T_opt (one GPU)",
-    "dp": "k*(c + broadcast(params) + gather(outputs) + reduce(grads) + thread_overhead) + T_opt",
-    "ddp_synced": "k*(c + o + E) + T_opt",
-    "ddp_no_sync": "k*(c + o) + E + T_opt",
-    "ddp_no_sync_backward_only": "k*(c + o + E) + T_opt, the same as ddp_synced",
-    "ddp_fp16_compress": "k*(c + o + E_fp16) + T_opt",
+    "dp": "k*(c + broadcast(params) + gather(outputs) + reduce(grads) + thread_overhead) + W_k + T_opt",
+    "ddp_synced": "k*(c + o + E) + W_k + T_opt",
+    "ddp_no_sync": "k*(c + o) + E + W_1 + T_opt",
+    "ddp_no_sync_backward_only": "k*(c + o + E) + W_k + T_opt, the same as ddp_synced",
+    "ddp_fp16_compress": "k*(c + o + E_fp16) + W_k + T_opt",
 }
 ASSUMPTIONS = (
     "gradients become ready in reverse forward order; a tensor's share of backward is its "
@@ -233,12 +329,62 @@ ASSUMPTIONS = (
     "DDP buckets are the ones rebuilt after the first iteration (gradient-ready order); the "
     "first iteration (one bucket per dtype) and buffer broadcasts are not modelled",
     "bucket all-reduces run one at a time in bucket order: start_j = max(ready_j, end_{j-1})",
-    "bucket copy traffic (4G bytes, 2G with gradient_as_bucket_view) is fully exposed",
+    "bucket copy traffic (4G bytes, 2G with gradient_as_bucket_view) and DDP's kernels (2 per gradient, 1 with "
+    "gradient_as_bucket_view, 1 per bucket) are fully exposed",
+    "W_s: a step with s syncs waits for its slowest rank at each (topoprof.model.ddp_gpu.straggler_wait_s)",
     "DDP's optimizer step on each GPU takes T_opt, as on one GPU",
     "DataParallel: input scatter and the flatten/unflatten copies of broadcast_coalesced and "
     "reduce_add_coalesced not modelled; output gather = dp_output_bytes per GPU; "
     "Python-thread/GIL cost = dp_thread_overhead_s (both 0 unless given)",
 )
+
+
+# What DDP adds to one synced micro-batch, part by part: (what it scales with, where it comes from).
+DDP_COST_PARTS = {
+    "allreduce_tail": ("bytes of the buckets ready last, over the link's bus bandwidth",
+                       "the bucket all-reduces not hidden behind backward (reducer.cpp launches buckets in order)"),
+    "backward_slowed": ("the time the all-reduces overlap backward",
+                        "NCCL's kernels hold 2 SMs per ring beside backward (src/enqueue.cc, src/graph/connect.cc)"),
+    "ddp_kernels": ("gradient tensors and buckets",
+                    "a copy into and out of its bucket per gradient, an all-reduce launch per bucket (reducer.cpp)"),
+    "copy_traffic": ("gradient bytes over memory bandwidth", "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),
+    "ddp_hooks": ("micro-batches", "DDP's forward and autograd hooks, measured by validate (0 unless measured)"),
+    "slowest_rank": ("ranks (the expected maximum of that many) and compute per micro-batch",
+                     "every sync waits for the slowest rank (topoprof.model.ddp_gpu.straggler_wait_s)"),
+}
+
+
+def ddp_cost_parts(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel) -> dict[str, float]:
+    """What DDP adds to one synced micro-batch over one GPU's compute, in DDP_COST_PARTS."""
+    setting = ddp_setting(res, buckets)
+    overlap = ddp_timeline(setting, buckets, comm).overlap
+    return {"allreduce_tail": max(0.0, overlap.comm_end_s - overlap.backward_end_s),
+            "backward_slowed": overlap.backward_end_s - res.backward_s,
+            "ddp_kernels": setting.kernels_s, "copy_traffic": copies_traffic_s(setting),
+            "ddp_hooks": res.inputs.compute.ddp_overhead_s,
+            "slowest_rank": straggler_s(res, res.inputs.accumulation_steps) / res.inputs.accumulation_steps}
+
+
+def ddp_one_gpu_s(inputs: ModelInputs) -> float:
+    """A micro-batch through DDP on one rank (torch runs its reducer and a one-rank all-reduce
+    there too): compute plus DDP's hooks, kernels and copy traffic, no link and no other rank."""
+    res = resolve(inputs)
+    buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes, inputs.workload.bucket_cap_mb)
+    setting = ddp_setting(res, buckets)
+    return res.micro_batch_s + inputs.compute.ddp_overhead_s + setting.kernels_s + copies_traffic_s(setting)
+
+
+def _ddp_costs(nominal: Resolved, ends: tuple[Resolved, Resolved], buckets: tuple[Bucket, ...],
+               comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, DdpCost]:
+    middle = ddp_cost_parts(nominal, buckets, comms[0])
+    slow = ddp_cost_parts(ends[0], buckets, comms[1])
+    fast = ddp_cost_parts(ends[1], buckets, comms[2])
+    out = {}
+    for name, value in middle.items():
+        lo, hi = sorted((fast[name], slow[name]))
+        rng = None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi)
+        out[name] = DdpCost(value, rng, *DDP_COST_PARTS[name])
+    return out
 
 
 def _samples(res: Resolved, name: str) -> int:
@@ -276,10 +422,8 @@ def predict(inputs: ModelInputs) -> Prediction:
     nominal = step_times(res, buckets, comm)
     slow_comm, fast_comm = comm.bounds() or (comm, comm)
     slow_res = fast_res = res
-    if utilization_is_assumed(inputs.compute):  # a datasheet what-if: the utilization's whole range
-        low, high = UTILIZATION_RANGE
-        slow_res = resolve(replace(inputs, compute=replace(inputs.compute, utilization=low)))
-        fast_res = resolve(replace(inputs, compute=replace(inputs.compute, utilization=high)))
+    if res.what_if:  # a what-if: every uncertain input at the end that makes steps slow, or fast
+        slow_res, fast_res = resolve(inputs, "slow"), resolve(inputs, "fast")
     bounds = None
     if slow_res is not res or slow_comm is not comm:
         bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))
@@ -294,8 +438,11 @@ def predict(inputs: ModelInputs) -> Prediction:
     if inputs.cluster.world_size > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
+    costs = {}
+    if inputs.cluster.world_size > 1:
+        costs = _ddp_costs(res, (slow_res, fast_res), buckets, (comm, slow_comm, fast_comm))
     return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
-                      res.warnings)
+                      res.warnings, costs)
 
 
 def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,
@@ -327,7 +474,7 @@ def hide_threshold(inputs: ModelInputs) -> HideThreshold | Unavailable:
     res = resolve(inputs)
     work = inputs.workload
     buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
-    backward_at_floor, floor = hiding_threshold(ddp_setting(res), buckets, inputs.cluster.comm)
+    backward_at_floor, floor = hiding_threshold(ddp_setting(res, buckets), buckets, inputs.cluster.comm)
     # copies do not depend on c; the pipeline part is scaled from backward to c
     threshold = backward_at_floor * res.micro_batch_s / res.backward_s
     now = ddp_exposed_s(res, buckets, inputs.cluster.comm)

@@ -154,7 +154,7 @@ def predict(opts: ValidateOptions, result: ValidateResult) -> None:
     if not msg or not msg.get("rotations"):
         return
     rotations = msg["rotations"]
-    result.calibration = _calibration_payload(rot.calibration(rotations), msg)
+    result.calibration = _calibration_payload(rot.calibration(rotations), msg, len(opts.layout.tensors))
     per_rotation = [_inputs(opts, result, [r], rotations) for r in rotations]
     for mode in msg["modes"]:
         measured = rot.measured_mode(rotations, mode)
@@ -165,11 +165,26 @@ def predict(opts: ValidateOptions, result: ValidateResult) -> None:
         result.predictions["dp"] = _predicted([_inputs(opts, result, rotations)], "dp", 0)
 
 
-def _calibration_payload(cal: dict, msg: dict) -> dict:
+def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
+    """DDP's measured copy cost as the model carries it to other models: the memory traffic at
+    the bandwidth these ranks measured, and what is left per kernel the reducer launched
+    (topoprof.model.ddp_gpu). Where the copies ran faster than that bandwidth, or the tensors are
+    not known, as one effective copy rate instead."""
+    from topoprof.model.ddp import ddp_copy_bytes
+    from topoprof.model.ddp_gpu import ddp_kernels
+
+    traffic = ddp_copy_bytes(msg["params"], 4, False)  # fp32 gradients, no bucket view (as the wrapper there)
+    bandwidth = msg.get("memory_bandwidth_gbps")
+    buckets = len((msg.get("rotations") or [[{}]])[0][0].get("bucket_numel") or [])
+    if tensors and bandwidth and buckets and copies_s > traffic / (bandwidth * 1e9):
+        left = copies_s - traffic / (bandwidth * 1e9)
+        return {"ddp_kernel_s": left / ddp_kernels(tensors, buckets, False)}
+    return {"ddp_copy_bandwidth_gbps": traffic / copies_s / 1e9}
+
+
+def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None) -> dict:
     """The inputs as the model and `model --calibration` take them, their spreads, and the setup."""
     from topoprof.model import rotations as rot
-
-    from topoprof.model.ddp import ddp_copy_bytes
 
     c = cal["micro_batch_time_s"].value
     out = {"micro_batch_time_s": c, "forward_s": cal["forward_s"].value, "backward_s": cal["backward_s"].value,
@@ -179,8 +194,10 @@ def _calibration_payload(cal: dict, msg: dict) -> dict:
            "memory_bandwidth_gbps": msg.get("memory_bandwidth_gbps")}
     copies = cal.get("ddp_copies_s")
     if copies is not None and copies.value > 0 and msg.get("params"):
-        # the validation model's fp32 gradients, copied as the DDP wrapper there does (no bucket view)
-        out["ddp_copy_bandwidth_gbps"] = ddp_copy_bytes(msg["params"], 4, False) / copies.value / 1e9
+        out.update(_copy_costs(copies.value, msg, tensors))
+    spread_of_ranks = rot.rank_spread(msg["rotations"])
+    if spread_of_ranks is not None:  # the slowest rank's wait, carried to other world sizes
+        out.update(spread_of_ranks)
     for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute"):
         out[key] = max(1.0, cal[key].value) if key in cal else 1.0
     by_size = rot.comm_slowdowns(msg["rotations"])
@@ -205,7 +222,8 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     from topoprof.model.links import measured_comm
     from topoprof.model.strategies import Cluster, ModelInputs, Workload
 
-    values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations})
+    values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations},
+                                  len(opts.layout.tensors))
     values["comm_slowdown_by_size"] = tuple(tuple(p) for p in values["comm_slowdown_by_size"])
     compute = Compute.from_calibration({k: values[k] for k in CALIBRATION_KEYS if values.get(k) is not None},
                                        optimizer="adamw")

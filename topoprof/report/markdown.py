@@ -149,7 +149,30 @@ def _predictions(report: dict) -> list[str]:
                             + ([_step_range(s)] if ranged else []))
         out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
                       + (["step range ms"] if ranged else []), rows) + [""]
+        out += _ddp_costs(p)
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
+    return out
+
+
+def _ddp_costs(p: dict) -> list[str]:
+    """Where DDP's cost goes per synced micro-batch, and the options that act on each part."""
+    from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share
+
+    share = ddp_cost_share(p)
+    if share is None:
+        return []
+    rows = [[f"`{name}`", _ms(c["seconds"]), "–" if c["range_s"] is None else _span_ms(c["range_s"]),
+             c["scales_with"], c["source"]] for name, c in p["ddp_costs"].items()]
+    nominal, low, high = share
+    verdict = (f" Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking."
+               if high < NOTHING_TO_GAIN_PCT else "")
+    out = ["Where DDP's cost goes, per synced micro-batch (a range where nothing measured the part):", ""]
+    out += _table(["part", "ms", "range ms", "scales with", "from"], rows)
+    out += ["", f"DDP takes {nominal:.1f} % of a `ddp_synced` step (range {low:.1f}–{high:.1f} %).{verdict}", ""]
+    knobs = p.get("ddp_knobs") or []
+    if knobs:
+        out += ["DDP options with a predicted gain on `ddp_synced`: " + "; ".join(
+            f"`{o['knob']}` {o['gain_s'] * 1e3:.1f} ms ({o['gain_pct']:.1f} %, on {o['part']})" for o in knobs) + ".", ""]
     return out
 
 

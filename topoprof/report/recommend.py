@@ -99,6 +99,24 @@ def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
             f"Communication is exposed: {pred['strategies']['ddp_synced']['comm_exposed_s'] * 1e3:.1f} ms "
             f"per step with DDP; halving the bytes gives {fp16 * 1e3:.1f} ms ({gain:.0f}% less).",
             gain, FP16_HOOK_SNIPPET, {"ddp_synced_s": synced, "ddp_fp16_compress_s": fp16}))
+    out += knob_recommendations(pred, label)
+    return out
+
+
+def knob_recommendations(pred: dict, label: str) -> list[Recommendation]:
+    """DDP constructor options whose predicted gain, from the part of DDP's cost they act on,
+    is worth a change (the fp16 hook has its own recommendation above)."""
+    synced = _step(pred, "ddp_synced")
+    out = []
+    for o in pred.get("ddp_knobs") or []:
+        if o["knob"].startswith("register_comm_hook") or o["gain_pct"] < 100 * MIN_GAIN:
+            continue
+        out.append(Recommendation(
+            f"ddp_{o['knob'].split('=')[0]}", f"DistributedDataParallel(..., {o['knob']}) ({label})",
+            f"It acts on {o['part']} of what DDP adds to a synced micro-batch: {synced * 1e3:.1f} ms per step "
+            f"becomes {o['step_time_s'] * 1e3:.1f} ms ({o['gain_pct']:.0f}% less).",
+            o["gain_pct"], f"model = DistributedDataParallel(model, device_ids=[local_rank], {o['knob']})",
+            {"ddp_synced_s": synced, "after_s": o["step_time_s"]}))
     return out
 
 

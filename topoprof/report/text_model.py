@@ -91,9 +91,48 @@ def _compute_text(inputs: dict, per: dict) -> str:
 def _hide_line(h: dict) -> list[str]:
     if h.get("reason") is not None:  # DDP does not apply (one GPU)
         return []
-    return ["", f"DDP exposes {_ms(h['exposed_s'])} ms of communication per synced micro-batch; its floor is "
-                f"{_ms(h['exposed_floor_s'])} ms, reached at >= {_ms(h['threshold_micro_batch_time_s'])} ms of compute "
-                f"per micro-batch ({'reached' if h['hidden'] else 'not reached'} now)."]
+    return ["", f"DDP exposes {_ms(h['exposed_s'])} ms per synced micro-batch after backward (all-reduce tail, "
+                f"copies and its kernels); no amount of compute takes that below {_ms(h['exposed_floor_s'])} ms, "
+                f"reached at >= {_ms(h['threshold_micro_batch_time_s'])} ms of compute per micro-batch "
+                f"({'reached' if h['hidden'] else 'not reached'} now)."]
+
+
+# Below this share of a step, even at the top of its range, DDP's cost is not worth attacking.
+NOTHING_TO_GAIN_PCT = 5.0
+
+
+def ddp_cost_share(payload: dict) -> tuple[float, float, float] | None:
+    """(nominal, low, high) % of a ddp_synced step that DDP's parts take; None on one GPU."""
+    costs, synced = payload.get("ddp_costs") or {}, (payload["strategies"].get("ddp_synced") or {})
+    step, k = synced.get("step_time_s"), payload["inputs"]["accumulation_steps"]["value"]
+    if not costs or not step:
+        return None
+    total = sum(c["seconds"] for c in costs.values())
+    low = sum((c["range_s"] or [c["seconds"]] * 2)[0] for c in costs.values())
+    high = sum((c["range_s"] or [c["seconds"]] * 2)[1] for c in costs.values())
+    steps = (synced.get("range") or {}).get("step_time_s") or [step, step]
+    return 100 * k * total / step, 100 * k * low / steps[0], 100 * k * high / steps[1]
+
+
+def _ddp_cost_rows(payload: dict) -> list[str]:
+    """Where DDP's cost goes, per synced micro-batch, and which option acts on which part."""
+    share = ddp_cost_share(payload)
+    if share is None:
+        return []
+    out = ["", "Where DDP's cost goes, per synced micro-batch (a range where nothing measured the part):",
+           f"  {'part':<16}{'ms':>8}  {'range ms':<14}scales with"]
+    for name, c in payload["ddp_costs"].items():
+        rng = "-" if c["range_s"] is None else f"{_ms(c['range_s'][0])}-{_ms(c['range_s'][1])}"
+        out.append(f"  {name:<16}{_ms(c['seconds']):>8}  {rng:<14}{c['scales_with']}")
+    nominal, low, high = share
+    out.append(f"  DDP takes {nominal:.1f} % of a ddp_synced step (range {low:.1f}-{high:.1f} %).")
+    if high < NOTHING_TO_GAIN_PCT:
+        out.append(f"  Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking.")
+    knobs = payload.get("ddp_knobs") or []
+    if knobs:
+        out.append("DDP options the model predicts a gain for (ddp_synced, nominal):")
+        out += [f"  {o['knob']:<40} -{_ms(o['gain_s'])} ms ({o['gain_pct']:.1f} %), on {o['part']}" for o in knobs]
+    return out
 
 
 def _fixed_rows(fixed: dict) -> list[str]:
@@ -112,7 +151,7 @@ def _fixed_rows(fixed: dict) -> list[str]:
 
 
 def render_model(payload: dict) -> str:
-    out = _header(payload) + _strategy_rows(payload) + _hide_line(payload["hide_threshold"])
+    out = _header(payload) + _strategy_rows(payload) + _hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload)
     if "sweep" in payload:
         out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
     if payload["warnings"]:
