@@ -173,7 +173,7 @@ OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times ex
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
                     "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size",
-                    "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter_s",
+                    "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter",
                     "rank_spread_world_size")
 
 
@@ -213,11 +213,11 @@ class Compute:
     # on a known GPU the cited what-if range, elsewhere counted in the measured copies or 0.
     ddp_kernel_s: float | None = None
     # The ranks' spread, measured by `validate` (topoprof.model.ddp_gpu.straggler_wait_s): the
-    # standard deviation of their persistent speeds (share of compute), None when not measured;
-    # of one micro-batch's time around its rank's level (s); and how many ranks' slowest the
-    # measured compute already is.
+    # standard deviation of their persistent speeds, None when not measured; of one micro-batch's
+    # time around its rank's level; both as shares of the micro-batch; and how many ranks' slowest
+    # the measured compute already is.
     rank_speed_spread: float | None = None
-    rank_jitter_s: float = 0.0
+    rank_jitter: float = 0.0
     rank_spread_world_size: int = 1
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
     origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
@@ -235,7 +235,7 @@ class Compute:
         for name in ("ddp_kernel_s", "rank_speed_spread"):
             value = getattr(self, name)
             _need(value is None or value >= 0, f"{name} must be >= 0, got {value}")
-        _need(self.rank_jitter_s >= 0, f"rank_jitter_s must be >= 0, got {self.rank_jitter_s}")
+        _need(self.rank_jitter >= 0, f"rank_jitter must be >= 0, got {self.rank_jitter}")
         _need(isinstance(self.rank_spread_world_size, int) and self.rank_spread_world_size >= 1,
               f"rank_spread_world_size must be an integer >= 1, got {self.rank_spread_world_size}")
         _need(self.utilization is None or 0 < self.utilization <= 1,

@@ -31,7 +31,7 @@ timeline; the report lists them per synced micro-batch so that a user sees which
    syncing every micro-batch pays it k times and `no_sync` once, on the sum of k micro-batches
    (its spread grows as sqrt(k)). Both grow with the number of ranks as the expected maximum of
    that many draws. Measured: `validate` records every rank's time for every micro-batch
-   (`rank_speed_spread`, `rank_jitter_s`). What-if: the persistent part only, GPU_SPEED_SPREAD_RANGE.
+   (`rank_speed_spread`, `rank_jitter`). What-if: the persistent part only, GPU_SPEED_SPREAD_RANGE.
 4. The all-reduces themselves, at the size of each bucket: the comm model's latency plus bytes
    over bus bandwidth (NCCL's latency model, src/graph/tuning.cc), or the curve `bench` measured.
 """

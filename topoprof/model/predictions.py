@@ -47,14 +47,31 @@ def _workload(opts, size: str | None):
 
 def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | None, size: str | None = None,
              time_on_gpu: bool = True):
+    """Compute for one model, with the inputs carried from the scan's calibration marked as such."""
+    from dataclasses import replace
+
+    compute, source = _compute_from(opts, workload, calibration, vopts, gpu_name, size, time_on_gpu)
+    carried = {k for k in CARRIED if (calibration or {}).get(k) is not None}
+    return replace(compute, calibrated=tuple(sorted(set(compute.calibrated) | carried))), source
+
+
+# What a scan's calibration (`validate` on these ranks) carries to every model it predicts.
+CARRIED = ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps",
+           "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter", "comm_slowdown_by_size")
+
+
+def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str | None, size: str | None = None,
+                  time_on_gpu: bool = True):
     from topoprof.model.compute import Compute
 
     extra = {}
     if calibration:
-        # The machine's interference and memory, which hold for any model; DDP's per-micro-batch
-        # hook cost belongs to the calibration model's tensors and is not carried over.
-        for key in ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps",
-                    "ddp_copy_bandwidth_gbps"):
+        # The machine's interference and memory, which hold for any model; DDP's per-kernel cost,
+        # which the model multiplies by this model's tensors and buckets; the ranks' spreads, as
+        # shares of compute. DDP's per-micro-batch hook cost belongs to the calibration model's
+        # tensors and is not carried over; nor is the ranks' count whose slowest the calibration's
+        # compute is (a model timed here ran on one rank).
+        for key in CARRIED[:-1]:
             if calibration.get(key) is not None:
                 extra[key] = calibration[key]
         if calibration.get("comm_slowdown_by_size"):

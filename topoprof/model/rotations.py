@@ -104,8 +104,9 @@ def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
     time: per micro-batch each rank's time less the mean over ranks, split into each rank's own
     level over a rotation (a persistently slower rank) and what is left (jitter). Returns the
     standard deviations pooled over rotations, the persistent one as a share of the mean
-    micro-batch (`rank_speed_spread`) and the jitter in seconds (`rank_jitter_s`), with the
-    number of ranks; None with one rank or one micro-batch."""
+    micro-batch (`rank_speed_spread`) and the jitter also as a share (`rank_jitter`: it is carried
+    to other models in proportion to their compute), with the number of ranks; None with one rank
+    or one micro-batch.""" 
     persistent, jitter, means = [], [], []
     for rot in rotations:
         times = [[f + b for f, b in zip(r["calibration"]["forward_s"], r["calibration"]["backward_s"])] for r in rot]
@@ -124,7 +125,8 @@ def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
     if not means:
         return None
     return {"rank_speed_spread": (statistics.fmean(persistent) ** 0.5) / statistics.fmean(means),
-            "rank_jitter_s": statistics.fmean(jitter) ** 0.5, "rank_spread_world_size": len(rotations[0])}
+            "rank_jitter": (statistics.fmean(jitter) ** 0.5) / statistics.fmean(means),
+            "rank_spread_world_size": len(rotations[0])}
 
 
 def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None) -> dict[str, Spread]:

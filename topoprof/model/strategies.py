@@ -111,7 +111,7 @@ class GpuCosts:
     kernel_s: float = 0.0           # per kernel DDP's reducer launches
     compute_slowdown: float = 1.0   # backward beside an all-reduce
     speed_spread: float = 0.0       # the ranks' persistent speed spread, share of compute
-    jitter_s: float = 0.0           # one micro-batch's spread around its rank's level
+    jitter: float = 0.0             # one micro-batch's spread around its rank's level, share of compute
     spread_basis: int = 1           # ranks whose slowest the compute already is
 
 
@@ -157,7 +157,7 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
     spread = comp.rank_speed_spread
     if spread is not None:
         echo["rank_speed_spread"] = (spread, comp.origin("rank_speed_spread"))
-        echo["rank_jitter_s"] = (comp.rank_jitter_s, comp.origin("rank_jitter_s"))
+        echo["rank_jitter"] = (comp.rank_jitter, comp.origin("rank_jitter"))
     elif on_gpu:
         ranges["rank_speed_spread"] = ddp_gpu.gpu_speed_spread_range()
         spread = _pick(ranges["rank_speed_spread"], end)
@@ -167,7 +167,7 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
         notes.append(DDP_GPU_UNPRICED_NOTE)
     if ranges:
         echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()}, "what-if ranges (topoprof.model.ddp_gpu)")
-    return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter_s, comp.rank_spread_world_size)
+    return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter, comp.rank_spread_world_size)
 
 
 DDP_GPU_UNPRICED_NOTE = ("DDP's per-kernel cost and the slowest rank's wait are not priced: no GPU named and no "
@@ -252,9 +252,10 @@ def straggler_s(res: Resolved, syncs: int) -> float:
     """What a step of `syncs` syncs waits for its slowest rank (`ddp_gpu.straggler_wait_s`)."""
     n, k = res.inputs.cluster.world_size, res.inputs.accumulation_steps
     g = res.gpu
-    if n == 1 or (g.speed_spread == 0 and g.jitter_s == 0):
+    if n == 1 or (g.speed_spread == 0 and g.jitter == 0):
         return 0.0
-    return ddp_gpu.straggler_wait_s(n, res.micro_batch_s, k, syncs, g.speed_spread, g.jitter_s, g.spread_basis)
+    return ddp_gpu.straggler_wait_s(n, res.micro_batch_s, k, syncs, g.speed_spread, g.jitter * res.micro_batch_s,
+                                    g.spread_basis)
 
 
 # How many micro-batches of a step all-reduce, per DDP strategy (of k).
