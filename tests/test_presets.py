@@ -231,3 +231,13 @@ def test_image_size_on_a_text_preset_is_refused(name):
     with pytest.raises(InputError, match=f"--image-size: {name} reads tokens, not images"):
         get_preset(name, image_size=224)
 
+
+def test_an_image_models_workload_counts_its_micro_batchs_images():
+    from topoprof.model.strategies import Workload
+
+    assert Workload.from_preset("resnet50", micro_batch_size=32).tokens_per_micro_batch == 32
+    assert Workload.from_preset("resnet50", 160, micro_batch_size=8, tokens_per_micro_batch=8).layout == \
+        get_preset("resnet50", image_size=160)
+    with pytest.raises(InputError, match="tokens_per_micro_batch\\(2048\\) of an image model"):
+        Workload.from_preset("resnet50", micro_batch_size=32, tokens_per_micro_batch=2048)
+    assert Workload.from_preset("gpt2", micro_batch_size=4).tokens_per_micro_batch is None  # text: as given
