@@ -220,3 +220,24 @@ def test_resnet50_on_v100_counts_the_micro_batchs_images():
     small = _model_json(*VISION, "--image-size", "112")["inputs"]
     assert small["params"]["value"] == 25_557_032
     assert small["micro_batch_time_s"]["value"] < inputs["micro_batch_time_s"]["value"] / 3
+
+
+def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
+    """With a GPU here, the preset is timed (measure_preset replaced: what it was asked is checked)."""
+    from click.testing import CliRunner
+
+    from topoprof.cli import main
+
+    asked = []
+
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+        asked.append((preset, micro_batch, seq_len, device, precision, image_size))
+        return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
+                "source": f"{preset}: measured on {device}", "scaled": None}
+
+    monkeypatch.setattr("topoprof.measure.runner.visible_gpus", lambda: [0])
+    monkeypatch.setattr("topoprof.model.user_model.measure_preset", fake)
+    result = CliRunner().invoke(main, ["model", *VISION, "--image-size", "160", "--json"])
+    assert result.exit_code == 0, result.output
+    assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]
+    assert json.loads(result.output)["inputs"]["micro_batch_time_s"]["value"] == 0.2
