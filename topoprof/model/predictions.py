@@ -28,9 +28,8 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 def _workload(opts, size: str | None):
     from topoprof.model.inputs import parse_count
-    from topoprof.model.strategies import Workload
-
     from topoprof.model.presets import is_vision
+    from topoprof.model.strategies import Workload
 
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
     tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
