@@ -11,6 +11,12 @@ rotary position embedding has no parameters and a small share of the FLOPs, and 
 
 `n_layer` builds fewer blocks: a model too large for one GPU is timed at two depths and
 extrapolated linearly in the block count (`topoprof/model/scaled.py`).
+
+The vision presets are torchvision's ResNet and ResNeXt (`torchvision/models/resnet.py`,
+github.com/pytorch/vision; the layout in `topoprof/model/vision.py`), written out here without
+torchvision: the same modules, parameter names, shapes and order, and torchvision's
+initialisation. Their batch is `micro_batch` random images of `image_size` square pixels; the
+loss is cross-entropy over 1000 classes, BN in training mode as the module is built.
 """
 from __future__ import annotations
 
@@ -197,7 +203,72 @@ def _bert_loss(out, tokens):
     return sequence.float().pow(2).mean() + pooled.float().pow(2).mean()
 
 
-# name: (module class, its kwargs, vocabulary size, loss)
+def _conv(c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
+    """torchvision's conv1x1 / conv3x3 (padding kernel // 2, no bias)."""
+    return nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False)
+
+
+class _Bottleneck(nn.Module):
+    """torchvision's Bottleneck (v1.5: the stride on the 3x3)."""
+
+    def __init__(self, inplanes: int, planes: int, stride: int, downsample, groups: int, width_per_group: int):
+        super().__init__()
+        width = int(planes * (width_per_group / 64.0)) * groups
+        self.conv1, self.bn1 = _conv(inplanes, width, 1), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = _conv(width, width, 3, stride, groups), nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = _conv(width, planes * 4, 1), nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Module):
+    """torchvision's ResNet with Bottleneck blocks (resnet50/101, resnext50_32x4d, resnext101_32x8d)."""
+
+    def __init__(self, blocks=(3, 4, 6, 3), groups=1, width_per_group=64, num_classes=1000):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        inplanes = 64
+        for stage, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks)):
+            stride = 1 if stage == 0 else 2
+            downsample = None
+            if stride != 1 or inplanes != planes * 4:
+                downsample = nn.Sequential(_conv(inplanes, planes * 4, 1, stride), nn.BatchNorm2d(planes * 4))
+            layers = [_Bottleneck(inplanes, planes, stride, downsample, groups, width_per_group)]
+            inplanes = planes * 4
+            layers += [_Bottleneck(inplanes, planes, 1, None, groups, width_per_group) for _ in range(1, count)]
+            setattr(self, f"layer{stage + 1}", nn.Sequential(*layers))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512 * 4, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _classification_loss(logits, images):
+    """Cross-entropy over the classes; the labels (any: the cost does not depend on them) are
+    0, 1, 2, ... on the images' device."""
+    labels = torch.arange(logits.shape[0], device=logits.device) % logits.shape[1]
+    return F.cross_entropy(logits.float(), labels)
+
+
+# name: (module class, its kwargs, vocabulary size (None: an image model), loss)
 PRESET_MODULES = {
     "gpt2": (Gpt2, {"n_layer": 12}, 50257, _next_token_loss),
     "gpt2-medium": (Gpt2, {"n_layer": 24, "n_embd": 1024, "n_head": 16}, 50257, _next_token_loss),
@@ -205,15 +276,33 @@ PRESET_MODULES = {
     # 2048 / 16 heads = 128 per head, GPT-3's d_head (its table's 24 heads would not divide 2048)
     "gpt3-xl": (Gpt2, {"n_layer": 24, "n_embd": 2048, "n_head": 16, "n_positions": 2048}, 50257, _next_token_loss),
     "llama-7b": (Llama, {"n_layer": 32}, 32000, _next_token_loss),
+    # torchvision's resnet50, resnet101, resnext50_32x4d, resnext101_32x8d
+    "resnet50": (ResNet, {"blocks": (3, 4, 6, 3)}, None, _classification_loss),
+    "resnet101": (ResNet, {"blocks": (3, 4, 23, 3)}, None, _classification_loss),
+    "resnext50_32x4d": (ResNet, {"blocks": (3, 4, 6, 3), "groups": 32, "width_per_group": 4}, None,
+                        _classification_loss),
+    "resnext101_32x8d": (ResNet, {"blocks": (3, 4, 23, 3), "groups": 32, "width_per_group": 8}, None,
+                         _classification_loss),
 }
+DEFAULT_IMAGE_SIZE = 224  # torchvision's ImageNet training crop, as topoprof/model/vision.py
 
 
 
-def build(preset: str, micro_batch: int = 1, seq_len: int = 1024, n_layer: int | None = None, seed: int = 0):
-    """(module, example_batch, loss_fn) of a preset at its real size (or with `n_layer` blocks)."""
+def build(preset: str, micro_batch: int = 1, seq_len: int = 1024, n_layer: int | None = None, seed: int = 0,
+          image_size: int | None = None):
+    """(module, example_batch, loss_fn) of a preset at its real size (or with `n_layer` blocks).
+    A text preset reads `micro_batch` x `seq_len` tokens; an image preset `micro_batch` images of
+    3 x `image_size` x `image_size` (default 224; `seq_len` and `n_layer` do not apply)."""
     cls, kwargs, vocab, loss = PRESET_MODULES[preset]
+    torch.manual_seed(seed)
+    if vocab is None:
+        if n_layer is not None:
+            raise ValueError(f"{preset} is timed whole: n_layer does not apply")
+        size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
+        return cls(**kwargs), torch.randn(micro_batch, 3, size, size), loss
+    if image_size is not None:
+        raise ValueError(f"{preset} reads tokens: image_size does not apply")
     if n_layer is not None:
         kwargs = {**kwargs, "n_layer": n_layer}
-    torch.manual_seed(seed)
     tokens = torch.randint(0, vocab, (micro_batch, seq_len))
     return cls(**kwargs), tokens, loss

@@ -71,7 +71,7 @@ def test_equals_torch_for_real_modules(name, limits):
         reversed_params, limits, indices=indices)
 
 
-@pytest.mark.parametrize("preset", ["gpt2", "gpt2-medium", "bert-base", "llama-7b"])
+@pytest.mark.parametrize("preset", ["gpt2", "gpt2-medium", "bert-base", "llama-7b", "resnet50"])
 def test_equals_torch_for_preset_shapes(preset):
     layout = get_preset(preset)
     params = _meta_params(layout)  # shapes only: llama-7b would need 27 GB otherwise

@@ -93,6 +93,12 @@ def test_topo_json_round_trips_as_a_topology_source(tmp_path):
     (["--params", "12Q", "--link-bandwidth", "1", "--world-size", "2", "--micro-batch-time", "1"], "--params"),
     (["--preset", "gpt2", "--topology", H100_TOPO, "--gpus", "0,9", "--micro-batch-time", "1"], "GPU(s) [9]"),
     (["--preset", "gpt2", "--params", "1B", "--link-bandwidth", "1", "--world-size", "2"], "exactly one of"),
+    (["--preset", "gpt2", "--image-size", "224", "--link-bandwidth", "1", "--world-size", "2",
+      "--micro-batch-time", "1"], "--image-size: gpt2 reads tokens, not images"),
+    (["--params", "25M", "--image-size", "224", "--link-bandwidth", "1", "--world-size", "2",
+      "--micro-batch-time", "1"], "--image-size applies to a vision preset"),
+    (["--preset", "resnet50", "--tokens", "2048", "--gpu", "v100-sxm2", "--link-bandwidth", "1", "--world-size", "2"],
+     "--tokens: resnet50 is an image model"),
 ])
 def test_impossible_input_exit_2_with_arithmetic(args, text):
     proc = _cli("model", *args)
@@ -189,3 +195,49 @@ def test_negative_optimizer_time_is_refused():
     proc = _cli("model", *OPTIMIZER_UNKNOWN, "--optimizer-time", "-0.01")
     assert proc.returncode == 2 and "optimizer_time_s must be >= 0, got -0.01" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---- image models: FLOPs per image ------------------------------------------------------------
+
+VISION = ["--preset", "resnet50", "--micro-batch-size", "32", "--gpu", "v100-sxm2", "--precision", "fp32",
+          "--world-size", "8", "--link-bandwidth", "20"]
+
+
+def test_resnet50_on_v100_counts_the_micro_batchs_images():
+    doc = _model_json(*VISION, "--image-size", "224")
+    inputs = doc["inputs"]
+    assert inputs["params"]["value"] == 25_557_032 and inputs["model"]["value"] == "resnet50"
+    assert inputs["tokens_per_micro_batch"]["value"] == 32  # images, one micro-batch's
+    # 32 images x 24.3 GFLOPs (forward 8.18 + backward 16.12) over 15.7 fp32 TFLOP/s x utilization
+    from topoprof.model.compute import DEFAULT_UTILIZATION  # the what-if's middle, as for a text preset
+
+    flops = 32 * (8_178_368_512 + 16_120_709_120)
+    assert inputs["micro_batch_time_s"]["value"] == pytest.approx(flops / (15.7e12 * DEFAULT_UTILIZATION), rel=1e-9)
+    assert "per image x 32 images" in inputs["micro_batch_time_s"]["source"]
+    assert doc["strategies"]["ddp_synced"]["step_time_s"] > 0
+    # 224 is the default; another size changes compute, not the parameters
+    assert _model_json(*VISION)["inputs"]["micro_batch_time_s"] == inputs["micro_batch_time_s"]
+    small = _model_json(*VISION, "--image-size", "112")["inputs"]
+    assert small["params"]["value"] == 25_557_032
+    assert small["micro_batch_time_s"]["value"] < inputs["micro_batch_time_s"]["value"] / 3
+
+
+def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
+    """With a GPU here, the preset is timed (measure_preset replaced: what it was asked is checked)."""
+    from click.testing import CliRunner
+
+    from topoprof.cli import main
+
+    asked = []
+
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+        asked.append((preset, micro_batch, seq_len, device, precision, image_size))
+        return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
+                "source": f"{preset}: measured on {device}", "scaled": None}
+
+    monkeypatch.setattr("topoprof.measure.runner.visible_gpus", lambda: [0])
+    monkeypatch.setattr("topoprof.model.user_model.measure_preset", fake)
+    result = CliRunner().invoke(main, ["model", *VISION, "--image-size", "160", "--json"])
+    assert result.exit_code == 0, result.output
+    assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]
+    assert json.loads(result.output)["inputs"]["micro_batch_time_s"]["value"] == 0.2

@@ -2,8 +2,8 @@
 import pytest
 
 from topoprof.errors import InputError
-from topoprof.model.presets import (PRESETS, Layout, TensorSpec, Use, bert_layout, get_preset,
-                                    gpt2_layout, synthetic_layout)
+from topoprof.model.presets import (PRESETS, VISION_PRESETS, Layout, TensorSpec, Use, bert_layout, get_preset,
+                                    gpt2_layout, is_vision, synthetic_layout)
 
 # Totals of the Hugging Face models (sum of p.numel() over model.parameters()).
 EXPECTED_PARAMS = {
@@ -14,6 +14,11 @@ EXPECTED_PARAMS = {
     # GPT-3 XL (no published HF checkpoint): GPT-2's blocks at d 2048, 24 layers, 2048 positions,
     # counted by hand: 24 x (12 d^2 + 13 d) + 50257 d + 2048 d + 2 d
     "gpt3-xl": 24 * (12 * 2048 ** 2 + 13 * 2048) + 50257 * 2048 + 2048 * 2048 + 2 * 2048,
+    # torchvision's models (sum of p.numel() over torchvision.models.<name>().parameters())
+    "resnet50": 25_557_032,
+    "resnet101": 44_549_160,
+    "resnext50_32x4d": 25_028_904,
+    "resnext101_32x8d": 88_791_336,
 }
 
 
@@ -114,3 +119,125 @@ def test_layout_rejects_unused_tensor_and_no_compute():
         Layout("x", tensors, (Use((0,), 16.0),), "test")
     with pytest.raises(InputError, match="no matmul compute"):
         Layout("x", tensors, (Use((0, 1), 0.0),), "test")
+
+
+# --- vision presets (topoprof.model.vision) ---------------------------------------------------
+
+def _conv_forward(layout, name):
+    """A conv's forward FLOPs per image, from its use in the layout."""
+    index = [t.name for t in layout.tensors].index(name)
+    (use,) = [u for u in layout.uses if u.tensors == (index,)]
+    return use
+
+
+@pytest.mark.parametrize("name", VISION_PRESETS)
+@pytest.mark.parametrize("image_size", [224, 160, 97, 32])
+def test_vision_params_do_not_depend_on_image_size(name, image_size):
+    layout = get_preset(name, image_size=image_size)
+    assert layout.params == EXPECTED_PARAMS[name] and layout.unit == "image"
+
+
+def test_vision_presets_are_the_architectures_vision_builds():
+    from topoprof.model.vision import RESNETS
+
+    assert set(VISION_PRESETS) == set(RESNETS) and set(VISION_PRESETS) <= set(PRESETS)
+
+
+def test_vision_default_image_size_is_224_and_text_presets_count_tokens():
+    assert get_preset("resnet50") == get_preset("resnet50", image_size=224)
+    assert all(get_preset(n).unit == "token" for n in PRESETS if not is_vision(n))
+    assert is_vision(" ResNet50 ") and not is_vision("gpt2") and not is_vision(None)
+
+
+def test_resnet50_names_in_torchvision_order():
+    names = [t.name for t in get_preset("resnet50").tensors]
+    assert names[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"]
+    assert names[3:13] == ["layer1.0.conv1.weight", "layer1.0.bn1.weight", "layer1.0.bn1.bias",
+                           "layer1.0.conv2.weight", "layer1.0.bn2.weight", "layer1.0.bn2.bias",
+                           "layer1.0.conv3.weight", "layer1.0.bn3.weight", "layer1.0.bn3.bias",
+                           "layer1.0.downsample.0.weight"]
+    assert names[-2:] == ["fc.weight", "fc.bias"]
+    # one downsample per stage, in its first block only (layer1's for the width 64 -> 256)
+    assert [n for n in names if n.endswith("downsample.0.weight")] == [
+        f"layer{i}.0.downsample.0.weight" for i in (1, 2, 3, 4)]
+    # 1 + 16 blocks x 3 convs + 4 downsamples = 53 convs, each followed by its BN; then fc
+    assert len(names) == 53 * 3 + 2
+
+
+def test_resnext_grouped_conv_shape():
+    shapes = {t.name: t.shape for t in get_preset("resnext50_32x4d").tensors}
+    # width = int(64 * 4 / 64) * 32 = 128 in layer1; each of 32 groups sees 128 / 32 = 4 channels
+    assert shapes["layer1.0.conv2.weight"] == (128, 4, 3, 3)
+    assert shapes["layer4.2.conv2.weight"] == (1024, 32, 3, 3)
+    wide = {t.name: t.shape for t in get_preset("resnext101_32x8d").tensors}
+    assert wide["layer1.0.conv1.weight"] == (256, 64, 1, 1)  # width int(64 * 8 / 64) * 32 = 256
+
+
+@pytest.mark.parametrize("image_size, spatial", [(224, [112, 56, 28, 14, 7]), (160, [80, 40, 20, 10, 5]),
+                                                 (97, [49, 25, 13, 7, 4]), (32, [16, 8, 4, 2, 1])])
+def test_resnet50_conv_flops_follow_torch_output_sizes(image_size, spatial):
+    """Hout = floor((H + 2p - k) / s) + 1 (nn.Conv2d, nn.MaxPool2d): stem, then stage 1..4."""
+    layout = get_preset("resnet50", image_size=image_size)
+    stem, s1, s2, s3, s4 = spatial
+    stem_use = _conv_forward(layout, "conv1.weight")
+    assert stem_use.forward_flops_per_token == 2 * 3 * 49 * 64 * stem * stem
+    assert stem_use.backward_flops_per_token == stem_use.forward_flops_per_token  # no input gradient
+    for name, cin, cout, k, out in [("layer1.0.conv2.weight", 64, 64, 3, s1),
+                                    ("layer2.0.conv2.weight", 128, 128, 3, s2),   # the stride is on the 3x3
+                                    ("layer2.0.conv1.weight", 256, 128, 1, s1),   # before it: stage 1's size
+                                    ("layer2.0.downsample.0.weight", 256, 512, 1, s2),
+                                    ("layer3.5.conv3.weight", 256, 1024, 1, s3),
+                                    ("layer4.0.conv2.weight", 512, 512, 3, s4)]:
+        use = _conv_forward(layout, name)
+        assert use.forward_flops_per_token == 2 * cin * k * k * cout * out * out, name
+        assert use.backward_flops_per_token == 2 * use.forward_flops_per_token, name
+    fc = [u for u in layout.uses if layout.tensors[u.tensors[0]].name == "fc.weight"][0]
+    assert fc.backward_flops_per_token == 4 * 2048 * 1000 and fc.forward_flops_per_token == 2 * 2048 * 1000
+
+
+def test_resnet50_at_224_is_the_published_4_1_gmacs():
+    # 4.09 GMACs per 224x224 image (torchvision's weights table, "GFLOPS 4.09"; He et al. 2016
+    # Table 1 gives 3.8e9 for v1, whose stride sits on the first 1x1)
+    assert get_preset("resnet50").forward_flops_per_token / 2 == pytest.approx(4.09e9, rel=2e-3)
+
+
+@pytest.mark.parametrize("name", VISION_PRESETS)
+def test_vision_train_flops_are_forward_plus_backward(name):
+    layout = get_preset(name, image_size=160)
+    stem = _conv_forward(layout, "conv1.weight").forward_flops_per_token
+    forward, backward = layout.forward_flops_per_token, layout.backward_flops_per_token
+    assert backward == 2 * forward - stem  # every conv 2x, the stem 1x, fc 2x
+    assert layout.train_flops_per_token == pytest.approx(forward + backward, rel=1e-12)
+    # Kaplan's backward = 2x forward, the default backward share 2/3, is within 1 % of it
+    assert backward / (forward + backward) == pytest.approx(2 / 3, rel=0.01)
+
+
+def test_vision_ready_order_ends_with_the_stem():
+    layout = get_preset("resnet50")
+    schedule = layout.ready_schedule()
+    names = [layout.tensors[r.index].name for r in schedule]
+    assert names[:2] == ["fc.bias", "fc.weight"] and names[-3:] == ["bn1.bias", "bn1.weight", "conv1.weight"]
+    assert schedule[-1].ready_fraction == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, -3, 22.5, True])
+def test_vision_image_size_must_be_a_positive_whole_number(bad):
+    with pytest.raises(InputError, match="--image-size"):
+        get_preset("resnet50", image_size=bad)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert-base"])
+def test_image_size_on_a_text_preset_is_refused(name):
+    with pytest.raises(InputError, match=f"--image-size: {name} reads tokens, not images"):
+        get_preset(name, image_size=224)
+
+
+def test_an_image_models_workload_counts_its_micro_batchs_images():
+    from topoprof.model.strategies import Workload
+
+    assert Workload.from_preset("resnet50", micro_batch_size=32).tokens_per_micro_batch == 32
+    assert Workload.from_preset("resnet50", 160, micro_batch_size=8, tokens_per_micro_batch=8).layout == \
+        get_preset("resnet50", image_size=160)
+    with pytest.raises(InputError, match="tokens_per_micro_batch\\(2048\\) of an image model"):
+        Workload.from_preset("resnet50", micro_batch_size=32, tokens_per_micro_batch=2048)
+    assert Workload.from_preset("gpt2", micro_batch_size=4).tokens_per_micro_batch is None  # text: as given

@@ -21,8 +21,8 @@ def timed(monkeypatch):
     """measure_preset replaced: records what it was asked, answers like the real one."""
     calls = []
 
-    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw"):
-        calls.append((preset, micro_batch, seq_len, device))
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+        calls.append((preset, micro_batch, seq_len, device) + ((image_size,) if image_size else ()))
         scaled = [2, 4] if preset == "llama-7b" else None
         return {"micro_batch_time_s": 0.03, "backward_fraction": 0.65, "optimizer_time_s": 0.004,
                 "source": f"{preset}: measured on cuda:0, 10 repeats, median", "scaled": scaled}
@@ -49,6 +49,27 @@ def test_a_gpu_scan_times_the_named_preset(timed):
     preds = scan_predictions.predictions(opts, _fit(), 8, None, None, H100)
     assert timed == [("bert-base", 4, 256, "cuda:0")]
     assert preds[0]["inputs"]["optimizer_time_s"]["value"] == 0.004
+
+
+def test_a_gpu_scan_times_an_image_model_at_its_image_size(timed):
+    opts = ScanOptions(backend="nccl", nproc=8, note="", preset="resnet50", image_size=160, micro_batch_size=32)
+    (pred,) = scan_predictions.predictions(opts, _fit(), 8, None, None, H100)
+    assert timed == [("resnet50", 32, None, "cuda:0", 160)]  # 32 images, no sequence
+    assert pred["inputs"]["tokens_per_micro_batch"]["value"] == 32  # its FLOPs count images, not 2048 tokens
+    assert pred["inputs"]["params"]["value"] == 25_557_032 and "160x160" in pred["inputs"]["model"]["source"]
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    ({"preset": "gpt2", "image_size": 224}, "--image-size: gpt2 reads tokens, not images"),
+    ({"params": "125M", "image_size": 224}, "--image-size applies to a vision preset"),
+    ({"preset": "resnet50", "tokens": 2048}, "--tokens: resnet50 is an image model"),
+    ({"preset": "resnet50", "image_size": 0}, "--image-size 0"),
+])
+def test_image_options_are_refused_before_anything_runs(kwargs, text):
+    from topoprof.errors import InputError
+
+    with pytest.raises(InputError, match=text):
+        ScanOptions(backend="nccl", nproc=8, note="", **kwargs)
 
 
 def test_cpu_ranks_keep_the_calibration(timed):

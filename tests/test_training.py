@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from topoprof.model.buckets import ddp_buckets
 from topoprof.errors import InputError
 from topoprof.measure.launch import JobSpec, launch_local
-from topoprof.model.presets import PRESETS, get_preset
+from topoprof.model.presets import PRESETS, VISION_PRESETS, get_preset
 from topoprof.model.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
                                       spec_for_preset)
 
@@ -80,7 +80,7 @@ def test_spec_for_params_rejects_too_few():
         spec_for_params(100)
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(set(PRESETS) - set(VISION_PRESETS)))
 @pytest.mark.parametrize("scale", [0.01, 0.1])
 def test_spec_for_preset_scales_params_and_keeps_embedding_share(name, scale):
     preset = get_preset(name)
@@ -89,6 +89,12 @@ def test_spec_for_preset_scales_params_and_keeps_embedding_share(name, scale):
     share = preset.tensors[0].numel / preset.params
     assert spec.embedding_share == pytest.approx(share, rel=0.05)
     assert spec.d_model < preset.tensors[0].shape[1] and spec.seq_len == 32
+
+
+@pytest.mark.parametrize("name", VISION_PRESETS)
+def test_spec_for_preset_refuses_an_image_model(name):
+    with pytest.raises(InputError, match=f"--preset {name}: an image model"):
+        spec_for_preset(name, 0.1)
 
 
 def test_spec_for_preset_rejects_bad_scale():

@@ -8,14 +8,19 @@ from topoprof.errors import InputError
 
 @click.command()
 @click.option("--params", help="Model size: 124439808, 125M, 1.3B, 7B (a synthetic even layout).")
-@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, gpt3-xl, llama-7b.")
+@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, gpt3-xl, llama-7b; "
+                                "image models resnet50, resnet101, resnext50_32x4d, resnext101_32x8d.")
+@click.option("--image-size", type=click.IntRange(min=1),
+              help="Square image side in pixels for an image --preset (default 224); its FLOPs count "
+                   "--micro-batch-size images per micro-batch.")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Your own model: a function returning (module, example_batch[, loss_fn]); its parameters, "
                    "gradient-ready order and compute are measured here (also as package.module:CALLABLE).")
 @click.option("--grad-bytes", type=click.Choice(["2", "4"]), default="4", show_default=True,
               help="Bytes per gradient element: 4 under autocast (fp32 params), 2 for pure bf16/fp16.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per GPU per micro-batch.")
-@click.option("--tokens", type=click.IntRange(min=1), help="Tokens per GPU per micro-batch (for the FLOPs estimate).")
+@click.option("--tokens", type=click.IntRange(min=1),
+              help="Tokens per GPU per micro-batch (for the FLOPs estimate; not for an image --preset).")
 @click.option("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: torch's 25 with a 1 MiB first bucket).")
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")
 @click.option("--backward-fraction", type=float, help="Share of the micro-batch time spent in backward (default 2/3).")

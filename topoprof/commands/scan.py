@@ -13,20 +13,24 @@ from topoprof.errors import RunFailed
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None)
 @click.option("--nproc", type=click.IntRange(min=1), default=None)
 @click.option("--params", help="Your model's size (125M, 1.3B, 7B); default: those three.")
-@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b.")
+@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b; "
+                                "image models resnet50, resnet101, resnext50_32x4d, resnext101_32x8d.")
+@click.option("--image-size", type=click.IntRange(min=1),
+              help="Square image side in pixels for an image --preset (default 224).")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Your own model: a function returning (module, example_batch[, loss_fn]); timed here, "
                    "its buckets read as DDP forms them, and trained in the validation.")
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch of your model.")
-@click.option("--tokens", type=click.IntRange(min=1), help="Tokens per GPU per micro-batch (default 2048).")
+@click.option("--tokens", type=click.IntRange(min=1),
+              help="Tokens per GPU per micro-batch (default 2048; an image --preset counts --micro-batch-size images).")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--accum", type=click.IntRange(min=1), default=8, show_default=True, help="Gradient accumulation steps K.")
 @click.option("--validate/--no-validate", default=True, show_default=True, help="Run the short real training loops.")
 @click.option("--quick", is_flag=True, help="Fewer sizes and steps, no numerics check.")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Report folder (default reports/<host>-<UTC time>/).")
-def scan(backend, nproc, params, preset, user_model, micro_batch_time, tokens, micro_batch_size, accum, validate, quick,
-         timeout_s, out_dir):
+def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_time, tokens, micro_batch_size, accum,
+         validate, quick, timeout_s, out_dir):
     """Profile this node and write a report: wiring, measured bandwidth, DP/DDP/accumulation
     predictions checked by real loops, and what to do, with charts."""
     from topoprof.measure.runner import default_backend_and_nproc
@@ -35,7 +39,7 @@ def scan(backend, nproc, params, preset, user_model, micro_batch_time, tokens, m
 
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
     opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
-                       preset=preset, micro_batch_time_s=micro_batch_time, tokens=tokens,
+                       preset=preset, image_size=image_size, micro_batch_time_s=micro_batch_time, tokens=tokens,
                        micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s, user_model=user_model)
     from topoprof.scan.job import default_out_dir, run
 

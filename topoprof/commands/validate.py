@@ -12,7 +12,7 @@ from topoprof.errors import InputError, RunFailed
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None)
 @click.option("--nproc", type=click.IntRange(min=1), default=None)
 @click.option("--params", help="Synthetic model size (default 2M): 500K, 10M, 125M.")
-@click.option("--preset", help="A preset's shape, scaled by --scale: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b.")
+@click.option("--preset", help="A text preset's shape, scaled by --scale: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b.")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Train your own model instead: a function returning (module, example_batch[, loss_fn]).")
 @click.option("--scale", type=float, default=0.05, show_default=True, help="Parameter scale for --preset.")

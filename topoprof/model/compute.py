@@ -309,7 +309,7 @@ def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
 
 
 def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
-                   tokens: int | None, echo: dict) -> float:
+                   tokens: int | None, echo: dict, unit: str = "token") -> float:
     if comp.micro_batch_time_s is not None:
         source = f"measured ({comp.origin('micro_batch_time_s')})"
         echo["micro_batch_time_s"] = (comp.micro_batch_time_s, source)
@@ -325,8 +325,9 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
     util = comp.utilization if comp.utilization is not None else DEFAULT_UTILIZATION
     flops = flops_per_token * tokens
     seconds = flops / (peak * 1e12 * util)
-    echo["micro_batch_time_s"] = (seconds, f"{flops:.4g} FLOPs (6 x matmul params x {tokens} "
-                                  f"tokens) / ({peak} TFLOP/s x utilization {util:.3g})")
+    per = (f"6 x matmul params x {tokens} tokens" if unit == "token" else
+           f"{flops_per_token:.4g} forward + backward per {unit} x {tokens} {unit}s")
+    echo["micro_batch_time_s"] = (seconds, f"{flops:.4g} FLOPs ({per}) / ({peak} TFLOP/s x utilization {util:.3g})")
     echo["peak_tflops"] = (peak, peak_src)
     if comp.utilization is not None:
         echo["utilization"] = (util, "given")
@@ -362,8 +363,9 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
 
 
 def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: int | None,
-                  grad_bytes: int) -> ComputeTimes:
-    """c, T_bwd, T_opt and memory bandwidth, each echoed with its source."""
+                  grad_bytes: int, unit: str = "token") -> ComputeTimes:
+    """c, T_bwd, T_opt and memory bandwidth, each echoed with its source; `tokens` of `unit`
+    (a Layout's: "token", or "image" for an image model) per micro-batch."""
     notes: list[str] = []
     echo: dict[str, tuple[Any, str]] = {}
     spec = _gpu(comp, notes)
@@ -374,7 +376,7 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
         bw_src = "unknown: DDP bucket copies and fp16 casts count as 0 s"
         notes.append(MEMORY_UNKNOWN_NOTE)
     echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
-    c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo)
+    c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo, unit)
     if comp.backward_fraction is not None:
         fraction, source = comp.backward_fraction, comp.origin("backward_fraction")
     else:

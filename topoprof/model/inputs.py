@@ -121,6 +121,7 @@ def build_inputs(opts: dict):
     user = opts.get("user_model")
     if sum(x is not None for x in (opts["params"], opts["preset"], user)) != 1:
         raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
+    check_image_options(opts["preset"], opts.get("image_size"), opts["tokens"])
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
                    tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
     origins: list = []
@@ -131,7 +132,7 @@ def build_inputs(opts: dict):
         workload = Workload(user_layout(record), **work_kw)
         opts, origins = _measured(opts, user_compute(record))
     else:
-        workload = (Workload.from_preset(opts["preset"], **work_kw) if opts["preset"]
+        workload = (Workload.from_preset(opts["preset"], opts.get("image_size"), **work_kw) if opts["preset"]
                     else Workload.from_params(parse_count(opts["params"]), **work_kw))
         if opts["preset"] and opts["micro_batch_time"] is None and not opts["calibration"]:
             measured = _preset_on_this_gpu(opts)
@@ -156,6 +157,26 @@ def build_inputs(opts: dict):
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
 
 
+def check_image_options(preset: str | None, image_size: int | None, tokens: int | None) -> None:
+    """--image-size only with a vision preset; --tokens not with one (its FLOPs count the
+    micro-batch's images, --micro-batch-size of them)."""
+    from topoprof.model.presets import VISION_PRESETS, get_preset, is_vision
+
+    if is_vision(preset):
+        if tokens is not None:
+            raise InputError(f"--tokens: {preset.strip().lower()} is an image model: its FLOPs are per image, "
+                             "--micro-batch-size images per micro-batch (at --image-size); leave --tokens out")
+        if image_size is not None:
+            from topoprof.model.vision import check_image_size
+
+            check_image_size(image_size)
+    elif image_size is not None:
+        if preset:
+            get_preset(preset, image_size)  # unknown name, or a text preset: refused by name
+        raise InputError(f"--image-size applies to a vision preset ({', '.join(VISION_PRESETS)}), "
+                         "not to --params or --model")
+
+
 def _measured(opts: dict, measured: dict) -> tuple[dict, list]:
     """Options completed with measured compute where the user gave none, and where each came from."""
     origins = []
@@ -174,11 +195,15 @@ def _preset_on_this_gpu(opts: dict) -> dict | None:
 
     if not visible_gpus():
         return None
+    from topoprof.model.presets import is_vision
     from topoprof.model.user_model import measure_preset
 
-    batch = opts["micro_batch_size"]
+    batch, preset = opts["micro_batch_size"], opts["preset"].strip().lower()
+    if is_vision(preset):
+        return measure_preset(preset, batch, None, "cuda:0", opts["precision"], opts["optimizer"],
+                              image_size=opts.get("image_size"))
     seq_len = max(1, opts["tokens"] // batch) if opts["tokens"] else None
-    return measure_preset(opts["preset"].strip().lower(), batch, seq_len, "cuda:0", opts["precision"], opts["optimizer"])
+    return measure_preset(preset, batch, seq_len, "cuda:0", opts["precision"], opts["optimizer"])
 
 
 def _check_gpu_name(name: str | None) -> None:

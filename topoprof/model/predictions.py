@@ -28,16 +28,19 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 def _workload(opts, size: str | None):
     from topoprof.model.inputs import parse_count
+    from topoprof.model.presets import is_vision
     from topoprof.model.strategies import Workload
 
-    kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=opts.tokens or DEFAULT_TOKENS)
+    # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
+    tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
+    kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=tokens)
     if opts.user_record is not None:
         from topoprof.model.user_model import user_layout
 
         layout = user_layout(opts.user_record)
         return Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens}), layout.name
     if opts.preset:
-        return Workload.from_preset(opts.preset, **kw), opts.preset
+        return Workload.from_preset(opts.preset, opts.image_size, **kw), opts.preset
     preset = timed_preset(opts, size)
     if preset is not None:
         return Workload.from_preset(preset, **kw), f"{size} params ({preset})"
@@ -105,12 +108,16 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
 
 def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     """The preset built at its real size and timed on the first GPU (scaled from a few blocks
-    when it does not fit), with `tokens` per micro-batch split into whole sequences."""
+    when it does not fit), with `tokens` per micro-batch split into whole sequences; an image
+    model with micro_batch_size images of its image size."""
     import math
 
-    from topoprof.model.presets import MAX_SEQ_LEN
+    from topoprof.model.presets import MAX_SEQ_LEN, is_vision
     from topoprof.model.user_model import measure_preset
 
+    if is_vision(preset):
+        measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size)
+        return _measured_compute(measured, measured["source"], gpu_name, extra)
     tokens = opts.tokens or DEFAULT_TOKENS
     sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
     measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0")

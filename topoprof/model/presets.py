@@ -17,6 +17,10 @@ the LM head) is ready only at the very end, although the LM head's backward is t
 Shapes come from the Hugging Face configs named in each preset's `source`; the totals are
 checked in tests (gpt2 124,439,808; gpt2-medium 354,823,168; bert-base-uncased 109,482,240
 with pooler; llama-7b 6,738,415,616).
+
+The vision presets (VISION_PRESETS: torchvision's ResNet and ResNeXt, `topoprof.model.vision`)
+count per image instead of per token (`Layout.unit`): a micro-batch of B images is B "tokens".
+Their convolutions are not matmuls of their weights, so each use carries its forward FLOPs too.
 """
 from __future__ import annotations
 
@@ -42,10 +46,12 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Use:
-    """One step of the forward pass: the tensors it reads and its backward cost per token."""
+    """One step of the forward pass: the tensors it reads and its backward cost per token; its
+    forward cost when it is not a matmul's half of backward (None: it is)."""
 
     tensors: tuple[int, ...]
     backward_flops_per_token: float
+    forward_flops_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class Layout:
     tensors: tuple[TensorSpec, ...]
     uses: tuple[Use, ...]
     source: str
+    unit: str = "token"  # what the "per token" figures are per: "token", or "image" for a CNN
 
     def __post_init__(self) -> None:
         used = {i for use in self.uses for i in use.tensors}
@@ -78,10 +85,21 @@ class Layout:
         return sum(u.backward_flops_per_token for u in self.uses)
 
     @property
+    def forward_flops_per_token(self) -> float:
+        """Each use's own forward figure, or half its backward (a matmul: 2 of its 6)."""
+        return sum(u.backward_flops_per_token * MATMUL_FORWARD_FLOPS_PER_PARAM / MATMUL_BACKWARD_FLOPS_PER_PARAM
+                   if u.forward_flops_per_token is None else u.forward_flops_per_token for u in self.uses)
+
+    @property
     def train_flops_per_token(self) -> float:
-        """Forward + backward: (2 + 4) FLOPs per matmul parameter use; ~6N per token."""
+        """Forward + backward: (2 + 4) FLOPs per matmul parameter use; ~6N per token. A use with
+        its own forward figure adds what it differs from half its backward (a CNN's stem conv,
+        whose input needs no gradient: backward 1x forward, not 2x)."""
         per_param = MATMUL_FORWARD_FLOPS_PER_PARAM + MATMUL_BACKWARD_FLOPS_PER_PARAM
-        return self.backward_flops_per_token * per_param / MATMUL_BACKWARD_FLOPS_PER_PARAM
+        matmul = self.backward_flops_per_token * per_param / MATMUL_BACKWARD_FLOPS_PER_PARAM
+        return matmul + sum(u.forward_flops_per_token - u.backward_flops_per_token * MATMUL_FORWARD_FLOPS_PER_PARAM
+                            / MATMUL_BACKWARD_FLOPS_PER_PARAM for u in self.uses
+                            if u.forward_flops_per_token is not None)
 
     def ready_schedule(self) -> tuple[ReadyTensor, ...]:
         """Tensors in gradient-ready order with the share of backward done at that moment.
@@ -115,8 +133,9 @@ class LayoutBuilder:
         self.tensors.append(TensorSpec(name, tuple(shape)))
         return name
 
-    def use(self, *names: str, flops_per_token: float = 0.0) -> None:
-        self.uses.append(Use(tuple(self._index[n] for n in names), flops_per_token))
+    def use(self, *names: str, flops_per_token: float = 0.0, forward_flops_per_token: float | None = None) -> None:
+        """`flops_per_token` is the use's backward; its forward is half that unless given."""
+        self.uses.append(Use(tuple(self._index[n] for n in names), flops_per_token, forward_flops_per_token))
 
     def matmul(self, weight: str, bias: str | None = None, tokens_share: float = 1.0) -> None:
         """A Linear/Conv1D: 4 * numel(weight) backward FLOPs per token it is applied to."""
@@ -137,8 +156,8 @@ class LayoutBuilder:
             names += (self.param(f"{prefix}.bias", d_out),)
         return names
 
-    def build(self, name: str, source: str) -> Layout:
-        return Layout(name, tuple(self.tensors), tuple(self.uses), source)
+    def build(self, name: str, source: str, unit: str = "token") -> Layout:
+        return Layout(name, tuple(self.tensors), tuple(self.uses), source, unit)
 
 
 
@@ -274,15 +293,42 @@ PRESETS: dict[str, Callable[[], Layout]] = {
     "llama-7b": llama_layout,
 }
 
+# Image classifiers, built at an image size (`topoprof.model.vision`, which builds on the
+# LayoutBuilder above and is imported when one is asked for); their names are torchvision's.
+VISION_PRESETS = ("resnet50", "resnet101", "resnext50_32x4d", "resnext101_32x8d")
 
-# Blocks and the longest sequence of each preset (the configs cited in the layouts above: learned
+
+def _vision(name: str) -> Callable[..., Layout]:
+    def build(image_size: int | None = None) -> Layout:
+        from topoprof.model.vision import resnet_layout
+
+        return resnet_layout(name, image_size)
+    return build
+
+
+PRESETS.update({name: _vision(name) for name in VISION_PRESETS})
+
+
+# Blocks and the longest sequence of each text preset (the configs cited in the layouts above: learned
 # position embeddings; LLaMA's context length), for timing them as torch modules without importing torch.
+# The vision presets have neither: they are timed whole (the largest, 88.8M parameters, fits any GPU).
 PRESET_DEPTH = {"gpt2": 12, "gpt2-medium": 24, "bert-base": 12, "gpt3-xl": 24, "llama-7b": 32}
 MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl": 2048, "llama-7b": 2048}
 
 
-def get_preset(name: str) -> Layout:
+def is_vision(name: str | None) -> bool:
+    """A preset that reads images (and takes an image size), not tokens."""
+    return name is not None and name.strip().lower() in VISION_PRESETS
+
+
+def get_preset(name: str, image_size: int | None = None) -> Layout:
+    """A preset's layout; `image_size` (pixels, square; default 224) for a vision preset only."""
     key = name.strip().lower()
     if key not in PRESETS:
         raise InputError(f"unknown preset {name!r}; valid names: {', '.join(sorted(PRESETS))}")
+    if key in VISION_PRESETS:
+        return PRESETS[key](image_size)
+    if image_size is not None:
+        raise InputError(f"--image-size: {key} reads tokens, not images; an image size applies to "
+                         f"{', '.join(VISION_PRESETS)}")
     return PRESETS[key]()

@@ -45,7 +45,8 @@ class Workload:
     grad_bytes: int = 4  # 4 under torch.autocast (fp32 params), 2 for pure bf16/fp16
     param_bytes: int = 4  # what DataParallel's replicate broadcasts per parameter
     micro_batch_size: int = 1  # samples per GPU per micro-batch
-    tokens_per_micro_batch: int | None = None  # per GPU; for the FLOPs estimate
+    # per GPU; for the FLOPs estimate. An image model's (layout.unit "image") is its micro_batch_size.
+    tokens_per_micro_batch: int | None = None
     bucket_cap_mb: float | None = None  # None = torch default (25 MiB, first bucket 1 MiB)
     gradient_as_bucket_view: bool = False
     dp_output_bytes: int = 0  # per GPU, gathered to GPU 0 by DataParallel (0 = a small loss)
@@ -59,11 +60,17 @@ class Workload:
               f"tokens_per_micro_batch must be >= 1, got {self.tokens_per_micro_batch}")
         _need(self.dp_output_bytes >= 0,
               f"dp_output_bytes must be >= 0, got {self.dp_output_bytes}")
+        if self.layout.unit == "image":  # FLOPs per image: a micro-batch is micro_batch_size images
+            _need(self.tokens_per_micro_batch in (None, self.micro_batch_size),
+                  f"tokens_per_micro_batch({self.tokens_per_micro_batch}) of an image model is its "
+                  f"micro_batch_size({self.micro_batch_size}) images")
+            object.__setattr__(self, "tokens_per_micro_batch", self.micro_batch_size)
         ddp_bucket_limits(self.bucket_cap_mb)  # validates
 
     @classmethod
-    def from_preset(cls, name: str, **kwargs: Any) -> Workload:
-        return cls(get_preset(name), **kwargs)
+    def from_preset(cls, name: str, image_size: int | None = None, **kwargs: Any) -> Workload:
+        """A preset's workload; `image_size` for a vision preset only (`presets.get_preset`)."""
+        return cls(get_preset(name, image_size), **kwargs)
 
     @classmethod
     def from_params(cls, params: int, **kwargs: Any) -> Workload:
@@ -197,13 +204,15 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
         inputs = replace(inputs, compute=replace(inputs.compute, utilization=low if end == "slow" else high))
     work, cl = inputs.workload, inputs.cluster
     times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
-                          work.tokens_per_micro_batch, work.grad_bytes)
+                          work.tokens_per_micro_batch, work.grad_bytes, unit=work.layout.unit)
     first, cap = ddp_bucket_limits(work.bucket_cap_mb)
     default_cap = work.bucket_cap_mb is None
     dp_overhead = inputs.compute.dp_thread_overhead_s
     given = ("grad_bytes", "param_bytes", "micro_batch_size", "tokens_per_micro_batch",
              "gradient_as_bucket_view")
     echo = {**times.echo, **{name: (getattr(work, name), "given") for name in given},
+            **({"tokens_per_micro_batch": (work.tokens_per_micro_batch, "images: micro_batch_size (an image "
+                                           "model's FLOPs are per image)")} if work.layout.unit == "image" else {}),
             "model": (work.layout.name, work.layout.source),
             "params": (work.layout.params, work.layout.source),
             "accumulation_steps": (inputs.accumulation_steps, "given"),

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.presets import Layout, LayoutBuilder, get_preset
+from topoprof.model.presets import Layout, LayoutBuilder, get_preset, is_vision
 
 # Modelling choices, not measurements; each is stated in the module docstring.
 FF_PER_D_MODEL = 4  # the MLP width ratio of GPT-2, BERT (Vaswani et al. 2017 d_ff = 4 d_model)
@@ -141,9 +141,12 @@ def spec_for_params(params: int, seq_len: int = 64) -> SyntheticSpec:
 def spec_for_preset(name: str, scale: float, seq_len: int = 64) -> SyntheticSpec:
     """A preset's shape family at `scale` x its parameters (rule in the module docstring).
 
-    The preset's first tensor is its input embedding (vocab, d_model) in every preset."""
+    The preset's first tensor is its input embedding (vocab, d_model) in every text preset."""
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale must be a positive number, got {scale!r}")
+    if is_vision(name):
+        raise InputError(f"--preset {name}: an image model has no language-model shape to scale "
+                         "(its token embedding and width); train it with --model PATH.py:CALLABLE")
     layout = get_preset(name)
     vocab_full, d_full = layout.tensors[0].shape
     share = vocab_full * d_full / layout.params

@@ -121,23 +121,35 @@ def _out_of_memory(err: Exception) -> bool:
 
 
 def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
-                   optimizer: str = "adamw") -> dict:
+                   optimizer: str = "adamw", image_size: int | None = None) -> dict:
     """A preset built at its real size and timed on `device`; when it does not fit, timed at
-    SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.scaled`), and said so."""
+    SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.scaled`), and said so.
+    A vision preset reads `micro_batch` images of `image_size` (default 224) and no sequence; it
+    is always timed whole (the largest, 88.8M parameters, fits any GPU's training state)."""
     from topoprof.measure.user_model import measure_user_model
-    from topoprof.model.presets import MAX_SEQ_LEN, PRESET_DEPTH
+    from topoprof.model.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
     from topoprof.model.scaled import scaled_compute
-
-    seq_len = seq_len or min(1024, MAX_SEQ_LEN[preset])
-    if seq_len > MAX_SEQ_LEN[preset]:
-        raise InputError(f"--tokens: {preset} reads at most {MAX_SEQ_LEN[preset]} tokens per sequence, "
-                         f"got {seq_len} (tokens / micro-batch size)")
-    kwargs = {"preset": preset, "micro_batch": micro_batch, "seq_len": seq_len}
 
     def timed(**more):
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
                                     kwargs={**kwargs, **more})
         return user_compute({**record, "spec": preset})
+
+    if is_vision(preset):
+        if seq_len is not None:
+            raise InputError(f"--tokens: {preset} is an image model: it reads --micro-batch-size images, not tokens")
+        from topoprof.model.vision import DEFAULT_IMAGE_SIZE, check_image_size
+
+        image_size = DEFAULT_IMAGE_SIZE if image_size is None else check_image_size(image_size)
+        kwargs = {"preset": preset, "micro_batch": micro_batch, "image_size": image_size}
+        return {**timed(), "scaled": None}
+    if image_size is not None:
+        get_preset(preset, image_size)  # a text preset: refused, naming --image-size
+    seq_len = seq_len or min(1024, MAX_SEQ_LEN[preset])
+    if seq_len > MAX_SEQ_LEN[preset]:
+        raise InputError(f"--tokens: {preset} reads at most {MAX_SEQ_LEN[preset]} tokens per sequence, "
+                         f"got {seq_len} (tokens / micro-batch size)")
+    kwargs = {"preset": preset, "micro_batch": micro_batch, "seq_len": seq_len}
 
     if not _cannot_fit(preset, optimizer, _gpu_memory_bytes(device)):
         try:

@@ -16,6 +16,7 @@ class ScanOptions:
     validate: bool = True
     params: str | None = None
     preset: str | None = None
+    image_size: int | None = None  # a vision preset's image side (pixels); default 224
     micro_batch_time_s: float | None = None
     tokens: int | None = None
     micro_batch_size: int = 1
@@ -44,6 +45,9 @@ class ScanOptions:
 
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
+        from topoprof.model.inputs import check_image_options
+
+        check_image_options(self.preset, self.image_size, self.tokens)
 
 
 def bench_config(opts: ScanOptions) -> dict:
