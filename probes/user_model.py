@@ -37,7 +37,8 @@ class UserModelError(Exception):
         self.trace = trace
 
 
-def _load(spec: str):
+def load_callable(spec: str):
+    """The callable `spec` names (`PATH.py:CALLABLE` or `package.module:CALLABLE`), imported."""
     target, _, name = spec.rpartition(":")
     try:
         if target.endswith(".py") or os.sep in target:
@@ -60,7 +61,7 @@ def _load(spec: str):
 def call_user_callable(spec: str, kwargs: dict | None = None):
     import torch
 
-    build = _load(spec)
+    build = load_callable(spec)
     try:
         made = build(**(kwargs or {}))
     except Exception as err:
