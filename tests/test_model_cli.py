@@ -189,3 +189,28 @@ def test_negative_optimizer_time_is_refused():
     proc = _cli("model", *OPTIMIZER_UNKNOWN, "--optimizer-time", "-0.01")
     assert proc.returncode == 2 and "optimizer_time_s must be >= 0, got -0.01" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+USER_MODELS = os.path.join(FIX, "user_models")
+FLOP_ORDER = ("gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta at 4x32), "
+              "since the compute is given (--micro-batch-time)")
+
+
+def test_given_compute_orders_the_users_gradients_by_backward_flops():
+    args = ("model", "--model", os.path.join(USER_MODELS, "tied.py:build"), "--world-size", "2",
+            "--link-bandwidth", "10", "--micro-batch-time", "0.05", "--no-sweep")
+    text = _cli(*args)
+    assert text.returncode == 0, text.stderr
+    (line,) = [ln for ln in text.stdout.splitlines() if ln.startswith("model: ")]
+    assert FLOP_ORDER in line
+    doc = json.loads(_cli(*args, "--json").stdout)
+    assert FLOP_ORDER in doc["inputs"]["model"]["source"]
+    assert doc["inputs"]["micro_batch_time_s"]["value"] == 0.05
+
+
+def test_a_model_that_cannot_run_on_meta_keeps_the_timed_order_with_a_note():
+    doc = _model_json("--model", os.path.join(USER_MODELS, "meta.py:reads_a_value"), "--world-size", "2",
+                      "--link-bandwidth", "10", "--micro-batch-time", "0.05", "--no-sweep")
+    assert "gradient-ready order: measured on cpu, although the compute is given" in doc["inputs"]["model"]["source"]
+    (note,) = [w for w in doc["warnings"] if "gradient-ready order" in w]
+    assert "Tensor.item() cannot be called on meta tensors" in note
