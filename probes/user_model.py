@@ -11,7 +11,10 @@
   the same AccumulateGrad node), which is the order DDP rebuilds its buckets in;
 - forward, backward and optimizer times over a few repeats, under the user's precision (bf16
   autocast by default on a GPU, fp16 with a gradient scaler, or fp32; CPU ranks train in fp32)
-  and optimizer (AdamW, fused on CUDA where torch has it, or SGD).
+  and optimizer (AdamW, fused on CUDA where torch has it, or SGD);
+- the timed GPU's name, and, when asked (`config["trace"]`: the stated shape), the same model's
+  forward and backward on the meta device (`probes/op_trace.py`): its ops, and the backward FLOPs
+  done before each gradient is ready, a ready order that does not depend on this machine.
 
 The loss: `loss_fn(output, batch)` when given; else the output's `.loss` (Hugging Face models);
 else the mean of the output in float32. A user error (import, call, return value, a failing
@@ -37,7 +40,8 @@ class UserModelError(Exception):
         self.trace = trace
 
 
-def _load(spec: str):
+def load_callable(spec: str):
+    """The callable `spec` names (`PATH.py:CALLABLE` or `package.module:CALLABLE`), imported."""
     target, _, name = spec.rpartition(":")
     try:
         if target.endswith(".py") or os.sep in target:
@@ -60,7 +64,7 @@ def _load(spec: str):
 def call_user_callable(spec: str, kwargs: dict | None = None):
     import torch
 
-    build = _load(spec)
+    build = load_callable(spec)
     try:
         made = build(**(kwargs or {}))
     except Exception as err:
@@ -206,9 +210,16 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
         raise UserModelError("run", f"training {spec} on {device} raised {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
-    return {"spec": spec, "device": device, "params": parameter_list(module),
+    return {"spec": spec, "device": device, "device_name": _device_name(device), "params": parameter_list(module),
             "ready": passes[-1]["ready"], "passes": passes, "optimizer_s": optimizer_s,
             "optimizer": opt_name, "precision": precision_used}
+
+
+def _device_name(device: str) -> str | None:
+    """The timed GPU's name as CUDA gives it (e.g. 'NVIDIA H100 80GB HBM3'); None on the CPU."""
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
 
 
 def run_rank(ctx, config: dict) -> None:
@@ -218,8 +229,14 @@ def run_rank(ctx, config: dict) -> None:
     if config.get("cwd"):
         os.chdir(config["cwd"])
     try:
-        ctx.emit("user_model", **measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
-                                         config.get("precision", "bf16"), config.get("optimizer", "adamw"),
-                                         config.get("kwargs")))
+        record = measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
+                         config.get("precision", "bf16"), config.get("optimizer", "adamw"), config.get("kwargs"))
     except UserModelError as err:
         ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)
+        return
+    if config.get("trace") is not None:  # the same model on meta: its ops and backward FLOPs per tensor
+        from probes.op_trace import trace_user_model
+
+        ctx.progress(f"tracing {config['spec']} on meta")
+        record["op_trace"] = trace_user_model(config["spec"], config["trace"], config.get("kwargs"))
+    ctx.emit("user_model", **record)

@@ -241,3 +241,28 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
     assert result.exit_code == 0, result.output
     assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]
     assert json.loads(result.output)["inputs"]["micro_batch_time_s"]["value"] == 0.2
+
+
+USER_MODELS = os.path.join(FIX, "user_models")
+FLOP_ORDER = ("gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta at 4x32), "
+              "since the compute is given (--micro-batch-time)")
+
+
+def test_given_compute_orders_the_users_gradients_by_backward_flops():
+    args = ("model", "--model", os.path.join(USER_MODELS, "tied.py:build"), "--world-size", "2",
+            "--link-bandwidth", "10", "--micro-batch-time", "0.05", "--no-sweep")
+    text = _cli(*args)
+    assert text.returncode == 0, text.stderr
+    (line,) = [ln for ln in text.stdout.splitlines() if ln.startswith("model: ")]
+    assert FLOP_ORDER in line
+    doc = json.loads(_cli(*args, "--json").stdout)
+    assert FLOP_ORDER in doc["inputs"]["model"]["source"]
+    assert doc["inputs"]["micro_batch_time_s"]["value"] == 0.05
+
+
+def test_a_model_that_cannot_run_on_meta_keeps_the_timed_order_with_a_note():
+    doc = _model_json("--model", os.path.join(USER_MODELS, "meta.py:reads_a_value"), "--world-size", "2",
+                      "--link-bandwidth", "10", "--micro-batch-time", "0.05", "--no-sweep")
+    assert "gradient-ready order: measured on cpu, although the compute is given" in doc["inputs"]["model"]["source"]
+    (note,) = [w for w in doc["warnings"] if "gradient-ready order" in w]
+    assert "Tensor.item() cannot be called on meta tensors" in note

@@ -10,7 +10,8 @@ import pytest
 
 from topoprof.errors import InputError
 from topoprof.model.buckets import ddp_buckets
-from topoprof.model.user_model import check_spec, user_compute, user_layout
+from topoprof.model.user_model import (ReadyOrder, check_spec, choose_ready_order, flop_order_reason, stated_shape,
+                                       trace_wanted, user_compute, user_layout)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py")
 
@@ -21,7 +22,7 @@ def record():
     # the state earlier tests left there (threads, a process group)
     from topoprof.measure.user_model import measure_user_model
 
-    return measure_user_model(f"{FIXTURE}:build", "cpu", 2, timeout_s=120)
+    return measure_user_model(f"{FIXTURE}:build", "cpu", 2, timeout_s=120, trace=stated_shape(4, None))
 
 
 _TORCH_BUCKETS = """
@@ -192,3 +193,57 @@ def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
         from topoprof.model.user_model import measure_here
 
         measure_here(f"{FIXTURE}:build", optimizer="adam")
+
+
+H100 = "NVIDIA H100 80GB HBM3"  # as torch.cuda.get_device_name names it
+
+
+@pytest.mark.parametrize("device, name, gpu, micro_batch_time, says", [
+    ("cuda:0", H100, None, None, None),                 # timed on the GPU predicted: its own order
+    ("cuda:0", H100, "H100 SXM", None, None),           # --gpu naming this same GPU
+    ("cuda:0", H100, "A100 SXM", None, "timed on NVIDIA H100 80GB HBM3 (cuda:0), not on the A100 SXM predicted"),
+    ("cpu", None, None, None, "timed on cpu, not on a GPU"),
+    ("cpu", None, "H100 SXM", None, "timed on cpu, not on the H100 SXM predicted (--gpu)"),
+    ("cuda:0", H100, None, 0.1, "the compute is given (--micro-batch-time)"),
+])
+def test_the_timed_order_only_for_the_device_timed(device, name, gpu, micro_batch_time, says):
+    why = flop_order_reason(device, name, gpu, micro_batch_time)
+    assert why == says if says is None else says in why
+    assert trace_wanted(device, gpu, micro_batch_time) or why is None  # a reason never lacks its trace
+
+
+def test_a_cpu_timing_takes_its_order_from_the_backward_flops(record):
+    trace = record["op_trace"]
+    assert trace["params"] == record["params"]                 # one index for both
+    assert sorted(i for i, _ in trace["ready"]) == sorted(i for i, _ in record["ready"])
+    order = choose_ready_order(record)
+    assert order.ready == trace["ready"] and order.note is None
+    layout = user_layout(record, order)
+    assert layout.source.endswith("gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta at "
+                                  "4x32), since it was timed on cpu, not on a GPU")
+    trainable = [i for i, p in enumerate(record["params"]) if p["requires_grad"]]
+    schedule = [(trainable[r.index], r.ready_fraction) for r in layout.ready_schedule()]
+    assert [i for i, _ in schedule] == [i for i, _ in trace["ready"]]
+    assert [f for _, f in schedule] == pytest.approx([f for _, f in trace["ready"]])
+
+
+def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
+    on_gpu = {**record, "device": "cuda:0", "device_name": H100}
+    order = choose_ready_order(on_gpu, gpu="H100 SXM")
+    assert order == ReadyOrder(record["ready"], "gradient-ready order: measured on cuda:0")
+    assert user_layout(on_gpu, order).source.endswith("; gradient-ready order: measured on cuda:0")
+    assert user_layout(record).source.endswith("; gradient-ready order: measured on cpu")  # scan, validate
+
+
+@pytest.mark.parametrize("trace, says", [
+    ({"failure": "on meta, RuntimeError: Tensor.item() cannot be called on meta tensors"}, "Tensor.item()"),
+    (None, "no pass on meta was run"),
+    ("renamed", "has other parameters than the one timed"),
+])
+def test_a_failed_meta_pass_keeps_the_timed_order_and_says_why(record, trace, says):
+    if trace == "renamed":
+        trace = {**record["op_trace"], "params": [{**p, "name": "x" + p["name"]} for p in record["params"]]}
+    order = choose_ready_order({**record, "op_trace": trace}, micro_batch_time=0.1)
+    assert order.ready == record["ready"]
+    assert order.text.startswith("gradient-ready order: measured on cpu, although the compute is given")
+    assert says in order.text and says in order.note

@@ -125,11 +125,13 @@ def build_inputs(opts: dict):
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
                    tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
     origins: list = []
+    notes: list[str] = []
     if user:
-        from topoprof.model.user_model import measure_here, user_compute, user_layout
+        from topoprof.model.user_model import user_compute, user_layout
 
-        record = measure_here(user, opts["precision"], opts["optimizer"])
-        workload = Workload(user_layout(record), **work_kw)
+        record, order = _user_model_here(user, opts)
+        workload = Workload(user_layout(record, order), **work_kw)
+        notes += [order.note] if order.note else []
         opts, origins = _measured(opts, user_compute(record))
     else:
         workload = (Workload.from_preset(opts["preset"], opts.get("image_size"), **work_kw) if opts["preset"]
@@ -139,6 +141,8 @@ def build_inputs(opts: dict):
             if measured is not None:
                 opts, origins = _measured(opts, measured)
     comm, gpn, described = build_comm(opts)
+    if notes:
+        described["notes"] = [*described.get("notes", []), *notes]
     nodes = opts["nodes"]
     if opts["world_size"] is not None and opts["world_size"] != nodes * gpn:
         raise InputError(f"world_size({opts['world_size']}) != nodes({nodes}) * gpus_per_node({gpn})")
@@ -175,6 +179,19 @@ def check_image_options(preset: str | None, image_size: int | None, tokens: int 
             get_preset(preset, image_size)  # unknown name, or a text preset: refused by name
         raise InputError(f"--image-size applies to a vision preset ({', '.join(VISION_PRESETS)}), "
                          "not to --params or --model")
+
+
+def _user_model_here(spec: str, opts: dict):
+    """The user's model timed here, and the gradient-ready order that fits the device predicted:
+    the timed one on this GPU, else the backward FLOPs per tensor from a pass on the meta device
+    at the stated shape (run in the same worker, only where it may be needed)."""
+    from topoprof.model.user_model import choose_ready_order, here_device, measure_here, stated_shape, trace_wanted
+
+    device = here_device()
+    wanted = trace_wanted(device, opts["gpu"], opts["micro_batch_time"])
+    record = measure_here(spec, opts["precision"], opts["optimizer"], device=device,
+                          trace=stated_shape(opts["micro_batch_size"], opts["tokens"]) if wanted else None)
+    return record, choose_ready_order(record, opts["gpu"], opts["micro_batch_time"])
 
 
 def _measured(opts: dict, measured: dict) -> tuple[dict, list]:

@@ -10,11 +10,18 @@
   that FLOP-based what-ifs stay comparable; the measured times are what the prediction uses.
 - Compute: forward + backward per micro-batch, the backward share and the optimizer step, each
   the median of the timed repeats.
+- Which ready order: the timed one only where the model was timed on the device predicted. A
+  backward timed on a CPU (or given as --micro-batch-time, or for another GPU than this one)
+  spreads its work unlike the GPU's, so the order then comes from the backward FLOPs per tensor,
+  counted on the meta device at the stated shape (`probes/op_trace.py`); where that pass fails,
+  the timed order stands in and a note says why.
 """
 from __future__ import annotations
 
 import os
 import statistics
+import warnings
+from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.presets import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
@@ -31,24 +38,108 @@ def check_spec(spec: str) -> str:
     return spec
 
 
-def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw") -> dict:
-    """The user's model read and timed on this machine: its first GPU when it has one (under
-    `precision`), else the CPU (fp32, as CPU ranks train)."""
+def here_device() -> str:
+    """Where `measure_here` times: this machine's first GPU when it has one, else the CPU."""
     from topoprof.measure.runner import visible_gpus
+
+    return "cuda:0" if visible_gpus() else "cpu"
+
+
+def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
+                 device: str | None = None) -> dict:
+    """The user's model read and timed on this machine: its first GPU when it has one (under
+    `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
+    `stated_shape`) the record also holds its pass on the meta device, "op_trace"."""
     from topoprof.measure.user_model import measure_user_model
 
     if optimizer not in ("adamw", "sgd"):
         raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
-    return measure_user_model(check_spec(spec), "cuda:0" if visible_gpus() else "cpu",
-                              precision=precision, optimizer=optimizer)
+    return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
+                              optimizer=optimizer, trace=trace)
 
 
-def user_layout(record: dict) -> Layout:
+def stated_shape(micro_batch: int, tokens: int | None) -> dict:
+    """The shape a prediction is for, as a `--model` callable may take it (`micro_batch`,
+    `seq_len` = tokens per sequence, as the presets are built)."""
+    return {"micro_batch": micro_batch, "seq_len": max(1, tokens // micro_batch) if tokens else None}
+
+
+def _gpu_key(name: str) -> str:
+    """The datasheet table's key for a GPU name, so that 'H100 SXM' and 'NVIDIA H100 80GB HBM3'
+    compare equal; the normalized name where the table does not know it."""
+    from topoprof.model.compute import lookup_gpu, normalize_gpu_name
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown name is compared as written, not warned about
+        spec = lookup_gpu(name)
+    return spec.name if spec is not None else normalize_gpu_name(name)
+
+
+def flop_order_reason(device: str, device_name: str | None, gpu: str | None,
+                      micro_batch_time: float | None) -> str | None:
+    """Why the timed ready order does not describe the device predicted; None where it does:
+    timed on a GPU, with no --gpu or --gpu naming that same GPU, and the compute not given."""
+    if micro_batch_time is not None:
+        return "the compute is given (--micro-batch-time), not timed here"
+    if not device.startswith("cuda"):
+        return f"it was timed on {device}, not on " + (f"the {gpu} predicted (--gpu)" if gpu else "a GPU")
+    if gpu is not None and (device_name is None or _gpu_key(gpu) != _gpu_key(device_name)):
+        return f"it was timed on {device_name or 'an unnamed GPU'} ({device}), not on the {gpu} predicted (--gpu)"
+    return None
+
+
+def trace_wanted(device: str, gpu: str | None, micro_batch_time: float | None) -> bool:
+    """Whether the FLOP order may be needed, before the timed GPU's name is known."""
+    return micro_batch_time is not None or not device.startswith("cuda") or gpu is not None
+
+
+@dataclass(frozen=True)
+class ReadyOrder:
+    """The gradient-ready events a layout is built from, what they are, and a note where the
+    order wanted could not be had."""
+
+    ready: list  # [[param_index, share of backward done], ...] in ready order
+    text: str    # "gradient-ready order: ..."
+    note: str | None = None
+
+
+def measured_order(record: dict) -> ReadyOrder:
+    return ReadyOrder(record["ready"], f"gradient-ready order: measured on {record['device']}")
+
+
+def choose_ready_order(record: dict, gpu: str | None = None, micro_batch_time: float | None = None) -> ReadyOrder:
+    """The timed order where the model was timed on the device predicted; else the backward
+    FLOPs per tensor from the record's meta pass, or the timed order with a note where that failed."""
+    why = flop_order_reason(record["device"], record.get("device_name"), gpu, micro_batch_time)
+    if why is None:
+        return measured_order(record)
+    trace = record.get("op_trace") or {"failure": "no pass on meta was run"}
+    failure = trace.get("failure") or _other_parameters(record, trace)
+    if failure:
+        measured = measured_order(record)
+        return ReadyOrder(measured.ready, f"{measured.text}, although {why}: counting the backward FLOPs per "
+                                          f"tensor failed ({failure})",
+                          f"{measured.text} although {why}: counting the backward FLOPs per tensor on the meta "
+                          f"device failed ({failure})")
+    return ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta "
+                                      f"at {trace['shape']}), since {why}")
+
+
+def _other_parameters(record: dict, trace: dict) -> str | None:
+    """The meta pass's indices mean the timed record's only where both list the same parameters."""
+    if [p["name"] for p in trace["params"]] == [p["name"] for p in record["params"]]:
+        return None
+    return f"the model built at {trace['shape']} has other parameters than the one timed"
+
+
+def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
+    """The trainable parameters as a Layout whose ready schedule is `order` (the timed one unless given)."""
+    order = order or measured_order(record)
     params = record["params"]
     trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
     position = {i: k for k, i in enumerate(trainable)}
     tensors = tuple(TensorSpec(params[i]["name"], tuple(params[i]["shape"])) for i in trainable)
-    ready = [(position[i], fraction) for i, fraction in record["ready"] if i in position]
+    ready = [(position[i], fraction) for i, fraction in order.ready if i in position]
     missing = sorted(set(range(len(trainable))) - {k for k, _ in ready})
     if missing:
         raise InputError(f"--model {record['spec']}: no gradient reached "
@@ -66,8 +157,7 @@ def user_layout(record: dict) -> Layout:
     frozen = len(params) - len(trainable)
     shared = sum(1 for p in params if p["aliases"])
     return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
-                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared), "
-                  f"gradient-ready order measured on {record['device']}")
+                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); {order.text}")
 
 
 def user_compute(record: dict) -> dict:

@@ -72,9 +72,11 @@ def _header(payload: dict) -> list[str]:
     assumed = inputs.get("optimizer_time_s", {}).get("source") == OPTIMIZER_UNKNOWN_SOURCE
     optimizer = f"optimizer {_ms(per['optimizer_s'])} ms" + (" (unknown: assumed 0)" if assumed else "")
     buckets = f"; {payload['buckets']['count']} DDP bucket(s)" if value("world_size") != 1 else ""
+    # the user's own model: which parameters and which gradient-ready order the buckets follow
+    model = [f"model: {inputs['model']['source']}"] if str(value("model")).startswith("user:") else []
     return [f"topoprof model: {value('model')} ({value('params'):,} params), world size {value('world_size')} "
             f"({value('nodes')} node(s)), K = {value('accumulation_steps')}, micro-batch {value('micro_batch_size')} sample(s)",
-            f"links: {describe_links(payload['links'])}",
+            *model, f"links: {describe_links(payload['links'])}",
             f"per micro-batch: {_compute_text(inputs, per)}, {optimizer}{buckets}", ""]
 
 
