@@ -57,9 +57,36 @@ def _greedy_ring(topology, gpus: list[int]) -> list[int]:
     return ring
 
 
-def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[CommModel, dict]:
+def _nvlink_pairs(topology, gpus: list[int]) -> list:
+    """The GPU pairs NCCL sends over NVLink directly (P2P not refused)."""
+    keep = set(gpus)
+    return [p for p in topology.pairs if p.gpu_a in keep and p.gpu_b in keep
+            and p.path == "NV" and p.p2p != "no" and p.nvlinks > 0]
+
+
+def nvlink_rate_text(topology, gpus: list[int], origin: str | None = None) -> str | None:
+    """Where the NVLink per-link rate of these GPUs comes from; None without NVLink pairs."""
+    if not _nvlink_pairs(topology, gpus):
+        return None
+    caps = [g.compute_capability for g in topology.gpus if g.index in set(gpus)]
+    if any(cc is None for cc in caps):
+        lo, hi = constants.nvlink_gbps_bounds()
+        return (f"NVLink per-link rate unknown without the GPUs' compute capability: {lo:g}-{hi:g} GB/s "
+                "per NCCL src/graph/topo.h (--gpu NAME pins it)")
+    rates = []
+    for major, minor in sorted({tuple(cc) for cc in caps}):
+        rate = constants.nvlink_gbps_per_link((major, minor))
+        rates.append(f"sm{major}{minor} ({rate:g} GB/s per link)" if rate is not None
+                     else f"sm{major}{minor} (no NCCL per-link rate)")
+    return f"NVLink {', '.join(rates)} per NCCL src/graph/topo.h, from {origin or 'the topology'}"
+
+
+def comm_from_topology(topology, gpus: list[int] | None = None,
+                       rate_origin: str | None = None) -> tuple[CommModel, dict]:
     """A ring over the chosen GPUs at the nominal bandwidth of its slowest edge; one GPU has
-    no ring and no link (`SingleGpuComm`)."""
+    no ring and no link (`SingleGpuComm`). `rate_origin` names where the GPUs' compute
+    capability came from when the topology had none (e.g. "--gpu v100-sxm2"); the description
+    says where the NVLink rate came from (`nvlink_rate`)."""
     chosen = gpus if gpus is not None else [g.index for g in topology.gpus]
     if not chosen:
         raise InputError("no GPU chosen: --gpus needs at least one index, e.g. 0 or 0,1,2,3")
@@ -75,7 +102,8 @@ def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[CommMod
                     world_size=len(chosen), bandwidth_range_gbps=rng,
                     base_latency_us=constants.RING_BASE_LATENCY_US,
                     source=f"nominal links of {where}")
-    return comm, {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop}
+    rate = nvlink_rate_text(topology, chosen, rate_origin)
+    return comm, {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop, **({"nvlink_rate": rate} if rate else {})}
 
 
 def load_bench_fit(path: str) -> tuple[float, float, int, dict]:

@@ -24,7 +24,8 @@ def _intra_text(links: dict) -> str:
     ring = "-".join(str(g) for g in links["ring"])
     kind = "NVLink" if links["hop"] == "NV" else "PCIe / host"
     span = f"{lo:.1f} GB/s" if lo == hi else f"{lo:.1f}-{hi:.1f} GB/s (uncertain: predictions are given as ranges)"
-    return f"nominal ring {ring} of {links['topology']}, slowest edge {kind} {span} per direction"
+    text = f"nominal ring {ring} of {links['topology']}, slowest edge {kind} {span} per direction"
+    return text + (f"; {links['nvlink_rate']}" if links.get("nvlink_rate") else "")
 
 
 def _ms(seconds) -> str:
