@@ -221,3 +221,33 @@ def test_model_refuses_an_unknown_gpu_with_a_topology():
     proc = _cli(*MODEL, "--gpu", "b300-sxm")
     assert proc.returncode == 2 and "--gpu" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_scan_verdict_compares_with_the_rings_together():
+    from topoprof.report.verdict import judge
+    from topoprof.jsonio import to_jsonable
+    from topoprof.scan.job import _ring
+
+    topo = _topo("13", nvml="a100_nvlink_pairs")  # what a scan reads: NVML gives sm80
+    ring = to_jsonable(_ring(topo, [0, 1, 2, 3]))
+    assert ring["bus_bandwidth_gbps"] == pytest.approx([240.0, 240.0])
+
+    def bench(busbw):
+        return {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": busbw, "wrong": 0}],
+                "metadata": {"world_size": 4, "backend": "nccl"}, "slow_ranks": []}
+
+    ok = judge(bench(220.0), to_jsonable(topo), ring)
+    assert ok.status == "ok" and ok.expected_gbps == pytest.approx(240.0) and "12 at once" in ok.level
+    low = judge(bench(100.0), to_jsonable(topo), ring)  # above one ring's 80, below the rings together
+    assert low.status == "low" and low.ratio == pytest.approx(100 / 240)
+    switch = to_jsonable(_ring(_topo("18", nvml="dgx_h100_nvswitch"), list(range(8))))
+    assert switch["bus_bandwidth_gbps"] == switch["bottleneck_gbps"] == pytest.approx([370.8, 370.8])
+
+
+def test_busbw_chart_draws_the_rings_together():
+    from topoprof.report.files import _nominal
+
+    ring = comm_from_topology(_dgx1_sm70())[1]
+    assert _nominal({"ring": ring}) == [{"label": "nominal 6 NVLink rings together 120 GB/s", "gbps": 120.0}]
+    old = {"ring": [0, 1], "bottleneck_gbps": [20.0, 20.0], "hop": "NV"}  # a report from before
+    assert _nominal({"ring": old})[0]["gbps"] == 20.0
