@@ -435,6 +435,17 @@ def test_gpu_names_normalize_to_table_rows():
     assert lookup_gpu("Tesla T4").peak_tflops("fp16") == 65.0
 
 
+def test_every_datasheet_row_has_its_compute_capability():
+    from topoprof.model.compute import known_gpus
+
+    for name in known_gpus():
+        major, minor = lookup_gpu(name).compute_capability
+        assert 7 <= major <= 9 and 0 <= minor <= 9, name
+    assert lookup_gpu("Tesla V100-SXM2-32GB").compute_capability == (7, 0)
+    assert lookup_gpu("NVIDIA H100 80GB HBM3").compute_capability == (9, 0)
+    assert lookup_gpu("a100-sxm4-80gb").compute_capability == (8, 0)
+
+
 # ---- properties -------------------------------------------------------------------------------
 
 

@@ -25,7 +25,8 @@ from topoprof.errors import InputError
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")
 @click.option("--backward-fraction", type=float, help="Share of the micro-batch time spent in backward (default 2/3).")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON written by `topoprof validate`.")
-@click.option("--gpu", help="GPU name for datasheet peak FLOP/s and memory bandwidth (e.g. 'H100 SXM').")
+@click.option("--gpu", help="GPU name for datasheet peak FLOP/s and memory bandwidth (e.g. 'H100 SXM'); "
+                           "with --topology it also pins the NVLink generation (NCCL's per-link rate).")
 @click.option("--precision", default="bf16", show_default=True)
 @click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu what-if spans 3-52 %.")
 @click.option("--optimizer", default="adamw", show_default=True)

@@ -36,6 +36,7 @@ class GpuSpec:
     fp32_tflops: float
     memory_bandwidth_gbps: float
     source: str
+    compute_capability: tuple[int, int] | None = None  # (major, minor), `_COMPUTE_CAPABILITY`
 
     def peak_tflops(self, precision: str) -> float | None:
         """Dense peak for the training precision: bf16/fp16 tensor cores, or plain FP32."""
@@ -99,6 +100,19 @@ _TABLE: dict[str, tuple[float | None, float | None, float, float, str]] = {
                  "(GeForce RTX 3090)"),
 }
 
+# CUDA compute capability of each row (NVIDIA, "CUDA GPUs - Compute Capability",
+# https://developer.nvidia.com/cuda-gpus): V100 7.0, T4 7.5, A100 8.0, A10 and RTX 30xx 8.6,
+# L4, L40S and RTX 40xx 8.9, H100 and H200 9.0. It names the NVLink generation, whose per-link
+# rate NCCL keys by it (`topoprof.topology.constants.NVLINK_GBPS_BY_SM`).
+_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "v100-sxm2": (7, 0), "v100-pcie": (7, 0),
+    "a100-sxm4-40gb": (8, 0), "a100-sxm4-80gb": (8, 0), "a100-pcie-40gb": (8, 0), "a100-pcie-80gb": (8, 0),
+    "h100-sxm": (9, 0), "h100-pcie": (9, 0), "h100-nvl": (9, 0),
+    "h200-sxm": (9, 0), "h200-nvl": (9, 0),
+    "l40s": (8, 9), "a10": (8, 6), "l4": (8, 9), "t4": (7, 5),
+    "rtx-4090": (8, 9), "rtx-3090": (8, 6),
+}
+
 # Normalized `nvidia-smi --query-gpu=name` strings (and common short names) -> table key.
 # The names are the ones the driver prints, e.g. "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB".
 _ALIASES: dict[str, str] = {
@@ -127,7 +141,7 @@ def lookup_gpu(name: str) -> GpuSpec | None:
     key = normalize_gpu_name(name)
     key = _ALIASES.get(key, key)
     if key in _TABLE:
-        return GpuSpec(key, *_TABLE[key])
+        return GpuSpec(key, *_TABLE[key], compute_capability=_COMPUTE_CAPABILITY[key])
     candidates = [k for k in _TABLE if k.startswith(key + "-")] if key else []
     if candidates:
         warnings.warn(f"GPU name {name!r} is ambiguous: one of {', '.join(candidates)}",

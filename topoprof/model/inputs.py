@@ -108,8 +108,27 @@ def build_comm(opts: dict):
         if not topology.gpus:
             raise InputError("no link information: this machine has no GPU; give --bench FILE, "
                              "--topology FILE or --link-bandwidth GB/s (or --world-size 1 for one GPU)")
-    comm, ring = links.comm_from_topology(topology, chosen)
-    return comm, comm.world_size, {"topology": opts["topology"] or "this machine", **ring}
+    topology, origin, notes = _pin_nvlink_generation(topology, opts.get("gpu"), chosen)
+    comm, ring = links.comm_from_topology(topology, chosen, rate_origin=origin)
+    return comm, comm.world_size, {"topology": opts["topology"] or "this machine", **ring,
+                                   **({"notes": notes} if notes else {})}
+
+
+def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None):
+    """--gpu names the GPU, so its compute capability and with it the NVLink per-link rate, for
+    the GPUs the topology gives none (a saved `nvidia-smi topo -m` text never does); a GPU's own
+    capability is kept, with a note when --gpu disagrees. (topology, origin or None, notes)."""
+    if name is None:
+        return topology, None, []
+    from topoprof.model.compute import lookup_gpu
+    from topoprof.topology.build import with_compute_capability
+
+    _check_gpu_name(name)
+    origin = f"--gpu {name}"
+    used = set(chosen) if chosen is not None else {g.index for g in topology.gpus}
+    lacking = any(g.compute_capability is None for g in topology.gpus if g.index in used)
+    topology, notes = with_compute_capability(topology, lookup_gpu(name).compute_capability, origin)
+    return topology, origin if lacking else None, notes
 
 
 def build_inputs(opts: dict):

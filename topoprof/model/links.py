@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 from topoprof.topology import constants
+from topoprof.model import channels
 from topoprof.model.comm import CommModel, HierarchicalComm, RingComm, SingleGpuComm
 from topoprof.errors import InputError
 
@@ -57,9 +58,76 @@ def _greedy_ring(topology, gpus: list[int]) -> list[int]:
     return ring
 
 
-def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[CommModel, dict]:
-    """A ring over the chosen GPUs at the nominal bandwidth of its slowest edge; one GPU has
-    no ring and no link (`SingleGpuComm`)."""
+def _nvlink_pairs(topology, gpus: list[int]) -> list:
+    """The GPU pairs NCCL sends over NVLink directly (P2P not refused)."""
+    keep = set(gpus)
+    return [p for p in topology.pairs if p.gpu_a in keep and p.gpu_b in keep
+            and p.path == "NV" and p.p2p != "no" and p.nvlinks > 0]
+
+
+def through_nvswitch(topology, gpus: list[int]) -> bool:
+    """Whether NVSwitch joins these GPUs: NVML saw switch links, or a GPU's NV# counts to all
+    its peers in the node add up to more NVLinks than a GPU of its generation has (8 GPUs
+    printing NV12 or NV18 for every pair: each pair sees all of a GPU's switch links)."""
+    pairs = [p for p in topology.pairs if p.path == "NV"]
+    if any(p.via_nvswitch for p in _nvlink_pairs(topology, gpus)):
+        return True
+    by_index = {g.index: g for g in topology.gpus}
+    for g in gpus:
+        sheet = constants.nvlink_datasheet(by_index[g].compute_capability)
+        most = sheet[0] if sheet else constants.MAX_NVLINKS_PER_GPU
+        if sum(p.nvlinks for p in pairs if g in (p.gpu_a, p.gpu_b)) > most:
+            return True
+    return False
+
+
+def nvlink_rings(topology, gpus: list[int]):
+    """NCCL's rings at once over the chosen GPUs' NVLink mesh (`channels.pack_rings`), capped by
+    each GPU's own NVLinks (`channels.link_bound`): (rings, per-ring (low, high) GB/s, total
+    (low, high)); None through NVSwitch (one ring there already runs at each GPU's full NVLink
+    bandwidth) or when the NVLink pairs do not join every chosen GPU into a ring."""
+    if len(gpus) < 2 or through_nvswitch(topology, gpus):
+        return None
+    links, per_link = {}, {}
+    for p in _nvlink_pairs(topology, gpus):
+        lo, hi, _ = _edge(topology, p.gpu_a, p.gpu_b)
+        key = (min(p.gpu_a, p.gpu_b), max(p.gpu_a, p.gpu_b))
+        links[key], per_link[key] = p.nvlinks, (lo / p.nvlinks, hi / p.nvlinks)
+    packing = channels.pack_rings(gpus, links, per_link, EXHAUSTIVE_RING_LIMIT)
+    if not packing.rings:
+        return None
+    (lo, hi), (max_lo, max_hi) = packing.total_gbps, channels.link_bound(gpus, links, per_link)
+    return packing.rings, packing.ring_gbps, (min(lo, max_lo), min(hi, max_hi))
+
+
+def nvlink_rate_text(topology, gpus: list[int], origin: str | None = None) -> str | None:
+    """Where the NVLink per-link rate of these GPUs comes from; None without NVLink pairs."""
+    if not _nvlink_pairs(topology, gpus):
+        return None
+    caps = [g.compute_capability for g in topology.gpus if g.index in set(gpus)]
+    if any(cc is None for cc in caps):
+        lo, hi = constants.nvlink_gbps_bounds()
+        return (f"NVLink per-link rate unknown without the GPUs' compute capability: {lo:g}-{hi:g} GB/s "
+                "per NCCL src/graph/topo.h (--gpu NAME pins it)")
+    rates = []
+    for major, minor in sorted({tuple(cc) for cc in caps}):
+        rate = constants.nvlink_gbps_per_link((major, minor))
+        rates.append(f"sm{major}{minor} ({rate:g} GB/s per link)" if rate is not None
+                     else f"sm{major}{minor} (no NCCL per-link rate)")
+    return f"NVLink {', '.join(rates)} per NCCL src/graph/topo.h, from {origin or 'the topology'}"
+
+
+def comm_from_topology(topology, gpus: list[int] | None = None,
+                       rate_origin: str | None = None) -> tuple[CommModel, dict]:
+    """The chosen GPUs' all-reduce at the nominal bus bandwidth of their links: over an NVLink
+    mesh without NVSwitch, the rings NCCL runs at once (`nvlink_rings`), else one ring at its
+    slowest edge; one GPU has no ring and no link (`SingleGpuComm`). `rate_origin` names where
+    the GPUs' compute capability came from when the topology had none (e.g. "--gpu v100-sxm2").
+
+    The description keeps the best single ring (`ring`, `bottleneck_gbps`, `hop`) and adds the
+    rings used (`rings`), what they carry together (`bus_bandwidth_gbps`, the RingComm's B) and
+    why (`rings_kind`: nvlink_mesh, nvswitch or one_ring; `rings_basis`), and where the NVLink
+    rate came from (`nvlink_rate`)."""
     chosen = gpus if gpus is not None else [g.index for g in topology.gpus]
     if not chosen:
         raise InputError("no GPU chosen: --gpus needs at least one index, e.g. 0 or 0,1,2,3")
@@ -69,13 +137,29 @@ def comm_from_topology(topology, gpus: list[int] | None = None) -> tuple[CommMod
         return (SingleGpuComm(f"GPU {chosen[0]} of {where}: one GPU, no link"),
                 {"gpus": chosen, "no_link": "one GPU: nothing to all-reduce"})
     order, (lo, hi), hop = best_ring(sub, chosen)
+    described = {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop}
+    total, rings, kind = (lo, hi), [order], "one_ring"
+    basis = "one ring at its slowest edge"
+    if hop == "NV" and through_nvswitch(topology, chosen):
+        kind, basis = "nvswitch", "NVSwitch: one ring at each GPU's NVLink bandwidth (NV# x per-link rate)"
+    packed = nvlink_rings(topology, chosen)
+    # Only where the rings together beat one ring at its slowest edge (not by rounding): a pair's
+    # NV# rings are its one ring at NV# x per-link, and a ring through a fast PCIe hop could win.
+    if packed is not None and packed[2][0] > lo * (1 + 1e-9) and packed[2][1] >= hi:
+        rings, total, kind, hop = [list(r) for r in packed[0]], packed[2], "nvlink_mesh", "NV"
+        basis = (f"NVLink mesh without NVSwitch: {len(rings)} rings at once, one NVLink of each pair "
+                 "per ring and direction (NCCL channels, src/graph/search.cc)")
+    rate = nvlink_rate_text(topology, chosen, rate_origin)
+    described.update(rings=rings, bus_bandwidth_gbps=list(total), rings_kind=kind, rings_basis=basis,
+                     **({"nvlink_rate": rate} if rate else {}))
+    lo, hi = total
     rng = None if lo == hi else (lo, hi)
     nominal = lo if rng is None else (lo * hi) ** 0.5  # geometric middle of an uncertain range
     comm = RingComm(link_bandwidth_gbps=nominal, hop_latency_us=constants.HOP_LATENCY_US[hop],
                     world_size=len(chosen), bandwidth_range_gbps=rng,
                     base_latency_us=constants.RING_BASE_LATENCY_US,
                     source=f"nominal links of {where}")
-    return comm, {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop}
+    return comm, described
 
 
 def load_bench_fit(path: str) -> tuple[float, float, int, dict]:

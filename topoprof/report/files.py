@@ -17,8 +17,10 @@ def _nominal(report: dict) -> list[dict]:
     ring = report.get("ring")
     if not ring:
         return []
-    lo, hi = ring["bottleneck_gbps"]
-    label = f"nominal slowest ring link ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
+    lo, hi = ring.get("bus_bandwidth_gbps") or ring["bottleneck_gbps"]
+    rings = ring.get("rings") or [ring["ring"]]
+    label = (f"nominal slowest ring link ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})" if len(rings) == 1
+             else f"nominal {len(rings)} NVLink rings together")
     if lo == hi:
         return [{"label": f"{label} {lo:g} GB/s", "gbps": lo}]
     return [{"label": f"{label} {lo:g}-{hi:g} GB/s", "low_gbps": lo, "high_gbps": hi}]

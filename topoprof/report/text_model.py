@@ -20,11 +20,18 @@ def _intra_text(links: dict) -> str:
         return f"all-reduce fit measured by bench ({links['bench']})"
     if "link_bandwidth_gbps" in links:
         return f"{links['link_bandwidth_gbps']:g} GB/s per direction (given)"
-    lo, hi = links["bottleneck_gbps"]
+    lo, hi = links.get("bus_bandwidth_gbps") or links["bottleneck_gbps"]
     ring = "-".join(str(g) for g in links["ring"])
     kind = "NVLink" if links["hop"] == "NV" else "PCIe / host"
     span = f"{lo:.1f} GB/s" if lo == hi else f"{lo:.1f}-{hi:.1f} GB/s (uncertain: predictions are given as ranges)"
-    return f"nominal ring {ring} of {links['topology']}, slowest edge {kind} {span} per direction"
+    rings = links.get("rings") or [links["ring"]]
+    if links.get("rings_kind") == "nvlink_mesh":  # several rings at once
+        text = (f"nominal {len(rings)} rings over NVLink of {links['topology']} together {span} per direction "
+                f"(one NVLink per GPU pair each, e.g. {'-'.join(map(str, rings[0]))})")
+    else:
+        switch = " through NVSwitch" if links.get("rings_kind") == "nvswitch" else ""
+        text = f"nominal ring {ring} of {links['topology']}, slowest edge {kind}{switch} {span} per direction"
+    return text + (f"; {links['nvlink_rate']}" if links.get("nvlink_rate") else "")
 
 
 def _ms(seconds) -> str:

@@ -1,8 +1,10 @@
 """'Is my number normal?': measured bus bandwidth against what the links should give.
 
-The expectation is NCCL's own nominal figure for the ring's slowest link (topo.h per-link
-rates already stand for what NCCL expects a link to deliver, not the datasheet peak), or a range
-where the path goes through host memory or the GPU generation is unknown. A measured peak at or
+The expectation is NCCL's own nominal bus bandwidth for the job's GPUs (topo.h per-link rates
+already stand for what NCCL expects a link to deliver, not the datasheet peak): over an NVLink
+mesh without NVSwitch the rings NCCL runs at once together (`model.links.nvlink_rings`), else
+the ring's slowest link; or a range where the path goes through host memory or the GPU
+generation is unknown. A measured peak at or
 above LOW_SHARE of the nominal figure is OK; below that it is low by the shortfall, with the
 likely causes the report can see.
 """
@@ -50,7 +52,9 @@ def likely_causes(topology: dict, bench: dict) -> list[str]:
 
 
 def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
-    """One verdict for the measured all-reduce against the ring's nominal bottleneck."""
+    """One verdict for the measured all-reduce against the nominal bus bandwidth of `ring` (the
+    `links` description of `model.links.comm_from_topology`; a report written before it had
+    several rings gives only the one ring's `bottleneck_gbps`)."""
     rows = bench.get("rows", [])
     peak = _peak(rows)
     world = (bench.get("metadata") or {}).get("world_size")
@@ -66,8 +70,11 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
         return Verdict(f"{world} rank(s), {backend}", measured, size, None, None, "unknown", None,
                        f"peak busbw {measured:.3f} GB/s at {size} B; no nominal ring to compare with "
                        "(fewer than 2 GPUs of this node in the job, or no topology)")
-    lo, hi = ring["bottleneck_gbps"]
-    level = f"intra-node ring {'-'.join(map(str, ring['ring']))} ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
+    lo, hi = ring.get("bus_bandwidth_gbps") or ring["bottleneck_gbps"]
+    rings = ring.get("rings") or [ring["ring"]]
+    level = (f"intra-node ring {'-'.join(map(str, ring['ring']))} ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
+             if len(rings) == 1 else
+             f"intra-node rings over GPUs {','.join(map(str, sorted(ring['ring'])))} ({len(rings)} at once over NVLink)")
     causes = tuple(likely_causes(topology, bench))
     if lo == hi:
         ratio = measured / lo

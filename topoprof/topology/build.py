@@ -272,10 +272,11 @@ def _pair_link(a: Gpu, b: Gpu, smi, nvml, gpus) -> PairLink:
     )
 
 
-def nominal_bandwidth(path, nvlinks, p2p, a: Gpu, b: Gpu):
-    """(bandwidth_gbps, range, uncertain, basis) for one GPU pair, per direction."""
+def nominal_bandwidth(path, nvlinks, p2p, a: Gpu, b: Gpu, cc_origin: str | None = None):
+    """(bandwidth_gbps, range, uncertain, basis) for one GPU pair, per direction; `cc_origin`
+    says where the GPUs' compute capability came from when no probe read it (e.g. --gpu)."""
     if path == "NV" and p2p != "no":
-        return _nvlink_bandwidth(nvlinks, a, b)
+        return _nvlink_bandwidth(nvlinks, a, b, cc_origin)
     pcie = _pcie_pair(a, b)
     if path in ("PIX", "PXB") and p2p != "no":
         if pcie is None:
@@ -290,7 +291,7 @@ def nominal_bandwidth(path, nvlinks, p2p, a: Gpu, b: Gpu):
     return _host_staged(path, p2p, pcie)
 
 
-def _nvlink_bandwidth(nvlinks: int, a: Gpu, b: Gpu):
+def _nvlink_bandwidth(nvlinks: int, a: Gpu, b: Gpu, cc_origin: str | None = None):
     per_link = [constants.nvlink_gbps_per_link(g.compute_capability) for g in (a, b)]
     if None in per_link:
         lo, hi = constants.nvlink_gbps_bounds()
@@ -299,7 +300,37 @@ def _nvlink_bandwidth(nvlinks: int, a: Gpu, b: Gpu):
                 f"({lo}-{hi} GB/s per link in NCCL's table)")
     rate = min(per_link)
     return (nvlinks * rate, None, False,
-            f"NV{nvlinks}: {nvlinks} x {rate} GB/s per link (NCCL topo.h, sm{_sm(a)})")
+            f"NV{nvlinks}: {nvlinks} x {rate} GB/s per link (NCCL topo.h, sm{_sm(a)}"
+            f"{f' from {cc_origin}' if cc_origin else ''})")
+
+
+def with_compute_capability(topology: Topology, cc: tuple[int, int], origin: str) -> tuple[Topology, list[str]]:
+    """The topology with compute capability `cc` (said by `origin`, e.g. "--gpu v100-sxm2") for
+    every GPU no source gave one, and NCCL's per-link NVLink rate for it on their NVLink pairs, so
+    an NV# pair is # x that rate instead of a range over generations. A GPU's own capability (read
+    by NVML) is kept; where it differs from `cc` a note says so. Returns (topology, notes)."""
+    from dataclasses import replace
+
+    filled = {g.index for g in topology.gpus if g.compute_capability is None}
+    differ = sorted(g.index for g in topology.gpus
+                    if g.compute_capability is not None and tuple(g.compute_capability) != tuple(cc))
+    notes = []
+    if differ:
+        theirs = sorted({_sm(g) for g in topology.gpus if g.index in differ})
+        notes.append(f"{origin} is sm{cc[0]}{cc[1]}, but the topology reads sm{'/sm'.join(theirs)} for GPU(s) "
+                     f"{', '.join(map(str, differ))}: the topology's is kept for their NVLink rate")
+    if not filled:
+        return topology, notes
+    gpus = tuple(replace(g, compute_capability=tuple(cc)) if g.index in filled else g for g in topology.gpus)
+    by_index = {g.index: g for g in gpus}
+    pairs = []
+    for p in topology.pairs:
+        if p.path == "NV" and (p.gpu_a in filled or p.gpu_b in filled):
+            bw, rng, uncertain, basis = nominal_bandwidth(p.path, p.nvlinks, p.p2p, by_index[p.gpu_a],
+                                                          by_index[p.gpu_b], cc_origin=origin)
+            p = replace(p, bandwidth_gbps=bw, bandwidth_range_gbps=rng, uncertain=uncertain, basis=basis)
+        pairs.append(p)
+    return replace(topology, gpus=gpus, pairs=tuple(pairs)), notes
 
 
 def _sm(gpu: Gpu) -> str:

@@ -38,6 +38,11 @@ NVLINK_DATASHEET_BY_SM: dict[tuple[int, int | None], tuple[int, float]] = {
     (10, None): (18, 50.0),
 }
 
+# The most NVLinks any GPU in the table has (H100/B200: 18). A GPU whose NV# counts to its peers
+# add up to more than its generation's links (8 GPUs printing NV12 or NV18 for every pair) reaches
+# them through NVSwitch: each pair sees all of the GPU's switch links, not links of its own.
+MAX_NVLINKS_PER_GPU = max(links for links, _ in NVLINK_DATASHEET_BY_SM.values())
+
 # PCIe transfer rate per lane (GT/s) by generation (PCI-SIG base specifications) and the line
 # encoding: 8b/10b for Gen1-2, 128b/130b for Gen3-5. Raw x16 Gen4 = 16 x 16 x 128/130 / 8 = 31.5 GB/s.
 PCIE_GT_PER_S_BY_GEN: dict[int, float] = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0}
