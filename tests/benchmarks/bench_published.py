@@ -76,8 +76,9 @@ def dgx1(entry: dict) -> list[tuple[str, float, float, tuple | None]]:
         one = times[columns.index("1 GPU no ddp")]
         t_opt = sgd_optimizer_s(preset)
         common = _common(preset, one - t_opt, t_opt)
-        ddp_one = ddp_one_gpu_s(model_inputs(common + ["--world-size", "1"])) + t_opt
-        out.append((f"{preset} T(1 DDP)/T(1)", times[columns.index("1 GPU DDP")] / one, ddp_one / one, None))
+        alone = model_inputs(common + ["--world-size", "1"])
+        ddp_one = [(ddp_one_gpu_s(alone, end) + t_opt) / one for end in (None, "fast", "slow")]
+        out.append((f"{preset} T(1 DDP)/T(1)", times[columns.index("1 GPU DDP")] / one, ddp_one[0], tuple(ddp_one[1:])))
         for column, n in GPU_COLUMNS.items():
             gpus = ",".join(str(g) for g in range(n))
             step, rng = _synced(model_inputs(common + ["--topology", DGX1, "--gpus", gpus]))

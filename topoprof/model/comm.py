@@ -125,6 +125,9 @@ class RingComm(CommModel):
     bandwidth_range_gbps: tuple[float, float] | None = None
     base_latency_us: float = 0.0
     source: str = "given"
+    # the rings NCCL's search runs at once over these links (its channels, before it doubles
+    # them): how many SMs its kernels hold while an all-reduce runs (topoprof.model.ddp_gpu)
+    rings: int = 1
 
     def __post_init__(self) -> None:
         _check_positive("link_bandwidth_gbps", self.link_bandwidth_gbps)

@@ -66,8 +66,10 @@ SM_COUNT = {
     "h100-nvl": 132, "h200-sxm": 132, "h200-nvl": 132, "l40s": 142, "a10": 72, "l4": 58,
     "t4": 40, "rtx-4090": 128, "rtx-3090": 82,
 }
-# src/graph/connect.cc ncclTopoPostset: the channels the ring search found, doubled.
+# src/graph/connect.cc ncclTopoPostset: the channels the ring search found, doubled, up to
+# MAXCHANNELS (32, src/include/device.h).
 NCCL_CHANNELS_PER_RING = 2
+NCCL_MAX_CHANNELS = 32
 
 
 def geometric_middle(low: float, high: float) -> float:
@@ -83,7 +85,7 @@ def ddp_kernels(tensors: int, buckets: int, gradient_as_bucket_view: bool) -> in
 
 def nccl_sm_slowdown_range(sm_count: int, rings: int) -> tuple[float, float]:
     """(best, worst) slowdown of backward while an all-reduce holds NCCL's channels' SMs."""
-    channels = NCCL_CHANNELS_PER_RING * max(1, rings)
+    channels = min(NCCL_MAX_CHANNELS, NCCL_CHANNELS_PER_RING * max(1, rings))
     if channels >= sm_count:
         raise ValueError(f"{channels} NCCL channels on {sm_count} SMs")
     return 1.0, sm_count / (sm_count - channels)

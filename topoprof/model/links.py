@@ -158,8 +158,16 @@ def comm_from_topology(topology, gpus: list[int] | None = None,
     comm = RingComm(link_bandwidth_gbps=nominal, hop_latency_us=constants.HOP_LATENCY_US[hop],
                     world_size=len(chosen), bandwidth_range_gbps=rng,
                     base_latency_us=constants.RING_BASE_LATENCY_US,
-                    source=f"nominal links of {where}")
+                    source=f"nominal links of {where}", rings=_search_rings(topology, chosen, kind, rings))
     return comm, described
+
+
+def _search_rings(topology, gpus: list[int], kind: str, rings: list) -> int:
+    """The rings NCCL's search finds: those packed over an NVLink mesh; through NVSwitch, one per
+    NVLink of a GPU (each link a channel of the pair's bandwidth); else one."""
+    if kind == "nvswitch":
+        return max(p.nvlinks for p in _nvlink_pairs(topology, gpus))
+    return len(rings)
 
 
 def load_bench_fit(path: str) -> tuple[float, float, int, dict]:

@@ -159,8 +159,9 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
         ranges["compute_slowdown_during_comm"] = ddp_gpu.nccl_sm_slowdown_range(sms, rings)
         slowdown = _pick(ranges["compute_slowdown_during_comm"], end)
         echo["compute_slowdown_during_comm"] = (slowdown, (
-            f"what-if range 1-{ranges['compute_slowdown_during_comm'][1]:.3f}: NCCL holds {2 * rings} of "
-            f"{sms} SMs while an all-reduce runs (2 channels per ring, src/graph/connect.cc)"))
+            f"what-if range 1-{ranges['compute_slowdown_during_comm'][1]:.3f}: NCCL's kernels hold "
+            f"{min(ddp_gpu.NCCL_MAX_CHANNELS, 2 * rings)} of {sms} SMs while an all-reduce runs "
+            "(2 channels per ring, src/graph/connect.cc)"))
     spread = comp.rank_speed_spread
     if spread is not None:
         echo["rank_speed_spread"] = (spread, comp.origin("rank_speed_spread"))
@@ -375,10 +376,11 @@ def ddp_cost_parts(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel) 
             "slowest_rank": straggler_s(res, res.inputs.accumulation_steps) / res.inputs.accumulation_steps}
 
 
-def ddp_one_gpu_s(inputs: ModelInputs) -> float:
+def ddp_one_gpu_s(inputs: ModelInputs, end: str | None = None) -> float:
     """A micro-batch through DDP on one rank (torch runs its reducer and a one-rank all-reduce
-    there too): compute plus DDP's hooks, kernels and copy traffic, no link and no other rank."""
-    res = resolve(inputs)
+    there too): compute plus DDP's hooks, kernels and copy traffic, no link and no other rank.
+    `end` as for `resolve`: the what-if's middle, or its slow or fast end."""
+    res = resolve(inputs, end)
     buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes, inputs.workload.bucket_cap_mb)
     setting = ddp_setting(res, buckets)
     return res.micro_batch_s + inputs.compute.ddp_overhead_s + setting.kernels_s + copies_traffic_s(setting)
