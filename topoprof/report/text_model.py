@@ -57,7 +57,8 @@ def _strategy_row(name: str, s: dict) -> str:
     if s.get("step_time_s") is None:
         return f"{name:<28}{'n/a':>12}   {s.get('reason', '')}"
     rng = s.get("range")
-    span = "" if not rng else f"{_ms(rng['step_time_s'][0])} - {_ms(rng['step_time_s'][1])}"
+    lo, hi = rng["step_time_s"] if rng else (None, None)
+    span = "" if not rng or _ms(lo) == _ms(hi) else f"{_ms(lo)} - {_ms(hi)}"  # none left on this row
     return (f"{name:<28}{_ms(s['step_time_s']):>12}{_ms(s['comm_exposed_s']):>17}"
             f"{s['samples_per_s']:>12,.1f}{_speedup(s.get('speedup_vs_ddp_synced'))}  {span}").rstrip()
 
