@@ -113,6 +113,31 @@ _COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
     "rtx-4090": (8, 9), "rtx-3090": (8, 6),
 }
 
+# GPU memory in GB (1e9 B) per row, from the same datasheets: V100 16 or 32 (the name printed by
+# the driver says which; a bare "v100-sxm2" is taken as the smaller), A100 40/80, H100 SXM and
+# PCIe 80, H100 NVL 94, H200 141, L40S 48, A10 24, L4 24, T4 16, RTX 4090 24, RTX 3090 24.
+_MEMORY_GB: dict[str, float] = {
+    "v100-sxm2": 16, "v100-pcie": 16, "a100-sxm4-40gb": 40, "a100-sxm4-80gb": 80, "a100-pcie-40gb": 40,
+    "a100-pcie-80gb": 80, "h100-sxm": 80, "h100-pcie": 80, "h100-nvl": 94, "h200-sxm": 141, "h200-nvl": 141,
+    "l40s": 48, "a10": 24, "l4": 24, "t4": 16, "rtx-4090": 24, "rtx-3090": 24,
+}
+
+
+def gpu_memory_gb(name: str) -> tuple[float, str] | None:
+    """(GB, basis) of a GPU named as `lookup_gpu` takes it: the size in the name when it has one
+    ("Tesla V100-SXM2-32GB"), else the datasheet row's; None for an unknown name."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = lookup_gpu(name)
+    if spec is None:
+        return None
+    sized = re.search(r"(\d+)gb", normalize_gpu_name(name))
+    if sized:
+        return float(sized.group(1)), f"{sized.group(1)} GB in the name {name!r}"
+    note = " (the smaller of its sizes: give the full name, e.g. V100-SXM2-32GB)" if spec.name.startswith("v100") else ""
+    return float(_MEMORY_GB[spec.name]), f"{spec.name} datasheet{note}"
+
+
 # Normalized `nvidia-smi --query-gpu=name` strings (and common short names) -> table key.
 # The names are the ones the driver prints, e.g. "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB".
 _ALIASES: dict[str, str] = {
@@ -233,6 +258,7 @@ class Compute:
     rank_speed_spread: float | None = None
     rank_jitter: float = 0.0
     rank_spread_world_size: int = 1
+    gpu_memory_gb: float | None = None  # the GPU's memory (NVML, or given); None: from `gpu`'s datasheet
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
     origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
 

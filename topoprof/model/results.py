@@ -26,6 +26,19 @@ class StrategyResult:
     speedup_vs_ddp_synced: float | None
     range: Range | None
     formula: str
+    memory: Memory | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One GPU's memory under a strategy, in GB (1e9 B), part by part (topoprof.model.memory)."""
+
+    parts_gb: dict[str, float | None]  # params, grads, optimizer, buckets, unsharded, activations
+    total_gb: float                    # the parts; without activations when they are unknown
+    basis: str                         # "counted" or where it was measured
+    gpu_memory_gb: float | None
+    fits: bool | None                  # None: the GPU's memory is unknown
+    reason: str | None                 # why not, with the arithmetic (or what is unknown)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from topoprof.model.dataparallel import dataparallel_comm_s
 from topoprof.model.ddp import DdpSetting, copies_traffic_s, ddp_timeline, hiding_threshold
 from topoprof.model import ddp_gpu
 from topoprof.model.results import (BucketSummary, DdpCost, GlobalBatchOption, HideThreshold,
-                                    InputValue, Prediction, Range, StrategyResult,
+                                    InputValue, Memory, Prediction, Range, StrategyResult,
                                     SweepPoint, Unavailable)
 from topoprof.errors import InputError
 from topoprof.model.compute import (MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, Compute, compute_times,
@@ -50,6 +50,7 @@ class Workload:
     bucket_cap_mb: float | None = None  # None = torch default (25 MiB, first bucket 1 MiB)
     gradient_as_bucket_view: bool = False
     dp_output_bytes: int = 0  # per GPU, gathered to GPU 0 by DataParallel (0 = a small loss)
+    activation_memory_gb: float | None = None  # per GPU per micro-batch, when the user knows it
 
     def __post_init__(self) -> None:
         _need(self.grad_bytes in (2, 4), f"grad_bytes must be 2 or 4, got {self.grad_bytes}")
@@ -60,6 +61,8 @@ class Workload:
               f"tokens_per_micro_batch must be >= 1, got {self.tokens_per_micro_batch}")
         _need(self.dp_output_bytes >= 0,
               f"dp_output_bytes must be >= 0, got {self.dp_output_bytes}")
+        _need(self.activation_memory_gb is None or self.activation_memory_gb >= 0,
+              f"activation memory must be >= 0 GB, got {self.activation_memory_gb}")
         if self.layout.unit == "image":  # FLOPs per image: a micro-batch is micro_batch_size images
             _need(self.tokens_per_micro_batch in (None, self.micro_batch_size),
                   f"tokens_per_micro_batch({self.tokens_per_micro_batch}) of an image model is its "
@@ -404,6 +407,82 @@ def _samples(res: Resolved, name: str) -> int:
     return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
 
 
+def _activations(res: Resolved) -> tuple[float | None, str]:
+    """Activation bytes per micro-batch on one GPU, and where the figure comes from."""
+    from topoprof.model import memory
+    from topoprof.model.presets import PRESET_DEPTH
+
+    work = res.inputs.workload
+    if work.activation_memory_gb is not None:
+        return work.activation_memory_gb * memory.GB, "given (--activation-memory)"
+    layers = PRESET_DEPTH.get(work.layout.name)
+    if layers and work.tokens_per_micro_batch:
+        hidden = work.layout.tensors[0].shape[-1]  # the token embedding's width
+        counted = memory.transformer_activations(layers, hidden, work.tokens_per_micro_batch,
+                                                 res.inputs.compute.precision)
+        return counted, (f"counted: 34 B x {work.tokens_per_micro_batch} tokens x {hidden} hidden x {layers} layers"
+                         " (Korthikanti et al. 2022 Eq. 1, no stored attention scores)")
+    return None, "unknown: give --activation-memory GB"
+
+
+def _gpu_memory(res: Resolved) -> tuple[float | None, str]:
+    from topoprof.model.compute import gpu_memory_gb
+
+    comp = res.inputs.compute
+    if comp.gpu_memory_gb is not None:
+        return comp.gpu_memory_gb, comp.origin("gpu_memory_gb")
+    found = gpu_memory_gb(comp.gpu) if comp.gpu else None
+    return found if found else (None, "unknown: give --gpu NAME or --gpu-memory GB")
+
+
+def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
+    """Each strategy's memory per GPU, counted (topoprof.model.memory), and whether it fits."""
+    from topoprof.model import memory
+
+    work, cl = res.inputs.workload, res.inputs.cluster
+    activations, act_source = _activations(res)
+    capacity, cap_source = _gpu_memory(res)
+    res.echo["activation_memory_gb"] = (None if activations is None else activations / memory.GB, act_source)
+    res.echo["gpu_memory_gb"] = (capacity, cap_source)
+    model = memory.MemoryModel(
+        work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes, optimizer=_optimizer_name(res.inputs.compute.optimizer),
+        world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
+        gradient_as_bucket_view=work.gradient_as_bucket_view, largest_group_params=largest_group_params(work.layout),
+        fsdp_param_bytes=getattr(work, "fsdp_param_bytes", 2), fsdp_reduce_bytes=getattr(work, "fsdp_reduce_bytes", 4),
+        activations=activations)
+    out = {}
+    for name in names:
+        held = memory.holding(name, model)
+        if held is None:
+            continue
+        f = memory.fit(held, None if capacity is None else capacity * memory.GB)
+        parts = {"params": held.params, "grads": held.grads, "optimizer": held.optimizer, "buckets": held.buckets,
+                 "unsharded": held.unsharded, "activations": held.activations}
+        out[name] = Memory({k: None if v is None else v / memory.GB for k, v in parts.items()},
+                           held.total / memory.GB, "counted", capacity, f.fits, f.reason)
+    return out
+
+
+def _optimizer_name(name: str) -> str:
+    from topoprof.model.memory import OPTIMIZER_STATES
+
+    return name if name in OPTIMIZER_STATES else "adamw"
+
+
+def largest_group_params(layout) -> int:
+    """The largest FSDP group's parameters: one group per block (the tensors whose names share a
+    `prefix.N.` block index), the rest in the root group (as `fully_shard` on each block and then
+    on the root groups them)."""
+    import re
+
+    groups: dict[str, int] = {}
+    for t in layout.tensors:
+        match = re.match(r"^(.*?\.\d+)\.", t.name)
+        key = match.group(1) if match else ""
+        groups[key] = groups.get(key, 0) + t.numel
+    return max(groups.values())
+
+
 def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
               ) -> dict[str, StrategyResult | Unavailable]:
     synced = nominal["ddp_synced"]
@@ -422,12 +501,20 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
         speedup = None if synced_rate is None else samples / step / synced_rate
         out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
                                    FORMULAS[name])
-    return out
+    memory = memory_by_strategy(res, [n for n, r in out.items() if isinstance(r, StrategyResult)])
+    return {n: replace(r, memory=memory.get(n)) if isinstance(r, StrategyResult) else r for n, r in out.items()}
+
+
+def _with_memory_echo(res: Resolved) -> Resolved:
+    """`res` with the memory inputs' echo (GPU memory, activations) filled in, as the strategies'
+    memory reads them."""
+    memory_by_strategy(res, ())
+    return res
 
 
 def predict(inputs: ModelInputs) -> Prediction:
     """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON."""
-    res = resolve(inputs)
+    res = _with_memory_echo(resolve(inputs))
     comm = inputs.cluster.comm
     buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
                           inputs.workload.bucket_cap_mb)

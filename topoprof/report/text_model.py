@@ -43,7 +43,8 @@ def _speedup(value) -> str:
 
 
 def _strategy_rows(payload: dict) -> list[str]:
-    lines = [f"{'strategy':<28}{'step ms':>12}{'exposed comm ms':>17}{'samples/s':>12}{'vs ddp_synced':>15}  range (step ms)"]
+    lines = [f"{'strategy':<28}{'step ms':>12}{'exposed comm ms':>17}{'samples/s':>12}{'vs ddp_synced':>15}"
+             f"{'memory GB':>11}  range (step ms)"]
     strategies = payload["strategies"]
     reasons = [s.get("reason") for s in strategies.values() if s.get("step_time_s") is None]
     if len(reasons) > 1 and len(set(reasons)) == 1:  # e.g. one GPU: say it once, not per row
@@ -53,14 +54,26 @@ def _strategy_rows(payload: dict) -> list[str]:
     return lines + [_strategy_row(name, s) for name, s in strategies.items()]
 
 
+def _memory_text(s: dict) -> str:
+    mem = s.get("memory")
+    if not mem:
+        return f"{'-':>11}"
+    unknown = "+?" if mem["parts_gb"].get("activations") is None else ""  # activations unknown
+    return f"{mem['total_gb']:>9,.1f}{unknown:<2}"
+
+
 def _strategy_row(name: str, s: dict) -> str:
     if s.get("step_time_s") is None:
         return f"{name:<28}{'n/a':>12}   {s.get('reason', '')}"
+    mem = s.get("memory") or {}
+    if mem.get("fits") is False:  # kept, but no step time to rank against the others
+        need = mem["total_gb"]
+        return f"{name:<28}{'-':>12}   does not fit: needs {need:,.1f} GB of {mem['gpu_memory_gb']:,.1f} GB"
     rng = s.get("range")
     lo, hi = rng["step_time_s"] if rng else (None, None)
     span = "" if not rng or _ms(lo) == _ms(hi) else f"{_ms(lo)} - {_ms(hi)}"  # none left on this row
     return (f"{name:<28}{_ms(s['step_time_s']):>12}{_ms(s['comm_exposed_s']):>17}"
-            f"{s['samples_per_s']:>12,.1f}{_speedup(s.get('speedup_vs_ddp_synced'))}  {span}").rstrip()
+            f"{s['samples_per_s']:>12,.1f}{_speedup(s.get('speedup_vs_ddp_synced'))}{_memory_text(s)}  {span}").rstrip()
 
 
 def _sweep_rows(payload: dict) -> list[str]:
@@ -121,7 +134,26 @@ def ddp_cost_share(payload: dict) -> tuple[float, float, float] | None:
     low = sum((c["range_s"] or [c["seconds"]] * 2)[0] for c in costs.values())
     high = sum((c["range_s"] or [c["seconds"]] * 2)[1] for c in costs.values())
     steps = (synced.get("range") or {}).get("step_time_s") or [step, step]
-    return 100 * k * total / step, 100 * k * low / steps[0], 100 * k * high / steps[1]
+    # each part's low end and the step's low end come from the same end of the what-if (its fast
+    # one), and so do the high ends; the share can still be larger at either
+    shares = (100 * k * low / steps[0], 100 * k * high / steps[1])
+    return 100 * k * total / step, min(shares), max(shares)
+
+
+def _memory_rows(payload: dict) -> list[str]:
+    """What the memory column rests on, and each part of one strategy that does not fit."""
+    inputs = payload["inputs"]
+    capacity, act = inputs.get("gpu_memory_gb") or {}, inputs.get("activation_memory_gb") or {}
+    if not capacity and not act:
+        return []
+    activations = "?" if act.get("value") is None else f"{act['value']:.1f}"
+    out = ["", f"Memory per GPU (counted: weights, gradients, optimizer state, DDP's buckets, FSDP's unsharded "
+               f"groups, activations): GPU {capacity.get('value') or '?'} GB ({capacity.get('source')}); "
+               f"activations {activations} GB ({act.get('source')})."]
+    reasons = {s["memory"]["reason"] for s in payload["strategies"].values()
+               if (s.get("memory") or {}).get("fits") is False}
+    out += [f"  {r}" for r in sorted(reasons)]
+    return out
 
 
 def _ddp_cost_rows(payload: dict) -> list[str]:
@@ -161,7 +193,8 @@ def _fixed_rows(fixed: dict) -> list[str]:
 
 
 def render_model(payload: dict) -> str:
-    out = _header(payload) + _strategy_rows(payload) + _hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload)
+    out = (_header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _hide_line(payload["hide_threshold"])
+           + _ddp_cost_rows(payload))
     if "sweep" in payload:
         out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
     if payload["warnings"]:
