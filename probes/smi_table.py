@@ -118,6 +118,7 @@ class _Header:
     labels: tuple[str, ...]  # device columns, GPUs first
     gpu_count: int
     columns: tuple[tuple[str, int], ...]  # affinity headings and the column each starts at
+    unread: tuple[str, ...] = ()  # the words after the labels when they are not those headings
 
 
 @dataclass(frozen=True)
@@ -210,17 +211,25 @@ def _parse_header(words: list[Word], number: int, source: str, cells: int) -> _H
     rest = split_headings(words[len(labels):], _HEADING_WORDS)
     if cells > len(labels):
         labels = split_labels(labels, cells)
+    _check_labels(labels, number, source)
+    gpu_count = sum(1 for label in labels if _GPU_LABEL.fullmatch(label))
+    columns = _affinity_columns(rest)
+    if columns is None:  # the matrix does not depend on these columns: its rows are still read
+        return _Header(tuple(labels), gpu_count, (), tuple(word for _, word in rest))
+    return _Header(tuple(labels), gpu_count, columns)
+
+
+def _affinity_columns(rest: list[Word]) -> tuple[tuple[str, int], ...] | None:
+    """The affinity headings after the device labels and their columns; None if other words are
+    there or one comes twice."""
     columns: list[tuple[str, int]] = []
     while rest:
         name = next((c for c in _COLUMNS if [w for _, w in rest[:len(c.split())]] == c.split()), None)
         if name is None or name in dict(columns):
-            raise ParseError(source, number, f"unexpected column heading {rest[0][1]!r} in the header"
-                             f" (expected device labels, then {', '.join(_COLUMNS)})")
+            return None
         columns.append((name, rest[0][0]))
         rest = rest[len(name.split()):]
-    _check_labels(labels, number, source)
-    gpu_count = sum(1 for label in labels if _GPU_LABEL.fullmatch(label))
-    return _Header(tuple(labels), gpu_count, tuple(columns))
+    return tuple(columns)
 
 
 def _check_labels(labels: list[str], number: int, source: str) -> None:
@@ -268,8 +277,9 @@ def _parse_row(words: list[Word], number: int, label: str, header: _Header, sour
             raise ParseError(source, number, f"row {label}: unknown path code {following!r} "
                              f"(known: {_KNOWN_CODES})")
         raise ParseError(source, number, f"row {label}: expected {size} path cells, got {len(codes)}")
-    if label not in header.labels[:header.gpu_count] or not tail:
-        return _Row(number, tuple(codes), {})  # NIC rows carry no affinity fields
+    if label not in header.labels[:header.gpu_count] or not tail or header.unread:
+        # NIC rows carry no affinity fields; under headings that cannot be read they are unknown
+        return _Row(number, tuple(codes), {})
     last_start, last_word = words[len(words) - len(tail) - 1]
     readings = {tuple(sorted(f.items())) for f in (
         affinity_fields(last_start + len(last_word), option, header.columns)
@@ -379,6 +389,10 @@ def _parse_table(lines: list[str], at: int, source: str) -> SmiTopology:
     count = header.gpu_count
     gpus = tuple(_make_gpu(label, row, source, notes) for label, row in zip(header.labels, rows[:count]))
     _check_matrix(header, rows, source)  # last, so that a table refused later has not warned
+    if header.unread:
+        notes.insert(0, f"{source}:{at + 1}: the header's words after the device labels"
+                        f" ({', '.join(map(repr, header.unread))}) are not the headings {', '.join(_COLUMNS)};"
+                        " CPU and NUMA affinity are unknown")
     if table.wrapped:
         notes.insert(0, f"{source}:{at + 1}: the table was wrapped at {table.width} columns (a terminal"
                         " copy); its lines were joined back")

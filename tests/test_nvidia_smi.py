@@ -519,7 +519,6 @@ def test_line_numbers_count_the_preamble_in_the_user_file(tmp_path):
     ("\tGPU0\tGPU1\nGPU0\t X \tX\nGPU1\tPIX\t X \n", 2, "row GPU0: the cell for GPU1 is X"),
     ("\tGPU0\tGPU0\nGPU0\t X \tPIX\nGPU0\tPIX\t X \n", 1, "column GPU0 appears twice in the header"),
     ("\tGPU0\tmlx5_0\tGPU1\n", 1, "column GPU1 comes after NIC columns"),
-    ("\tGPU0\tGPU1\tCPU Affinity\tFoo\n", 1, "unexpected column heading 'Foo'"),
     ("\tGPU0\tGPU1\nGPU1\tPIX\t X \nGPU0\t X \tPIX\n", 2, "expected the row for GPU0, found 'GPU1'"),
 ])
 def test_malformed_tables(text, line, message):
@@ -541,6 +540,17 @@ def test_unreadable_affinity_is_unknown_with_a_note(text, message):
     gpu = topo.gpus[0]
     assert (gpu.cpu_affinity, gpu.numa_affinity, gpu.gpu_numa_id) == (None, None, None)
     assert len(topo.notes) == 1 and topo.notes[0].startswith("topo.txt:2: ") and message in topo.notes[0]
+
+
+@pytest.mark.parametrize("heading", ["CPU Affinity\tFoo", "CPU Affinity\tCPU Affinity", "CPU\tAffi"])
+def test_unreadable_headings_leave_the_matrix_read_and_affinity_unknown(heading):
+    text = f"\tGPU0\tGPU1\t{heading}\nGPU0\t X \tPIX\t0-7\t1\nGPU1\tPIX\t X \t8-15\t2\n"
+    topo = parse_topo_matrix(text, "topo.txt")
+    assert topo.gpu_path(0, 1) == p("PIX")
+    assert all((g.cpu_affinity, g.numa_affinity, g.gpu_numa_id) == (None, None, None) for g in topo.gpus)
+    words = ", ".join(repr(w) for w in heading.split())
+    assert topo.notes == (f"topo.txt:1: the header's words after the device labels ({words}) are not the headings"
+                          " CPU Affinity, NUMA Affinity, GPU NUMA ID; CPU and NUMA affinity are unknown",)
 
 
 def test_text_folded_at_80_characters_reads_the_same():
