@@ -8,9 +8,9 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from probes.smi_text import (APART, EITHER, GLUE, LABEL, PREFIX, SHIFT, TAB, VALUE, VALUE_LIKE, Word, affinity_fields, clean_lines, id_list,
-                             join_wrapped, layout, split_headings, split_labels, tail_readings,
-                             terminal_width)
+from probes.smi_text import (APART, EITHER, GLUE, LABEL, PREFIX, SHIFT, TAB, VALUE, VALUE_LIKE, Glue, Word, affinity_fields,
+                             clean_lines, id_list, join_wrapped, layout, split_headings, split_labels,
+                             tail_readings, terminal_width, unglue)
 from topoprof.errors import ParseError
 
 PATH_KINDS = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
@@ -152,6 +152,16 @@ def _decide(left: str, right: str) -> str:
     if VALUE.fullmatch(left) and VALUE.fullmatch(right) and VALUE.fullmatch(glued):
         return EITHER  # "2" / "0-39,60-79": one CPU list, or a NUMA node and a CPU list
     return APART
+
+
+def _blanks_between(left: str, right: str, to_next_stop: int) -> int:
+    """Blanks that stood between two words a glued copy's cut fell between (see smi_text.unglue):
+    none if they are one word cut in two, one inside a heading, else a tab's worth."""
+    if _decide(left, right) in (GLUE, EITHER):
+        return 0
+    if any(f"{left} {right}" in heading for heading in _COLUMNS):
+        return 1
+    return to_next_stop
 
 
 def _split_glued(text: str, start: int) -> tuple[str, str] | None:
@@ -369,7 +379,7 @@ class _Table:
         return stop
 
 
-def _parse_table(lines: list[str], at: int, source: str) -> SmiTopology:
+def _parse_table(lines: list[str], at: int, source: str, glue: Glue | None) -> SmiTopology:
     table = _Table(lines, at)
     header_words = table.words(at, table.first_row)[0]
     second = header_words[1][1] if len(header_words) > 1 else None
@@ -396,9 +406,19 @@ def _parse_table(lines: list[str], at: int, source: str) -> SmiTopology:
     if table.wrapped:
         notes.insert(0, f"{source}:{at + 1}: the table was wrapped at {table.width} columns (a terminal"
                         " copy); its lines were joined back")
+    glued = [i for i in glue.lines if at <= i < index] if glue else []
+    if glued:
+        notes.insert(0, _glue_note(glue, glued, len(table.prefix.expandtabs(TAB)), source))
     legend = _nic_legend(lines[index:])
     nics = tuple(SmiNic(i, label, legend.get(label, label)) for i, label in enumerate(header.labels[count:]))
     return SmiTopology(source, gpus, nics, tuple(row.codes for row in rows), tuple(notes))
+
+
+def _glue_note(glue: Glue, glued: list[int], indent: int, source: str) -> str:
+    # the width counts from the table's left edge, as for a hard-wrapped copy: a paste may indent
+    where = f"at {glue.width - indent} columns" if glue.width is not None else "by the terminal"
+    return (f"{source}:{glued[0] + 1}: {len(glued)} line(s) of the table were wrapped {where} with the rest"
+            f" put on the same line after {glue.pad} blanks (a terminal copy); they were joined back")
 
 
 def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
@@ -408,7 +428,7 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
     path matrix that cannot be read raises ParseError(source, line, message); an affinity field
     that cannot be read is unknown, with a note in `SmiTopology.notes`.
     """
-    lines = clean_lines(text)
+    lines, glue = unglue(clean_lines(text), _blanks_between)
     starts = [i for i, line in enumerate(lines) if _is_header(line)]
     if not starts:
         raise ParseError(source, None, "no `nvidia-smi topo -m` table found"
@@ -416,7 +436,7 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
     first_error: ParseError | None = None
     for at in starts:  # a paste may hold `topo -p2p` or a broken capture before the real table
         try:
-            return _parse_table(lines, at, source)
+            return _parse_table(lines, at, source, glue)
         except ParseError as err:
             first_error = first_error or err
     raise first_error

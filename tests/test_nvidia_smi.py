@@ -20,7 +20,7 @@ from probes.nvidia_smi import (
     read_topo_file,
     run_topo_matrix,
 )
-from tests.helpers.terminal import terminal_copy
+from tests.helpers.terminal import glued_copy, terminal_copy
 from topoprof.errors import InputError, NothingMeasured, ParseError, TopoprofError
 
 TOPO_DIR = Path(__file__).parent / "fixtures" / "topo"
@@ -381,6 +381,40 @@ def test_terminal_copies_keep_the_matrix_and_never_invent_affinity(name, termina
         if after != before:
             assert (after.cpu_affinity, after.numa_affinity, after.gpu_numa_id) == (None, None, None), after
             assert any(f"row {after.label}:" in note for note in copied.notes), copied.notes
+
+
+GLUE_WIDTHS = (80, 97, 100, 132)  # 97, 100 and 132 are no multiples of a tab's 8 columns
+
+
+@pytest.mark.parametrize("far", ["253", "near"])
+@pytest.mark.parametrize("width", GLUE_WIDTHS)
+@pytest.mark.parametrize("name", FIXTURES)
+def test_glued_copies_read_as_the_original(name, width, far):
+    # A terminal that cuts each longer line at its width and puts the rest on the same line far
+    # to the right (issue #21): paths, affinities and notes come out as from the original.
+    text = re.sub(r"\x1b\[[0-9;]*[mK]", "", load_fixture(name)[0])  # a terminal shows escapes
+    original = parse_topo_matrix(text, name)
+    copied = parse_topo_matrix(glued_copy(text, width, 253 if far == "253" else width + 40), name)
+    assert (copied.matrix, copied.gpus, copied.nics) == (original.matrix, original.gpus, original.nics)
+    glue_notes = [n for n in note_texts(copied) if "with the rest put on the same line" in n]
+    assert [n for n in note_texts(copied) if n not in glue_notes] == note_texts(original)
+    cut_rows = [line for line in text.expandtabs(8).split("\n")
+                if len(line.rstrip()) > width and re.match(r"\s*(GPU|NIC|mlx5_)[0-9]", line)]
+    assert len(glue_notes) == (1 if cut_rows else 0)
+    assert all(f"wrapped at {width} columns" in n or "wrapped by the terminal" in n for n in glue_notes)
+
+
+def test_a_glue_too_narrow_to_see_leaves_affinity_unknown_not_wrong():
+    # Rests only a few blanks beyond the cut look like fields; the header no longer reads as the
+    # affinity headings, so the matrix is read and the affinity is unknown, with a note.
+    name = "10_aws-p4d-24xlarge-a100-8x-nv12.txt"
+    text = glued_copy(load_fixture(name)[0], 80, 100)
+    topo = parse_topo_matrix(text, "t.txt")
+    assert topo.matrix == parse_fixture(name).matrix
+    assert all((g.cpu_affinity, g.numa_affinity, g.gpu_numa_id) == (None, None, None) for g in topo.gpus)
+    assert topo.notes == ("t.txt:1: the header's words after the device labels ('CPU', 'Affi', 'nity', 'NUMA',"
+                          " 'Affinity', 'GPU', 'NUMA', 'ID') are not the headings CPU Affinity, NUMA Affinity,"
+                          " GPU NUMA ID; CPU and NUMA affinity are unknown",)
 
 
 def test_terminal_emulation_reproduces_real_tmux_captures():
