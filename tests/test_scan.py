@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.helpers.unwritable import cli_with, one_error_line
+
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
                "verdict", "recommendations", "charts", "timing", "cluster", "probes", "what_if"}
@@ -84,6 +86,19 @@ def test_no_validate_without_compute_still_writes_the_report(tmp_path):
     assert "Skipped: --no-validate" in md
     doc = json.loads((out / "report.json").read_text())
     assert doc["bench"]["rows"] and doc["validation"]["status"] == "skipped"
+
+
+FAST_SCAN = ("scan", "--quick", "--no-validate")
+
+
+def test_a_report_folder_that_cannot_be_created_stops_the_scan_before_it_measures(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("a regular file, not a folder\n")
+    never_measure = "import topoprof.scan.job as job\njob.run = lambda *a: sys.exit('topoprof scan measured')"
+    for out, why in [("/proc/topoprof-test/report", "No such file or directory"), (f"{a_file}/report", "Not a directory")]:
+        proc = cli_with(never_measure, *FAST_SCAN, "--out", out)
+        assert proc.returncode == 2, proc.stderr
+        assert one_error_line(proc) == f"topoprof: error: --out {out}: cannot create the folder: {why}"
 
 
 def test_a_datasheet_what_if_prediction_is_shown_as_ranges():

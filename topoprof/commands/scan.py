@@ -37,9 +37,13 @@ def scan(backend, nproc, params, preset, user_model, micro_batch_time, tokens, m
     opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
                        preset=preset, micro_batch_time_s=micro_batch_time, tokens=tokens,
                        micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s, user_model=user_model)
+    from topoprof.jsonio import check_writable_folder
+    from topoprof.measure.launch import is_reporting_rank
     from topoprof.scan.job import default_out_dir, run
 
     out_dir = out_dir or default_out_dir()
+    if is_reporting_rank():  # rank 0 writes the report: a folder it cannot write ends the scan now
+        check_writable_folder(out_dir, "--out")
     stages = Stages(show=sys.stderr.isatty())
     report = run(opts, stages, out_dir)
     if report is None:  # a non-zero rank of a torchrun/SLURM job: rank 0 reports
