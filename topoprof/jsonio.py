@@ -60,15 +60,47 @@ def load_json(path: str) -> Any:
         raise InputError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
 
 
-def write_text(path: str, text: str, option: str) -> None:
-    """Write a result file; InputError naming the option and the path when it cannot be written."""
-    from topoprof.errors import InputError
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """A result that could not be written where asked: where it went instead (None: nowhere, it
+    must be printed) and why. Commands end with exit 3 on it, after everything else is out."""
 
+    option: str
+    wanted: str
+    written_to: str | None
+    reason: str
+
+    def message(self) -> str:
+        if self.written_to is None:
+            return (f"{self.option} {self.wanted}: cannot write ({self.reason}), nor in the temporary directory;"
+                    " it is printed on stdout instead")
+        return f"{self.option} {self.wanted}: cannot write ({self.reason}); written to {self.written_to} instead"
+
+
+def write_text(path: str, text: str, option: str) -> Moved | None:
+    """Write a result file. If that fails at the end of a run, the file goes to a new folder in the
+    system's temporary directory instead, so nothing measured is lost: the Moved says where and why."""
     try:
-        with open(path, "w") as f:
-            f.write(text)
+        _write(path, text)
+        return None
     except OSError as err:
-        raise InputError(f"{option} {path}: cannot write: {err.strerror}") from None
+        reason = _why(err)
+    try:
+        spare = os.path.join(spare_folder(), os.path.basename(path) or "result.json")
+        _write(spare, text)
+    except OSError:
+        spare = None
+    return Moved(option, path, spare, reason)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def spare_folder() -> str:
+    """A new folder in the system's temporary directory, for results that cannot go where asked."""
+    return tempfile.mkdtemp(prefix="topoprof-")
 
 
 def _why(err: OSError) -> str:
