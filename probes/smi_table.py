@@ -8,9 +8,9 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from probes.smi_text import (APART, EITHER, GLUE, LABEL, PREFIX, SHIFT, TAB, VALUE, VALUE_LIKE, Word, affinity_fields, clean_lines, id_list,
-                             join_wrapped, layout, split_headings, split_labels, tail_readings,
-                             terminal_width)
+from probes.smi_text import (APART, EITHER, GLUE, LABEL, PREFIX, SHIFT, TAB, VALUE, VALUE_LIKE, Glue, Word, affinity_fields,
+                             clean_lines, id_list, join_wrapped, layout, split_headings, split_labels,
+                             tail_readings, terminal_width, unglue)
 from topoprof.errors import ParseError
 
 PATH_KINDS = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
@@ -118,6 +118,7 @@ class _Header:
     labels: tuple[str, ...]  # device columns, GPUs first
     gpu_count: int
     columns: tuple[tuple[str, int], ...]  # affinity headings and the column each starts at
+    unread: tuple[str, ...] = ()  # the words after the labels when they are not those headings
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,16 @@ def _decide(left: str, right: str) -> str:
     if VALUE.fullmatch(left) and VALUE.fullmatch(right) and VALUE.fullmatch(glued):
         return EITHER  # "2" / "0-39,60-79": one CPU list, or a NUMA node and a CPU list
     return APART
+
+
+def _blanks_between(left: str, right: str, to_next_stop: int) -> int:
+    """Blanks that stood between two words a glued copy's cut fell between (see smi_text.unglue):
+    none if they are one word cut in two, one inside a heading, else a tab's worth."""
+    if _decide(left, right) in (GLUE, EITHER):
+        return 0
+    if any(f"{left} {right}" in heading for heading in _COLUMNS):
+        return 1
+    return to_next_stop
 
 
 def _split_glued(text: str, start: int) -> tuple[str, str] | None:
@@ -210,17 +221,25 @@ def _parse_header(words: list[Word], number: int, source: str, cells: int) -> _H
     rest = split_headings(words[len(labels):], _HEADING_WORDS)
     if cells > len(labels):
         labels = split_labels(labels, cells)
+    _check_labels(labels, number, source)
+    gpu_count = sum(1 for label in labels if _GPU_LABEL.fullmatch(label))
+    columns = _affinity_columns(rest)
+    if columns is None:  # the matrix does not depend on these columns: its rows are still read
+        return _Header(tuple(labels), gpu_count, (), tuple(word for _, word in rest))
+    return _Header(tuple(labels), gpu_count, columns)
+
+
+def _affinity_columns(rest: list[Word]) -> tuple[tuple[str, int], ...] | None:
+    """The affinity headings after the device labels and their columns; None if other words are
+    there or one comes twice."""
     columns: list[tuple[str, int]] = []
     while rest:
         name = next((c for c in _COLUMNS if [w for _, w in rest[:len(c.split())]] == c.split()), None)
         if name is None or name in dict(columns):
-            raise ParseError(source, number, f"unexpected column heading {rest[0][1]!r} in the header"
-                             f" (expected device labels, then {', '.join(_COLUMNS)})")
+            return None
         columns.append((name, rest[0][0]))
         rest = rest[len(name.split()):]
-    _check_labels(labels, number, source)
-    gpu_count = sum(1 for label in labels if _GPU_LABEL.fullmatch(label))
-    return _Header(tuple(labels), gpu_count, tuple(columns))
+    return tuple(columns)
 
 
 def _check_labels(labels: list[str], number: int, source: str) -> None:
@@ -268,8 +287,9 @@ def _parse_row(words: list[Word], number: int, label: str, header: _Header, sour
             raise ParseError(source, number, f"row {label}: unknown path code {following!r} "
                              f"(known: {_KNOWN_CODES})")
         raise ParseError(source, number, f"row {label}: expected {size} path cells, got {len(codes)}")
-    if label not in header.labels[:header.gpu_count] or not tail:
-        return _Row(number, tuple(codes), {})  # NIC rows carry no affinity fields
+    if label not in header.labels[:header.gpu_count] or not tail or header.unread:
+        # NIC rows carry no affinity fields; under headings that cannot be read they are unknown
+        return _Row(number, tuple(codes), {})
     last_start, last_word = words[len(words) - len(tail) - 1]
     readings = {tuple(sorted(f.items())) for f in (
         affinity_fields(last_start + len(last_word), option, header.columns)
@@ -359,7 +379,7 @@ class _Table:
         return stop
 
 
-def _parse_table(lines: list[str], at: int, source: str) -> SmiTopology:
+def _parse_table(lines: list[str], at: int, source: str, glue: Glue | None) -> SmiTopology:
     table = _Table(lines, at)
     header_words = table.words(at, table.first_row)[0]
     second = header_words[1][1] if len(header_words) > 1 else None
@@ -379,12 +399,26 @@ def _parse_table(lines: list[str], at: int, source: str) -> SmiTopology:
     count = header.gpu_count
     gpus = tuple(_make_gpu(label, row, source, notes) for label, row in zip(header.labels, rows[:count]))
     _check_matrix(header, rows, source)  # last, so that a table refused later has not warned
+    if header.unread:
+        notes.insert(0, f"{source}:{at + 1}: the header's words after the device labels"
+                        f" ({', '.join(map(repr, header.unread))}) are not the headings {', '.join(_COLUMNS)};"
+                        " CPU and NUMA affinity are unknown")
     if table.wrapped:
         notes.insert(0, f"{source}:{at + 1}: the table was wrapped at {table.width} columns (a terminal"
                         " copy); its lines were joined back")
+    glued = [i for i in glue.lines if at <= i < index] if glue else []
+    if glued:
+        notes.insert(0, _glue_note(glue, glued, len(table.prefix.expandtabs(TAB)), source))
     legend = _nic_legend(lines[index:])
     nics = tuple(SmiNic(i, label, legend.get(label, label)) for i, label in enumerate(header.labels[count:]))
     return SmiTopology(source, gpus, nics, tuple(row.codes for row in rows), tuple(notes))
+
+
+def _glue_note(glue: Glue, glued: list[int], indent: int, source: str) -> str:
+    # the width counts from the table's left edge, as for a hard-wrapped copy: a paste may indent
+    where = f"at {glue.width - indent} columns" if glue.width is not None else "by the terminal"
+    return (f"{source}:{glued[0] + 1}: {len(glued)} line(s) of the table were wrapped {where} with the rest"
+            f" put on the same line after {glue.pad} blanks (a terminal copy); they were joined back")
 
 
 def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
@@ -394,7 +428,7 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
     path matrix that cannot be read raises ParseError(source, line, message); an affinity field
     that cannot be read is unknown, with a note in `SmiTopology.notes`.
     """
-    lines = clean_lines(text)
+    lines, glue = unglue(clean_lines(text), _blanks_between)
     starts = [i for i, line in enumerate(lines) if _is_header(line)]
     if not starts:
         raise ParseError(source, None, "no `nvidia-smi topo -m` table found"
@@ -402,7 +436,7 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
     first_error: ParseError | None = None
     for at in starts:  # a paste may hold `topo -p2p` or a broken capture before the real table
         try:
-            return _parse_table(lines, at, source)
+            return _parse_table(lines, at, source, glue)
         except ParseError as err:
             first_error = first_error or err
     raise first_error

@@ -17,10 +17,14 @@ cells into its affinity fields:
   which reading gives table words. A word that starts in the last column got there by a tab that
   stopped at the margin: how many tab stops (blank fields) were skipped before it is lost, and
   it keeps that column (one before a multiple of 8) so the reader can tell.
+- Glued copies: another terminal cuts a long line at its width and puts the rest on the same
+  physical line, after blanks up to a fixed column far to the right ("CPU Affi<173 blanks>nity").
+  `unglue` takes that pad out again, so each such line is one logical line on its own line number.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 TAB = 8  # nvidia-smi output is tab-separated; terminals and pastes expand tabs at width 8
 _MAX_ID = 1 << 16  # no Linux machine has more CPUs or NUMA nodes; refuse instead of allocating
@@ -36,6 +40,10 @@ _WORD = re.compile(r"\S+")
 LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]*[0-9]")
 VALUE_LIKE = re.compile(r"N/A|[0-9][0-9,-]*")  # what an affinity field looks like
 VALUE = re.compile(r"N/A|[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*")  # ... and reads as one
+# A pad between words this long is a glued copy's: blank fields span at most 3 tab stops (29 blanks
+# in the saved outputs), while the pad reaches from the terminal's width to a column far beyond it.
+_GLUE_GAP = re.compile(r"(?<=\S) {40,}(?=\S)")
+_FIELD = re.compile(r"(?<=  )\S+")  # a word two blanks or more after the one before: a new field
 
 Word = tuple[int, str]  # (column from the table's left edge, text)
 
@@ -61,6 +69,82 @@ def body(raw: str, prefix: str | None = None) -> str:
 def layout(raw: str, prefix: str | None = None) -> list[Word]:
     """Words of one physical line with their columns, counted from the table's left edge."""
     return [(m.start(), m.group()) for m in _WORD.finditer(body(raw, prefix))]
+
+
+@dataclass(frozen=True)
+class Glue:
+    """How a glued copy was taken apart: the lines that held the rest of a wider line after a pad,
+    the pad's length, and the terminal's width where the lines show it for certain."""
+
+    lines: tuple[int, ...]  # indices of the glued lines
+    pad: int  # blanks added between the cut and the rest
+    width: int | None  # the column of the cut; None where no line shows it for certain
+
+
+def unglue(lines: list[str], blanks_between) -> tuple[list[str], Glue | None]:
+    """`lines` with the pad of a glued copy taken out of every glued line (see the module doc).
+    `blanks_between(left, right, to_next_stop)` says how many blanks stood between two words a cut
+    fell between: 0 for one word cut in two, 1 for two words of one field, or `to_next_stop`.
+
+    The pad is the same on every line: the cut is at the terminal's width and the rest starts at
+    one far column. Each line shows the pad plus the blanks its cut fell on, so the pad is at most
+    the narrowest gap. The fields after the first word of each rest were placed by nvidia-smi's
+    tabs: the pad that puts most of them on tab stops is the one, taken as large as the narrowest
+    gap allows. Without such fields, the words on either side of each gap tell the fewest blanks
+    that stood there, and so the most pad each line allows: the pad is the least of those. Only
+    table lines (those that start with a device label) count; a glued legend or prose line alone
+    shows the pad at its narrowest gap.
+    """
+    texts = {i: line.expandtabs(TAB) for i, line in enumerate(lines)}
+    # the search starts after indentation and quote markers, whose blanks are no pad
+    gaps = {i: match.span() for i, text in texts.items()
+            if (match := _GLUE_GAP.search(text, len(PREFIX.match(text).group())))}
+    if not gaps:
+        return lines, None
+    widest_pad = min(end - start for start, end in gaps.values())
+    votes = [sum(_fields_on_tab_stops(texts[i], *gaps[i], pad) for i in gaps)
+             for pad in range(widest_pad - TAB + 1, widest_pad + 1)]
+    if max(votes) > 0:
+        pad = widest_pad - TAB + 1 + max(range(TAB), key=lambda k: (votes[k], k))
+    else:
+        pad = min((_pad_from_words(texts[i], *gaps[i], blanks_between) for i in gaps if _is_table_line(texts[i])),
+                  default=widest_pad)
+    out = list(lines)
+    for i, (start, end) in gaps.items():
+        out[i] = texts[i][:start] + " " * (end - start - pad) + texts[i][end:]
+    cut, rest = max(start for start, _ in gaps.values()), min(end for _, end in gaps.values())
+    return out, Glue(tuple(sorted(gaps)), pad, cut if rest - cut == pad else None)
+
+
+def _is_table_line(text: str) -> bool:
+    """A header or row: its first word (after quote markers) is a device label."""
+    words = text[len(PREFIX.match(text).group()):].split(maxsplit=1)
+    return bool(words) and LABEL.fullmatch(words[0]) is not None
+
+
+def _edge(text: str) -> int:
+    """The column of a line's first word, after any quote markers: the table's left edge."""
+    match = _WORD.search(text, len(PREFIX.match(text).group()))
+    return match.start() if match else 0
+
+
+def _fields_on_tab_stops(text: str, start: int, end: int, pad: int) -> int:
+    """For a glued table line, how many fields after the first word of the rest land on a tab
+    stop once `pad` blanks are taken out, less those that do not (a field follows two blanks or
+    more). Other lines (legend, prose) do not count."""
+    if not _is_table_line(text):
+        return 0
+    edge = _edge(text)
+    fields = [m.start() for m in _FIELD.finditer(text, end + 1)]
+    return sum(1 if (at - pad - edge) % TAB == 0 else -1 for at in fields)
+
+
+def _pad_from_words(text: str, start: int, end: int, blanks_between) -> int:
+    """The pad of one glued line, from the words on either side of its gap."""
+    left, right = text[:start].split()[-1], text[end:].split()[0]
+    edge = _edge(text)
+    next_stop = edge + ((start - edge) // TAB + 1) * TAB
+    return end - start - blanks_between(left, right, next_stop - start)
 
 
 GLUE, APART, EITHER, SHIFT = "glue", "apart", "either", "shift"

@@ -82,6 +82,9 @@ def test_every_source_failing_still_describes_the_host(tmp_path):
     ("31_h100-sxm-8x-nv18-6nic-joined80-tmux.txt", "18_h100-sxm-8x-nv18-6nic-blank-cpu-affinity.txt"),
     ("32_v100-sxm2-8x-ansi-in-cells-grep-color.txt", "03_v100-sxm2-8x-nv1nv2-nic0-gpunumaid.txt"),
     ("33_rtx4090-8x-affinity-variants-edited.txt", "20_rtx4090-8x-sys-2nic-gpunumaid.txt"),
+    ("34_a100-8x-nv12-glued80-transcript.txt", "10_aws-p4d-24xlarge-a100-8x-nv12.txt"),
+    ("35_rtx4090-8x-sys-2nic-glued100-transcript.txt", "20_rtx4090-8x-sys-2nic-gpunumaid.txt"),
+    ("36_h100-sxm-8x-nv18-6nic-glued132-transcript.txt", "18_h100-sxm-8x-nv18-6nic-blank-cpu-affinity.txt"),
 ])
 def test_topo_from_file_reads_real_and_dirty_outputs(tmp_path, name, same_as):
     def read(fixture):
@@ -97,6 +100,9 @@ def test_topo_from_file_reads_real_and_dirty_outputs(tmp_path, name, same_as):
     assert len(topo["gpus"]) == len(clean["gpus"])
     assert [(p["path"], p["nvlinks"]) for p in topo["pairs"]] == [(p["path"], p["nvlinks"]) for p in clean["pairs"]]
     assert topo["gpu_nic_paths"] == clean["gpu_nic_paths"]
+    if "glued" in name:  # a glued copy loses nothing: the affinity comes back whole as well
+        assert [(g["numa_node"], g["cpu_affinity"]) for g in topo["gpus"]] == [
+            (g["numa_node"], g["cpu_affinity"]) for g in clean["gpus"]]
 
 
 # ---- scan: a full report whatever is missing ---------------------------------------------------------

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
+
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
                "verdict", "recommendations", "charts", "timing", "cluster", "probes", "what_if"}
@@ -84,6 +86,45 @@ def test_no_validate_without_compute_still_writes_the_report(tmp_path):
     assert "Skipped: --no-validate" in md
     doc = json.loads((out / "report.json").read_text())
     assert doc["bench"]["rows"] and doc["validation"]["status"] == "skipped"
+
+
+FAST_SCAN = ("scan", "--quick", "--no-validate")
+
+
+def test_a_report_folder_that_cannot_be_created_stops_the_scan_before_it_measures(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("a regular file, not a folder\n")
+    never_measure = "import topoprof.scan.job as job\njob.run = lambda *a: sys.exit('topoprof scan measured')"
+    for out, why in [("/proc/topoprof-test/report", "No such file or directory"), (f"{a_file}/report", "Not a directory")]:
+        proc = cli_with(never_measure, *FAST_SCAN, "--out", out)
+        assert proc.returncode == 2, proc.stderr
+        assert one_error_line(proc) == f"topoprof: error: --out {out}: cannot create the folder: {why}"
+
+
+def test_a_report_that_cannot_be_written_at_the_end_goes_to_the_temporary_directory(tmp_path):
+    folder, spare = tmp_path / "reports", tmp_path / "spare"
+    spare.mkdir()
+    proc = broken_after_check("check_writable_folder", folder, spare, *FAST_SCAN, "--out", str(folder / "node1"))
+    assert proc.returncode == 3, proc.stderr
+    (written,) = spare.glob("topoprof-*/report.json")
+    assert one_error_line(proc) == (f"topoprof: error: --out {folder}/node1: cannot write the report (Not a directory);"
+                                    f" written to {written.parent} instead")
+    doc = json.loads(written.read_text())
+    assert doc["status"] == "ok" and doc["bench"]["rows"] and doc["timing"]["total_s"] > 0  # the whole scan
+    assert (written.parent / "report.md").exists() and f"report in {written.parent}/report.md" in proc.stdout
+
+
+def test_a_report_that_can_be_written_nowhere_is_printed(tmp_path):
+    folder, spare = tmp_path / "reports", tmp_path / "spare"
+    spare.mkdir()
+    # the temporary directory full as well, once the ranks have run
+    full = "def full():\n    raise OSError(28, 'No space left on device')\nj.spare_folder = full\n"
+    proc = broken_after_check("check_writable_folder", folder, spare, *FAST_SCAN, "--out", str(folder / "node1"),
+                              also=full)
+    assert proc.returncode == 3, proc.stderr
+    assert one_error_line(proc).endswith("nor in the temporary directory; report.json is printed on stdout instead")
+    doc = json.loads(proc.stdout)
+    assert doc["kind"] == "scan" and doc["bench"]["rows"]
 
 
 def test_a_datasheet_what_if_prediction_is_shown_as_ranges():

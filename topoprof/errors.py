@@ -4,7 +4,8 @@ Exit codes (README "Exit codes"):
   0  success
   1  nothing could be measured (e.g. a GPU-only probe on a machine without a GPU)
   2  bad usage or bad input (unreadable file, impossible option values)
-  3  a measurement run failed part-way (a rank died or hung); results measured before are kept
+  3  a measurement run failed part-way (a rank died or hung); results measured before are kept.
+     Also: the results could not be written where asked and went to the temporary directory
 """
 from __future__ import annotations
 
@@ -47,5 +48,12 @@ class NothingMeasured(TopoprofError):
 
 class RunFailed(TopoprofError):
     """A multi-rank run ended early: a rank died, hung or raised."""
+
+    exit_code = EXIT_RUN_FAILED
+
+
+class SavedElsewhere(TopoprofError):
+    """Everything was measured, but a result could not be written where asked (the disk filled,
+    the mount went read-only): it was written to the temporary directory, which the message names."""
 
     exit_code = EXIT_RUN_FAILED

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed
+from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed, SavedElsewhere
 
 
 def _size(ctx, param, value):
@@ -125,26 +125,38 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
     from topoprof.measure.bench import copies_payload
 
     copy_report = copies_payload(copies)
-    _emit(result, copy_report, as_json, out_path)
-    if result.status != "ok":
-        raise RunFailed(f"{result.error}; {len(result.rows)} row(s) measured before the failure were kept")
-    wrong = [r for r in result.rows if r.wrong]
-    if wrong:
-        raise RunFailed(f"{len(wrong)} row(s) had wrong results (first at {wrong[0].collective} {wrong[0].size_bytes} B)")
+    moved = _emit(result, copy_report, as_json, out_path)
+    failed = _failure(result)
+    if moved:  # exit 3 as well, the one line saying both
+        raise SavedElsewhere("; ".join(m for m in (moved.message(), failed) if m))
+    if failed:
+        raise RunFailed(failed)
     if copies and copy_report and copy_report["status"] != "ok" and not result.rows:
         sys.exit(EXIT_NOTHING_MEASURED)
 
 
-def _emit(result, copy_report, as_json: bool, out_path: str | None) -> None:
+def _failure(result) -> str | None:
+    """Why the run counts as failed (exit 3): it stopped part-way, or results were wrong."""
+    if result.status != "ok":
+        return f"{result.error}; {len(result.rows)} row(s) measured before the failure were kept"
+    wrong = [r for r in result.rows if r.wrong]
+    if wrong:
+        return f"{len(wrong)} row(s) had wrong results (first at {wrong[0].collective} {wrong[0].size_bytes} B)"
+    return None
+
+
+def _emit(result, copy_report, as_json: bool, out_path: str | None):
+    """Print the result and write --out; the Moved when --out had to go elsewhere (see write_text)."""
     from topoprof.jsonio import dumps, envelope, write_text
     from topoprof.measure.bench import bench_payload
 
     doc = envelope("bench", bench_payload(result, copy_report))
-    if out_path:
-        write_text(out_path, dumps(doc) + "\n", "--out")
+    moved = write_text(out_path, dumps(doc) + "\n", "--out") if out_path else None
     if as_json:
         click.echo(dumps(doc))
-        return
+        return moved
+    if moved and moved.written_to is None:  # the file could be written nowhere: its JSON on stdout
+        click.echo(dumps(doc))
     from topoprof.report.text_bench import summary_lines
 
     for line in summary_lines(result):
@@ -154,3 +166,4 @@ def _emit(result, copy_report, as_json: bool, out_path: str | None) -> None:
 
         for line in copy_lines(copy_report):
             click.echo(line)
+    return moved

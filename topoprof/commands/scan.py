@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from topoprof.errors import RunFailed
+from topoprof.errors import RunFailed, SavedElsewhere
 
 
 @click.command()
@@ -41,15 +41,44 @@ def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_tim
     opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
                        preset=preset, image_size=image_size, micro_batch_time_s=micro_batch_time, tokens=tokens,
                        micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s, user_model=user_model)
+    from topoprof.jsonio import check_writable_folder
+    from topoprof.measure.launch import is_reporting_rank
     from topoprof.scan.job import default_out_dir, run
 
     out_dir = out_dir or default_out_dir()
+    if is_reporting_rank():  # rank 0 writes the report: a folder it cannot write ends the scan now
+        check_writable_folder(out_dir, "--out")
     stages = Stages(show=sys.stderr.isatty())
-    report = run(opts, stages, out_dir)
-    if report is None:  # a non-zero rank of a torchrun/SLURM job: rank 0 reports
+    written = run(opts, stages, out_dir)
+    if written is None:  # a non-zero rank of a torchrun/SLURM job: rank 0 reports
         return
+    _finish(written, out_dir)
+
+
+def _finish(written, out_dir: str) -> None:
+    """The summary, then the exit: 3 if rank work failed part-way or the report had to go to the
+    temporary directory (both said in one line), else 0."""
+    from topoprof.jsonio import dumps
     from topoprof.report.text_scan import summary_lines
 
-    click.echo("\n".join(summary_lines(report, out_dir)))
+    report, folder = written.report, written.folder
+    if folder is None:  # neither out_dir nor the temporary directory: the report itself, on stdout
+        click.echo(dumps(report))
+    else:
+        click.echo("\n".join(summary_lines(report, folder)))
+    failed = None
     if report["status"] != "ok":
-        raise RunFailed(f"{report['error']}; the report in {out_dir} keeps what was measured before")
+        where = f"in {folder}" if folder else "on stdout"
+        failed = f"{report['error']}; the report {where} keeps what was measured before"
+    if written.moved_because:
+        raise SavedElsewhere("; ".join(m for m in (_moved(written, out_dir), failed) if m))
+    if failed:
+        raise RunFailed(failed)
+
+
+def _moved(written, out_dir: str) -> str:
+    """Where the report went when out_dir could not take it, and why."""
+    why = f"--out {out_dir}: cannot write the report ({written.moved_because})"
+    if written.folder is None:
+        return f"{why}, nor in the temporary directory; report.json is printed on stdout instead"
+    return f"{why}; written to {written.folder} instead"

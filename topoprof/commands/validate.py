@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from topoprof.errors import InputError, RunFailed
+from topoprof.errors import InputError, RunFailed, SavedElsewhere
 
 
 @click.command()
@@ -74,10 +74,17 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
         return  # rank 0 of the job prints and writes
     payload = validate_payload(result, opts)
     doc = envelope("validate", payload)
+    moved = []  # files that could not be written where asked (see jsonio.write_text)
     if out_path:
-        write_text(out_path, dumps(doc) + "\n", "--out")
+        moved.append(write_text(out_path, dumps(doc) + "\n", "--out"))
     if save_calibration_to and result.calibration:
-        save_calibration(save_calibration_to, payload)
+        moved.append(save_calibration(save_calibration_to, payload))
+    moved = [m for m in moved if m]
     click.echo(dumps(doc) if as_json else render_validate(payload))
-    if result.status != "ok":
-        raise RunFailed(f"{result.error}; results measured before the failure were kept")
+    if not as_json and any(m.written_to is None for m in moved):  # a file written nowhere: the JSON on stdout
+        click.echo(dumps(doc))
+    failed = f"{result.error}; results measured before the failure were kept" if result.status != "ok" else None
+    if moved:  # exit 3 as well, one line saying all
+        raise SavedElsewhere("; ".join([m.message() for m in moved] + ([failed] if failed else [])))
+    if failed:
+        raise RunFailed(failed)

@@ -348,11 +348,12 @@ def validate_payload(result, opts) -> dict:
             "rotations": result.rotations}
 
 
-def save_calibration(path: str, payload: dict) -> None:
+def save_calibration(path: str, payload: dict):
+    """Write the calibration file; the jsonio.Moved when it had to go elsewhere (see write_text)."""
     from topoprof.model.compute import CALIBRATION_KEYS
 
     from topoprof.jsonio import write_text
 
     cal = payload.get("calibration") or {}
-    write_text(path, json.dumps({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},
-                                 "measured_on": payload["setup"]}, indent=2, default=str), "--save-calibration")
+    return write_text(path, json.dumps({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},
+                                        "measured_on": payload["setup"]}, indent=2, default=str), "--save-calibration")

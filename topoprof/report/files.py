@@ -1,7 +1,8 @@
 """A scan report on disk: report.json (everything), PNG charts, and report.md for people.
 
 `write_report` is used both by `topoprof scan` and by `topoprof report PATH/report.json`, which
-re-renders the charts and the Markdown from the JSON alone.
+re-renders the charts and the Markdown from the JSON alone. A scan writes through `save_report`,
+which falls back to the temporary directory rather than lose what was measured.
 """
 from __future__ import annotations
 
@@ -73,6 +74,25 @@ def write_report(report: dict, out_dir: str) -> dict[str, str]:
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(render_markdown(report))
     return {"json": "report.json", "markdown": "report.md", **report["charts"]}
+
+
+def save_report(report: dict, out_dir: str) -> tuple[str | None, str | None]:
+    """write_report in out_dir, or, if that fails at the end of a scan, in a new folder in the
+    system's temporary directory, so that nothing measured is lost: (the folder written, or None
+    if neither could be; why out_dir could not be, or None)."""
+    from topoprof.jsonio import spare_folder
+
+    try:
+        write_report(report, out_dir)
+        return out_dir, None
+    except OSError as err:
+        reason = err.strerror or str(err)
+    try:
+        spare = spare_folder()
+        write_report(report, spare)
+        return spare, reason
+    except OSError:
+        return None, reason
 
 
 def load_report(path: str) -> dict:

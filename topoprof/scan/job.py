@@ -1,11 +1,13 @@
 """The scan from start to report: topology, rank work, copies, predictions, verdict, advice, and
 the files. Every stage that fails is a status in the report, never the end of the scan; only rank
-work that failed part-way makes the scan fail (exit 3), with what it measured kept."""
+work that failed part-way makes the scan fail (exit 3), with what it measured kept. A report that
+cannot be written where asked goes to the temporary directory (exit 3 too), never nowhere."""
 from __future__ import annotations
 
 import datetime
 import os
 import platform
+from dataclasses import dataclass
 
 from topoprof.errors import RunFailed
 
@@ -143,7 +145,17 @@ def _what_ifs(opts, topology) -> dict | None:
     return result if result is not None else {"skipped": status.detail}
 
 
-def run(opts, stages, out_dir: str) -> dict:
+@dataclass(frozen=True)
+class Written:
+    """A scan's report and where it went: `folder` is out_dir, or a folder in the temporary
+    directory when out_dir could not be written (`moved_because` says why), or None if neither."""
+
+    report: dict
+    folder: str | None
+    moved_because: str | None
+
+
+def run(opts, stages, out_dir: str) -> Written | None:
     from topoprof.measure.bench import bench_payload
     from topoprof.topology.collect import collect_topology
     from topoprof.jsonio import envelope, to_jsonable
@@ -199,13 +211,14 @@ def run(opts, stages, out_dir: str) -> dict:
     stages.begin("recommendations and report")
     report["recommendations"] = to_jsonable(_recommendations(report))
     report["timing"] = {}
-    from topoprof.report.files import write_report
+    from topoprof.report.files import save_report
 
-    write_report(report, out_dir)
+    folder, moved_because = save_report(report, out_dir)
     stages.end()
     report["timing"] = stages.done()
-    write_report(report, out_dir)  # again, with the total wall time in it
-    return report
+    # again, with the total wall time in it, where the first one went
+    folder, moved_again = save_report(report, folder or out_dir)
+    return Written(report, folder, moved_because or moved_again)
 
 
 def level_fits(rows) -> dict:
