@@ -43,6 +43,8 @@ from topoprof.errors import InputError
 @click.option("--network-latency", type=float, help="Per network hop, microseconds (default NCCL's 14).")
 @click.option("--accum", type=int, default=1, show_default=True, help="Gradient accumulation steps K (micro-batches per optimizer step).")
 @click.option("--sweep/--no-sweep", default=True, show_default=True, help="Also print the sweep over K and world size.")
+@click.option("--activation-memory", type=click.FloatRange(min=0), help="Activations per GPU per micro-batch, GB, if you know them (counted for the transformer presets, else unknown).")
+@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="The GPU's memory, GB (default: from --gpu's name or datasheet).")
 @click.option("--json", "as_json", is_flag=True)
 def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only

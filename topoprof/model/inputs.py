@@ -142,7 +142,8 @@ def build_inputs(opts: dict):
         raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
     check_image_options(opts["preset"], opts.get("image_size"), opts["tokens"])
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
-                   tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
+                   tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"],
+                   activation_memory_gb=opts.get("activation_memory"))
     origins: list = []
     notes: list[str] = []
     if user:
@@ -261,6 +262,7 @@ def _check_gpu_name(name: str | None) -> None:
 def _compute(opts: dict, Compute):
     _check_gpu_name(opts["gpu"])
     common = dict(gpu=opts["gpu"], precision=opts["precision"], utilization=opts["utilization"],
+                  gpu_memory_gb=opts.get("gpu_memory"),
                   optimizer=opts["optimizer"], optimizer_time_s=opts["optimizer_time"],
                   backward_fraction=opts["backward_fraction"])
     if opts["calibration"]:

@@ -172,7 +172,7 @@ def job_nodes(levels: dict) -> int:
 
 
 def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None,
-                rows=(), levels: dict | None = None) -> list[dict]:
+                rows=(), levels: dict | None = None, gpu_memory_bytes: int | None = None) -> list[dict]:
     """One model payload per model: the user's, or each default size."""
     from topoprof.model.strategies import Cluster, ModelInputs
     from topoprof.model.links import measured_comm
@@ -191,6 +191,11 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
         workload, label = _workload(opts, size)
         try:
             compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name, size)
+            if gpu_memory_bytes:  # the GPU's own memory, as NVML reads it, beats its datasheet's
+                from dataclasses import replace
+
+                compute = replace(compute, gpu_memory_gb=gpu_memory_bytes / 1e9,
+                                  origins=compute.origins + (("gpu_memory_gb", "NVML, GPU0"),))
         except InputError as err:  # nothing to predict with: the report says why, the rest stands
             return [{"label": label, "skipped": str(err)}]
         inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),

@@ -11,7 +11,7 @@ import os
 from topoprof.errors import InputError
 from topoprof.jsonio import dumps
 
-CHARTS = ("busbw", "links", "copies", "step_vs_accum", "pred_vs_measured")
+CHARTS = ("busbw", "links", "copies", "step_vs_accum", "pred_vs_measured", "memory")
 
 
 def _nominal(report: dict) -> list[dict]:
@@ -32,6 +32,15 @@ def _primary(report: dict) -> dict | None:
     if not preds:
         return None
     return next((p for p in preds if p["label"].startswith("1.3B")), preds[0])
+
+
+def _largest(report: dict) -> dict | None:
+    """The prediction whose model holds the most memory (the one that may not fit), among those
+    whose GPU's memory is known (without a GPU there is no memory to fit into)."""
+    preds = [p for p in report.get("predictions") or [] if not p.get("skipped")
+             and any(((s or {}).get("memory") or {}).get("gpu_memory_gb") for s in p.get("strategies", {}).values())]
+    return max(preds, key=lambda p: max((s or {}).get("memory", {}).get("total_gb", 0) or 0
+                                        for s in p["strategies"].values()), default=None)
 
 
 def render_charts(report: dict, out_dir: str) -> dict[str, str]:
@@ -55,6 +64,10 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
         charts["step_vs_accum"] = plots.plot_step_vs_accum(
             primary["sweep"], os.path.join(out_dir, "step_vs_accum.png"),
             title=f"Predicted step time vs accumulation steps: {primary['label']}")
+    fitted = _largest(report)
+    if fitted is not None:
+        charts["memory"] = plots.plot_memory(fitted["strategies"], os.path.join(out_dir, "memory.png"),
+                                             title=f"Memory per GPU by strategy: {fitted['label']}")
     validation = report.get("validation") or {}
     cases = [{"label": validation.get("label", ""), "mode": mode, **m}
              for mode, m in (validation.get("modes") or {}).items() if m.get("measured_step_s")]

@@ -143,15 +143,47 @@ def _predictions(report: dict) -> list[str]:
         for name, s in p["strategies"].items():
             if s.get("step_time_s") is None:
                 rows.append([f"`{name}`", "–", "–", "–", s.get("reason", "")] + (["–"] if ranged else []))
+            elif (s.get("memory") or {}).get("fits") is False:  # kept, never ranked
+                mem = s["memory"]
+                rows.append([f"`{name}`", "–", "–", "–", "–", f"{mem['total_gb']:,.1f}",
+                             f"does not fit: needs {mem['total_gb']:,.1f} GB of {mem['gpu_memory_gb']:,.1f} GB"]
+                            + (["–"] if ranged else []))
             else:
                 rows.append([f"`{name}`", _ms(s["step_time_s"]), _ms(s["comm_exposed_s"]),
-                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))]
+                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced")),
+                             _memory_gb(s), _fits(s)]
                             + ([_step_range(s)] if ranged else []))
-        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
+        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced", "memory GB", "fits"]
                       + (["step range ms"] if ranged else []), rows) + [""]
-        out += _ddp_costs(p)
+        out += _memory_basis(p) + _ddp_costs(p)
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
+    out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")
     return out
+
+
+def _memory_gb(s: dict) -> str:
+    mem = s.get("memory")
+    if not mem:
+        return "–"
+    return f"{mem['total_gb']:,.1f}" + (" + activations?" if mem["parts_gb"].get("activations") is None else "")
+
+
+def _fits(s: dict) -> str:
+    fits = (s.get("memory") or {}).get("fits")
+    return {True: "yes", False: "no", None: "?"}[fits]
+
+
+def _memory_basis(p: dict) -> list[str]:
+    """What the memory column rests on, and the arithmetic of what does not fit."""
+    capacity, act = p["inputs"].get("gpu_memory_gb") or {}, p["inputs"].get("activation_memory_gb") or {}
+    if not capacity:
+        return []
+    activations = "unknown" if act.get("value") is None else f"{act['value']:.1f} GB"
+    out = [f"Memory per GPU, counted: the GPU has {capacity.get('value') or '?'} GB ({capacity.get('source')}); "
+           f"activations {activations} ({act.get('source')}).", ""]
+    reasons = sorted({s["memory"]["reason"] for s in p["strategies"].values()
+                      if (s.get("memory") or {}).get("fits") is False})
+    return out + [f"- {r}" for r in reasons] + ([""] if reasons else [])
 
 
 def _ddp_costs(p: dict) -> list[str]:

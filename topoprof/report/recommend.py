@@ -57,8 +57,40 @@ class Recommendation:
 
 
 def _step(pred: dict, name: str) -> float | None:
+    """A strategy's step time, or None where it does not apply or does not fit in memory (a
+    strategy that does not fit is never recommended, nor ranked against)."""
     s = pred.get("strategies", {}).get(name) or {}
+    if (s.get("memory") or {}).get("fits") is False:
+        return None
     return s.get("step_time_s")
+
+
+def _memory(s: dict) -> str:
+    mem = s.get("memory") or {}
+    if not mem:
+        return ""
+    unknown = ", activations unknown" if (mem.get("parts_gb") or {}).get("activations") is None else ""
+    return f"{mem['total_gb']:.1f} GB per GPU{unknown}"
+
+
+def fit_recommendation(pred: dict, label: str) -> Recommendation | None:
+    """When DDP does not fit on these GPUs: the fastest strategy that does, with its memory."""
+    strategies = pred.get("strategies", {})
+    ddp = strategies.get("ddp_synced") or {}
+    if (ddp.get("memory") or {}).get("fits") is not False:
+        return None
+    fitting = {n: s for n, s in strategies.items() if n != "single" and _step(pred, n) is not None}
+    if not fitting:
+        return Recommendation("nothing_fits", f"Nothing fits on these GPUs ({label})",
+                              f"{ddp['memory']['reason']}; no strategy predicted here holds less: shard more "
+                              "widely, recompute activations, or use GPUs with more memory.")
+    name = min(fitting, key=lambda n: fitting[n]["step_time_s"])
+    best = fitting[name]
+    return Recommendation(
+        "fits", f"Train with {name}: DDP does not fit ({label})",
+        f"DDP {ddp['memory']['reason']}. {name} holds {_memory(best)} and takes "
+        f"{best['step_time_s'] * 1e3:.1f} ms per step, the fastest of the strategies that fit.",
+        None, None, {"strategy": name, "step_time_s": best["step_time_s"], "memory": best.get("memory")})
 
 
 def _saving(before: float | None, after: float | None) -> float | None:
@@ -284,5 +316,7 @@ def slow_start_recommendation(report: dict) -> Recommendation | None:
 
 
 def rank(recs: list[Recommendation]) -> list[Recommendation]:
-    """Largest predicted gain first; problems and placement advice (no gain figure) after them."""
-    return sorted(recs, key=lambda r: (r.gain_pct is None, -(r.gain_pct or 0.0)))
+    """What fits in memory first (nothing else matters until it does), then the largest predicted
+    gain; problems and placement advice (no gain figure) after them."""
+    return sorted(recs, key=lambda r: (r.key not in ("fits", "nothing_fits"), r.gain_pct is None,
+                                       -(r.gain_pct or 0.0)))

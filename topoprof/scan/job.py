@@ -62,6 +62,8 @@ def _recommendations(report: dict) -> list:
         if pred.get("skipped"):
             continue
         recs += rec.strategy_recommendations(pred, pred["label"])
+        fit = rec.fit_recommendation(pred, pred["label"])
+        recs += [fit] if fit else []
         fewer = rec.fewer_gpus_recommendation(pred, pred["label"])
         if fewer:
             recs.append(fewer)
@@ -118,9 +120,10 @@ def _predictions(opts, bench, vres, vopts, topology):
     job_rows = [r for r in bench.rows if r.level == "job"]
     fit = fit_rows(job_rows, "all_reduce") if job_rows else None
     gpu_name = topology.gpus[0].name if topology.gpus else None
+    gpu_memory = topology.gpus[0].memory_total_bytes if topology.gpus else None
     levels = level_fits(bench.rows)
     preds, status = attempt("model", lambda: predictions(opts, fit, opts.nproc, vres.calibration, vopts,
-                                                          gpu_name, job_rows, levels))
+                                                          gpu_name, job_rows, levels, gpu_memory))
     preds = preds or []
     if status.status == OK:
         skipped = [p["skipped"] for p in preds if p.get("skipped")]

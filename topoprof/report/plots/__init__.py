@@ -5,6 +5,7 @@
     plot_copy_matrix(copies, path, reference=None)          measured copy bandwidth
     plot_step_vs_accum(sweep, path, title=None)             step time / throughput vs accumulation
     plot_pred_vs_measured(cases, path)                      cost model vs real training loops
+    plot_memory(strategies, path, title)                    memory per GPU by strategy vs the GPU's
 
 Each writes a PNG at path and returns the path; empty input gives a "no data" figure.
 Importing this module does not import matplotlib: only drawing does.
@@ -15,6 +16,7 @@ from topoprof.report.plots.base import COLLECTIVE_COLORS, STRATEGY_COLORS
 from topoprof.report.plots.busbw import fit_busbw_gbps, plot_busbw
 from topoprof.report.plots.copies import plot_copy_matrix
 from topoprof.report.plots.matrix import plot_link_matrix
+from topoprof.report.plots.memory import plot_memory
 from topoprof.report.plots.steps import plot_pred_vs_measured, plot_step_vs_accum, throughput, world_size_for
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "plot_busbw",
     "plot_copy_matrix",
     "plot_link_matrix",
+    "plot_memory",
     "plot_pred_vs_measured",
     "plot_step_vs_accum",
     "throughput",

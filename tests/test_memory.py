@@ -1,0 +1,121 @@
+"""Memory per GPU by strategy: the counts, whether they fit, and that nothing that does not fit is
+recommended."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from topoprof.model import memory
+from topoprof.model.compute import Compute, gpu_memory_gb
+from topoprof.model.comm import RingComm
+from topoprof.model.strategies import Cluster, ModelInputs, Workload, largest_group_params, predict
+
+N = 1_000_000_000
+
+
+def test_adamw_with_fp32_weights_is_zeros_16_bytes_per_parameter():
+    held = memory.holding("single", memory.MemoryModel(N))
+    assert held.params + held.grads + held.optimizer == 16 * N  # ZeRO §3.1's 2 + 2 + 12, held in fp32
+    assert memory.holding("single", memory.MemoryModel(N, optimizer="sgd")).optimizer == 0
+    assert memory.holding("single", memory.MemoryModel(N, optimizer="sgd_momentum")).optimizer == 4 * N
+    bf16 = memory.holding("single", memory.MemoryModel(N, param_bytes=2, grad_bytes=2))
+    assert bf16.states == 8 * N  # AdamW's moments in the parameters' dtype
+
+
+def test_ddp_buckets_are_a_copy_of_the_gradients_unless_they_are_the_gradients():
+    assert memory.holding("ddp_synced", memory.MemoryModel(N)).buckets == 4 * N
+    assert memory.holding("ddp_synced", memory.MemoryModel(N, gradient_as_bucket_view=True)).buckets == 0
+    assert memory.holding("dp", memory.MemoryModel(N)).buckets == 0
+
+
+def test_fsdp_shards_and_its_working_set():
+    m = memory.MemoryModel(N, world_size=8, gpus_per_node=4, largest_group_params=N // 32)
+    full = memory.holding("fsdp_full_shard", m)
+    assert (full.params, full.grads, full.optimizer) == (4 * N / 8, 4 * N / 8, 8 * N / 8)
+    # the running group and the prefetched one in param_dtype, the running group's gradient in reduce_dtype
+    assert full.unsharded == 2 * 2 * (N // 32) + 4 * (N // 32)
+    no_sync = memory.holding("fsdp_full_shard_no_sync", m)
+    assert no_sync.unsharded - full.unsharded == 4 * (N - N // 32)  # every group's gradient, full size
+    grad_op = memory.holding("fsdp_shard_grad_op", m)
+    assert grad_op.unsharded >= 2 * N  # every group stays unsharded from forward to backward
+    hsdp = memory.holding("hsdp", m)
+    assert hsdp.params == 4 * N / 4  # sharded inside a node only
+    assert memory.holding("something_else", m) is None
+
+
+def test_fit_and_its_reason():
+    held = memory.Holding(40e9, 40e9, 80e9, activations=None)
+    unknown = memory.fit(held, None)
+    assert unknown.fits is None and "unknown" in unknown.reason
+    no = memory.fit(held, 80e9)
+    assert no.fits is False and "160.0 GB of 80.0 GB" in no.reason and "alone" in no.reason
+    assert memory.fit(held, 200e9).fits is True  # the states alone fit; the reason says activations are unknown
+    assert "activations unknown" in memory.fit(held, 200e9).reason
+    full = memory.Holding(10e9, 10e9, 20e9, activations=30e9)
+    assert memory.fit(full, 80e9) == memory.Fit(True, None)
+
+
+def test_gpu_memory_from_the_name_or_the_datasheet():
+    assert gpu_memory_gb("NVIDIA H100 80GB HBM3")[0] == 80
+    assert gpu_memory_gb("Tesla V100-SXM2-32GB")[0] == 32
+    assert gpu_memory_gb("v100-sxm2")[0] == 16 and "smaller" in gpu_memory_gb("v100-sxm2")[1]
+    assert gpu_memory_gb("h200-sxm")[0] == 141
+    assert gpu_memory_gb("no such gpu") is None
+
+
+def test_largest_group_is_a_block():
+    from topoprof.model.presets import get_preset
+
+    layout = get_preset("llama-7b")
+    block = sum(t.numel for t in layout.tensors if t.name.startswith("model.layers.0."))
+    assert largest_group_params(layout) == max(block, 2 * 32000 * 4096 + 4096)  # root: embeddings, head, norm
+
+
+def _llama(**compute) -> ModelInputs:
+    return ModelInputs(Workload.from_preset("llama-7b", tokens_per_micro_batch=4096), Compute(gpu="h100-sxm", **compute),
+                       Cluster(RingComm(370.0, 3.4, 8), 1, 8))
+
+
+def test_7b_under_ddp_does_not_fit_on_an_80gb_gpu():
+    pred = predict(_llama())
+    ddp = pred.strategies["ddp_synced"].memory
+    params = 6_738_415_616
+    assert ddp.fits is False and ddp.gpu_memory_gb == 80
+    assert ddp.parts_gb["params"] == pytest.approx(4 * params / 1e9)
+    assert ddp.total_gb == pytest.approx((20 * params + 34 * 4096 * 4096 * 32) / 1e9)
+    assert "does not fit" in ddp.reason and "buckets 27.0" in ddp.reason
+    bigger = predict(_llama(gpu_memory_gb=400.0)).strategies["ddp_synced"].memory
+    assert bigger.fits is True
+
+
+def test_nothing_that_does_not_fit_is_recommended():
+    from topoprof.report.recommend import fit_recommendation, rank, strategy_recommendations
+
+    def strategy(step, fits, total=100.0):
+        return {"step_time_s": step, "comm_exposed_s": 0.0,
+                "memory": {"fits": fits, "total_gb": total, "gpu_memory_gb": 80.0, "reason": "does not fit: needs",
+                           "parts_gb": {"activations": 1.0}}}
+    pred = {"inputs": {"accumulation_steps": {"value": 8}, "world_size": {"value": 8}},
+            "strategies": {"single": strategy(8.0, False), "ddp_synced": strategy(1.2, False),
+                           "ddp_no_sync": strategy(1.0, False), "fsdp_full_shard": strategy(1.5, True, 40.0),
+                           "fsdp_full_shard_no_sync": strategy(1.3, True, 70.0)}}
+    assert all(r.key != "no_sync" for r in strategy_recommendations(pred, "7B"))
+    fit = fit_recommendation(pred, "7B")
+    assert fit.key == "fits" and fit.numbers["strategy"] == "fsdp_full_shard_no_sync"
+    assert rank([*strategy_recommendations(pred, "7B"), fit])[0].key == "fits"
+
+
+def test_model_cli_says_what_does_not_fit():
+    proc = subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "llama-7b", "--gpu", "h100-sxm",
+                           "--world-size", "8", "--tokens", "4096", "--link-bandwidth", "370", "--no-sweep"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ddp_synced" in proc.stdout and "does not fit: needs 153.0 GB of 80.0 GB" in proc.stdout
+    doc = json.loads(subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "gpt2", "--gpu", "h100-sxm",
+                                     "--world-size", "2", "--tokens", "1024", "--link-bandwidth", "370", "--no-sweep",
+                                     "--json"], capture_output=True, text=True, timeout=120).stdout)
+    mem = doc.get("model", doc)["strategies"]["ddp_synced"]["memory"]
+    assert mem["fits"] is True and mem["basis"] == "counted" and set(mem["parts_gb"]) >= {"params", "activations"}

@@ -1,0 +1,58 @@
+"""Memory per GPU by strategy: each strategy's parts stacked, against the GPU's memory."""
+from __future__ import annotations
+
+from topoprof.report.plots.base import WIDE, new_figure, no_data, save
+from topoprof.report.plots.matrix import footnote
+
+# The parts of topoprof.model.memory, bottom to top, each with one colour in every chart.
+PARTS = (("params", "weights", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
+         ("optimizer", "optimizer state", "#2ca02c"), ("buckets", "DDP buckets", "#9467bd"),
+         ("unsharded", "FSDP unsharded", "#8c564b"), ("activations", "activations", "#7f7f7f"))
+
+
+def _rows(strategies: dict) -> list[tuple[str, dict]]:
+    """(strategy, memory) for every strategy with a memory count; strategies that hold the
+    same bytes (the DDP variants) are drawn once, named together."""
+    seen: dict[tuple, list[str]] = {}
+    memory: dict[tuple, dict] = {}
+    for name, s in strategies.items():
+        mem = (s or {}).get("memory")
+        if not mem:
+            continue
+        key = tuple(round(mem["parts_gb"].get(p) or 0.0, 3) for p, _, _ in PARTS)
+        seen.setdefault(key, []).append(name)
+        memory[key] = mem
+    return [(" = ".join(names) if len(names) < 3 else f"{names[0]} (+{len(names) - 1})", memory[key])
+            for key, names in seen.items()]
+
+
+def plot_memory(strategies: dict, path, title: str) -> str:
+    """Stacked bars of each strategy's memory per GPU, the GPU's memory as a line."""
+    rows = _rows(strategies)
+    if not rows:
+        return no_data(path, title, "no strategy with a memory count")
+    fig = new_figure(WIDE, 2.2 + 0.5 * len(rows))
+    ax = fig.add_subplot(1, 1, 1)
+    capacity = next((m["gpu_memory_gb"] for _, m in rows if m.get("gpu_memory_gb")), None)
+    labels = [name for name, _ in rows]
+    left = [0.0] * len(rows)
+    for part, label, color in PARTS:
+        widths = [m["parts_gb"].get(part) or 0.0 for _, m in rows]
+        if any(widths):
+            ax.barh(labels, widths, left=left, color=color, label=label, height=0.6)
+            left = [a + b for a, b in zip(left, widths)]
+    for y, (_, m) in enumerate(rows):
+        unknown = " + activations?" if m["parts_gb"].get("activations") is None else ""
+        mark = "  does not fit" if m.get("fits") is False else ""
+        ax.text(left[y], y, f" {m['total_gb']:,.1f} GB{unknown}{mark}", va="center", fontsize=8)
+    if capacity:
+        ax.axvline(capacity, color="#d62728", linewidth=1.5, label=f"GPU memory {capacity:g} GB")
+    ax.set_xlim(0, max(left + [capacity or 0]) * 1.3)
+    ax.invert_yaxis()
+    ax.set_xlabel("GB per GPU (1e9 B)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.subplots_adjust(left=0.2, right=0.8)
+    footnote(fig, ax, ["Counted: bytes per parameter by dtype and optimizer, DDP's buckets, FSDP's unsharded groups; "
+                       "activations counted for transformer presets, else given or unknown"], width=110)
+    return save(fig, path)
