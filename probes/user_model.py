@@ -125,7 +125,7 @@ def parameter_list(module) -> list[dict]:
             for name, p in module.named_parameters()]
 
 
-def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler) -> dict:
+def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None) -> dict:
     """One forward and backward; each trainable gradient's ready moment after backward starts."""
     ready: list[tuple[int, float]] = []
     handles = [p.register_post_accumulate_grad_hook(
@@ -138,9 +138,13 @@ def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler) -> dict:
             loss = user_loss(module, batch, loss_fn)
         sync()
         t1 = time.perf_counter()
+        if memory is not None:
+            memory.mark("forward")
         (scaler.scale(loss) if scaler is not None else loss).backward()
         sync()
         t2 = time.perf_counter()
+        if memory is not None:
+            memory.mark("backward")
     finally:
         for h in handles:
             h.remove()
@@ -190,10 +194,12 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     opt, opt_name = _optimizer(optimizer, trainable, device)
     autocast, precision_used, scaler = precision_context(precision, device)
     passes, optimizer_s = [], []
+    memory = _MemoryPhases(device)
     try:
         for i in range(repeats + 1):  # the first pass warms up (allocations, kernel choice)
             module.zero_grad(set_to_none=True)
-            one = _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler)
+            memory.begin(last=i == repeats)
+            one = _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory)
             sync()
             t0 = time.perf_counter()
             if scaler is not None:
@@ -212,7 +218,45 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
     return {"spec": spec, "device": device, "device_name": _device_name(device), "params": parameter_list(module),
             "ready": passes[-1]["ready"], "passes": passes, "optimizer_s": optimizer_s,
-            "optimizer": opt_name, "precision": precision_used}
+            "optimizer": opt_name, "precision": precision_used, "memory": memory.parts()}
+
+
+class _MemoryPhases:
+    """One GPU's memory over the last timed step, split by phase (torch.cuda.memory_allocated
+    before and after each, and the step's peak, torch.cuda.max_memory_allocated): before forward
+    the weights and the optimizer's state (gradients set to None); forward adds the activations it
+    saves; after backward those are freed and the gradients are there. Nothing on a CPU."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device.startswith("cuda")
+        self.torch, self.device = torch, device
+        self.at: dict[str, int] = {}
+        self.weights = self._allocated() if self.cuda else 0  # the module and its example batch
+        self.last = False
+
+    def _allocated(self) -> int:
+        return self.torch.cuda.memory_allocated(self.device)
+
+    def begin(self, last: bool) -> None:
+        self.last = last and self.cuda
+        if self.last:
+            self.torch.cuda.synchronize(self.device)
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+            self.at["start"] = self._allocated()
+
+    def mark(self, phase: str) -> None:
+        if self.last:
+            self.at[phase] = self._allocated()
+
+    def parts(self) -> dict | None:
+        if not self.cuda or not {"start", "forward", "backward"} <= set(self.at):
+            return None
+        start = self.at["start"]
+        return {"device": self.device, "params_bytes": self.weights, "optimizer_bytes": start - self.weights,
+                "activations_bytes": self.at["forward"] - start, "grads_bytes": self.at["backward"] - start,
+                "peak_bytes": self.torch.cuda.max_memory_allocated(self.device)}
 
 
 def _device_name(device: str) -> str | None:

@@ -179,6 +179,29 @@ def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
         record_property("llama7b_1x1024_scaled_ms", round(llama["micro_batch_time_s"] * 1e3, 2))
 
 
+def test_preset_memory_measured_beside_the_count(record_property):
+    """gpt2 timed on cuda:0: its memory by phase (weights, optimizer state, activations,
+    gradients) measured with torch.cuda.memory_allocated, beside the counted figures."""
+    from topoprof.model.compute import Compute
+    from topoprof.model.comm import RingComm
+    from topoprof.model.strategies import Cluster, ModelInputs, Workload, predict
+    from topoprof.model.user_model import measure_preset
+
+    gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
+    measured = gpt2["memory"]
+    assert measured and all(measured[k] > 0 for k in ("params_bytes", "optimizer_bytes", "activations_bytes",
+                                                      "grads_bytes", "peak_bytes"))
+    cluster = Cluster(RingComm(100.0, 3.4, 2), 1, 2)
+    compute = Compute(micro_batch_time_s=gpt2["micro_batch_time_s"], gpu=torch.cuda.get_device_name(0))
+    counted = predict(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=4096), compute, cluster))
+    timed = predict(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=4096, measured_memory=measured),
+                                compute, cluster))
+    for part in ("params", "grads", "optimizer", "activations"):
+        record_property(f"single_{part}_gb_measured", round(timed.strategies["single"].memory.parts_gb[part], 3))
+        record_property(f"single_{part}_gb_counted", round(counted.strategies["single"].memory.parts_gb[part], 3))
+    record_property("peak_gb", round(measured["peak_bytes"] / 1e9, 3))
+
+
 def test_scan_end_to_end_on_the_real_driver(tmp_path, record_property):
     out = _out_dir(tmp_path, "scan")
     proc = _cli("scan", "--out", str(out), timeout=900)

@@ -119,3 +119,22 @@ def test_model_cli_says_what_does_not_fit():
                                      "--json"], capture_output=True, text=True, timeout=120).stdout)
     mem = doc.get("model", doc)["strategies"]["ddp_synced"]["memory"]
     assert mem["fits"] is True and mem["basis"] == "counted" and set(mem["parts_gb"]) >= {"params", "activations"}
+
+
+def test_memory_a_gpu_measured_replaces_the_count():
+    """The bytes per phase of a timed step (probes/user_model.py on a GPU) stand in for the
+    counted ones: the same sharding and buckets apply to them."""
+    from topoprof.model.presets import get_preset
+
+    layout = get_preset("gpt2")
+    n = layout.params
+    measured = {"device": "cuda:0", "params_bytes": 4 * n, "optimizer_bytes": 8 * n, "grads_bytes": 4 * n,
+                "activations_bytes": 3e9, "peak_bytes": 5e9}
+    work = Workload(layout, tokens_per_micro_batch=1024, measured_memory=measured)
+    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1), Cluster(RingComm(370.0, 3.4, 2), 1, 2)))
+    ddp = pred.strategies["ddp_synced"].memory
+    assert ddp.basis.startswith("measured on cuda:0")
+    assert ddp.parts_gb["activations"] == pytest.approx(3.0)
+    assert ddp.parts_gb["optimizer"] == pytest.approx(8 * n / 1e9)
+    assert ddp.parts_gb["buckets"] == pytest.approx(4 * n / 1e9)
+    assert ddp.total_gb == pytest.approx((20 * n + 3e9) / 1e9)

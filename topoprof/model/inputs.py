@@ -150,7 +150,7 @@ def build_inputs(opts: dict):
         from topoprof.model.user_model import user_compute, user_layout
 
         record, order = _user_model_here(user, opts)
-        workload = Workload(user_layout(record, order), **work_kw)
+        workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory"))
         notes += [order.note] if order.note else []
         opts, origins = _measured(opts, user_compute(record))
     else:
@@ -160,6 +160,10 @@ def build_inputs(opts: dict):
             measured = _preset_on_this_gpu(opts)
             if measured is not None:
                 opts, origins = _measured(opts, measured)
+                if measured.get("memory"):  # timed whole on this GPU: its memory too
+                    from dataclasses import replace
+
+                    workload = replace(workload, measured_memory=measured["memory"])
     comm, gpn, described = build_comm(opts)
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]

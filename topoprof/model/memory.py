@@ -63,8 +63,8 @@ class MemoryModel:
     """Everything the count needs about the model and the job."""
 
     params: int
-    param_bytes: int = 4
-    grad_bytes: int = 4
+    param_bytes: float = 4
+    grad_bytes: float = 4
     optimizer: str = "adamw"
     world_size: int = 1
     gpus_per_node: int = 1
@@ -73,11 +73,15 @@ class MemoryModel:
     fsdp_param_bytes: int = 2         # MixedPrecisionPolicy.param_dtype
     fsdp_reduce_bytes: int = 4        # MixedPrecisionPolicy.reduce_dtype
     activations: float | None = None  # bytes per micro-batch, when known
+    # bytes of optimizer state per parameter where a GPU measured them; None: by `optimizer`
+    optimizer_state_bytes: float | None = None
 
 
 def _states(m: MemoryModel, shards: int) -> Holding:
     """Weights, gradients and optimizer state, each split over `shards` GPUs."""
-    optimizer = OPTIMIZER_STATES[m.optimizer] * m.param_bytes * m.params
+    per_param = (m.optimizer_state_bytes if m.optimizer_state_bytes is not None
+                 else OPTIMIZER_STATES[m.optimizer] * m.param_bytes)
+    optimizer = per_param * m.params
     return Holding(m.param_bytes * m.params / shards, m.grad_bytes * m.params / shards, optimizer / shards,
                    activations=m.activations)
 

@@ -38,7 +38,8 @@ def _workload(opts, size: str | None):
         from topoprof.model.user_model import user_layout
 
         layout = user_layout(opts.user_record)
-        return Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens}), layout.name
+        return (Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens},
+                         measured_memory=opts.user_record.get("memory")), layout.name)
     if opts.preset:
         return Workload.from_preset(opts.preset, opts.image_size, **kw), opts.preset
     preset = timed_preset(opts, size)

@@ -51,6 +51,8 @@ class Workload:
     gradient_as_bucket_view: bool = False
     dp_output_bytes: int = 0  # per GPU, gathered to GPU 0 by DataParallel (0 = a small loss)
     activation_memory_gb: float | None = None  # per GPU per micro-batch, when the user knows it
+    # One GPU's memory by phase over a timed step of this model (probes/user_model.py), if any
+    measured_memory: dict | None = None
 
     def __post_init__(self) -> None:
         _need(self.grad_bytes in (2, 4), f"grad_bytes must be 2 or 4, got {self.grad_bytes}")
@@ -450,6 +452,9 @@ def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
         gradient_as_bucket_view=work.gradient_as_bucket_view, largest_group_params=largest_group_params(work.layout),
         fsdp_param_bytes=getattr(work, "fsdp_param_bytes", 2), fsdp_reduce_bytes=getattr(work, "fsdp_reduce_bytes", 4),
         activations=activations)
+    measured, basis = _measured_memory(work), "counted"
+    if measured is not None:
+        model, basis = measured
     out = {}
     for name in names:
         held = memory.holding(name, model)
@@ -459,8 +464,29 @@ def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
         parts = {"params": held.params, "grads": held.grads, "optimizer": held.optimizer, "buckets": held.buckets,
                  "unsharded": held.unsharded, "activations": held.activations}
         out[name] = Memory({k: None if v is None else v / memory.GB for k, v in parts.items()},
-                           held.total / memory.GB, "counted", capacity, f.fits, f.reason)
+                           held.total / memory.GB, basis, capacity, f.fits, f.reason)
     return out
+
+
+def _measured_memory(work: Workload):
+    """The memory model with the bytes one GPU measured per phase in place of the counted ones:
+    weights, gradients and optimizer state as bytes per parameter (so that sharding and DDP's
+    buckets apply to them as to counted ones), the activations as measured."""
+    from dataclasses import replace as changed
+
+    from topoprof.model import memory
+
+    m = work.measured_memory
+    if not m or work.layout.params <= 0:
+        return None
+    n = work.layout.params
+    per = lambda key: max(0.0, m[key]) / n  # noqa: E731
+    model = memory.MemoryModel(n, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
+                               optimizer="sgd", activations=max(0.0, m["activations_bytes"]))
+    # the optimizer's state as measured, carried in as "states per parameter byte"
+    model = changed(model, optimizer_state_bytes=per("optimizer_bytes"))
+    return model, (f"measured on {m['device']} (torch.cuda.memory_allocated before and after each phase of a "
+                   f"timed step; its peak {m['peak_bytes'] / memory.GB:.1f} GB)")
 
 
 def _optimizer_name(name: str) -> str:

@@ -166,7 +166,7 @@ def user_compute(record: dict) -> dict:
     total = [p["forward_s"] + p["backward_s"] for p in passes]
     where = (f"measured on {record['device']} ({record.get('precision', 'fp32')}, {record.get('optimizer', 'AdamW')}), "
              f"{len(passes)} repeats, median")
-    return {"micro_batch_time_s": statistics.median(total),
+    return {"memory": record.get("memory"), "micro_batch_time_s": statistics.median(total),
             "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
             "optimizer_time_s": statistics.median(record["optimizer_s"]),
             "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)"}
