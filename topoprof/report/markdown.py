@@ -139,6 +139,8 @@ def _predictions(report: dict) -> list[str]:
             out += [f"Compute per micro-batch {_ms(fast)} – {_ms(slow)} ms ({what_if['source']}). Every step "
                     "time is a range; the step column uses the middle.", ""]
         ranged = any(s.get("range") for s in p["strategies"].values())
+        # memory only where there is a GPU's memory to hold it against
+        sized = any(((s.get("memory") or {}).get("gpu_memory_gb")) for s in p["strategies"].values())
         rows = []
         for name, s in p["strategies"].items():
             if s.get("step_time_s") is None:
@@ -150,12 +152,11 @@ def _predictions(report: dict) -> list[str]:
                             + (["–"] if ranged else []))
             else:
                 rows.append([f"`{name}`", _ms(s["step_time_s"]), _ms(s["comm_exposed_s"]),
-                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced")),
-                             _memory_gb(s), _fits(s)]
-                            + ([_step_range(s)] if ranged else []))
-        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced", "memory GB", "fits"]
-                      + (["step range ms"] if ranged else []), rows) + [""]
-        out += _memory_basis(p) + _ddp_costs(p)
+                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))]
+                            + ([_memory_gb(s), _fits(s)] if sized else []) + ([_step_range(s)] if ranged else []))
+        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
+                      + (["memory GB", "fits"] if sized else []) + (["step range ms"] if ranged else []), rows) + [""]
+        out += (_memory_basis(p) if sized else []) + _ddp_costs(p)
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")
     return out
