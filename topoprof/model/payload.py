@@ -58,6 +58,9 @@ KNOBS = (
 )
 
 
+MIN_KNOB_GAIN_PCT = 0.1
+
+
 def ddp_knobs(inputs, prediction) -> list[dict]:
     """Each DDP option's predicted gain on `ddp_synced` (and the fp16 hook's, from the strategy
     table), with the part it comes from; only the ones that gain."""
@@ -81,7 +84,8 @@ def ddp_knobs(inputs, prediction) -> list[dict]:
     for o in out:
         o["gain_s"] = now.step_time_s - o["step_time_s"]
         o["gain_pct"] = 100.0 * o["gain_s"] / now.step_time_s
-    return sorted((o for o in out if o["gain_s"] > 0), key=lambda o: -o["gain_s"])
+    # a gain under 0.1 % of a step is no gain a run could show
+    return sorted((o for o in out if o["gain_pct"] >= MIN_KNOB_GAIN_PCT), key=lambda o: -o["gain_s"])
 
 
 def _step(result):

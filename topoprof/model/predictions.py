@@ -99,7 +99,9 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         layout = vopts.spec.layout()
         tokens = vopts.micro_batch * vopts.spec.seq_len
         rate = layout.train_flops_per_token * tokens / calibration["micro_batch_time_s"]
-        return (Compute(peak_tflops=rate / 1e12, utilization=1.0,
+        # the rate is the calibration's, whose compute is its slowest rank's: its wait is in it
+        basis = int(calibration.get("rank_spread_world_size") or 1)
+        return (Compute(peak_tflops=rate / 1e12, utilization=1.0, rank_spread_world_size=basis,
                         backward_fraction=calibration.get("backward_fraction"), **extra),
                 f"FLOP rate measured on this device: {rate / 1e9:.1f} GFLOP/s (calibration model)")
     if gpu_name:

@@ -360,7 +360,8 @@ DDP_COST_PARTS = {
     "allreduce_tail": ("bytes of the buckets ready last, over the link's bus bandwidth",
                        "the bucket all-reduces not hidden behind backward (reducer.cpp launches buckets in order)"),
     "backward_slowed": ("the time the all-reduces overlap backward",
-                        "NCCL's kernels hold 2 SMs per ring beside backward (src/enqueue.cc, src/graph/connect.cc)"),
+                        "compute slowed while an all-reduce runs: on GPUs NCCL's kernels hold 2 SMs per ring "
+                        "(src/enqueue.cc, src/graph/connect.cc), on CPU ranks gloo's threads share the cores"),
     "ddp_kernels": ("gradient tensors and buckets",
                     "a copy into and out of its bucket per gradient, an all-reduce launch per bucket (reducer.cpp)"),
     "copy_traffic": ("gradient bytes over memory bandwidth", "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),

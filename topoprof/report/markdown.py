@@ -201,7 +201,8 @@ def _ddp_costs(p: dict) -> list[str]:
                if high < NOTHING_TO_GAIN_PCT else "")
     out = ["Where DDP's cost goes, per synced micro-batch (a range where nothing measured the part):", ""]
     out += _table(["part", "ms", "range ms", "scales with", "from"], rows)
-    out += ["", f"DDP takes {nominal:.1f} % of a `ddp_synced` step (range {low:.1f}–{high:.1f} %).{verdict}", ""]
+    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}–{high:.1f} %)"
+    out += ["", f"DDP takes {nominal:.1f} % of a `ddp_synced` step{span}.{verdict}", ""]
     knobs = p.get("ddp_knobs") or []
     if knobs:
         out += ["DDP options with a predicted gain on `ddp_synced`: " + "; ".join(

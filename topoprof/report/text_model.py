@@ -167,7 +167,8 @@ def _ddp_cost_rows(payload: dict) -> list[str]:
         rng = "-" if c["range_s"] is None else f"{_ms(c['range_s'][0])}-{_ms(c['range_s'][1])}"
         out.append(f"  {name:<16}{_ms(c['seconds']):>8}  {rng:<14}{c['scales_with']}")
     nominal, low, high = share
-    out.append(f"  DDP takes {nominal:.1f} % of a ddp_synced step (range {low:.1f}-{high:.1f} %).")
+    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}-{high:.1f} %)"
+    out.append(f"  DDP takes {nominal:.1f} % of a ddp_synced step{span}.")
     if high < NOTHING_TO_GAIN_PCT:
         out.append(f"  Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking.")
     knobs = payload.get("ddp_knobs") or []
