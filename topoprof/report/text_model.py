@@ -156,6 +156,37 @@ def _memory_rows(payload: dict) -> list[str]:
     return out
 
 
+# Each strategy syncing every micro-batch, and its twin that syncs only the last one.
+NO_SYNC_PAIRS = (("ddp_synced", "ddp_no_sync"), ("fsdp_full_shard", "fsdp_full_shard_no_sync"),
+                 ("fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync"), ("hsdp", "hsdp_no_sync"))
+
+
+def no_sync_trades(payload: dict) -> list[dict]:
+    """What skipping the sync until the last micro-batch saves in time and costs in memory, per
+    pair whose both strategies have a step and a memory count."""
+    strategies, out = payload["strategies"], []
+    for synced, twin in NO_SYNC_PAIRS:
+        a, b = strategies.get(synced) or {}, strategies.get(twin) or {}
+        if not (a.get("step_time_s") and b.get("step_time_s") and a.get("memory") and b.get("memory")):
+            continue
+        out.append({"synced": synced, "no_sync": twin, "saves_s": a["step_time_s"] - b["step_time_s"],
+                    "extra_gb": b["memory"]["total_gb"] - a["memory"]["total_gb"], "fits": b["memory"]["fits"]})
+    return out
+
+
+def _no_sync_rows(payload: dict) -> list[str]:
+    trades = no_sync_trades(payload)
+    k = payload["inputs"]["accumulation_steps"]["value"]
+    if not trades or k < 2:
+        return []
+    out = ["", f"Syncing only the last of K={k} micro-batches, per pair:"]
+    for t in trades:
+        fits = {True: "", False: "; does not fit", None: ""}[t["fits"]]
+        out.append(f"  {t['no_sync']:<28} saves {_ms(t['saves_s'])} ms per step over {t['synced']}, "
+                   f"holds {t['extra_gb']:+,.1f} GB per GPU{fits}")
+    return out
+
+
 def _ddp_cost_rows(payload: dict) -> list[str]:
     """Where DDP's cost goes, per synced micro-batch, and which option acts on which part."""
     share = ddp_cost_share(payload)
@@ -194,8 +225,8 @@ def _fixed_rows(fixed: dict) -> list[str]:
 
 
 def render_model(payload: dict) -> str:
-    out = (_header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _hide_line(payload["hide_threshold"])
-           + _ddp_cost_rows(payload))
+    out = (_header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _no_sync_rows(payload)
+           + _hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload))
     if "sweep" in payload:
         out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
     if payload["warnings"]:
