@@ -142,3 +142,20 @@ def test_model_on_this_gpu_prints_the_modelled_range_beside_the_measured_time(mo
     assert doc["inputs"]["micro_batch_time_s"]["value"] == 0.05  # measured beats modelled
     assert f"{0.05 / middle - 1:+.0%}" in doc["inputs"]["micro_batch_time_modelled_s"]["source"]
     assert "h100-sxm" in doc["inputs"]["compute_model"]["value"]["device"]
+
+
+def test_a_gpu_scan_checks_the_what_if_against_what_it_timed(monkeypatch):
+    from topoprof.measure.fit import Fit
+    from topoprof.model import predictions
+    from topoprof.report.markdown import _predictions
+    from topoprof.scan.options import ScanOptions
+
+    _fake_timing(monkeypatch)
+    fit = Fit.from_dict({"collective": "all_reduce", "latency_us": 20.0, "bandwidth_gbps": 100.0, "r2": 1.0,
+                         "max_rel_error": 0.0, "n_points": 3, "outliers": [], "latency_clamped": False})
+    opts = ScanOptions(backend="nccl", nproc=8, note="", preset="gpt2", tokens=1024)
+    (pred,) = predictions.predictions(opts, fit, 8, None, None, H100)
+    assert pred["inputs"]["micro_batch_time_s"]["value"] == 0.05
+    assert len(pred["inputs"]["micro_batch_time_modelled_s"]["value"]) == 3
+    page = "\n".join(_predictions({"predictions": [pred]}))
+    assert "measured 50.0 ms; modelled from its own ops" in page and "Compute model:" in page
