@@ -173,3 +173,15 @@ def test_a_measured_or_given_figure_beats_the_model():
     assert given.micro_batch_s == pytest.approx(6e9 / (312e12 * 0.4))
     with pytest.raises(Exception, match="modelled_s"):
         _inputs(modelled_s=(0.02, 0.01, 0.04))
+
+
+def test_a_measured_device_is_one_number_per_figure_and_runs_inline():
+    costs = {"peak_flops": 2e11, "bandwidth_bps": 5e10, "fresh_page_s_per_byte": 2e-10,
+             "fresh_page_min_bytes": 32 << 20, "host_forward_s": 2e-6, "host_backward_s": 3e-6,
+             "host_conv_forward_s": 10e-6, "host_conv_backward_s": 13e-6}
+    dev = rl.measured_device(costs)
+    assert not dev.asynchronous and dev.bandwidth.low == dev.bandwidth.high == 5e10
+    ops = [_op("aten.convolution.default"), _op("aten.convolution_backward.default", phase="backward"),
+           _op("aten.relu.default"), _op("aten.add.Tensor", phase="backward")]
+    t = price({"ops": ops}, dev, "middle")
+    assert t.host_s == pytest.approx(10e-6 + 13e-6 + 2e-6 + 3e-6)  # a convolution's own per-call cost

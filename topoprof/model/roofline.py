@@ -82,6 +82,8 @@ class DeviceModel:
     attention_efficiency: Span        # share of peak a fused attention kernel reaches
     host_cost: dict[str, Span]        # seconds per kernel-launching op, by phase ("forward", "backward")
     asynchronous: bool                # the host queues kernels ahead (a GPU stream) or runs them inline (a CPU)
+    # a kind of op whose per-call cost differs, by op-name prefix, then phase (a CPU's convolutions)
+    host_cost_by_kind: dict[str, dict[str, Span]] = field(default_factory=dict)
     sms: int | None = None            # tiles run in waves of this many (None: no quantization)
     tile: tuple[int, int] = (256, 128)
     fresh_page_s_per_byte: float = 0.0  # extra cost of writing pages the allocator just mapped
@@ -169,6 +171,9 @@ def measured_device(costs: dict, name: str = "this CPU") -> DeviceModel:
         gemm_efficiency=measured(1.0, "the peak is itself a large matmul's rate"),
         attention_efficiency=measured(1.0, "as a matmul: no figure for a CPU's fused attention"),
         host_cost={"forward": one("host_forward_s"), "backward": one("host_backward_s")},
+        host_cost_by_kind={"aten.convolution": {"forward": one("host_conv_forward_s"),
+                                                "backward": one("host_conv_backward_s")}}
+        if "host_conv_forward_s" in costs else {},
         asynchronous=False, fresh_page_s_per_byte=costs.get("fresh_page_s_per_byte", 0.0),
         fresh_page_min_bytes=int(costs.get("fresh_page_min_bytes", 0)))
 
@@ -242,6 +247,13 @@ def _device_s(op: dict, dev: DeviceModel, end: str) -> tuple[float, str]:
     return t, kind
 
 
+def _host_cost(op: dict, dev: DeviceModel) -> Span:
+    for prefix, by_phase in dev.host_cost_by_kind.items():
+        if op["name"].startswith(prefix):
+            return by_phase[op["phase"]]
+    return dev.host_cost[op["phase"]]
+
+
 @dataclass(frozen=True)
 class EndTimes:
     seconds: float
@@ -261,7 +273,7 @@ def price(trace: dict, dev: DeviceModel, end: str) -> EndTimes:
         if op["view"]:
             continue
         t, kind = _device_s(op, dev, end)
-        h = dev.host_cost[op["phase"]].at(end, fast_is_high=False)
+        h = _host_cost(op, dev).at(end, fast_is_high=False)
         by_kind[kind] += t
         host_sum, device_sum = host_sum + h, device_sum + t
         if dev.asynchronous:  # the host issues op i, the device runs it after op i-1
@@ -319,6 +331,8 @@ def roofline(trace: dict, dev: DeviceModel) -> Roofline:
              "causal counts half (FlashAttention-2 §4.1)",
              f"host cost per op forward {dev.host_cost['forward'].text(1e6, ' us')}, backward "
              f"{dev.host_cost['backward'].text(1e6, ' us')}: {dev.host_cost['forward'].basis}",
+             *(f"host cost per {prefix} op forward {by['forward'].text(1e6, ' us')}, backward "
+               f"{by['backward'].text(1e6, ' us')}: {by['forward'].basis}" for prefix, by in dev.host_cost_by_kind.items()),
              "per op max(compute, memory) at the fast end, their sum at the slow end; "
              + ("kernels queue behind the host (a GPU stream)" if dev.asynchronous else "ops run inline on the host"))
     return Roofline((ends["fast"].seconds, mid.seconds, ends["slow"].seconds),
