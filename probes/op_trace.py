@@ -40,7 +40,9 @@ above autograd, so that the backward follows):
   the lens applies CUDA autocast's cast policy (aten/src/ATen/autocast_mode.cpp, its
   `KERNEL_CUDA` lists: lower_precision_fp, fp32, fp32_set_opt_dtype) by function name, with
   autocast's cache of casted leaf weights, so the trace holds the casts and the 16-bit bytes a
-  bf16 step moves. A CPU target runs in fp32, as CPU ranks train.
+  bf16 step moves. A CPU target runs in fp32, as CPU ranks train. Where a 16-bit pass fails (a
+  composite the policy by name does not reach), the pass runs again in fp32 and says why
+  (`autocast_failure`): its FLOPs still order the gradients; its bytes are not a 16-bit step's.
 Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
 by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
 whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.roofline`).
@@ -341,13 +343,23 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for."""
     from probes.user_model import call_user_callable, load_callable, parameter_list, to_device
 
-    try:
+    def one_pass(for_target):
         shape = shape_kwargs(load_callable(spec), stated)
         with torch.device("meta"):
             module, batch, loss_fn = call_user_callable(spec, {**(kwargs or {}), **shape})
             module, batch = module.to("meta"), to_device(batch, "meta")
-            params = list(module.parameters())
-            traced = trace_pass(module, batch, loss_fn, params, target)
+            return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target)
+
+    target = check_target(target)
+    autocast_failure = None
+    try:
+        try:
+            shape, module, batch, traced = one_pass(target)
+        except Exception as err:  # noqa: BLE001 - autocast's casts may be what fails: the pass in fp32 still orders
+            if target is None or target["precision"] == "fp32":
+                raise
+            autocast_failure = f"in {target['precision']}, {_first_line(err)}"
+            shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
         return {"failure": f"on meta, {_first_line(err)}"}
     if not traced["ready"]:
@@ -355,7 +367,8 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
                            "or attention to weigh the gradients by)"}
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
     return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
-            "params": parameter_list(module), **traced}
+            "params": parameter_list(module), **traced,
+            **({"autocast_failure": autocast_failure} if autocast_failure else {})}
 
 
 def run_rank(ctx, config: dict) -> None:

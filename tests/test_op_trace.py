@@ -198,3 +198,23 @@ def test_a_resnexts_traced_flops_equal_its_layout_forward_and_backward():
                               {"preset": "resnext50_32x4d", "image_size": 64}, {"device": "cpu"})
     layout = get_preset("resnext50_32x4d", 64)
     assert sum(op["flops"] for op in traced["ops"]) == 2 * layout.train_flops_per_token
+
+
+def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
+    import probes.op_trace as op_trace
+
+    real = op_trace.trace_pass
+
+    def casts_fail(module, batch, loss_fn, params, target=None):
+        if target and target["precision"] != "fp32":
+            raise RuntimeError("mixed dtypes")
+        return real(module, batch, loss_fn, params, target)
+
+    monkeypatch.setattr(op_trace, "trace_pass", casts_fail)
+    traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
+    assert traced["target"] == {"device": "cuda", "precision": "fp32"} and traced["ready"]
+    assert traced["autocast_failure"] == "in bf16, RuntimeError: mixed dtypes"
+    from topoprof.model.traced import priced
+
+    modelled, why = priced(traced, "h100-sxm", "bf16", False)
+    assert modelled == {} and "ran in fp32, not bf16" in why and "mixed dtypes" in why

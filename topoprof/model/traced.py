@@ -118,6 +118,9 @@ def priced(trace: dict | None, gpu: str, precision: str, compiled: bool, note: s
         return {}, (trace or {}).get("failure") or "no pass on the meta device was run"
     if trace.get("target", {}).get("device") != "cuda":
         return {}, "the pass on the meta device was not run for a GPU"
+    if trace["target"].get("precision") != precision:
+        return {}, f"the pass on the meta device ran in {trace['target'].get('precision')}, not {precision} " \
+                   f"({trace.get('autocast_failure', 'another precision')})"
     try:
         return modelled_fields(trace, gpu, precision, compiled, note), None
     except (InputError, ValueError, KeyError) as err:
