@@ -45,7 +45,7 @@ def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
     assert model["flops"] > 6 * 85_000_000 * 1024
     assert inputs["backward_fraction"]["value"] == pytest.approx(model["backward_fraction"])
     basis = " ".join(model["basis"])
-    for source in ("datasheet", "FlashAttention-2", "Jia et al. 2018", "pytorch/pytorch#41383", "sam2#768",
+    for source in ("datasheet", "FlashAttention-2", "FastIceFlo", "pytorch/pytorch#41383", "sam2#768",
                    "Matrix Multiplication Background"):
         assert source in basis, source
     single = gpt2_eager["strategies"]["single"]

@@ -111,12 +111,12 @@ GEMM_EFFICIENCY = Span(0.80, 0.90, "large GEMMs reach 80-90 % of peak (Dao 2023,
 # A fused attention kernel's share: FlashAttention-2 reaches "50-73% of the theoretical maximum
 # FLOPs/s on A100" (Dao 2023, abstract; up to 73 % forward, 63 % backward, §1).
 ATTENTION_EFFICIENCY = Span(0.50, 0.73, "fused attention reaches 50-73 % of peak (Dao 2023, FlashAttention-2)")
-# Memory-bound kernels against the datasheet bandwidth: a V100 streamed 750 of its 900 GB/s
-# (Jia et al. 2018, "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking",
-# arXiv:1804.06826), up to the datasheet figure itself.
-BANDWIDTH_SHARE = (750 / 900, 1.0)
-BANDWIDTH_BASIS = ("83-100 % of the datasheet bandwidth (a V100 streamed 750 of 900 GB/s, Jia et al. 2018; "
-                   "the datasheet figure)")
+# Memory-bound kernels against the datasheet bandwidth: a memory-copy kernel reached 1536 of an
+# A100 SXM4 80GB's 2039 GB/s and 785 of a V100 SXM2's 900 GB/s (github.com/AnjaliSandip/FastIceFlo,
+# output/EffectiveMemoryThroughput.md: "peak memory throughput ... 785 GB/s and 1536 GB/s").
+BANDWIDTH_SHARE = (1536 / 2039, 785 / 900)
+BANDWIDTH_BASIS = ("75-87 % of the datasheet bandwidth (a copy kernel reached 1536 of an A100 80GB's 2039 GB/s "
+                   "and 785 of a V100's 900 GB/s, AnjaliSandip/FastIceFlo EffectiveMemoryThroughput.md)")
 # The thread-block tile of the quantization: the guide's wave example, 256 x 128 tiles, one per SM
 # (NVIDIA, "Matrix Multiplication Background User's Guide", Wave Quantization).
 GEMM_TILE = (256, 128)
