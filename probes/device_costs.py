@@ -4,7 +4,9 @@ with torch on the threads torch uses:
 - peak_flops: a 2048 x 2048 x 2048 fp32 matmul, 2 x 2048^3 FLOPs over its time (the rate a large
   GEMM reaches here, so a GEMM's efficiency is 1 against it);
 - bandwidth_bps: a copy between two 64 MiB buffers (twice the 32 MiB that L3 caches of this class
-  hold, so it streams from memory), read + write bytes over its time;
+  hold, so it streams from memory), read + write bytes over its time, on `repeats` pairs of
+  buffers allocated anew, their median: where the allocator's pages land (a virtual machine's
+  memory on its host) moves this figure, as it moves the model's own tensors;
 - fresh_page_s_per_byte: writing a new 64 MiB tensor less writing the same into one that exists,
   per byte. glibc's malloc maps an allocation of at least its mmap threshold with mmap(2) and
   unmaps it when freed; the threshold adjusts upward to freed sizes but never above
@@ -22,11 +24,12 @@ with torch on the threads torch uses:
   a chain's backward (its input and weight gradients). Its FLOPs are about 0.1 M, so what it
   takes is the per-call cost.
 
-Each figure is the fastest of `repeats` timings (the one the machine's other work disturbed
-least), after a warm-up; `how` says how each was measured.
+Each other figure is the fastest of `repeats` timings (the one the machine's other work
+disturbed least), after a warm-up; `how` says how each was measured.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -53,10 +56,13 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
     out = torch.empty(GEMM_N, GEMM_N)
     gemm_s = _fastest(lambda: torch.mm(a, b, out=out), repeats)
     n = STREAM_BYTES // 4
-    src, dst = torch.ones(n), torch.empty(n)
-    copy_s = _fastest(lambda: dst.copy_(src), repeats)
-    fill_existing_s = _fastest(lambda: dst.fill_(1.0), repeats)
-    fill_fresh_s = _fastest(lambda: torch.empty(n).fill_(1.0), repeats)
+    copies, pages = [], []
+    for _ in range(repeats):  # each pair of buffers where the allocator places it
+        src, dst = torch.ones(n), torch.empty(n)
+        copies.append(_fastest(lambda: dst.copy_(src), 2))
+        pages.append(_fastest(lambda: torch.empty(n).fill_(1.0), 2) - _fastest(lambda: dst.fill_(1.0), 2))
+        del src, dst
+    copy_s, fresh_s = statistics.median(copies), statistics.median(pages)
     x = torch.ones(1, requires_grad=True)
 
     def forward_ops():
@@ -98,14 +104,16 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
     return {
         "peak_flops": 2 * GEMM_N ** 3 / gemm_s,
         "bandwidth_bps": 2 * STREAM_BYTES / copy_s,
-        "fresh_page_s_per_byte": max(0.0, (fill_fresh_s - fill_existing_s) / STREAM_BYTES),
+        "fresh_page_s_per_byte": max(0.0, fresh_s / STREAM_BYTES),
         "fresh_page_min_bytes": FRESH_PAGE_MIN_BYTES,
         "host_forward_s": forward_s, "host_backward_s": backward_s, "threads": threads,
         "host_conv_forward_s": conv_forward_s, "host_conv_backward_s": conv_backward_s,
         "how": {
             "peak_flops": f"measured: {GEMM_N}^3 fp32 matmul on {threads} thread(s), fastest of {repeats}",
-            "bandwidth_bps": f"measured: copy of {STREAM_BYTES >> 20} MiB, read + write, fastest of {repeats}",
-            "fresh_page_s_per_byte": f"measured: filling a new {STREAM_BYTES >> 20} MiB tensor less an existing one",
+            "bandwidth_bps": f"measured: copy of {STREAM_BYTES >> 20} MiB, read + write, median of {repeats} "
+                             "buffer pairs",
+            "fresh_page_s_per_byte": f"measured: filling a new {STREAM_BYTES >> 20} MiB tensor less an existing one, "
+                                     f"median of {repeats}",
             "host_forward_s": f"measured: an autograd-recorded op from Python, {HOST_OPS} in a loop",
             "host_backward_s": f"measured: a node of a {HOST_OPS}-op autograd chain's backward",
             "host_conv_forward_s": f"measured: a 3x3 convolution of one 8x8x8 image, {CONV_OPS} in a loop",
@@ -115,12 +123,14 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
 
 
 def best_of(*measurements: dict) -> dict:
-    """Several measurements as one: each figure at its best (the highest rate, the lowest cost)."""
+    """Several measurements as one: the compute and host figures, which only other work on the
+    machine worsens, at their best (the highest rate, the lowest cost); the memory figures, which
+    move with where pages land, at their median."""
     first = measurements[0]
     out = dict(first)
-    for key in ("peak_flops", "bandwidth_bps"):
-        out[key] = max(m[key] for m in measurements)
-    for key in ("fresh_page_s_per_byte", "host_forward_s", "host_backward_s", "host_conv_forward_s",
-                "host_conv_backward_s"):
+    out["peak_flops"] = max(m["peak_flops"] for m in measurements)
+    for key in ("host_forward_s", "host_backward_s", "host_conv_forward_s", "host_conv_backward_s"):
         out[key] = min(m[key] for m in measurements)
+    for key in ("bandwidth_bps", "fresh_page_s_per_byte"):
+        out[key] = statistics.median(m[key] for m in measurements)
     return out

@@ -4,14 +4,14 @@ of the presets at small shapes, in the same run (CPU only, fp32, torch's default
 - predicted: the preset's op trace on the meta device for a CPU target (`probes/op_trace.py`),
   priced by `topoprof.model.roofline` on this CPU's peak, memory bandwidth, fresh-page cost and
   per-op host costs, measured by `probes/device_costs.py` just before and just after each shape
-  is timed (each figure at its best of the two: a machine shared with other work slows the
-  device figures and the model alike, so they are taken together);
+  is timed (`best_of` the two: a machine shared with other work slows the device figures and
+  the model alike, so they are taken together);
 - measured: the same module built at that shape (`probes/preset_models.py`), one forward and
   backward after `zero_grad(set_to_none=True)` as a training step runs it, the fastest of
   REPEATS after a warm-up (as the device figures: the timing the machine's other work disturbed
-  least). The shapes are taken ROUNDS times in turn, each keeping its fastest timing and its
-  device's best figures over the rounds, so that a burst of other work on a shared machine
-  spoils one round, not the row.
+  least). The shapes are taken ROUNDS times in turn, each row keeping its fastest round with the
+  device figures measured around it, so that a burst of other work on a shared machine spoils
+  one round, not the row.
 Target: every measured time within 25 % of the predicted middle. The range printed beside it
 is the roofline's (compute and memory overlapped per op .. not overlapped).
 
@@ -97,17 +97,16 @@ def _timed(preset: str, kwargs: dict) -> tuple[float, dict]:
 
 
 def _rows(shapes) -> list[tuple[str, float, object, dict]]:
-    """Every shape timed ROUNDS times in turn: its fastest time, its device's best figures."""
-    from probes.device_costs import best_of
+    """Every shape timed ROUNDS times in turn: its fastest round, with the device figures
+    measured around that round."""
     from topoprof.model.roofline import measured_device, roofline
 
     best: dict[int, tuple[float, dict]] = {}
     for _ in range(ROUNDS):
         for i, (preset, kwargs) in enumerate(shapes):
             measured, costs = _timed(preset, kwargs)
-            if i in best:
-                measured, costs = min(measured, best[i][0]), best_of(best[i][1], costs)
-            best[i] = (measured, costs)
+            if i not in best or measured < best[i][0]:
+                best[i] = (measured, costs)
     rows = []
     for i, (preset, kwargs) in enumerate(shapes):
         measured, costs = best[i]
