@@ -27,6 +27,33 @@ count each tensor argument's numel x element size: an expanded (stride-0) input 
 expanded size, an upper bound on what the kernel fetches. The trace runs in each tensor's own
 dtype: autocast has no meta backend, so a bf16 run's bytes are not what this counts.
 
+The device the trace stands for (`target`: {"device": "cuda" or "cpu", "precision": "bf16",
+"fp16" or "fp32"}) decides two things the meta device cannot (`_TargetLens`, a TorchFunctionMode
+above autograd, so that the backward follows):
+- attention: `scaled_dot_product_attention` on meta takes torch's math path (`_fused_sdp_choice_meta`
+  in aten/src/ATen/native/transformers/attention.cpp answers "math" without a CUDA key), which
+  materializes the scores; on the device torch runs one fused kernel forward and one backward.
+  The lens calls the one that device runs: on CUDA `_scaled_dot_product_flash_attention` (16-bit,
+  no mask) or `_scaled_dot_product_efficient_attention` (fp32 or a mask), on the CPU
+  `_scaled_dot_product_flash_attention_for_cpu`;
+- precision: on CUDA with bf16/fp16 the forward runs under autocast, which has no meta kernel;
+  the lens applies CUDA autocast's cast policy (aten/src/ATen/autocast_mode.cpp, its
+  `KERNEL_CUDA` lists: lower_precision_fp, fp32, fp32_set_opt_dtype) by function name, with
+  autocast's cache of casted leaf weights, so the trace holds the casts and the 16-bit bytes a
+  bf16 step moves. A CPU target runs in fp32, as CPU ranks train. Where a 16-bit pass fails (a
+  composite the policy by name does not reach), the pass runs again in fp32 and says why
+  (`autocast_failure`): its FLOPs still order the gradients; its bytes are not a 16-bit step's.
+Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
+by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
+whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.roofline`).
+
+Two FLOP rules differ from FlopCounterMode's, where it is wrong or silent: a grouped convolution's
+weight gradient counts once, not `groups` times (its backward formula passes the transposed
+input as the batch, so `conv_flop_count` multiplies all input channels by the whole grad
+output: 2 x C_in x C_out x ..., where the weight gradient is 2 x C_in/groups x C_out x ...);
+the CPU's fused attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward) counts
+as the CUDA flash kernels' formulas do (the same attention, which `flop_registry` leaves out).
+
 The user's model is built under `torch.device("meta")` at the stated micro-batch and sequence
 length when its callable takes `micro_batch` / `seq_len` (as `probes/preset_models.py:build`
 does), else with its example batch as it is. Anything that cannot run on meta (an op without a
@@ -38,8 +65,9 @@ from __future__ import annotations
 import inspect
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
@@ -55,8 +83,47 @@ _UNINITIALIZED = frozenset({aten.empty.memory_format, aten.empty_strided.default
                             aten.new_empty.default, aten.new_empty_strided.default})
 
 
+# The CPU's fused attention is the flash algorithm the CUDA formulas count (flop_registry has no
+# entry for it); the shape wrappers take (query, key, value, ...) and (grad_out, query, key,
+# value, ...), which its schemas begin with too.
+_FLOP_ALIASES = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: flop_registry[aten._scaled_dot_product_flash_attention],
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+        flop_registry[aten._scaled_dot_product_flash_attention_backward],
+}
+_ATTENTION = frozenset({aten._scaled_dot_product_flash_attention.default,
+                        aten._scaled_dot_product_flash_attention_backward.default,
+                        aten._scaled_dot_product_efficient_attention.default,
+                        aten._scaled_dot_product_efficient_attention_backward.default,
+                        aten._scaled_dot_product_flash_attention_for_cpu.default,
+                        aten._scaled_dot_product_flash_attention_for_cpu_backward.default})
+
+
 def _nbytes(values) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(values) if isinstance(t, torch.Tensor))
+
+
+def _flops(func, args, kwargs, out) -> int:
+    """FLOPs by flop_counter's formula for `func`, with its grouped-convolution weight gradient
+    counted once (see the module docstring); 0 where no formula exists."""
+    formula = _FLOP_ALIASES.get(func) or flop_registry.get(func._overloadpacket)
+    if formula is None:
+        return 0
+    if func is aten.convolution_backward.default and args[9] > 1 and args[10][1]:
+        groups, mask = args[9], list(args[10])
+        rest = formula(*args[:10], [mask[0], False, mask[2]], *args[11:], **kwargs, out_val=out)
+        weight = formula(*args[:10], [False, True, False], *args[11:], **kwargs, out_val=out)
+        return int(rest + weight // groups)
+    return int(formula(*args, **kwargs, out_val=out))
+
+
+def _is_causal(func, args, kwargs) -> bool:
+    """The is_causal argument of a fused attention op (forward or backward)."""
+    schema = func._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "is_causal":
+            return bool(kwargs["is_causal"] if "is_causal" in kwargs else args[i] if i < len(args) else False)
+    return False
 
 
 class OpTracer(TorchDispatchMode):
@@ -77,29 +144,137 @@ class OpTracer(TorchDispatchMode):
             if decomposed is not NotImplemented:
                 return decomposed
         out = func(*args, **kwargs)
-        formula = flop_registry.get(func._overloadpacket)
-        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        flops = _flops(func, args, kwargs, out)
         view = func.is_view or func in _UNMARKED_VIEWS
-        self.ops.append({"name": str(func), "phase": self.phase, "flops": flops, "view": view,
-                         "bytes_read": 0 if view else _nbytes((args, kwargs)),
-                         "bytes_written": 0 if view or func in _UNINITIALIZED else _nbytes(out)})
+        op = {"name": str(func), "phase": self.phase, "flops": flops, "view": view,
+              "bytes_read": 0 if view else _nbytes((args, kwargs)),
+              "bytes_written": 0 if view or func in _UNINITIALIZED else _nbytes(out)}
+        if flops:
+            op["shapes"] = [list(t.shape) for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
+        if func in _ATTENTION:
+            op["causal"] = _is_causal(func, args, kwargs)
+        if not view:
+            op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            op["inplace"] = func._schema.is_mutable
+        self.ops.append(op)
         self.flops[self.phase] += flops
         return out
 
 
-def trace_pass(module, batch, loss_fn, params: list) -> dict:
+# CUDA autocast's policy (aten/src/ATen/autocast_mode.cpp, `TORCH_LIBRARY_IMPL(aten, AutocastCUDA, m)`),
+# by the names torch's Python functions and Tensor methods carry: run in the 16-bit dtype
+# (lower_precision_fp), in fp32 (fp32), or with fp32 as the result dtype (fp32_set_opt_dtype).
+_LOWER_PRECISION = frozenset({
+    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__", "einsum", "mm",
+    "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "multi_dot",
+    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "scaled_dot_product_attention"})
+_FP32 = frozenset({
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "frobenius_norm",
+    "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    # F.cross_entropy is log_softmax (fp32_set_opt_dtype) then nll_loss (fp32): it runs in fp32
+    "cross_entropy"})
+_FP32_RESULT = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
+                          "linalg_matrix_norm", "sum"})
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _TargetLens(TorchFunctionMode):
+    """What the target device runs where meta cannot tell (module docstring): the fused attention
+    kernel, and on CUDA in 16-bit, autocast's casts. `autocast` is switched by the caller: on
+    for the forward and the loss, as `torch.autocast` wraps them."""
+
+    def __init__(self, device: str, autocast_dtype=None):
+        super().__init__()
+        self.device, self.dtype, self.autocast = device, autocast_dtype, False
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def _cast(self, values, dtype):
+        def one(t):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype in (dtype, torch.float64):
+                return t
+            # autocast's cached_cast: a leaf fp32 weight that needs its gradient is cast once per region
+            cache = dtype == self.dtype and t.dtype == torch.float32 and t.is_leaf and t.requires_grad
+            if cache and id(t) in self._cache:
+                return self._cache[id(t)]
+            casted = t.to(dtype)
+            if cache:
+                self._cache[id(t)] = casted
+            return casted
+        return tree_map(one, values)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if self.autocast and self.dtype is not None:
+            if name in _LOWER_PRECISION:
+                args, kwargs = self._cast((args, kwargs), self.dtype)
+            elif name in _FP32:
+                args, kwargs = self._cast((args, kwargs), torch.float32)
+            elif name in _FP32_RESULT and "dtype" not in kwargs and any(
+                    isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16) for t in tree_leaves(args)):
+                kwargs["dtype"] = torch.float32
+        if name == "scaled_dot_product_attention":
+            fused = self._fused_attention(args, kwargs)
+            if fused is not None:
+                return fused
+        return func(*args, **kwargs)
+
+    def _fused_attention(self, args, kwargs):
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        bound = {**dict(zip(names, args)), **kwargs}
+        q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+        mask, dropout = bound.get("attn_mask"), bound.get("dropout_p", 0.0)
+        causal, scale = bool(bound.get("is_causal", False)), bound.get("scale")
+        if bound.get("enable_gqa") or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+            return None
+        try:
+            if self.device == "cpu":
+                return aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, dropout, causal, attn_mask=mask, scale=scale)[0]
+            if mask is None and q.dtype in (torch.bfloat16, torch.float16):
+                return aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, scale=scale)[0]
+            return aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, dropout, causal, scale=scale)[0]
+        except Exception:  # noqa: BLE001 - a shape or option the kernel refuses: torch's own path stands
+            return None
+
+
+def check_target(target: dict | None) -> dict | None:
+    """{"device": "cuda"|"cpu", "precision": "bf16"|"fp16"|"fp32"}; a CPU trains in fp32."""
+    if target is None:
+        return None
+    device, precision = target.get("device"), target.get("precision", "fp32")
+    if device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"op trace target {target!r}: device cuda or cpu, precision bf16, fp16 or fp32")
+    return {"device": device, "precision": "fp32" if device == "cpu" else precision}
+
+
+def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None) -> dict:
     """One forward and backward of `module` under the tracer; `params` is the parameter list
-    whose indices "ready" uses (`list(module.parameters())`, DDP's order)."""
+    whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
+    `check_target`) runs it as that device would (`_TargetLens`); None: as meta runs it."""
+    import contextlib
+
     from probes.user_model import user_loss
 
+    target = check_target(target)
+    lens = None if target is None else _TargetLens(target["device"], AUTOCAST_DTYPES.get(target["precision"]))
     tracer = OpTracer()
     ready: list[tuple[int, int]] = []
     handles = [p.register_post_accumulate_grad_hook(
         lambda _p, i=i: ready.append((i, tracer.flops["backward"]))) for i, p in enumerate(params)
         if p.requires_grad]
     try:
-        with tracer:
+        with lens if lens is not None else contextlib.nullcontext(), tracer:
+            if lens is not None:
+                lens.autocast = True
             loss = user_loss(module, batch, loss_fn)
+            if lens is not None:
+                lens.autocast = False
             tracer.phase = "backward"
             loss.backward()
     finally:
@@ -108,7 +283,8 @@ def trace_pass(module, batch, loss_fn, params: list) -> dict:
     total = tracer.flops["backward"]
     return {"ops": tracer.ops, "by_name": aggregate(tracer.ops), "totals": totals(tracer.ops),
             "ready_flops": [[i, f] for i, f in ready],
-            "ready": [[i, f / total] for i, f in ready] if total > 0 else []}
+            "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
+            **({"target": target} if target is not None else {})}
 
 
 def aggregate(ops: list[dict]) -> list[dict]:
@@ -160,19 +336,30 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
-def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None) -> dict:
+def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
+                     target: dict | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
-    as they are (a preset's name, as `measure` takes them)."""
+    as they are (a preset's name, as `measure` takes them); `target`: the device it stands for."""
     from probes.user_model import call_user_callable, load_callable, parameter_list, to_device
 
-    try:
+    def one_pass(for_target):
         shape = shape_kwargs(load_callable(spec), stated)
         with torch.device("meta"):
             module, batch, loss_fn = call_user_callable(spec, {**(kwargs or {}), **shape})
             module, batch = module.to("meta"), to_device(batch, "meta")
-            params = list(module.parameters())
-            traced = trace_pass(module, batch, loss_fn, params)
+            return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target)
+
+    target = check_target(target)
+    autocast_failure = None
+    try:
+        try:
+            shape, module, batch, traced = one_pass(target)
+        except Exception as err:  # noqa: BLE001 - autocast's casts may be what fails: the pass in fp32 still orders
+            if target is None or target["precision"] == "fp32":
+                raise
+            autocast_failure = f"in {target['precision']}, {_first_line(err)}"
+            shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
         return {"failure": f"on meta, {_first_line(err)}"}
     if not traced["ready"]:
@@ -180,4 +367,19 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
                            "or attention to weigh the gradients by)"}
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
     return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
-            "params": parameter_list(module), **traced}
+            "params": parameter_list(module), **traced,
+            **({"autocast_failure": autocast_failure} if autocast_failure else {})}
+
+
+def run_rank(ctx, config: dict) -> None:
+    """Worker `op_trace`: the pass alone, for a model nothing times here (a preset or `--params`
+    predicted for a GPU that is not here); emits `op_trace` with the trace or its failure."""
+    import os
+
+    if ctx.rank != 0:
+        return
+    if config.get("cwd"):
+        os.chdir(config["cwd"])
+    ctx.progress(f"tracing {config['spec']} on meta")
+    ctx.emit("op_trace", **trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"),
+                                            config.get("target")))

@@ -21,6 +21,7 @@ WORKERS = {
     "phases": "probes.rank_main:_phases_worker",
     "nodes": "probes.nodes:run_rank",
     "user_model": "probes.user_model:run_rank",
+    "op_trace": "probes.op_trace:run_rank",
 }
 
 

@@ -24,6 +24,7 @@ Messages from rank 0: `result` (every timed mode), `calibration` (single), `nume
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -66,8 +67,9 @@ class SyntheticLM(nn.Module):
     def forward(self, tokens):  # tokens: (samples, seq_len + 1)
         # Autocast is entered here, not around the call: DataParallel's replica threads re-enter
         # autocast with the default dtype (float16), torch/nn/parallel/parallel_apply.py _worker.
+        # (Without autocast no context at all: torch.autocast has no dtype for the meta device.)
         enabled = self.autocast_dtype is not None
-        with torch.autocast(tokens.device.type, dtype=self.autocast_dtype, enabled=enabled):
+        with torch.autocast(tokens.device.type, dtype=self.autocast_dtype) if enabled else contextlib.nullcontext():
             x = self.embed(tokens[:, :-1])
             for block in self.blocks:
                 x = block(x)

@@ -282,5 +282,6 @@ def run_rank(ctx, config: dict) -> None:
         from probes.op_trace import trace_user_model
 
         ctx.progress(f"tracing {config['spec']} on meta")
-        record["op_trace"] = trace_user_model(config["spec"], config["trace"], config.get("kwargs"))
+        record["op_trace"] = trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
+                                              config.get("target"))
     ctx.emit("user_model", **record)

@@ -208,18 +208,33 @@ def test_resnet50_on_v100_counts_the_micro_batchs_images():
     inputs = doc["inputs"]
     assert inputs["params"]["value"] == 25_557_032 and inputs["model"]["value"] == "resnet50"
     assert inputs["tokens_per_micro_batch"]["value"] == 32  # images, one micro-batch's
-    # 32 images x 24.3 GFLOPs (forward 8.18 + backward 16.12) over 15.7 fp32 TFLOP/s x utilization
-    from topoprof.model.compute import DEFAULT_UTILIZATION  # the what-if's middle, as for a text preset
-
+    # priced from its own ops: 32 images of 224 px traced, 24.3 GFLOPs each (forward 8.18 +
+    # backward 16.12), the layout's count (the trace counts what the layout does)
     flops = 32 * (8_178_368_512 + 16_120_709_120)
-    assert inputs["micro_batch_time_s"]["value"] == pytest.approx(flops / (15.7e12 * DEFAULT_UTILIZATION), rel=1e-9)
-    assert "per image x 32 images" in inputs["micro_batch_time_s"]["source"]
+    model = inputs["compute_model"]["value"]
+    assert model["flops"] == flops and model["shape"].startswith("32x3x224x224")
+    assert "model's own ops" in inputs["micro_batch_time_s"]["source"]
+    fast, slow = inputs["micro_batch_time_range_s"]["value"]
+    assert fast < inputs["micro_batch_time_s"]["value"] < slow
     assert doc["strategies"]["ddp_synced"]["step_time_s"] > 0
     # 224 is the default; another size changes compute, not the parameters
     assert _model_json(*VISION)["inputs"]["micro_batch_time_s"] == inputs["micro_batch_time_s"]
     small = _model_json(*VISION, "--image-size", "112")["inputs"]
     assert small["params"]["value"] == 25_557_032
-    assert small["micro_batch_time_s"]["value"] < inputs["micro_batch_time_s"]["value"] / 3
+    from topoprof.model.presets import get_preset
+
+    assert small["compute_model"]["value"]["flops"] == 32 * get_preset("resnet50", 112).train_flops_per_token
+    assert small["micro_batch_time_s"]["value"] < inputs["micro_batch_time_s"]["value"]
+
+
+def test_a_given_utilization_keeps_the_datasheet_formula():
+    # 32 images x 24.3 GFLOPs over 15.7 fp32 TFLOP/s x the utilization given; nothing traced
+    inputs = _model_json(*VISION, "--utilization", "0.25")["inputs"]
+    flops = 32 * (8_178_368_512 + 16_120_709_120)
+    assert inputs["micro_batch_time_s"]["value"] == pytest.approx(flops / (15.7e12 * 0.25), rel=1e-9)
+    assert "per image x 32 images" in inputs["micro_batch_time_s"]["source"]
+    assert inputs["utilization"] == {"value": 0.25, "source": "given"}
+    assert "compute_model" not in inputs and "micro_batch_time_range_s" not in inputs
 
 
 def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):

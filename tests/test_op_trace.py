@@ -109,3 +109,112 @@ def test_what_cannot_be_traced_gives_a_reason(name, says):
     spec = f"{TIED if name == 'raises' else META}:{name}"
     traced = trace_user_model(spec)
     assert set(traced) == {"failure"} and says in traced["failure"]
+
+
+# ---- what the roofline reads: the target device, grouped convolutions, shapes ---------------
+
+def _two_convs():
+    with torch.device("meta"):
+        net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1, bias=False),
+                                  torch.nn.Conv2d(16, 16, 3, padding=1, groups=4, bias=False))
+        x = torch.randn(2, 8, 6, 6)
+    return trace_pass(net, x, None, list(net.parameters()))
+
+
+def test_a_grouped_convolutions_weight_gradient_counts_once():
+    # forward 2 x (C_in/groups) x k^2 x C_out x H x W x batch per conv; backward: the second conv's
+    # input and weight gradients (2 x its forward), the first's weight gradient only (the image
+    # needs none). FlopCounterMode would count the grouped weight gradient 4 times.
+    first, second = (2 * 2 * cin * 9 * 16 * 36 for cin in (8, 16 // 4))
+    traced = _two_convs()
+    assert traced["totals"]["forward"]["flops"] == first + second
+    assert traced["totals"]["backward"]["flops"] == first + 2 * second
+
+
+def _gpt2_block(target):
+    return trace_user_model("probes.preset_models:build", {"micro_batch": 2, "seq_len": 16},
+                            {"preset": "gpt2", "n_layer": 1}, target)
+
+
+@pytest.mark.parametrize("target, forward, backward", [
+    ({"device": "cpu"}, "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    ({"device": "cuda", "precision": "bf16"}, "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward"),
+    ({"device": "cuda", "precision": "fp32"}, "_scaled_dot_product_efficient_attention",
+     "_scaled_dot_product_efficient_attention_backward"),
+])
+def test_attention_is_the_fused_kernel_the_target_runs(target, forward, backward):
+    traced = _gpt2_block(target)
+    fused = [op for op in traced["ops"] if "attention" in op["name"]]
+    assert [op["name"] for op in fused] == [f"aten.{forward}.default", f"aten.{backward}.default"]
+    # one kernel each way, causal as GPT-2 asks; the forward FLOPs as the math path counts them:
+    # two batched matmuls of 2 x seq^2 x head dim per head
+    assert all(op["causal"] for op in fused) and fused[0]["shapes"][0] == [2, 12, 16, 64]
+    assert fused[0]["flops"] == 2 * (2 * 2 * 12 * 16 * 16 * 64)
+    untargeted = _gpt2_block(None)
+    assert not any("attention" in op["name"] for op in untargeted["ops"])  # meta alone: the math path
+    assert any(op["name"] == "aten._safe_softmax.default" for op in untargeted["ops"])
+
+
+def test_a_16_bit_cuda_target_casts_as_autocast_does():
+    traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
+    forward = [op for op in traced["ops"] if op["phase"] == "forward"]
+    casts = [op for op in forward if op["name"] == "aten._to_copy.default"]
+    # each Linear's weight and bias once (4 Linears), the tied LM head once, the three LayerNorms'
+    # fp32 outputs (layer_norm is on autocast's fp32 list) into the matmuls after them, and the
+    # logits back to fp32 for cross_entropy; the embeddings run as they are
+    assert len(casts) == 4 * 2 + 1 + 3 + 1
+    addmm = next(op for op in forward if op["name"] == "aten.addmm.default")
+    (bias, x, weight) = addmm["shapes"]
+    assert addmm["bytes_read"] == 2 * (bias[0] + x[0] * x[1] + weight[0] * weight[1])  # bf16 operands
+    norm = next(op for op in forward if op["name"] == "aten.native_layer_norm.default")
+    assert norm["bytes_written"] >= 4 * 2 * 16 * 768  # layer_norm on autocast's fp32 list
+    assert traced["target"] == {"device": "cuda", "precision": "bf16"}
+    assert _gpt2_block({"device": "cpu", "precision": "bf16"})["target"]["precision"] == "fp32"  # CPUs train fp32
+
+
+def test_non_view_ops_record_their_outputs_and_whether_they_write_in_place():
+    traced = _gpt2_block({"device": "cpu"})
+    for op in traced["ops"]:
+        assert ("outputs" in op) == (not op["view"])
+        if not op["view"]:
+            assert sum(op["outputs"]) == op["bytes_written"] or op["name"].startswith("aten.empty")
+            assert op["inplace"] == op["name"].split(".")[1].endswith("_")
+
+
+def test_params_n_traces_the_synthetic_model_validate_trains():
+    from topoprof.model.synthetic import spec_for_params
+
+    traced = trace_user_model("probes.preset_models:build_synthetic", {"micro_batch": 2, "seq_len": 8},
+                              {"params": 2_000_000}, {"device": "cpu"})
+    spec = spec_for_params(2_000_000, 8)
+    assert "failure" not in traced and traced["shape"] == "2x9 (micro_batch=2, seq_len=8)"
+    assert sum(1 for op in traced["ops"] if op["name"] == "aten.gelu.default") == spec.n_layers
+
+
+def test_a_resnexts_traced_flops_equal_its_layout_forward_and_backward():
+    from topoprof.model.presets import get_preset
+
+    traced = trace_user_model("probes.preset_models:build", {"micro_batch": 2},
+                              {"preset": "resnext50_32x4d", "image_size": 64}, {"device": "cpu"})
+    layout = get_preset("resnext50_32x4d", 64)
+    assert sum(op["flops"] for op in traced["ops"]) == 2 * layout.train_flops_per_token
+
+
+def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
+    import probes.op_trace as op_trace
+
+    real = op_trace.trace_pass
+
+    def casts_fail(module, batch, loss_fn, params, target=None):
+        if target and target["precision"] != "fp32":
+            raise RuntimeError("mixed dtypes")
+        return real(module, batch, loss_fn, params, target)
+
+    monkeypatch.setattr(op_trace, "trace_pass", casts_fail)
+    traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
+    assert traced["target"] == {"device": "cuda", "precision": "fp32"} and traced["ready"]
+    assert traced["autocast_failure"] == "in bf16, RuntimeError: mixed dtypes"
+    from topoprof.model.traced import priced
+
+    modelled, why = priced(traced, "h100-sxm", "bf16", False)
+    assert modelled == {} and "ran in fp32, not bf16" in why and "mixed dtypes" in why

@@ -28,7 +28,10 @@ from topoprof.errors import InputError
 @click.option("--gpu", help="GPU name for datasheet peak FLOP/s and memory bandwidth (e.g. 'H100 SXM'); "
                            "with --topology it also pins the NVLink generation (NCCL's per-link rate).")
 @click.option("--precision", default="bf16", show_default=True)
-@click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu what-if spans 3-52 %.")
+@click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu what-if "
+                                                "is priced from the model's own ops (op trace and roofline).")
+@click.option("--compiled", is_flag=True, help="The modelled compute under torch.compile with CUDA graphs: a CUDA "
+                                               "graph's per-kernel cost instead of eager PyTorch's per-op host cost.")
 @click.option("--optimizer", default="adamw", show_default=True)
 @click.option("--optimizer-time", type=float, help="Measured optimizer step seconds (>= 0). If neither this, --calibration nor --gpu gives it, 0 is assumed and the output says so.")
 @click.option("--bench", type=click.Path(dir_okay=False), help="Use the all_reduce fit of a `bench --json` or scan report.")

@@ -10,14 +10,14 @@ from topoprof.measure.launch import JobSpec, launch_local
 
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
                        precision: str = "bf16", optimizer: str = "adamw", kwargs: dict | None = None,
-                       trace: dict | None = None) -> dict:
+                       trace: dict | None = None, target: dict | None = None) -> dict:
     """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
     traceback as the error's detail, printed once under its one line. With `trace` (the stated
     shape, e.g. {"micro_batch": 4, "seq_len": 512}) the record's "op_trace" is the model's pass
-    on the meta device (`probes/op_trace.py`), or {"failure": reason}."""
+    on the meta device (`probes/op_trace.py`) for the `target` device, or {"failure": reason}."""
     job = JobSpec("user_model", {"spec": spec, "device": device, "repeats": repeats, "cwd": os.getcwd(),
                                  "precision": precision, "optimizer": optimizer, "kwargs": kwargs,
-                                 "trace": trace},
+                                 "trace": trace, "target": target},
                   1, "gloo", timeout_s)
     run = launch_local(job)
     found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("user_model", "user_model_error")}

@@ -8,6 +8,7 @@ would gain; `validate` checks it against real training loops.
   presets, synthetic  parameter layouts: real architectures, the synthetic model
   user_model    the user's own model (`--model`): its measured layout and compute
   compute       datasheet figures, compute and optimizer time
+  roofline, traced  compute from the model's own operations (its op trace) on a device
   comm, links   collective times (ring, fit, measured curve, several nodes)
   buckets       DDP's gradient buckets, as torch forms them
   ddp           the DDP timeline of one synced micro-batch (one entry point)

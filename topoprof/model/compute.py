@@ -261,6 +261,14 @@ class Compute:
     gpu_memory_gb: float | None = None  # the GPU's memory (NVML, or given); None: from `gpu`'s datasheet
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
     origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
+    # Compute priced from the model's own ops (`topoprof.model.roofline`): forward + backward per
+    # micro-batch at the (fast, middle, slow) end of its cited ranges, with its basis, backward
+    # share and details. It is the compute where nothing measured it and no utilization is given
+    # (a what-if range, not the datasheet's 3-52 %); beside a measured time it is shown, with the gap.
+    modelled_s: tuple[float, float, float] | None = None
+    modelled_basis: str = ""
+    modelled_backward_fraction: float | None = None
+    modelled_detail: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps", "ddp_copy_bandwidth_gbps"):
@@ -282,6 +290,9 @@ class Compute:
               f"utilization must be in (0, 1], got {self.utilization}")
         _need(self.backward_fraction is None or 0 < self.backward_fraction < 1,
               f"backward_fraction must be in (0, 1), got {self.backward_fraction}")
+        _need(self.modelled_s is None or (len(self.modelled_s) == 3 and 0 < self.modelled_s[0] <= self.modelled_s[1]
+                                          <= self.modelled_s[2]),
+              f"modelled_s must be (fast, middle, slow) seconds > 0 in that order, got {self.modelled_s}")
         _need(self.compute_slowdown_during_comm >= 1, "compute_slowdown_during_comm must be "
               f">= 1, got {self.compute_slowdown_during_comm}")
         _need(self.comm_slowdown_during_compute >= 1, "comm_slowdown_during_compute must be "
@@ -348,12 +359,35 @@ def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
     return spec
 
 
+MODELLED_SOURCE = "what-if from the model's own ops"
+
+
+def uses_modelled(comp: Compute) -> bool:
+    """The compute is the roofline's range: nothing measured it and no utilization is given."""
+    return comp.micro_batch_time_s is None and comp.utilization is None and comp.modelled_s is not None
+
+
 def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
-                   tokens: int | None, echo: dict, unit: str = "token") -> float:
+                   tokens: int | None, echo: dict, unit: str = "token", end: str | None = None) -> float:
     if comp.micro_batch_time_s is not None:
         source = f"measured ({comp.origin('micro_batch_time_s')})"
         echo["micro_batch_time_s"] = (comp.micro_batch_time_s, source)
+        if comp.modelled_s is not None:  # measured beats modelled; the gap checks the what-if
+            fast, middle, slow = comp.modelled_s
+            gap = comp.micro_batch_time_s / middle - 1
+            inside = "inside" if fast <= comp.micro_batch_time_s <= slow else "outside"
+            echo["micro_batch_time_modelled_s"] = ([fast, middle, slow], (
+                f"{MODELLED_SOURCE} (not used: measured beats modelled): {comp.modelled_basis}; the measured "
+                f"time is {gap:+.0%} of its middle, {inside} its range"))
+            echo["compute_model"] = (comp.modelled_detail, "topoprof.model.roofline over the model's op trace")
         return comp.micro_batch_time_s
+    if uses_modelled(comp):
+        fast, middle, slow = comp.modelled_s
+        seconds = {None: middle, "fast": fast, "slow": slow}[end]
+        echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled_basis}")
+        echo["micro_batch_time_range_s"] = ((fast, slow), f"{MODELLED_SOURCE}: {comp.modelled_basis}")
+        echo["compute_model"] = (comp.modelled_detail, "topoprof.model.roofline over the model's op trace")
+        return seconds
     peak, peak_src = comp.peak_tflops, "given"
     if peak is None and spec is not None:
         peak = spec.peak_tflops(comp.precision)
@@ -403,9 +437,10 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
 
 
 def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: int | None,
-                  grad_bytes: int, unit: str = "token") -> ComputeTimes:
+                  grad_bytes: int, unit: str = "token", end: str | None = None) -> ComputeTimes:
     """c, T_bwd, T_opt and memory bandwidth, each echoed with its source; `tokens` of `unit`
-    (a Layout's: "token", or "image" for an image model) per micro-batch."""
+    (a Layout's: "token", or "image" for an image model) per micro-batch. `end` ("fast" or
+    "slow") takes the modelled compute at that end of its range; None, its middle."""
     notes: list[str] = []
     echo: dict[str, tuple[Any, str]] = {}
     spec = _gpu(comp, notes)
@@ -416,9 +451,11 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
         bw_src = "unknown: DDP bucket copies and fp16 casts count as 0 s"
         notes.append(MEMORY_UNKNOWN_NOTE)
     echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
-    c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo, unit)
+    c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo, unit, end)
     if comp.backward_fraction is not None:
         fraction, source = comp.backward_fraction, comp.origin("backward_fraction")
+    elif uses_modelled(comp) and comp.modelled_backward_fraction is not None:
+        fraction, source = comp.modelled_backward_fraction, f"the backward's share of the {MODELLED_SOURCE} (middle)"
     else:
         fraction = DEFAULT_BACKWARD_FRACTION
         source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"

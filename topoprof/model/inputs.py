@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from topoprof.errors import InputError
+from topoprof.model.traced import fallback_note
 
 
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
@@ -146,13 +147,26 @@ def build_inputs(opts: dict):
                    activation_memory_gb=opts.get("activation_memory"))
     origins: list = []
     notes: list[str] = []
+    timed_gpu = None  # the name of this machine's GPU where the compute was timed on it
     if user:
         from topoprof.model.user_model import user_compute, user_layout
 
         record, order = _user_model_here(user, opts)
         workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory"))
         notes += [order.note] if order.note else []
-        opts, origins = _measured(opts, user_compute(record))
+        modelled, why = _user_model_modelled(record, opts)
+        if why is not None:  # timed on another device than the GPU predicted, and its ops not priced
+            notes.append(f"compute: the model's own ops could not be priced for {opts['gpu']} ({why}); "
+                         f"the compute is the time measured on {record['device']}, another device")
+        if not modelled:
+            opts, origins = _measured(opts, user_compute(record))
+        if not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
+            from topoprof.model.traced import priced
+
+            modelled, why = priced(record.get("op_trace"), opts["gpu"] or record.get("device_name") or "GPU0",
+                                   opts["precision"], bool(opts.get("compiled")))
+            if why is not None:
+                notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     else:
         workload = (Workload.from_preset(opts["preset"], opts.get("image_size"), **work_kw) if opts["preset"]
                     else Workload.from_params(parse_count(opts["params"]), **work_kw))
@@ -164,6 +178,14 @@ def build_inputs(opts: dict):
                     from dataclasses import replace
 
                     workload = replace(workload, measured_memory=measured["memory"])
+                timed_gpu = measured.get("device_name")
+        modelled, why = _traced_modelled(opts, timed_gpu)
+        if why is not None:
+            notes.append(fallback_note(why) if timed_gpu is None else
+                         f"compute: the model's own ops could not be priced beside the measured time ({why})")
+    if opts.get("compiled") and not modelled.get("modelled_s"):
+        notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
+                     "measured or given, as it ran")
     comm, gpn, described = build_comm(opts)
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]
@@ -177,7 +199,7 @@ def build_inputs(opts: dict):
         described.update(network_bandwidth_gbps=comm.inter.link_bandwidth_gbps,
                          network_latency_us=comm.inter.hop_latency_us)
     cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
-    compute = _compute(opts, Compute)
+    compute = _compute(opts, Compute, modelled)
     if origins:
         from dataclasses import replace
 
@@ -208,14 +230,61 @@ def check_image_options(preset: str | None, image_size: int | None, tokens: int 
 def _user_model_here(spec: str, opts: dict):
     """The user's model timed here, and the gradient-ready order that fits the device predicted:
     the timed one on this GPU, else the backward FLOPs per tensor from a pass on the meta device
-    at the stated shape (run in the same worker, only where it may be needed)."""
+    at the stated shape. The same pass, for the GPU predicted (or timed), prices its ops: one pass
+    in the same worker, run where either may be needed."""
+    from topoprof.model.traced import gpu_target
     from topoprof.model.user_model import choose_ready_order, here_device, measure_here, stated_shape, trace_wanted
 
     device = here_device()
-    wanted = trace_wanted(device, opts["gpu"], opts["micro_batch_time"])
+    target = gpu_target(opts["precision"]) if opts["gpu"] or device.startswith("cuda") else None
+    wanted = trace_wanted(device, opts["gpu"], opts["micro_batch_time"]) or target is not None
     record = measure_here(spec, opts["precision"], opts["optimizer"], device=device,
-                          trace=stated_shape(opts["micro_batch_size"], opts["tokens"]) if wanted else None)
+                          trace=stated_shape(opts["micro_batch_size"], opts["tokens"]) if wanted else None,
+                          target=target)
     return record, choose_ready_order(record, opts["gpu"], opts["micro_batch_time"])
+
+
+def _user_model_modelled(record: dict, opts: dict) -> tuple[dict, str | None]:
+    """The user's model on the GPU predicted: ({}, None) where the timing stands (no --gpu, or
+    timed on that GPU; the modelled range then goes beside it), else the modelled fields, or
+    ({}, why) where its ops could not be priced."""
+    from topoprof.model.traced import priced
+    from topoprof.model.user_model import flop_order_reason
+
+    gpu = opts["gpu"]
+    if gpu is None or opts["micro_batch_time"] is not None or opts["calibration"] or opts["utilization"] is not None:
+        return {}, None
+    if flop_order_reason(record["device"], record.get("device_name"), gpu, None) is None:
+        return {}, None  # timed on the GPU predicted
+    return priced(record.get("op_trace"), gpu, opts["precision"], bool(opts.get("compiled")))
+
+
+def _traced_modelled(opts: dict, timed_gpu: str | None) -> tuple[dict, str | None]:
+    """A preset's or `--params` compute from its own ops: as the compute where nothing measured it
+    on a --gpu what-if, or beside the time measured on this GPU. ({}, None) where neither
+    applies (compute given, calibrated, or a utilization given); ({}, why) where it failed."""
+    from topoprof.model.traced import model_on_gpu, params_request, preset_request
+
+    gpu = opts["gpu"] or timed_gpu
+    what_if = (opts["micro_batch_time"] is None and not opts["calibration"] and opts["utilization"] is None
+               and opts["gpu"] is not None)
+    if gpu is None or not (what_if or timed_gpu is not None):
+        return {}, None
+    if timed_gpu is not None and _lookup_quietly(timed_gpu) is None:
+        return {}, f"{timed_gpu} is not in the datasheet table"
+    request = (preset_request(opts["preset"], opts["micro_batch_size"], opts["tokens"], opts.get("image_size"))
+               if opts["preset"] else params_request(parse_count(opts["params"]), opts["micro_batch_size"], opts["tokens"]))
+    return model_on_gpu(request, gpu, opts["precision"], bool(opts.get("compiled")))
+
+
+def _lookup_quietly(name: str):
+    import warnings
+
+    from topoprof.model.compute import lookup_gpu
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lookup_gpu(name)
 
 
 def _measured(opts: dict, measured: dict) -> tuple[dict, list]:
@@ -263,17 +332,17 @@ def _check_gpu_name(name: str | None) -> None:
         raise InputError(f"--gpu: {why.split(' (known')[0]}; known: {', '.join(known_gpus())}")
 
 
-def _compute(opts: dict, Compute):
+def _compute(opts: dict, Compute, modelled: dict | None = None):
     _check_gpu_name(opts["gpu"])
     common = dict(gpu=opts["gpu"], precision=opts["precision"], utilization=opts["utilization"],
                   gpu_memory_gb=opts.get("gpu_memory"),
                   optimizer=opts["optimizer"], optimizer_time_s=opts["optimizer_time"],
-                  backward_fraction=opts["backward_fraction"])
+                  backward_fraction=opts["backward_fraction"], **(modelled or {}))
     if opts["calibration"]:
         calibration = _read_calibration(opts["calibration"])
         return Compute.from_calibration(calibration, **{k: v for k, v in common.items()
                                                         if v is not None and k not in calibration})
-    if opts["micro_batch_time"] is None and opts["gpu"] is None:
+    if opts["micro_batch_time"] is None and opts["gpu"] is None and not (modelled or {}).get("modelled_s"):
         raise InputError("compute per micro-batch is unknown: give --micro-batch-time SECONDS (measured), "
                          "--calibration FILE (from `topoprof validate`), or --gpu NAME with --tokens N")
     return Compute(micro_batch_time_s=opts["micro_batch_time"], **common)

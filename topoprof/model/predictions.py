@@ -5,7 +5,9 @@ micro-batch comes, in order of preference, from --micro-batch-time (measured by 
 the user's --model timed here; on a GPU, from the preset (or, for the default sizes, the real
 architecture of that size) built and timed on GPU0; from the scan's own calibration, as the FLOP
 rate this device reached on the synthetic model applied to the model's FLOPs; or from the GPU's
-datasheet peak, as a what-if range.
+datasheet figures as a what-if range: priced from the model's own ops (`topoprof.model.traced`),
+or where they cannot be, the datasheet peak x a utilization range. A compute timed on GPU0 has the
+range priced from its ops beside it, so that every GPU scan also checks the what-if.
 """
 from __future__ import annotations
 
@@ -83,10 +85,14 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
     if opts.micro_batch_time_s is not None:
         return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
     if opts.user_record is not None:
+        from topoprof.model.traced import priced
         from topoprof.model.user_model import user_compute
 
         measured = user_compute(opts.user_record)
-        return _measured_compute(measured, measured["source"], gpu_name, extra)
+        beside = {}
+        if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
+            beside, _why = priced(opts.user_record.get("op_trace"), gpu_name, "bf16", False)
+        return _measured_compute(measured, measured["source"], gpu_name, extra, beside)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:
         try:
@@ -105,8 +111,27 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
                         backward_fraction=calibration.get("backward_fraction"), **extra),
                 f"FLOP rate measured on this device: {rate / 1e9:.1f} GFLOP/s (calibration model)")
     if gpu_name:
-        return Compute(gpu=gpu_name), f"datasheet peak of {gpu_name} x a utilization range: a what-if, nothing measured"
+        return _gpu_what_if(opts, workload, gpu_name, size, extra)
     raise InputError("compute per micro-batch is unknown: give --micro-batch-time, or let the scan validate")
+
+
+def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
+    """Nothing measured this model on this GPU: its compute priced from its own ops (a what-if
+    range), or where they cannot be priced the datasheet peak x a utilization range, saying why."""
+    from topoprof.model.compute import Compute
+    from topoprof.model.inputs import parse_count
+    from topoprof.model.traced import model_on_gpu, params_request, preset_request
+
+    preset = opts.preset or SIZE_PRESETS.get(size or "")
+    tokens = workload.tokens_per_micro_batch
+    request = (preset_request(preset, opts.micro_batch_size, tokens, opts.image_size) if preset else
+               params_request(parse_count(size or opts.params), opts.micro_batch_size, tokens))
+    modelled, why = model_on_gpu(request, gpu_name, "bf16", False)
+    if modelled:
+        return (Compute(gpu=gpu_name, **modelled, **extra),
+                f"modelled from its own ops on the datasheet figures of {gpu_name}: a what-if, nothing measured")
+    return (Compute(gpu=gpu_name, **extra),
+            f"datasheet peak of {gpu_name} x a utilization range: a what-if, nothing measured (its ops: {why})")
 
 
 def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
@@ -120,22 +145,36 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
 
     if is_vision(preset):
         measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size)
-        return _measured_compute(measured, measured["source"], gpu_name, extra)
+        return _measured_compute(measured, measured["source"], gpu_name, extra,
+                                 _modelled_beside(preset, opts, None, gpu_name))
     tokens = opts.tokens or DEFAULT_TOKENS
     sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
     measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0")
     source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
                                    "blocks and extended to its depth" if measured.get("scaled") else "")
-    return _measured_compute(measured, source, gpu_name, extra)
+    return _measured_compute(measured, source, gpu_name, extra, _modelled_beside(preset, opts, tokens, gpu_name))
 
 
-def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict):
+def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None) -> dict:
+    """The preset's compute priced from its own ops at the shape timed, to show beside the time
+    measured on GPU0 (every GPU scan checks the what-if); {} where it cannot be."""
+    from topoprof.model.traced import model_on_gpu, preset_request
+
+    if not gpu_name:
+        return {}
+    modelled, _why = model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size),
+                                  gpu_name, "bf16", False)
+    return modelled
+
+
+def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None):
     """Compute from a timing of the model itself (its record from `topoprof.model.user_model`),
-    each timed input carrying where it was measured."""
+    each timed input carrying where it was measured; `modelled` (the range priced from its ops)
+    goes beside it."""
     from topoprof.model.compute import Compute
 
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
-    return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra,
+    return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
                     origins=tuple((k, source) for k in keys)), source)
 
 

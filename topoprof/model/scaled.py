@@ -28,4 +28,5 @@ def scaled_compute(shallow: dict, deep: dict, depths: tuple[int, int], depth: in
     return {"micro_batch_time_s": total, "backward_fraction": backward / total,
             "optimizer_time_s": at(lambda c: c["optimizer_time_s"]),
             "source": f"timed at {depths[0]} and {depths[1]} blocks and extended linearly to {depth} "
-                      f"(the whole model does not fit): {shallow['source'].split(': ', 1)[-1]}"}
+                      f"(the whole model does not fit): {shallow['source'].split(': ', 1)[-1]}",
+            "device_name": shallow.get("device_name")}

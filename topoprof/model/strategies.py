@@ -22,7 +22,7 @@ from topoprof.model.results import (BucketSummary, DdpCost, GlobalBatchOption, H
                                     SweepPoint, Unavailable)
 from topoprof.errors import InputError
 from topoprof.model.compute import (MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, Compute, compute_times,
-                                    utilization_is_assumed)
+                                    uses_modelled, utilization_is_assumed)
 from topoprof.model.presets import Layout, get_preset, synthetic_layout
 
 STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
@@ -205,12 +205,12 @@ class Resolved:
 def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
     """The numbers of `inputs`; where an input is a what-if range, its middle, or with
     `end` = "slow"/"fast" the end that makes steps slowest/fastest."""
-    if end is not None and utilization_is_assumed(inputs.compute):
+    if end is not None and utilization_is_assumed(inputs.compute) and not uses_modelled(inputs.compute):
         low, high = UTILIZATION_RANGE
         inputs = replace(inputs, compute=replace(inputs.compute, utilization=low if end == "slow" else high))
     work, cl = inputs.workload, inputs.cluster
     times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
-                          work.tokens_per_micro_batch, work.grad_bytes, unit=work.layout.unit)
+                          work.tokens_per_micro_batch, work.grad_bytes, unit=work.layout.unit, end=end)
     first, cap = ddp_bucket_limits(work.bucket_cap_mb)
     default_cap = work.bucket_cap_mb is None
     dp_overhead = inputs.compute.dp_thread_overhead_s

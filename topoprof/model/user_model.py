@@ -46,16 +46,17 @@ def here_device() -> str:
 
 
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
-                 device: str | None = None) -> dict:
+                 device: str | None = None, target: dict | None = None) -> dict:
     """The user's model read and timed on this machine: its first GPU when it has one (under
     `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
-    `stated_shape`) the record also holds its pass on the meta device, "op_trace"."""
+    `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
+    `target` device (`probes/op_trace.py`) when one is given."""
     from topoprof.measure.user_model import measure_user_model
 
     if optimizer not in ("adamw", "sgd"):
         raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
     return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
-                              optimizer=optimizer, trace=trace)
+                              optimizer=optimizer, trace=trace, target=target)
 
 
 def stated_shape(micro_batch: int, tokens: int | None) -> dict:
@@ -169,7 +170,8 @@ def user_compute(record: dict) -> dict:
     return {"memory": record.get("memory"), "micro_batch_time_s": statistics.median(total),
             "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
             "optimizer_time_s": statistics.median(record["optimizer_s"]),
-            "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)"}
+            "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
+            "device_name": record.get("device_name")}
 
 
 PRESET_SPEC = "probes.preset_models:build"

@@ -138,6 +138,16 @@ def _predictions(report: dict) -> list[str]:
             fast, slow = what_if["value"]
             out += [f"Compute per micro-batch {_ms(fast)} – {_ms(slow)} ms ({what_if['source']}). Every step "
                     "time is a range; the step column uses the middle.", ""]
+        beside = p["inputs"].get("micro_batch_time_modelled_s")
+        if beside:  # a GPU scan checks the what-if against what it measured
+            fast, middle, slow = beside["value"]
+            measured = p["inputs"]["micro_batch_time_s"]["value"]
+            out += [f"Compute per micro-batch measured {_ms(measured)} ms; modelled from its own ops {_ms(fast)} – "
+                    f"{_ms(slow)} ms, middle {_ms(middle)} ms: measured is {100 * (measured / middle - 1):+.0f} % of the "
+                    f"middle, {'inside' if fast <= measured <= slow else 'outside'} the range.", ""]
+        model = (p["inputs"].get("compute_model") or {}).get("value")
+        if model:
+            out += [f"Compute model: {model['summary']}.", ""]
         ranged = any(s.get("range") for s in p["strategies"].values())
         # memory only where there is a GPU's memory to hold it against
         sized = any(((s.get("memory") or {}).get("gpu_memory_gb")) for s in p["strategies"].values())

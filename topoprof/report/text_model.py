@@ -98,14 +98,32 @@ def _header(payload: dict) -> list[str]:
     return [f"topoprof model: {value('model')} ({value('params'):,} params), world size {value('world_size')} "
             f"({value('nodes')} node(s)), K = {value('accumulation_steps')}, micro-batch {value('micro_batch_size')} sample(s)",
             *model, f"links: {describe_links(payload['links'])}",
-            f"per micro-batch: {_compute_text(inputs, per)}, {optimizer}{buckets}", ""]
+            f"per micro-batch: {_compute_text(inputs, per)}, {optimizer}{buckets}", *_compute_model_lines(inputs), ""]
+
+
+def _compute_model_lines(inputs: dict) -> list[str]:
+    """What the modelled compute rests on: its op count, the bound, each constant's basis."""
+    detail = (inputs.get("compute_model") or {}).get("value")
+    if not detail:
+        return []
+    return [f"compute model: {detail['summary']}",
+            *(f"  {line}" for line in detail["basis"]), *(f"  note: {n}" for n in detail.get("notes", []))]
 
 
 def _compute_text(inputs: dict, per: dict) -> str:
-    """Measured or given compute is one number; a datasheet what-if is its range, with its basis."""
+    """Measured or given compute is one number (with the modelled range beside it where there is
+    one); a what-if (from the model's ops, or the datasheet's) is its range, with its basis."""
     what_if = inputs.get("micro_batch_time_range_s")
     if what_if is None:
-        return f"compute {_ms(per['micro_batch_s'])} ms (backward {_ms(per['backward_s'])} ms)"
+        text = f"compute {_ms(per['micro_batch_s'])} ms (backward {_ms(per['backward_s'])} ms)"
+        beside = inputs.get("micro_batch_time_modelled_s")
+        if beside is not None:
+            fast, middle, slow = beside["value"]
+            gap = per["micro_batch_s"] / middle - 1
+            text += (f"; modelled from its ops {_ms(fast)}-{_ms(slow)} ms (middle {_ms(middle)} ms): measured is "
+                     f"{100 * gap:+.0f} % of the middle, {'inside' if fast <= per['micro_batch_s'] <= slow else 'outside'} "
+                     "the range")
+        return text
     fast, slow = what_if["value"]
     return (f"compute {_ms(fast)}-{_ms(slow)} ms (a {what_if['source']}; the tables use the middle, "
             f"{_ms(per['micro_batch_s'])} ms, and their range column spans the rest)")

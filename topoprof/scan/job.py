@@ -171,10 +171,14 @@ def run(opts, stages, out_dir: str) -> Written | None:
     if opts.user_model:
         from dataclasses import replace
 
-        from topoprof.model.user_model import measure_here
+        from topoprof.model.traced import gpu_target
+        from topoprof.model.user_model import here_device, measure_here, stated_shape
 
         stages.begin("your model")
-        opts = replace(opts, user_record=measure_here(opts.user_model))  # bad input ends here, exit 2
+        device = here_device()  # timed on GPU0: its ops priced beside, from a pass in the same worker
+        traced = {"trace": stated_shape(opts.micro_batch_size, opts.tokens), "target": gpu_target("bf16")} \
+            if device.startswith("cuda") else {}
+        opts = replace(opts, user_record=measure_here(opts.user_model, device=device, **traced))  # bad input: exit 2
         stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)

@@ -1,0 +1,28 @@
+"""A model's pass on the meta device (`probes/op_trace.py`) in a process of its own (the `op_trace`
+worker), so that the CLI imports no torch: for a model nothing times here, a preset or `--params`
+predicted for a GPU that is not here. It never raises: what went wrong comes back as the
+trace's `failure`, and the caller keeps the datasheet range with that reason."""
+from __future__ import annotations
+
+import os
+
+from topoprof.measure.launch import JobSpec, launch_local
+
+TRACE_TIMEOUT_S = 300.0
+
+
+def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = None, target: dict | None = None,
+                timeout_s: float = TRACE_TIMEOUT_S) -> dict:
+    """The worker's trace of `spec` (a `module:callable` returning (module, batch[, loss_fn])),
+    built with `kwargs` and the `stated` shape for the `target` device, or {"failure": reason}."""
+    job = JobSpec("op_trace", {"spec": spec, "kwargs": kwargs, "stated": stated, "target": target,
+                               "cwd": os.getcwd()}, 1, "gloo", timeout_s)
+    try:
+        run = launch_local(job)
+    except Exception as err:  # noqa: BLE001 - no worker at all: the datasheet range stands, with the reason
+        return {"failure": f"the trace worker did not start ({type(err).__name__}: {err})"}
+    found = [msg for _, msg in run.messages if msg.get("type") == "op_trace"]
+    if not found:
+        why = run.failure.describe() if run.failure is not None else "it reported nothing"
+        return {"failure": f"the trace worker failed: {why}"}
+    return {k: v for k, v in found[0].items() if k != "type"}
