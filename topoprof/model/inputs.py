@@ -142,7 +142,7 @@ def build_inputs(opts: dict):
         raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
     check_image_options(opts["preset"], opts.get("image_size"), opts["tokens"])
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
-                   tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"])
+                   tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"], **fsdp_options(opts))
     origins: list = []
     notes: list[str] = []
     if user:
@@ -159,6 +159,10 @@ def build_inputs(opts: dict):
             measured = _preset_on_this_gpu(opts)
             if measured is not None:
                 opts, origins = _measured(opts, measured)
+    if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
+        from topoprof.model.fsdp import fsdp_plan
+
+        fsdp_plan(workload.layout, workload.fsdp_unit)
     comm, gpn, described = build_comm(opts)
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]
@@ -178,6 +182,24 @@ def build_inputs(opts: dict):
 
         compute = replace(compute, origins=tuple(origins))
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
+
+
+def fsdp_options(opts: dict) -> dict:
+    """FSDP's MixedPrecisionPolicy bytes and wrap unit from `model`'s options (absent elsewhere)."""
+    from topoprof.model.fsdp import DTYPE_BYTES
+
+    out = {}
+    for key, option in (("fsdp_param_bytes", "fsdp_param_dtype"), ("fsdp_reduce_bytes", "fsdp_reduce_dtype")):
+        if opts.get(option) is not None:
+            if opts[option] not in DTYPE_BYTES:
+                raise InputError(f"--{option.replace('_', '-')} {opts[option]}: valid: {', '.join(DTYPE_BYTES)}")
+            out[key] = DTYPE_BYTES[opts[option]]
+    unit = opts.get("fsdp_unit")
+    if unit is not None:
+        if not unit.strip() or unit.strip(".") != unit.strip():
+            raise InputError(f"--fsdp-unit {unit!r}: a module name such as model.layers")
+        out["fsdp_unit"] = unit.strip()
+    return out
 
 
 def check_image_options(preset: str | None, image_size: int | None, tokens: int | None) -> None:
