@@ -228,8 +228,11 @@ class FitComm(CommModel):
 def curve_s(points: tuple[tuple[float, float], ...], size_bytes: float) -> float | None:
     """A measured curve's time (seconds) at `size_bytes`: interpolated in log-log between the two
     nearest measurements within them, grown at the curve's top slope above them (when noise did
-    not invert it); None below them or with fewer than two points (the caller's fit applies)."""
+    not invert it); None below them, or from a single point at another size (the caller's fit
+    applies then)."""
     pts = points
+    if len(pts) == 1 and size_bytes == pts[0][0]:  # a single size measured, asked for exactly
+        return pts[0][1] * US
     if len(pts) < 2 or size_bytes < pts[0][0]:
         return None
     if size_bytes > pts[-1][0]:

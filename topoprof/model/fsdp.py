@@ -70,6 +70,7 @@ all-reduce of the whole buffer plus that clone.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,14 @@ def _group_of(name: str, unit: str | None) -> str:
 class FsdpGroup:
     name: str
     numel: int
+    shapes: tuple[tuple[int, ...], ...] = ()
+
+    def padded_numel(self, shards: int) -> int:
+        """What its collectives move, in elements: each parameter's dim 0 padded to a multiple of
+        the shard count (`_fsdp_common.py:129-131` `_get_dim0_padded_size`)."""
+        if not self.shapes:
+            return self.numel
+        return sum(-(-shape[0] // shards) * shards * math.prod(shape[1:]) for shape in self.shapes)
 
 
 @dataclass(frozen=True)
@@ -171,9 +180,11 @@ def fsdp_plan(layout: Layout, unit: str | None = None) -> FsdpPlan:
     index = {k: i for i, k in enumerate(blocks)}
     index[ROOT] = len(blocks)
     numel = [0] * (len(blocks) + 1)
+    shapes: list[list[tuple[int, ...]]] = [[] for _ in numel]
     for t, k in zip(layout.tensors, keys):
         numel[index[k]] += t.numel
-    groups = tuple(FsdpGroup(k, n) for k, n in zip([*blocks, ROOT], numel))
+        shapes[index[k]].append(tuple(t.shape))
+    groups = tuple(FsdpGroup(k, n, tuple(sh)) for k, n, sh in zip([*blocks, ROOT], numel, shapes))
     fwd_total, bwd_total = layout.forward_flops_per_token, layout.backward_flops_per_token
     segments: list[Segment] = []
     for use in layout.uses:
@@ -210,13 +221,16 @@ MODES = {
 
 @dataclass(frozen=True)
 class FsdpOverhead:
-    """FSDP's own work per group on the compute stream (hooks, buffer copies, views), measured by
-    `validate` with collectives that communicate nothing: per group per forward, per group per
-    synced backward, per group per backward under no_sync."""
+    """FSDP's own work on the compute stream (hooks, buffer copies, views, allocations), measured
+    by `validate` through collectives that communicate nothing: per group per forward (its
+    pre/post-forward and all-gather copy-in/out), per group per synced backward (its
+    post-backward and reduce-scatter copy-in and views), per group per backward under no_sync,
+    and per all-gather again in backward (a resharded group's unshard)."""
 
     forward_s: float = 0.0
     backward_s: float = 0.0
     backward_no_sync_s: float = 0.0
+    unshard_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -252,23 +266,26 @@ class Collectives:
 def collective_times(plan: FsdpPlan, setting: FsdpSetting, shard: CommModel,
                      replicate: CommModel | None = None) -> Collectives:
     """Each group's all-gather (param_bytes per element, S = the gathered buffer) and
-    reduce-scatter (reduce_bytes, S = the buffer scattered) over the shard group; with HSDP the
-    all-reduce of the group's bytes across replicas over `replicate`, whose bandwidth is what
-    the shard ranks' concurrent all-reduces share (a node's NICs together)."""
-    ag = tuple(shard.all_gather_s(g.numel * setting.param_bytes) if g.numel else 0.0 for g in plan.groups)
+    reduce-scatter (reduce_bytes, S = the buffer scattered) over the shard group, at the padded
+    sizes FSDP allocates; with HSDP the all-reduce of the group's reduced bytes across replicas
+    over `replicate`, whose bandwidth is what the shard ranks' concurrent all-reduces share (a
+    node's NICs together)."""
+    n = shard.world_size
     measured_rs = bool(getattr(shard, "curve", lambda _: ())("reduce_scatter"))
-    rs = []
+    ag, rs = [], []
     for g in plan.groups:
-        size = g.numel * setting.reduce_bytes
-        if not g.numel:
+        numel = g.padded_numel(n)
+        ag.append(shard.all_gather_s(numel * setting.param_bytes) if numel else 0.0)
+        size = numel * setting.reduce_bytes
+        if not numel:
             rs.append(0.0)
         elif setting.reduce_scatter_as_allreduce and not measured_rs:
             rs.append(shard.allreduce_s(size) + _memory_s(setting, 2 * size))  # + the clone
         else:
             rs.append(shard.reduce_scatter_s(size))
-    ar = () if replicate is None else tuple(replicate.allreduce_s(g.numel * setting.reduce_bytes) if g.numel else 0.0
-                                           for g in plan.groups)
-    return Collectives(ag, tuple(rs), ar)
+    ar = () if replicate is None else tuple(replicate.allreduce_s(g.padded_numel(n) * setting.reduce_bytes)
+                                           if g.numel else 0.0 for g in plan.groups)
+    return Collectives(tuple(ag), tuple(rs), ar)
 
 
 def _memory_s(setting: FsdpSetting, traffic_bytes: float) -> float:
@@ -450,6 +467,7 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
                     prefetched[g] = b.issue(_Op("all_gather", g, "shard", coll.all_gather_s[g], [b.mark()]))
                 b.wait(prefetched[g])
                 b.work(copy_out_s(g), "fsdp")
+                b.work(over.unshard_s if over is not None else 0.0, "fsdp")
             gate = b.mark()
             i = post_order.index(g)
             if i > 0:

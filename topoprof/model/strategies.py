@@ -284,7 +284,7 @@ def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
     except InputError as err:
         out["fsdp_groups"] = (None, str(err))
     for key in ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_backward_no_sync_overhead_s",
-                "fsdp_optimizer_time_s"):
+                "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s"):
         if getattr(comp, key) is not None:
             out[key] = (getattr(comp, key), comp.origin(key))
     return out
@@ -329,7 +329,7 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
         step = fsdp_strategy_step(res, comm, mode)
         if isinstance(step, str):
             raise InputError(f"{mode}: {step}")
-        return {"compute": step.compute_s + straggler_s(res, k), "exposed_comm": step.exposed_comm_s,
+        return {"compute": step.compute_s + fsdp_wait_s(res, comm), "exposed_comm": step.exposed_comm_s,
                 "optimizer": step.optimizer_s}
     timeline = ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
     overlap, n = timeline.overlap, _synced(mode, k)
@@ -349,12 +349,14 @@ def fsdp_setting(res: Resolved) -> fsdp.FsdpSetting:
     bytes, the backend's blocking and reduce-scatter behaviour, FSDP's measured own work."""
     work, comp, cl = res.inputs.workload, res.inputs.compute, res.inputs.cluster
     param_bytes, reduce_bytes = work.fsdp_bytes
-    measured = (comp.fsdp_forward_overhead_s, comp.fsdp_backward_overhead_s, comp.fsdp_backward_no_sync_overhead_s)
+    measured = (comp.fsdp_forward_overhead_s, comp.fsdp_backward_overhead_s, comp.fsdp_backward_no_sync_overhead_s,
+                comp.fsdp_unshard_overhead_s)
     overhead = None if all(v is None for v in measured) else fsdp.FsdpOverhead(*(v or 0.0 for v in measured))
     blocking = cl.backend in BLOCKING_BACKENDS
     return fsdp.FsdpSetting(res.micro_batch_s - res.backward_s, res.backward_s, param_bytes, reduce_bytes,
                             res.memory_bandwidth_gbps, blocking=blocking, reduce_scatter_as_allreduce=blocking,
-                            overhead=overhead, compute_slowdown=1.0 if blocking else res.gpu.compute_slowdown,
+                            overhead=overhead,
+                            compute_slowdown=1.0 if blocking else res.gpu.compute_slowdown,
                             comm_slowdown=1.0 if blocking else comp.comm_slowdown_during_compute)
 
 
@@ -384,11 +386,20 @@ def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> fsdp.FsdpSt
     return fsdp.fsdp_step(plan, setting, coll, mode, res.inputs.accumulation_steps, t_opt)
 
 
+def fsdp_wait_s(res: Resolved, comm: CommModel) -> float:
+    """What an FSDP step waits for its slowest rank beyond its collectives' own: every micro-batch
+    meets the others at its all-gathers, synced or not (W_k). On a blocking backend whose FSDP
+    collectives validate measured between stretches of compute, the wait is in them already."""
+    measured = bool(getattr(comm, "curve", lambda _: ())("all_gather"))
+    if res.inputs.cluster.backend in BLOCKING_BACKENDS and measured:
+        return 0.0
+    return straggler_s(res, res.inputs.accumulation_steps)
+
+
 def fsdp_step_times(res: Resolved, comm: CommModel) -> dict[str, tuple[float, float] | str]:
-    """(step_time_s, comm_exposed_s) per FSDP strategy. Every micro-batch waits for the slowest
-    rank at its all-gathers, synced or not: W_k."""
+    """(step_time_s, comm_exposed_s) per FSDP strategy, with the slowest rank's wait (fsdp_wait_s)."""
     out: dict[str, tuple[float, float] | str] = {}
-    wait = straggler_s(res, res.inputs.accumulation_steps)
+    wait = fsdp_wait_s(res, comm)
     for name in fsdp.FSDP_STRATEGIES:
         step = fsdp_strategy_step(res, comm, name)
         out[name] = step if isinstance(step, str) else (step.step_s + wait, step.exposed_comm_s)

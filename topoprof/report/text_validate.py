@@ -8,6 +8,11 @@ INPUTS = (("micro_batch_time_s", "forward+backward per micro-batch", "ms"),
           ("ddp_overhead_s", "+ through DDP's hooks (no_sync)", "ms"),
           ("ddp_copies_s", "+ DDP's bucket copies (synced)", "ms"),
           ("optimizer_time_s", "optimizer step", "ms"),
+          ("fsdp_forward_cost_s", "+ through FSDP, forward (no comm)", "ms"),
+          ("fsdp_backward_cost_s", "+ through FSDP, backward synced", "ms"),
+          ("fsdp_backward_no_sync_cost_s", "+ through FSDP, backward no_sync", "ms"),
+          ("fsdp_unshard_cost_s", "+ FSDP's all-gathers in backward", "ms"),
+          ("fsdp_optimizer_time_s", "optimizer step on FSDP's shards", "ms"),
           ("compute_slowdown_during_comm", "compute slowdown beside an all-reduce", "x"),
           ("comm_slowdown_during_compute", "all-reduce slowdown beside compute", "x"))
 
@@ -84,7 +89,7 @@ def render_validate(payload: dict) -> str:
     if num:
         out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
                     "vs one process accumulating the whole batch:"]
-        for mode in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"):
+        for mode in [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]:
             if mode in num:
                 ok = "agree" if num[mode]["allclose"] else "DIFFER"
                 out.append(f"  {mode:<28} max |diff| {num[mode]['max_abs_diff_vs_single']:.2e}  {ok}")
