@@ -88,7 +88,7 @@ def build_comm(opts: dict):
     if opts["bench"]:
         lat, bw, world, fit = links.load_bench_fit(opts["bench"])
         comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {opts['bench']}")
-        return comm, world, {"bench": opts["bench"]}
+        return comm, world, {"bench": opts["bench"], **({"backend": fit["backend"]} if fit.get("backend") else {})}
     # One GPU per node needs no intra-node link: do not ask for one nor probe this machine.
     # A single --gpus index is checked against a --topology file when one is given.
     one_index = chosen is not None and len(chosen) == 1
@@ -175,7 +175,9 @@ def build_inputs(opts: dict):
     if isinstance(comm, HierarchicalComm):  # the network level, for the `links` echo
         described.update(network_bandwidth_gbps=comm.inter.link_bandwidth_gbps,
                          network_latency_us=comm.inter.hop_latency_us)
-    cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
+    # the links measured by a bench on gloo (CPU ranks) carry its blocking collectives to FSDP
+    cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn,
+                      backend="gloo" if described.get("backend") == "gloo" else "nccl")
     compute = _compute(opts, Compute)
     if origins:
         from dataclasses import replace

@@ -182,7 +182,9 @@ def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
     world = int((bench.get("metadata") or {}).get("world_size") or 0)
     if world < 2:
         raise InputError(f"{path}: the bench ran on {world} rank(s); a fit needs at least 2")
-    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", [])}
+    backend = (bench.get("metadata") or {}).get("backend")
+    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", []),
+                                                                           "backend": backend}
 
 
 def comm_explicit(bandwidth_gbps: float, latency_us: float, world_size: int) -> RingComm:

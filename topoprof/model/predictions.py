@@ -193,7 +193,8 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
             compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name, size)
         except InputError as err:  # nothing to predict with: the report says why, the rest stands
             return [{"label": label, "skipped": str(err)}]
-        inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),
+        backend = opts.backend if opts.backend in ("nccl", "gloo") else "nccl"
+        inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes, backend=backend),
                              accumulation_steps=opts.accum)
         payload = model_payload(inputs, {"bench": "this scan"})
         if opts.backend != "nccl":

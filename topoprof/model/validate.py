@@ -253,6 +253,8 @@ def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None, layou
     out["comm_slowdown_by_size"] = [[size, max(1.0, s.value)] for size, s in by_size]
     out["spread"] = {k: dataclasses.asdict(v) for k, v in cal.items()}
     out["spread"].update({f"comm_slowdown_at_{size}_bytes": dataclasses.asdict(s) for size, s in by_size})
+    out["spread"].update({f"fsdp_{kind}_at_{size}_bytes": dataclasses.asdict(s)
+                          for kind, size, s in rot.fsdp_points(msg["rotations"])})
     out.update({k: msg.get(k) for k in ("micro_batch", "accum", "params", "tokens_per_micro_batch", "threads")})
     out["rotations"] = len(msg["rotations"])
     out["combine"] = ("compute and optimizer: the slower rank's, per rotation its median plus the run's "

@@ -27,6 +27,8 @@ def calibration_lines(cal: dict) -> list[str]:
     rows = [(spread.get(key), label, unit) for key, label, unit in INPUTS if key != "comm_slowdown_during_compute"]
     rows += [(s, f"all-reduce of {_size(key)} beside compute", "x") for key, s in spread.items()
              if key.startswith("comm_slowdown_at_")]
+    rows += [(s, f"FSDP {key.split('_at_')[0][5:].replace('_', '-')} of {_size(key)} between compute", "ms")
+             for key, s in spread.items() if key.startswith("fsdp_") and "_at_" in key]
     for s, label, unit in rows:
         if s:
             out.append(f"  {label:<40} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
