@@ -159,7 +159,8 @@ def step(model, optimizer, batches, no_sync: bool, clock: CommClock, sync, loss_
 
 
 def _timed_pass(model, tokens, sync, loss_of, accum: int, clock: CommClock) -> list[float]:
-    """[forward, backward, of which in the stand-in collectives in forward, in backward]."""
+    """[forward, backward, of which in the stand-in collectives in forward, in backward, how many
+    collectives in forward, in backward]."""
     clock.events.clear()
     sync()
     t0 = time.perf_counter()
@@ -169,9 +170,9 @@ def _timed_pass(model, tokens, sync, loss_of, accum: int, clock: CommClock) -> l
     loss.backward()
     sync()
     t2 = time.perf_counter()
-    inside_forward = sum(end - start for _, _, start, end in clock.events if end <= t1)
-    inside_backward = sum(end - start for _, _, start, end in clock.events if end > t1)
-    return [t1 - t0, t2 - t1, inside_forward, inside_backward]
+    forward = [end - start for _, _, start, end in clock.events if end <= t1]
+    backward = [end - start for _, _, start, end in clock.events if end > t1]
+    return [t1 - t0, t2 - t1, sum(forward), sum(backward), len(forward), len(backward)]
 
 
 def calibration(copies: dict, tokens, accum: int, clock: CommClock, sync, loss_of) -> dict:
@@ -206,21 +207,32 @@ def padded_numel(module, world_size: int) -> int:
                for p in module.parameters())
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: int, device: str,
-                synchronize) -> dict:
+                synchronize, hold: tuple[float, float] = (0.0, 0.0)) -> dict:
     """The plain model's forward and backward of one synced micro-batch with FSDP's collectives
     issued where FSDP issues them, of the sizes FSDP gives them, but nothing of FSDP itself: an
     all-gather before the root's forward and each block's, again before each block's backward
     (`reshard`), a reduce-scatter after each block's backward and the root's after all of it.
-    What they cost between the model's real compute, on a blocking backend, is what a step pays:
-    the transfer, the wait for the other ranks' compute, the wake-ups; measured just before each
-    step, in the state the step meets. Returns the compute (the pass less its collectives) and
-    each collective's time: {"compute_s": s, "events": [[kind, numel, seconds], ...]}."""
+    Before each, this rank holds its core for `hold` (forward, backward) seconds: FSDP's own work
+    per collective as this rank's calibration just measured it, so that the stretches between
+    the collectives are as long as a step's. What the collectives cost there, on a blocking
+    backend, is what a step pays: the transfer, the wait for the other ranks' compute, the
+    wake-ups; measured just before each step, in the state the step meets. Returns the compute
+    (the pass less its collectives) and each collective's time:
+    {"compute_s": s, "events": [[kind, numel, seconds], ...]}."""
     blocks = list(model.blocks)
     root_numel = padded_numel(model, world_size) - sum(padded_numel(b, world_size) for b in blocks)
     events: list = []
+    phase = {"backward": False}
 
     def collective(kind: str, numel: int) -> None:
+        _spin(hold[1] if phase["backward"] else hold[0])
         whole = torch.empty(numel, dtype=torch.float32, device=device)  # fresh, as FSDP allocates
         part = torch.empty(numel // world_size, dtype=torch.float32, device=device)
         t0 = time.perf_counter()
@@ -243,7 +255,9 @@ def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: i
         synchronize(device)
         dist.barrier()
         t0 = time.perf_counter()
-        (loss_of(model, tokens) / accum).backward()
+        loss = loss_of(model, tokens) / accum
+        phase["backward"] = True
+        loss.backward()
         collective("reduce_scatter", root_numel)
         synchronize(device)
         wall = time.perf_counter() - t0
@@ -252,6 +266,15 @@ def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: i
             handle.remove()
         model.zero_grad(set_to_none=True)
     return {"compute_s": wall - sum(e[2] for e in events), "events": events}
+
+
+def own_work(plain_forward: float, plain_backward: float, passes: dict, wrapping: str) -> tuple[float, float]:
+    """FSDP's own work per collective on this rank, (forward, backward), from its calibration: the
+    wrapping's synced stand-in pass less the time in its collectives, less the plain pass of the
+    same micro-batch, over the collectives of each half of the pass."""
+    forward, backward, inside_forward, inside_backward, n_forward, n_backward = passes[wrapping]["sync"]
+    return (max(0.0, forward - inside_forward - plain_forward) / max(1, n_forward),
+            max(0.0, backward - inside_backward - plain_backward) / max(1, n_backward))
 
 
 def build_copies(build, modes, mesh, clock: CommClock, make_optimizer) -> dict:

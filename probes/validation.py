@@ -299,8 +299,9 @@ def run_rank(ctx, config: dict) -> None:
         for mode in fsdp_modes:
             wrapping = fsdp.wrapping_of(mode)
             # its collectives between the model's own compute first, in the state the step will meet
+            hold = fsdp.own_work(before["forward_s"][0], before["backward_s"][0], fsdp_before, wrapping)
             replays.append(fsdp.shadow_pass(model, batches[0], cfg.accum, loss_of, fsdp.WRAPPINGS[wrapping],
-                                            ctx.world_size, ctx.device, synchronize))
+                                            ctx.world_size, ctx.device, synchronize, hold))
             dist.barrier()
             wrapped, fsdp_optimizer = copies[wrapping]
             record["modes"][mode] = fsdp.step(wrapped, fsdp_optimizer, batches, fsdp.MODES[mode].no_sync,

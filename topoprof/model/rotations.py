@@ -113,37 +113,40 @@ FSDP_COSTS = ("fsdp_forward_cost_s", "fsdp_backward_cost_s", "fsdp_backward_no_s
 
 
 def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
-    """What FSDP itself adds to a micro-batch's compute, medians of paired differences: a pass
-    through FSDP whose collectives move one element instead of its buffers (so the ranks block,
-    wait and wake where a step's do), less the time inside those collectives, less the plain pass
-    of the same micro-batch a moment before or after, on the same rank. Forward (both wrappings,
-    both passes); backward synced and under no_sync (the wrapping that keeps its parameters after
-    forward: no all-gather in backward); and what the all-gathers of backward add (the resharding
-    wrapping less the other, pass for pass)."""
-    samples: dict[str, list[float]] = {k: [] for k in FSDP_COSTS}
+    """What FSDP itself adds to a micro-batch's compute, from passes through FSDP whose
+    collectives move one element instead of its buffers (so the ranks block, wait and wake where
+    a step's do), less the time inside those collectives: each pass at its slower rank (the ranks
+    ran it together), as the plain compute is. Levels, not pairs: the median of those passes less
+    the median of the plain micro-batches of the same rotations (when other work shares the cores,
+    a pass and its plain twin a moment apart can meet different loads; the levels of a rotation
+    move together). Forward (both wrappings, both passes); backward synced and under no_sync (the
+    wrapping that keeps its parameters after forward: no all-gather in backward); and what the
+    all-gathers of backward add (the resharding wrapping's backward level less the other's)."""
+    plain = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "forward_s", "backward_s")]
+    if not plain or not rotations[0][0]["calibration"].get("fsdp"):
+        return {}
+    plain_f = statistics.median(f for f, _ in plain)
+    plain_b = statistics.median(b for _, b in plain)
+    passes: dict[tuple[str, str, str], list[float]] = {}
     for rot in rotations:
-        for r in rot:
-            cal = r["calibration"]
-            for h, passes in enumerate(cal.get("fsdp") or []):
-                i = cal["ddp_pairs"][h]
-                plain_f, plain_b = cal["forward_s"][i], cal["backward_s"][i]
-                keep, full = passes.get("shard_grad_op"), passes.get("full_shard")
+        for h in range(len(rot[0]["calibration"].get("fsdp") or [])):
+            for w in rot[0]["calibration"]["fsdp"][h]:
+                for kind in ("no_sync", "sync"):
+                    runs = [r["calibration"]["fsdp"][h][w][kind] for r in rot]
+                    passes.setdefault((w, kind, "forward"), []).append(max(p[0] - p[2] for p in runs))
+                    passes.setdefault((w, kind, "backward"), []).append(max(p[1] - p[3] for p in runs))
 
-                def forward(p, kind):
-                    return p[kind][0] - p[kind][2]
+    def less(samples: list[float], level: float) -> Spread | None:
+        return spread([x - level for x in samples])
 
-                def backward(p, kind):
-                    return p[kind][1] - p[kind][3]
-
-                samples["fsdp_forward_cost_s"] += [forward(p, kind) - plain_f for p in (keep, full) if p
-                                                   for kind in ("no_sync", "sync")]
-                if keep:
-                    samples["fsdp_backward_cost_s"].append(backward(keep, "sync") - plain_b)
-                    samples["fsdp_backward_no_sync_cost_s"].append(backward(keep, "no_sync") - plain_b)
-                if keep and full:
-                    samples["fsdp_unshard_cost_s"] += [backward(full, kind) - backward(keep, kind)
-                                                       for kind in ("no_sync", "sync")]
-    return {k: v for k, v in ((k, spread(x)) for k, x in samples.items()) if v is not None}
+    out = {"fsdp_forward_cost_s": less([x for (w, k, part), v in passes.items() if part == "forward" for x in v], plain_f),
+           "fsdp_backward_cost_s": less(passes.get(("shard_grad_op", "sync", "backward"), []), plain_b),
+           "fsdp_backward_no_sync_cost_s": less(passes.get(("shard_grad_op", "no_sync", "backward"), []), plain_b)}
+    keep = [x for kind in ("no_sync", "sync") for x in passes.get(("shard_grad_op", kind, "backward"), [])]
+    full = [x for kind in ("no_sync", "sync") for x in passes.get(("full_shard", kind, "backward"), [])]
+    if keep and full:
+        out["fsdp_unshard_cost_s"] = less(full, statistics.median(keep))
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
@@ -215,7 +218,7 @@ def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None
             out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
     source = run if run is not None else rotations
     out.update(ddp_costs(source))
-    out.update(fsdp_costs(source))
+    out.update(fsdp_costs(rotations))  # levels of these rotations: they move with the machine's load
     samples = [r.get("interference") or {} for rot in source for r in rot]
     out["compute_slowdown_during_comm"] = spread([s.get("compute_slowdown") for s in samples])
     by_size = comm_slowdowns(source)
