@@ -21,9 +21,15 @@ On GPUs the hook's times are host times: an NCCL all-reduce's future completes o
 when its kernel ends, so per-bucket ends there are approximate; the step's parts stay exact
 because every boundary is synchronised.
 
-Config: a training config (`topoprof.model.synthetic.parse_config`) plus `modes` (the DDP modes
-to time) and `interference` (bool). Rank 0 emits one `validation` message with every rank's
-records per rotation.
+FSDP2's modes (probes/fsdp.py) join a rotation when asked for: in each calibration half, each FSDP
+copy through collectives that move one element (FSDP's own work, the optimizer on its shards);
+before each FSDP step, its collectives between the plain model's compute (what they cost there);
+then the step with its timeline (every collective FSDP issued, launched and returned). Without a
+DDP mode, DDP's wrapper and its measurements are left out.
+
+Config: a training config (`topoprof.model.synthetic.parse_config`) plus `modes` (the DDP and
+FSDP modes to time) and `interference` (bool). Rank 0 emits one `validation` message with every
+rank's records per rotation.
 """
 from __future__ import annotations
 

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
@@ -584,20 +583,7 @@ def shard_degree(mode: FsdpMode, world_size: int, gpus_per_node: int) -> int:
     return gpus_per_node if mode.hsdp else world_size
 
 
-def check_bytes(name: str, value: int) -> None:
-    if value not in (2, 4):
-        raise InputError(f"{name} must be 2 or 4 bytes per element, got {value}")
-
-
-def group_sizes(plan: FsdpPlan) -> list[int]:
-    return [g.numel for g in plan.groups]
-
-
 def describe_plan(plan: FsdpPlan) -> dict:
     return {"grouping": plan.grouping, "groups": len(plan.groups),
             "root_params": plan.groups[plan.root].numel,
             "largest_group_params": max(g.numel for g in plan.groups)}
-
-
-def total(values: Sequence[float]) -> float:
-    return float(sum(values))

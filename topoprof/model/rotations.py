@@ -16,6 +16,9 @@ a step adds up:
 - DDP's own costs per micro-batch (its hooks; the bucket copies of a synced micro-batch) are a
   few milliseconds inside a micro-batch's spread: they are medians of paired differences.
 A mode's measured step is the slowest rank's, and its parts come from that rank's timeline.
+FSDP's (topoprof.model.fsdp, probes/fsdp.py): its own work is a level, the passes through FSDP less
+the plain micro-batches of the same rotations (`fsdp_costs`); its collectives between compute are
+means, a step adding dozens of them (`fsdp_points`).
 """
 from __future__ import annotations
 

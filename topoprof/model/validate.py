@@ -5,7 +5,8 @@ interpolates), then rotations (probes/validation.py) in which every rank's calib
 per micro-batch alone and through DDP's hooks, the optimizer), one step of each DDP mode with its
 timeline, each bucket's all-reduce alone and the interference between compute and communication
 are measured in turns, so that a drifting machine moves inputs and steps together; then the
-numerics check. Every mode is predicted from the measured inputs (`topoprof.model.rotations`
+numerics check. FSDP2's modes join the rotations when asked for (`--modes`, or `all`), with the
+inputs their timeline needs (topoprof.model.fsdp). Every mode is predicted from the measured inputs (`topoprof.model.rotations`
 says which statistic of each), with a range from their spread, and compared with what it measured,
 part by part: compute, exposed communication, optimizer, the rest.
 """

@@ -69,17 +69,13 @@ def _section(strategies: dict) -> list[str]:
     return [_strategy_row(name, s) for name, s in strategies.items()]
 
 
-_DTYPE_NAMES = {2: "bf16/fp16", 4: "fp32"}
-
-
 def _fsdp_heading(payload: dict) -> str:
     """FSDP2's rows under a line saying how the model is wrapped and what its collectives move."""
     inputs = payload["inputs"]
     groups = (inputs.get("fsdp_groups") or {}).get("value") or {}
     param = (inputs.get("fsdp_param_bytes") or {}).get("value")
     reduce = (inputs.get("fsdp_reduce_bytes") or {}).get("value")
-    dtypes = (f"; all-gather {_DTYPE_NAMES.get(param, param)}, reduce-scatter {_DTYPE_NAMES.get(reduce, reduce)}"
-              if param else "")
+    dtypes = f"; all-gather {param} B per parameter, reduce-scatter {reduce} B per gradient" if param else ""
     return f"FSDP2 (fully_shard: {groups.get('grouping', 'groups unknown')}{dtypes}):"
 
 
