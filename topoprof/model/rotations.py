@@ -155,18 +155,19 @@ def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
 def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
     """(collective, bytes, what one of FSDP's all-gathers or reduce-scatters of that size adds to
     a step on a blocking backend): from the shadow passes before each step (probes/fsdp.py), the
-    plain model's compute with FSDP's collectives where FSDP issues them. Each collective at its
-    maximum over ranks, as every collective time here (a collective ends with its last rank):
-    the transfer, the wait for the other ranks' compute, the wake-ups. A step adds dozens of them,
-    so the slow ones count at their rate: the mean over the rotations given (the rate drifts from
-    one moment to the next when other work shares the cores, so a rotation's own passes predict
-    it)."""
+    plain model's compute with FSDP's collectives where FSDP issues them. Every rank leaves each
+    collective at the same moment, so a step's wall time is any rank's compute plus its time
+    inside the collectives, and so the ranks' mean compute plus their mean time inside: each
+    collective at the mean over ranks (the transfer, the wait for the other ranks' compute, the
+    wake-ups). A step adds dozens of them, so the slow ones count at their rate: the mean over the
+    rotations given (the rate drifts from one moment to the next when other work shares the
+    cores, so a rotation's own passes predict it)."""
     samples: dict[tuple[str, int], list[float]] = {}
     for rot in rotations:
         for i in range(len(rot[0].get("fsdp_replays") or [])):
             events = [r["fsdp_replays"][i]["events"] for r in rot]
             for j, (kind, numel, _) in enumerate(events[0]):
-                samples.setdefault((kind, 4 * numel), []).append(max(e[j][2] for e in events))
+                samples.setdefault((kind, 4 * numel), []).append(statistics.fmean(e[j][2] for e in events))
     return [(kind, size, spread(v, "mean")) for (kind, size), v in sorted(samples.items())]
 
 
