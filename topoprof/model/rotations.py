@@ -160,8 +160,8 @@ def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
     inside the collectives, and so the ranks' mean compute plus their mean time inside: each
     collective at the mean over ranks (the transfer, the wait for the other ranks' compute, the
     wake-ups). A step adds dozens of them, so the slow ones count at their rate: the mean over the
-    rotations given (the rate drifts from one moment to the next when other work shares the
-    cores, so a rotation's own passes predict it)."""
+    rotations given (validate gives a rotation with its neighbours: the rate drifts over tens of
+    seconds, and one rotation's passes alone are too few to pin it)."""
     samples: dict[tuple[str, int], list[float]] = {}
     for rot in rotations:
         for i in range(len(rot[0].get("fsdp_replays") or [])):

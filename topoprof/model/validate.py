@@ -284,13 +284,24 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
                    for size, s in rot.allreduce_points(rotations)]
     # FSDP's all-gathers and reduce-scatters alone at its groups' sizes, measured in the rotations
     bucket_rows += [{"collective": kind, "size_bytes": size, "wrong": 0, "time_us": s.value * 1e6}
-                    for kind, size, s in rot.fsdp_points(rotations)]
+                    for kind, size, s in rot.fsdp_points(_neighbours(rotations, run))]
     comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
                          "all-reduce measured on these ranks (bucket sizes in the rotations)")
     workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.tokens_per_micro_batch)
     return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc, backend=opts.backend),
                        accumulation_steps=opts.accum)
+
+
+def _neighbours(rotations: list, run: list | None) -> list:
+    """A single rotation with the rotations beside it in the run, for what it measured of FSDP's
+    collectives: one rotation's couple of hundred leave their mean within about 15 % (the slow
+    ones are rare and long), three within about 9 %, and the rate of slow ones drifts over tens of
+    seconds, not over the few seconds of a rotation."""
+    if run is None or len(rotations) != 1:
+        return rotations
+    i = next((k for k, r in enumerate(run) if r is rotations[0]), None)
+    return rotations if i is None else run[max(0, i - 1): i + 2]
 
 
 def _merged(bench_rows, bucket_rows) -> list[dict]:
