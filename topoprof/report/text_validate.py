@@ -31,7 +31,7 @@ def calibration_lines(cal: dict) -> list[str]:
              for key, s in spread.items() if key.startswith("fsdp_") and "_at_" in key]
     for s, label, unit in rows:
         if s:
-            out.append(f"  {label:<40} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
+            out.append(f"  {label:<48} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
                        f"{_value(s['p75'], unit)}, n = {s['n']}")
     return out
 
