@@ -395,11 +395,12 @@ def _single_reference(cfg, batches_by_rank, divide_by: int, dtype) -> torch.Tens
     return _flat_params(model)
 
 
-def run_numerics(ctx, cfg: TrainConfig) -> None:
+def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
     """DDP averages gradients over W ranks and each rank divides its loss by K, so the step
     applies (1 / (W K)) x the sum over the global batch: the single reference divides each
     micro-batch's mean loss by W K. A control that forgets the 1/K must NOT match. amp is
-    ignored here: parameters are compared in numerics_dtype without autocast."""
+    ignored here: parameters are compared in numerics_dtype without autocast. FSDP's modes
+    (`fsdp_modes`) average over ranks in their reduce-scatter: the same step, the same check."""
     dtype = getattr(torch, cfg.numerics_dtype)
     world, rank = ctx.world_size, ctx.rank
     batches_by_rank = [step_batches(cfg, 0, r, world, "cpu") for r in range(world)]
@@ -413,13 +414,22 @@ def run_numerics(ctx, cfg: TrainConfig) -> None:
         accumulate(ddp, [b.to(ctx.device) for b in batches_by_rank[rank]], mode, cfg.accum)
         optimizer.step()
         finals[mode] = _flat_params(model)
+    if fsdp_modes:
+        from probes import fsdp
+
+        fsdp.quiet()
+        ctx.progress("numerics fsdp")
+        finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype).to(ctx.device), fsdp_modes,
+                                    [b.to(ctx.device) for b in batches_by_rank[rank]], cfg.accum,
+                                    fsdp.mesh_for(ctx.device, world), lambda m: make_optimizer(cfg, m),
+                                    fsdp.full_params))
     if rank != 0:
         return
     ctx.progress("numerics single-process reference")
     want = _single_reference(cfg, batches_by_rank, world * cfg.accum, dtype)
     wrong = _single_reference(cfg, batches_by_rank, world, dtype)
     rtol, atol = NUMERICS_TOLERANCE[cfg.numerics_dtype]
-    report = {mode: _compare(finals[mode], want, rtol, atol) for mode in DDP_MODES}
+    report = {mode: _compare(finals[mode], want, rtol, atol) for mode in finals}
     report["control_single_not_divided_by_k"] = _compare(wrong, want, rtol, atol)
     ctx.emit("numerics", **report, dtype=cfg.numerics_dtype, rtol=rtol, atol=atol, lr=cfg.lr,
              world_size=world, accum=cfg.accum, micro_batch=cfg.micro_batch,
@@ -432,6 +442,6 @@ def run_rank(ctx, config: dict) -> None:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     if cfg.mode == "numerics":
-        run_numerics(ctx, cfg)
+        run_numerics(ctx, cfg, config.get("fsdp_modes") or ())
     else:
         run_timed(ctx, cfg)

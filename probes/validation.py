@@ -21,9 +21,15 @@ On GPUs the hook's times are host times: an NCCL all-reduce's future completes o
 when its kernel ends, so per-bucket ends there are approximate; the step's parts stay exact
 because every boundary is synchronised.
 
-Config: a training config (`topoprof.model.synthetic.parse_config`) plus `modes` (the DDP modes
-to time) and `interference` (bool). Rank 0 emits one `validation` message with every rank's
-records per rotation.
+FSDP2's modes (probes/fsdp.py) join a rotation when asked for: in each calibration half, each FSDP
+copy through collectives that move one element (FSDP's own work, the optimizer on its shards);
+before each FSDP step, its collectives between the plain model's compute (what they cost there);
+then the step with its timeline (every collective FSDP issued, launched and returned). Without a
+DDP mode, DDP's wrapper and its measurements are left out.
+
+Config: a training config (`topoprof.model.synthetic.parse_config`) plus `modes` (the DDP and
+FSDP modes to time) and `interference` (bool). Rank 0 emits one `validation` message with every
+rank's records per rotation.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from probes import training
+from probes import fsdp, training
 from probes.dist import synchronize
 from topoprof.model.synthetic import DDP_MODES, check_supported, parse_config
 
@@ -129,7 +135,8 @@ def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock,
     copy, then the optimizer; and the first of them again through the DDP wrapper inside
     `no_sync()` (what DDP's forward and its hooks cost), and synced with a hook that does not
     communicate (what a synced micro-batch adds: every gradient copied into its bucket and back).
-    The plain pass and the DDP passes take turns going first."""
+    The plain pass and the DDP passes take turns going first. Without `ddp` (no DDP mode to
+    predict), the plain passes and the optimizer only."""
     def plain():
         optimizer.zero_grad(set_to_none=True)
         return training.timed_passes(model, batches, sync, loss_of)
@@ -145,16 +152,20 @@ def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock,
             clock.local = False
         return no_sync, local
 
-    if ddp_first:
-        ((ddp_forward, ddp_backward), (local_forward, local_backward)), (forward, backward) = wrapped(), plain()
+    if ddp is None:
+        forward, backward = plain()
+        extra = {}
     else:
-        (forward, backward), ((ddp_forward, ddp_backward), (local_forward, local_backward)) = plain(), wrapped()
+        if ddp_first:
+            ((ddp_forward, ddp_backward), (local_forward, local_backward)), (forward, backward) = wrapped(), plain()
+        else:
+            (forward, backward), ((ddp_forward, ddp_backward), (local_forward, local_backward)) = plain(), wrapped()
+        extra = {"ddp_forward_s": ddp_forward, "ddp_backward_s": ddp_backward,
+                 "local_forward_s": local_forward, "local_backward_s": local_backward}
     t0 = time.perf_counter()
     optimizer.step()
     sync()
-    return {"forward_s": forward, "backward_s": backward, "optimizer_s": [time.perf_counter() - t0],
-            "ddp_forward_s": ddp_forward, "ddp_backward_s": ddp_backward,
-            "local_forward_s": local_forward, "local_backward_s": local_backward}
+    return {"forward_s": forward, "backward_s": backward, "optimizer_s": [time.perf_counter() - t0], **extra}
 
 
 def _joined(before: dict, after: dict, plain_before: int) -> dict:
@@ -252,16 +263,27 @@ def _trainee(cfg, user_model: str | None, device: str):
 
 def run_rank(ctx, config: dict) -> None:
     cfg = parse_config({**config, "mode": "ddp_synced"})
-    modes = [m for m in config.get("modes", DDP_MODES) if m in DDP_MODES]
+    requested = config.get("modes", DDP_MODES)
+    modes = [m for m in requested if m in DDP_MODES]
+    fsdp_modes = [m for m in requested if m in fsdp.SUPPORTED]
     check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     sync = lambda: synchronize(ctx.device)  # noqa: E731
     model, example, loss_of = _trainee(cfg, config.get("user_model"), ctx.device)
-    ddp = training.wrap_ddp(model, ctx.device, cfg)
-    clock = _BucketClock(ctx.world_size)
-    ddp.register_comm_hook(clock, _timed_allreduce)
+    ddp = clock = None
+    if modes:  # DDP's wrapper and its measurements only where a DDP mode is predicted
+        ddp = training.wrap_ddp(model, ctx.device, cfg)
+        clock = _BucketClock(ctx.world_size)
+        ddp.register_comm_hook(clock, _timed_allreduce)
     optimizer = training.make_optimizer(cfg, model)
+    copies, fsdp_clock = {}, None
+    if fsdp_modes:
+        fsdp.quiet()
+        fsdp_clock = fsdp.CommClock(ctx.rank, ctx.world_size)
+        copies = fsdp.build_copies(lambda: training.build_model(cfg.spec, cfg.seed).to(ctx.device), fsdp_modes,
+                                   fsdp.mesh_for(ctx.device, ctx.world_size), fsdp_clock,
+                                   lambda m: training.make_optimizer(cfg, m))
     rotations = []
     buffers: list = []
     total = cfg.warmup_steps + cfg.steps
@@ -274,19 +296,37 @@ def run_rank(ctx, config: dict) -> None:
         # the start and the end of a rotation is measured at both, as the steps run between them
         half = len(batches) // 2 or 1
         before = _calibration_half(model, ddp, optimizer, batches[:half], sync, clock, r % 2 == 0, loss_of)
+        fsdp_before = fsdp.calibration(copies, batches[0], cfg.accum, fsdp_clock, sync, loss_of) if copies else None
         record = {"modes": {}}
         for mode in modes:
             dist.barrier()
             record["modes"][mode] = _ddp_step(model, ddp, optimizer, batches, mode, clock, sync, loss_of)
+        replays = []
+        for mode in fsdp_modes:
+            wrapping = fsdp.wrapping_of(mode)
+            # its collectives between the model's own compute first, in the state the step will meet
+            hold = fsdp.own_work(before["forward_s"][0], before["backward_s"][0], fsdp_before, wrapping)
+            replays.append(fsdp.shadow_pass(model, batches[0], cfg.accum, loss_of, fsdp.WRAPPINGS[wrapping],
+                                            ctx.world_size, ctx.device, synchronize, hold))
+            dist.barrier()
+            wrapped, fsdp_optimizer = copies[wrapping]
+            record["modes"][mode] = fsdp.step(wrapped, fsdp_optimizer, batches, fsdp.MODES[mode].no_sync,
+                                              fsdp_clock, sync, loss_of)
         dist.barrier()
-        after = _calibration_half(model, ddp, optimizer, batches[half:] or batches, sync, clock, r % 2 == 1,
-                                  loss_of)
+        rest = batches[half:] or batches
+        fsdp_after = fsdp.calibration(copies, rest[0], cfg.accum, fsdp_clock, sync, loss_of) if copies else None
+        after = _calibration_half(model, ddp, optimizer, rest, sync, clock, r % 2 == 1, loss_of)
         record["calibration"] = _joined(before, after, half)
-        if not buffers:  # DDP's buckets are rebuilt after its first step: their sizes are known now
-            buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
-        record["bucket_numel"] = [b.numel() for b in buffers]
-        record["allreduce_alone_s"] = _allreduce_alone_s(buffers, ctx.device)
-        if config.get("interference", True) and ctx.world_size > 1 and r % _INTERFERENCE_EVERY == 0:
+        if copies:
+            # each half's FSDP passes repeat the first plain micro-batch of that half
+            record["calibration"]["fsdp"] = [fsdp_before, fsdp_after]
+            record["fsdp_replays"] = replays
+        if modes:
+            if not buffers:  # DDP's buckets are rebuilt after its first step: their sizes are known now
+                buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
+            record["bucket_numel"] = [b.numel() for b in buffers]
+            record["allreduce_alone_s"] = _allreduce_alone_s(buffers, ctx.device)
+        if modes and config.get("interference", True) and ctx.world_size > 1 and r % _INTERFERENCE_EVERY == 0:
             cal = record["calibration"]
             compute = statistics.median(f + b for f, b in zip(cal["forward_s"], cal["backward_s"]))
             rate = 4 * sum(record["bucket_numel"]) / max(sum(record["allreduce_alone_s"]), 1e-9)
@@ -300,7 +340,7 @@ def run_rank(ctx, config: dict) -> None:
     if ctx.rank == 0:
         ctx.emit("validation", rotations=[[everyone[rank][i] for rank in range(ctx.world_size)]
                                           for i in range(len(rotations))],
-                 modes=modes, world_size=ctx.world_size, micro_batch=cfg.micro_batch, accum=cfg.accum,
+                 modes=modes + fsdp_modes, world_size=ctx.world_size, micro_batch=cfg.micro_batch, accum=cfg.accum,
                  params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len,
                  spec=dataclasses.asdict(cfg.spec), threads=torch.get_num_threads(), device=ctx.device,
                  optimizer=cfg.optimizer, amp=cfg.amp, bucket_cap_mb=cfg.bucket_cap_mb,

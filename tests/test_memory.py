@@ -32,7 +32,7 @@ def test_ddp_buckets_are_a_copy_of_the_gradients_unless_they_are_the_gradients()
 
 
 def test_fsdp_shards_and_its_working_set():
-    m = memory.MemoryModel(N, world_size=8, gpus_per_node=4, largest_group_params=N // 32)
+    m = memory.MemoryModel(N, world_size=8, gpus_per_node=4, largest_group_params=N // 32, fsdp_param_bytes=2)
     full = memory.holding("fsdp_full_shard", m)
     assert (full.params, full.grads, full.optimizer) == (4 * N / 8, 4 * N / 8, 8 * N / 8)
     # the running group and the prefetched one in param_dtype, the running group's gradient in reduce_dtype

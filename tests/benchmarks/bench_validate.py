@@ -2,8 +2,10 @@
 
 Five consecutive `topoprof validate` runs (2 gloo ranks) on loopback and five across an emulated
 1 Gbit/s link (two network namespaces joined by a tc-shaped veth; root only), then five `topoprof
-scan` and five `topoprof scan --quick` runs (their validation section is the one users read), and
-five `validate --model` runs of a user's own model (target there: median |error| <= 10 %).
+scan` and five `topoprof scan --quick` runs (their validation section is the one users read),
+five `validate --model` runs of a user's own model (target there: median |error| <= 10 %), and
+(`--parts fsdp`) five `validate` runs of FSDP2's modes fsdp_full_shard, fsdp_full_shard_no_sync and
+fsdp_shard_grad_op on loopback, with the same targets as the DDP modes.
 For every run it prints each mode's matched error and the run's median and worst |error|; then,
 over all runs: the mean signed error, each calibration input's run-to-run spread, and how much
 of each measured step the timeline's parts cover.
@@ -16,7 +18,7 @@ parts covering the step within 3 %.
 compute-heavy run (idle between all-reduces longer than TCP's minimum RTO, 200 ms) with
 net.ipv4.tcp_slow_start_after_idle 1 and 0 inside both namespaces, side by side.
 
-    python tests/benchmarks/bench_validate.py [--runs 5] [--parts validate,shaped,scan,quick,user] [--save DIR]
+    python tests/benchmarks/bench_validate.py [--runs 5] [--parts validate,shaped,scan,quick,user,fsdp] [--save DIR]
     python tests/benchmarks/bench_validate.py --slow-start
 """
 from __future__ import annotations
@@ -39,7 +41,10 @@ VALIDATE = ["--params", "1M", "--seq-len", "64", "--micro-batch", "4", "--accum"
 # The calibrated factors (ratios of durations measured alike: the target's +-20 % run to run),
 # then the measured times (the machine's speed, which the steps they predict share).
 FACTORS = ("compute_slowdown_during_comm", "comm_slowdown_during_compute")
-TIMES = ("micro_batch_time_s", "optimizer_time_s", "ddp_overhead_s", "ddp_copies_s")
+TIMES = ("micro_batch_time_s", "optimizer_time_s", "ddp_overhead_s", "ddp_copies_s", "fsdp_forward_cost_s",
+         "fsdp_backward_cost_s", "fsdp_backward_no_sync_cost_s", "fsdp_unshard_cost_s", "fsdp_optimizer_time_s")
+# FSDP2's part: the modes `validate --modes` is asked to pass on this machine.
+FSDP_MODES = "fsdp_full_shard,fsdp_full_shard_no_sync,fsdp_shard_grad_op"
 
 
 def _cli(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
@@ -134,7 +139,8 @@ def run_parts(parts: list[str], runs: int, save: str | None = None) -> None:
             continue
         for i in range(runs):
             doc = {"validate": lambda: validate_loopback([]), "shaped": lambda: validate_shaped(1000.0, []), "user": validate_user,
-                   "scan": lambda: scan(False), "quick": lambda: scan(True)}[part]()
+                   "scan": lambda: scan(False), "quick": lambda: scan(True),
+                   "fsdp": lambda: validate_loopback(["--modes", FSDP_MODES, "--backend", "gloo"])}[part]()
             docs.append(doc)
             if save:
                 with open(os.path.join(save, f"{part}-{i + 1}.json"), "w") as f:
@@ -176,7 +182,7 @@ def run_slow_start(runs: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--parts", default="validate,shaped,scan,quick,user")
+    ap.add_argument("--parts", default="validate,shaped,scan,quick,user,fsdp")
     ap.add_argument("--slow-start", action="store_true")
     ap.add_argument("--save", metavar="DIR", help="keep each run's validation JSON there")
     args = ap.parse_args()

@@ -22,6 +22,15 @@ from topoprof.errors import InputError
 @click.option("--tokens", type=click.IntRange(min=1),
               help="Tokens per GPU per micro-batch (for the FLOPs estimate; not for an image --preset).")
 @click.option("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: torch's 25 with a 1 MiB first bucket).")
+@click.option("--fsdp-param-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True,
+              help="FSDP MixedPrecisionPolicy.param_dtype: what each all-gather moves per parameter "
+                   "(torchtitan's default).")
+@click.option("--fsdp-reduce-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="FSDP MixedPrecisionPolicy.reduce_dtype: what each reduce-scatter moves per gradient "
+                   "(torchtitan's default; torch's docs: reduce in full precision, compute in low).")
+@click.option("--fsdp-unit", metavar="MODULE",
+              help="FSDP groups: each child of this module, e.g. model.layers (default: one group per block of "
+                   "a preset, 4 chunks per group of --params; the root holds the rest).")
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")
 @click.option("--backward-fraction", type=float, help="Share of the micro-batch time spent in backward (default 2/3).")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON written by `topoprof validate`.")
@@ -50,8 +59,9 @@ from topoprof.errors import InputError
 @click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="The GPU's memory, GB (default: from --gpu's name or datasheet).")
 @click.option("--json", "as_json", is_flag=True)
 def model(**opts):
-    """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only
-    and ddp_fp16_compress, with the exposed communication and what changing K or world size gains."""
+    """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
+    ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
+    with the exposed communication and what changing K or world size gains."""
     from topoprof.model.inputs import build_inputs
     from topoprof.model.payload import model_payload
     from topoprof.report.text_model import render_model

@@ -23,7 +23,9 @@ from topoprof.errors import InputError, RunFailed, SavedElsewhere
               help="Timed rotations: each measures every input and one step of every mode.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True, help="Rotations run first, untimed.")
 @click.option("--modes", default="ddp_synced,ddp_no_sync,ddp_no_sync_backward_only", show_default=True,
-              help="Comma list; add dp where >= 2 GPUs exist.")
+              help="Comma list of ddp_synced, ddp_no_sync, ddp_no_sync_backward_only, fsdp_full_shard, "
+                   "fsdp_full_shard_no_sync, fsdp_shard_grad_op, fsdp_shard_grad_op_no_sync, or all (every one of "
+                   "them); add dp where >= 2 GPUs exist.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per CPU rank (default: the cores divided among the ranks).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True)
@@ -36,8 +38,8 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     """Run short real training loops for each strategy and compare with the model's prediction."""
     from topoprof.jsonio import dumps, envelope, write_text
     from topoprof.measure.runner import default_backend_and_nproc
-    from topoprof.model.validate import (ValidateOptions, cpu_threads_per_rank, run_validate, save_calibration,
-                                         spec_from_options, validate_payload)
+    from topoprof.model.validate import (ValidateOptions, cpu_threads_per_rank, parse_modes, run_validate,
+                                         save_calibration, spec_from_options, validate_payload)
     from topoprof.report.text_validate import render_validate
 
     from topoprof.jsonio import check_writable
@@ -58,7 +60,7 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
         threads = cpu_threads_per_rank(nproc)
     opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch,
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
-                           modes=tuple(m.strip() for m in modes.split(",") if m.strip()), threads=threads,
+                           modes=parse_modes(modes), threads=threads,
                            numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout)
     progress = None
     if not as_json and sys.stderr.isatty():

@@ -225,6 +225,28 @@ class FitComm(CommModel):
         return replace(self, world_size=nodes * gpus_per_node)
 
 
+def curve_s(points: tuple[tuple[float, float], ...], size_bytes: float) -> float | None:
+    """A measured curve's time (seconds) at `size_bytes`: interpolated in log-log between the two
+    nearest measurements within them, grown at the curve's top slope above them (when noise did
+    not invert it); None below them, or from a single point at another size (the caller's fit
+    applies then)."""
+    pts = points
+    if len(pts) == 1 and size_bytes == pts[0][0]:  # a single size measured, asked for exactly
+        return pts[0][1] * US
+    if len(pts) < 2 or size_bytes < pts[0][0]:
+        return None
+    if size_bytes > pts[-1][0]:
+        (s0, t0), (s1, t1) = pts[-2], pts[-1]
+        return (t1 + (size_bytes - s1) * (t1 - t0) / (s1 - s0)) * US if t1 > t0 else None
+    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+        if s0 <= size_bytes <= s1:
+            if size_bytes == s0 or s1 == s0:
+                return t0 * US
+            w = (math.log(size_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))) * US
+    return None  # pragma: no cover - the range checks above cover every size
+
+
 @dataclass(frozen=True)
 class MeasuredComm(FitComm):
     """A FitComm that also keeps the measured all-reduce curve: (size_bytes, time_us) points.
@@ -236,28 +258,42 @@ class MeasuredComm(FitComm):
     largest measurement at the curve's own top slope (the bandwidth between its two largest
     sizes), not the fit's: the fit weighs every size's relative error alike, so on a curve that
     bends late (TCP across nodes) its bandwidth can exceed the plateau the link really reaches.
-    Below the measured sizes, and for every other collective and world size, the fit applies."""
+    Below the measured sizes, and for every other collective and world size, the fit applies.
+
+    `curves` holds other collectives measured the same way, ((name, points), ...) with name
+    "all_gather" or "reduce_scatter" and sizes as nccl-tests counts them (the whole buffer: the
+    gathered output, the input scattered): at the measured world size they are read like the
+    all-reduce curve; elsewhere, and for collectives not measured, the ring model from the fit."""
 
     points: tuple[tuple[float, float], ...] = ()
+    curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+
+    def _measured_s(self, points, size_bytes: float) -> float | None:
+        if self.world_size != self.measured_world_size:
+            return None
+        return curve_s(points, size_bytes)
+
+    def curve(self, collective: str) -> tuple[tuple[float, float], ...]:
+        """The measured points of `collective` (empty when it was not measured)."""
+        if collective == "all_reduce":
+            return self.points
+        return dict(self.curves).get(collective, ())
 
     def allreduce_s(self, size_bytes: float) -> float:
-        pts = self.points
-        if self.world_size == self.measured_world_size and len(pts) >= 2 and size_bytes > pts[-1][0]:
-            (s0, t0), (s1, t1) = pts[-2], pts[-1]
-            if t1 > t0:  # a top slope that noise did not invert
-                return (t1 + (size_bytes - s1) * (t1 - t0) / (s1 - s0)) * US
-        if self.world_size != self.measured_world_size or len(pts) < 2 or not pts[0][0] <= size_bytes <= pts[-1][0]:
-            return super().allreduce_s(size_bytes)
-        for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
-            if s0 <= size_bytes <= s1:
-                if size_bytes == s0 or s1 == s0:
-                    return t0 * US
-                w = (math.log(size_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
-                return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))) * US
-        return super().allreduce_s(size_bytes)  # pragma: no cover - the range check covers it
+        measured = self._measured_s(self.points, size_bytes)
+        return super().allreduce_s(size_bytes) if measured is None else measured
+
+    def reduce_scatter_s(self, size_bytes: float) -> float:
+        measured = self._measured_s(self.curve("reduce_scatter"), size_bytes)
+        return super().reduce_scatter_s(size_bytes) if measured is None else measured
+
+    def all_gather_s(self, size_bytes: float) -> float:  # type: ignore[override]
+        measured = self._measured_s(self.curve("all_gather"), size_bytes)
+        return FitComm.all_gather_s(self, size_bytes) if measured is None else measured
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "kind": "measured curve + fit", "points": len(self.points),
+                "curves": {name: len(pts) for name, pts in self.curves},
                 "formula": "allreduce = measured time interpolated in log-log within the measured "
                            "sizes, extended above them at the top slope; latency + S/algbw below them "
                            "and at other n"}

@@ -213,7 +213,8 @@ CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
                     "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size",
                     "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter",
-                    "rank_spread_world_size")
+                    "rank_spread_world_size", "fsdp_forward_overhead_s", "fsdp_backward_overhead_s",
+                    "fsdp_backward_no_sync_overhead_s", "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s")
 
 
 def _need(cond: bool, message: str) -> None:
@@ -259,6 +260,17 @@ class Compute:
     rank_jitter: float = 0.0
     rank_spread_world_size: int = 1
     gpu_memory_gb: float | None = None  # the GPU's memory (NVML, or given); None: from `gpu`'s datasheet
+    # FSDP's own work on the compute stream (its hooks, the all-gather's and the reduce-scatter's
+    # buffer copies, the gradient views), measured by `validate` through collectives that
+    # communicate nothing (topoprof.model.fsdp.FsdpOverhead): per group per forward, per synced
+    # backward, per backward under no_sync, per all-gather again in backward. None: not measured
+    # (the buffer copies are priced from memory bandwidth instead, the hooks not at all).
+    fsdp_forward_overhead_s: float | None = None
+    fsdp_backward_overhead_s: float | None = None
+    fsdp_backward_no_sync_overhead_s: float | None = None
+    fsdp_unshard_overhead_s: float | None = None
+    # The optimizer step on FSDP's shards, measured (it runs on DTensors); None: T_opt / shards.
+    fsdp_optimizer_time_s: float | None = None
     calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
     origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
     # Compute priced from the model's own ops (`topoprof.model.roofline`): forward + backward per
@@ -280,7 +292,8 @@ class Compute:
         _need(self.dp_thread_overhead_s >= 0,
               f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
         _need(self.ddp_overhead_s >= 0, f"ddp_overhead_s must be >= 0, got {self.ddp_overhead_s}")
-        for name in ("ddp_kernel_s", "rank_speed_spread"):
+        for name in ("ddp_kernel_s", "rank_speed_spread", "fsdp_forward_overhead_s", "fsdp_backward_overhead_s",
+                     "fsdp_backward_no_sync_overhead_s", "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s"):
             value = getattr(self, name)
             _need(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         _need(self.rank_jitter >= 0, f"rank_jitter must be >= 0, got {self.rank_jitter}")

@@ -89,7 +89,7 @@ def build_comm(opts: dict):
     if opts["bench"]:
         lat, bw, world, fit = links.load_bench_fit(opts["bench"])
         comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {opts['bench']}")
-        return comm, world, {"bench": opts["bench"]}
+        return comm, world, {"bench": opts["bench"], **({"backend": fit["backend"]} if fit.get("backend") else {})}
     # One GPU per node needs no intra-node link: do not ask for one nor probe this machine.
     # A single --gpus index is checked against a --topology file when one is given.
     one_index = chosen is not None and len(chosen) == 1
@@ -144,7 +144,7 @@ def build_inputs(opts: dict):
     check_image_options(opts["preset"], opts.get("image_size"), opts["tokens"])
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
                    tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"],
-                   activation_memory_gb=opts.get("activation_memory"))
+                   activation_memory_gb=opts.get("activation_memory"), **fsdp_options(opts))
     origins: list = []
     notes: list[str] = []
     timed_gpu = None  # the name of this machine's GPU where the compute was timed on it
@@ -186,6 +186,10 @@ def build_inputs(opts: dict):
     if opts.get("compiled") and not modelled.get("modelled_s"):
         notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
                      "measured or given, as it ran")
+    if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
+        from topoprof.model.fsdp import fsdp_plan
+
+        fsdp_plan(workload.layout, workload.fsdp_unit)
     comm, gpn, described = build_comm(opts)
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]
@@ -198,13 +202,33 @@ def build_inputs(opts: dict):
     if isinstance(comm, HierarchicalComm):  # the network level, for the `links` echo
         described.update(network_bandwidth_gbps=comm.inter.link_bandwidth_gbps,
                          network_latency_us=comm.inter.hop_latency_us)
-    cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn)
+    # the links measured by a bench on gloo (CPU ranks) carry its blocking collectives to FSDP
+    cluster = Cluster(comm, nodes=nodes, gpus_per_node=gpn,
+                      backend="gloo" if described.get("backend") == "gloo" else "nccl")
     compute = _compute(opts, Compute, modelled)
     if origins:
         from dataclasses import replace
 
         compute = replace(compute, origins=tuple(origins))
     return ModelInputs(workload, compute, cluster, accumulation_steps=opts["accum"]), described
+
+
+def fsdp_options(opts: dict) -> dict:
+    """FSDP's MixedPrecisionPolicy bytes and wrap unit from `model`'s options (absent elsewhere)."""
+    from topoprof.model.fsdp import DTYPE_BYTES
+
+    out = {}
+    for key, option in (("fsdp_param_bytes", "fsdp_param_dtype"), ("fsdp_reduce_bytes", "fsdp_reduce_dtype")):
+        if opts.get(option) is not None:
+            if opts[option] not in DTYPE_BYTES:
+                raise InputError(f"--{option.replace('_', '-')} {opts[option]}: valid: {', '.join(DTYPE_BYTES)}")
+            out[key] = DTYPE_BYTES[opts[option]]
+    unit = opts.get("fsdp_unit")
+    if unit is not None:
+        if not unit.strip() or unit.strip(".") != unit.strip():
+            raise InputError(f"--fsdp-unit {unit!r}: a module name such as model.layers")
+        out["fsdp_unit"] = unit.strip()
+    return out
 
 
 def check_image_options(preset: str | None, image_size: int | None, tokens: int | None) -> None:

@@ -182,7 +182,9 @@ def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
     world = int((bench.get("metadata") or {}).get("world_size") or 0)
     if world < 2:
         raise InputError(f"{path}: the bench ran on {world} rank(s); a fit needs at least 2")
-    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", [])}
+    backend = (bench.get("metadata") or {}).get("backend")
+    return float(fit["latency_us"]), float(fit["bandwidth_gbps"]), world, {**fit, "rows": bench.get("rows", []),
+                                                                           "backend": backend}
 
 
 def comm_explicit(bandwidth_gbps: float, latency_us: float, world_size: int) -> RingComm:
@@ -232,14 +234,18 @@ def _as_ring(intra: CommModel | None, gpus_per_node: int) -> RingComm:
 
 
 def measured_comm(rows, fit, world_size: int, source: str):
-    """The all-reduce fit plus its measured curve (correct rows only), as one comm model."""
+    """The all-reduce fit plus its measured curve (correct rows only), as one comm model; the
+    all-gather and reduce-scatter rows, where measured, as curves of their own (FSDP's)."""
     from topoprof.model.comm import MeasuredComm
 
     def get(row, key):
         return row[key] if isinstance(row, dict) else getattr(row, key)
 
-    points = sorted({get(r, "size_bytes"): get(r, "time_us") for r in rows
-                     if get(r, "collective") == "all_reduce" and not get(r, "wrong") and get(r, "time_us") > 0}.items())
+    def curve(name):
+        return tuple(sorted({get(r, "size_bytes"): get(r, "time_us") for r in rows
+                             if get(r, "collective") == name and not get(r, "wrong") and get(r, "time_us") > 0}.items()))
+
+    curves = tuple((name, curve(name)) for name in ("all_gather", "reduce_scatter") if curve(name))
     return MeasuredComm(latency_us=fit.latency_us if hasattr(fit, "latency_us") else fit["latency_us"],
                         algbw_gbps=fit.bandwidth_gbps if hasattr(fit, "bandwidth_gbps") else fit["bandwidth_gbps"],
-                        world_size=world_size, source=source, points=tuple(points))
+                        world_size=world_size, source=source, points=curve("all_reduce"), curves=curves)

@@ -70,8 +70,8 @@ class MemoryModel:
     gpus_per_node: int = 1
     gradient_as_bucket_view: bool = False
     largest_group_params: int = 0     # FSDP: the largest group's parameters
-    fsdp_param_bytes: int = 2         # MixedPrecisionPolicy.param_dtype
-    fsdp_reduce_bytes: int = 4        # MixedPrecisionPolicy.reduce_dtype
+    fsdp_param_bytes: int = 4         # MixedPrecisionPolicy.param_dtype (default: the parameters' own)
+    fsdp_reduce_bytes: int = 4        # MixedPrecisionPolicy.reduce_dtype (default: param_dtype's)
     activations: float | None = None  # bytes per micro-batch, when known
     # bytes of optimizer state per parameter where a GPU measured them; None: by `optimizer`
     optimizer_state_bytes: float | None = None

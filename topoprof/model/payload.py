@@ -9,7 +9,9 @@ from topoprof.jsonio import to_jsonable
 SWEEP_K = (1, 2, 4, 8, 16, 32)
 
 
-MAIN = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress")
+MAIN = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress",
+        "fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync",
+        "hsdp", "hsdp_no_sync")
 
 
 def _world_sizes(inputs) -> list[int]:

@@ -240,7 +240,8 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
                                   origins=compute.origins + (("gpu_memory_gb", "NVML, GPU0"),))
         except InputError as err:  # nothing to predict with: the report says why, the rest stands
             return [{"label": label, "skipped": str(err)}]
-        inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes),
+        backend = opts.backend if opts.backend in ("nccl", "gloo") else "nccl"
+        inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes, backend=backend),
                              accumulation_steps=opts.accum)
         payload = model_payload(inputs, {"bench": "this scan"})
         if opts.backend != "nccl":

@@ -16,6 +16,9 @@ a step adds up:
 - DDP's own costs per micro-batch (its hooks; the bucket copies of a synced micro-batch) are a
   few milliseconds inside a micro-batch's spread: they are medians of paired differences.
 A mode's measured step is the slowest rank's, and its parts come from that rank's timeline.
+FSDP's (topoprof.model.fsdp, probes/fsdp.py): its own work is a level, the passes through FSDP less
+the plain micro-batches of the same rotations (`fsdp_costs`); its collectives between compute are
+means, a step adding dozens of them (`fsdp_points`).
 """
 from __future__ import annotations
 
@@ -64,10 +67,17 @@ def _per_micro_batch_max(rotation: list[dict], forward: str, backward: str) -> l
 def _compute_samples(rotations: list[list[dict]]) -> dict[str, list[float]]:
     """Every compute sample: per micro-batch the slower rank's (they ran together)."""
     plain = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "forward_s", "backward_s")]
-    return {"forward_s": [f for f, _ in plain], "backward_s": [b for _, b in plain],
-            "micro_batch_time_s": [f + b for f, b in plain],
-            "optimizer_time_s": [max(times) for rot in rotations
-                                 for times in zip(*(r["calibration"]["optimizer_s"] for r in rot))]}
+    out = {"forward_s": [f for f, _ in plain], "backward_s": [b for _, b in plain],
+           "micro_batch_time_s": [f + b for f, b in plain],
+           "optimizer_time_s": [max(times) for rot in rotations
+                                for times in zip(*(r["calibration"]["optimizer_s"] for r in rot))]}
+    # FSDP's optimizer on the shards: per half and wrapping the slower rank's
+    fsdp = [max(r["calibration"]["fsdp"][h][w]["optimizer_s"] for r in rot)
+            for rot in rotations if rot[0]["calibration"].get("fsdp")
+            for h in range(len(rot[0]["calibration"]["fsdp"])) for w in rot[0]["calibration"]["fsdp"][h]]
+    if fsdp:
+        out["fsdp_optimizer_time_s"] = fsdp
+    return out
 
 
 def _paired_costs(rotations: list[list[dict]], slower: str, faster: str) -> list[float]:
@@ -97,6 +107,68 @@ def ddp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
     out = {"ddp_overhead_s": spread(_paired_costs(rotations, "ddp_", "")),
            "ddp_copies_s": spread(_paired_costs(rotations, "local_", "ddp_"))}
     return {k: v for k, v in out.items() if v is not None}
+
+
+# FSDP's own work per micro-batch, from the calibration's passes through FSDP with collectives
+# that communicate nothing (probes/fsdp.py), each less the plain pass of the same micro-batch:
+# the names `topoprof.model.compute.Compute` gives them once divided per group (validate.py).
+FSDP_COSTS = ("fsdp_forward_cost_s", "fsdp_backward_cost_s", "fsdp_backward_no_sync_cost_s", "fsdp_unshard_cost_s")
+
+
+def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
+    """What FSDP itself adds to a micro-batch's compute, from passes through FSDP whose
+    collectives move one element instead of its buffers (so the ranks block, wait and wake where
+    a step's do), less the time inside those collectives: each pass at its slower rank (the ranks
+    ran it together), as the plain compute is. Levels, not pairs: the median of those passes less
+    the median of the plain micro-batches of the same rotations (when other work shares the cores,
+    a pass and its plain twin a moment apart can meet different loads; the levels of a rotation
+    move together). Forward (both wrappings, both passes); backward synced and under no_sync (the
+    wrapping that keeps its parameters after forward: no all-gather in backward); and what the
+    all-gathers of backward add (the resharding wrapping's backward level less the other's)."""
+    plain = [fb for rot in rotations for fb in _per_micro_batch_max(rot, "forward_s", "backward_s")]
+    if not plain or not rotations[0][0]["calibration"].get("fsdp"):
+        return {}
+    plain_f = statistics.median(f for f, _ in plain)
+    plain_b = statistics.median(b for _, b in plain)
+    passes: dict[tuple[str, str, str], list[float]] = {}
+    for rot in rotations:
+        for h in range(len(rot[0]["calibration"].get("fsdp") or [])):
+            for w in rot[0]["calibration"]["fsdp"][h]:
+                for kind in ("no_sync", "sync"):
+                    runs = [r["calibration"]["fsdp"][h][w][kind] for r in rot]
+                    passes.setdefault((w, kind, "forward"), []).append(max(p[0] - p[2] for p in runs))
+                    passes.setdefault((w, kind, "backward"), []).append(max(p[1] - p[3] for p in runs))
+
+    def less(samples: list[float], level: float) -> Spread | None:
+        return spread([x - level for x in samples])
+
+    out = {"fsdp_forward_cost_s": less([x for (w, k, part), v in passes.items() if part == "forward" for x in v], plain_f),
+           "fsdp_backward_cost_s": less(passes.get(("shard_grad_op", "sync", "backward"), []), plain_b),
+           "fsdp_backward_no_sync_cost_s": less(passes.get(("shard_grad_op", "no_sync", "backward"), []), plain_b)}
+    keep = [x for kind in ("no_sync", "sync") for x in passes.get(("shard_grad_op", kind, "backward"), [])]
+    full = [x for kind in ("no_sync", "sync") for x in passes.get(("full_shard", kind, "backward"), [])]
+    if keep and full:
+        out["fsdp_unshard_cost_s"] = less(full, statistics.median(keep))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
+    """(collective, bytes, what one of FSDP's all-gathers or reduce-scatters of that size adds to
+    a step on a blocking backend): from the shadow passes before each step (probes/fsdp.py), the
+    plain model's compute with FSDP's collectives where FSDP issues them. Every rank leaves each
+    collective at the same moment, so a step's wall time is any rank's compute plus its time
+    inside the collectives, and so the ranks' mean compute plus their mean time inside: each
+    collective at the mean over ranks (the transfer, the wait for the other ranks' compute, the
+    wake-ups). A step adds dozens of them, so the slow ones count at their rate: the mean over the
+    rotations given (validate gives a rotation with its neighbours: the rate drifts over tens of
+    seconds, and one rotation's passes alone are too few to pin it)."""
+    samples: dict[tuple[str, int], list[float]] = {}
+    for rot in rotations:
+        for i in range(len(rot[0].get("fsdp_replays") or [])):
+            events = [r["fsdp_replays"][i]["events"] for r in rot]
+            for j, (kind, numel, _) in enumerate(events[0]):
+                samples.setdefault((kind, 4 * numel), []).append(statistics.fmean(e[j][2] for e in events))
+    return [(kind, size, spread(v, "mean")) for (kind, size), v in sorted(samples.items())]
 
 
 def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
@@ -150,6 +222,7 @@ def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None
             out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
     source = run if run is not None else rotations
     out.update(ddp_costs(source))
+    out.update(fsdp_costs(rotations))  # levels of these rotations: they move with the machine's load
     samples = [r.get("interference") or {} for rot in source for r in rot]
     out["compute_slowdown_during_comm"] = spread([s.get("compute_slowdown") for s in samples])
     by_size = comm_slowdowns(source)
@@ -185,7 +258,7 @@ def comm_slowdowns(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
 def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     """(bytes, time of one bucket's all-reduce alone) per bucket size: a collective ends when its
     last rank does, so each rotation counts at the maximum over ranks."""
-    numel = rotations[0][0]["bucket_numel"]
+    numel = rotations[0][0].get("bucket_numel") or []
     return [(4 * n, spread([max(r["allreduce_alone_s"][i] for r in rot) for rot in rotations]))
             for i, n in enumerate(numel)]
 
@@ -198,6 +271,8 @@ def step_parts(rotation: list[dict], mode: str, rank: int) -> dict[str, float]:
     copies); the optimizer; and the rest (zero_grad, and what no part covers). Ranks are lined
     up by the machine's monotonic clock."""
     step = rotation[rank]["modes"][mode]
+    if "collectives" in (step["micro"] or [{}])[0]:
+        return fsdp_step_parts(step)
     t0 = step["t0"]
     forward = sum(mb["forward"][1] - mb["forward"][0] for mb in step["micro"])
     backward = exposed = 0.0
@@ -211,6 +286,19 @@ def step_parts(rotation: list[dict], mode: str, rank: int) -> dict[str, float]:
     optimizer = step["optimizer"][1] - step["optimizer"][0]
     return {"compute": forward + backward, "exposed_comm": exposed, "optimizer": optimizer,
             "other": step["step_s"] - (forward + backward + exposed + optimizer)}
+
+
+def fsdp_step_parts(step: dict) -> dict[str, float]:
+    """One rank's FSDP step in the model's parts: compute is forward and backward less the time
+    spent inside the collectives FSDP issued (on a blocking backend, gloo, the thread waits in
+    each until it is done, so that time is the exposed communication); the optimizer; the rest.
+    On a streamed backend (NCCL) a collective returns at launch and the waits fall in compute."""
+    forward = sum(mb["forward"][1] - mb["forward"][0] for mb in step["micro"])
+    backward = sum(mb["backward"][1] - mb["backward"][0] for mb in step["micro"])
+    inside = sum(end - start for mb in step["micro"] for _, _, start, end in mb["collectives"])
+    optimizer = step["optimizer"][1] - step["optimizer"][0]
+    return {"compute": forward + backward - inside, "exposed_comm": inside, "optimizer": optimizer,
+            "other": step["step_s"] - (forward + backward + optimizer)}
 
 
 def measured_mode(rotations: list[list[dict]], mode: str) -> dict:

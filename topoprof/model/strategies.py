@@ -17,6 +17,7 @@ from topoprof.model.comm import CommModel, HierarchicalComm, LinkUnknown
 from topoprof.model.dataparallel import dataparallel_comm_s
 from topoprof.model.ddp import DdpSetting, copies_traffic_s, ddp_timeline, hiding_threshold
 from topoprof.model import ddp_gpu
+from topoprof.model import fsdp
 from topoprof.model.results import (BucketSummary, DdpCost, GlobalBatchOption, HideThreshold,
                                     InputValue, Memory, Prediction, Range, StrategyResult,
                                     SweepPoint, Unavailable)
@@ -25,8 +26,13 @@ from topoprof.model.compute import (MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, Comp
                                     uses_modelled, utilization_is_assumed)
 from topoprof.model.presets import Layout, get_preset, synthetic_layout
 
-STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
-              "ddp_fp16_compress")
+DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
+                  "ddp_fp16_compress")
+STRATEGIES = DDP_STRATEGIES + fsdp.FSDP_STRATEGIES
+# Backends whose collectives block the calling thread and whose reduce-scatter is an all-reduce
+# (topoprof.model.fsdp): gloo. NCCL's run on streams beside the compute.
+BLOCKING_BACKENDS = ("gloo",)
+BACKENDS = ("nccl", "gloo")
 # Why DP and DDP have no prediction on one GPU. Not "DDP with 0 s of communication": torch
 # would run it, but nobody chooses it, and it would only repeat `single` plus bucket copies.
 ONE_GPU_REASON = "one GPU: nothing to all-reduce; see `single`"
@@ -53,6 +59,12 @@ class Workload:
     activation_memory_gb: float | None = None  # per GPU per micro-batch, when the user knows it
     # One GPU's memory by phase over a timed step of this model (probes/user_model.py), if any
     measured_memory: dict | None = None
+    # FSDP's MixedPrecisionPolicy: bytes per all-gathered parameter (param_dtype; None: the
+    # parameters' own, param_bytes) and per reduced gradient (reduce_dtype; None: param_dtype's,
+    # as torch reduces in the compute dtype then, _fsdp_api.py MixedPrecisionPolicy)
+    fsdp_param_bytes: int | None = None
+    fsdp_reduce_bytes: int | None = None
+    fsdp_unit: str | None = None  # the module whose children are FSDP's groups (None: by block name)
 
     def __post_init__(self) -> None:
         _need(self.grad_bytes in (2, 4), f"grad_bytes must be 2 or 4, got {self.grad_bytes}")
@@ -71,6 +83,15 @@ class Workload:
                   f"micro_batch_size({self.micro_batch_size}) images")
             object.__setattr__(self, "tokens_per_micro_batch", self.micro_batch_size)
         ddp_bucket_limits(self.bucket_cap_mb)  # validates
+        for name in ("fsdp_param_bytes", "fsdp_reduce_bytes"):
+            value = getattr(self, name)
+            _need(value is None or value in (2, 4), f"{name} must be 2 or 4, got {value}")
+
+    @property
+    def fsdp_bytes(self) -> tuple[int, int]:
+        """(all-gather, reduce-scatter) bytes per element under FSDP's MixedPrecisionPolicy."""
+        param = self.fsdp_param_bytes or self.param_bytes
+        return param, self.fsdp_reduce_bytes or param
 
     @classmethod
     def from_preset(cls, name: str, image_size: int | None = None, **kwargs: Any) -> Workload:
@@ -88,8 +109,10 @@ class Cluster:
     nodes: int = 1
     gpus_per_node: int = 1
     world_size: int | None = None  # optional; checked against nodes * gpus_per_node
+    backend: str = "nccl"  # what runs the collectives: gloo blocks (topoprof.model.fsdp)
 
     def __post_init__(self) -> None:
+        _need(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         _need(self.nodes >= 1 and self.gpus_per_node >= 1, f"nodes({self.nodes}) and "
               f"gpus_per_node({self.gpus_per_node}) must be >= 1")
         n = self.nodes * self.gpus_per_node
@@ -238,7 +261,8 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
                                         if inputs.compute.ddp_copy_bandwidth_gbps
                                         else "default: the bucket copies run at the memory bandwidth"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
-                                else "default 0: outputs assumed small (a loss)")}
+                                else "default 0: outputs assumed small (a loss)"),
+            **_fsdp_echo(inputs)}
     notes_list = list(times.warnings)
     gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
@@ -246,6 +270,29 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
     what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
                     times.memory_bandwidth_gbps, echo, notes, gpu, what_if)
+
+
+def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
+    """FSDP's inputs beside DDP's: its groups, MixedPrecisionPolicy's bytes, the backend."""
+    work, comp, cl = inputs.workload, inputs.compute, inputs.cluster
+    param, reduce = work.fsdp_bytes
+    out: dict[str, tuple[Any, str]] = {
+        "fsdp_param_bytes": (param, "given (MixedPrecisionPolicy.param_dtype)" if work.fsdp_param_bytes
+                             else "the parameters' own dtype (no param_dtype)"),
+        "fsdp_reduce_bytes": (reduce, "given (MixedPrecisionPolicy.reduce_dtype)" if work.fsdp_reduce_bytes
+                              else "param_dtype's (no reduce_dtype: torch reduces in the compute dtype)"),
+        "backend": (cl.backend, "gloo: every collective blocks and a reduce-scatter is an all-reduce"
+                    if cl.backend in BLOCKING_BACKENDS else "NCCL: collectives on streams beside compute")}
+    try:
+        out["fsdp_groups"] = (fsdp.describe_plan(fsdp.fsdp_plan(work.layout, work.fsdp_unit)),
+                              f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then the root")
+    except InputError as err:
+        out["fsdp_groups"] = (None, str(err))
+    for key in ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_backward_no_sync_overhead_s",
+                "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s"):
+        if getattr(comp, key) is not None:
+            out[key] = (getattr(comp, key), comp.origin(key))
+    return out
 
 
 def ddp_setting(res: Resolved, buckets: tuple[Bucket, ...] = ()) -> DdpSetting:
@@ -283,6 +330,12 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     DDP's hooks and what communication slows it), the communication left exposed after backward
     (the tail of the all-reduces and the bucket copies), the optimizer. They add up to the step."""
     k = res.inputs.accumulation_steps
+    if mode in fsdp.FSDP_STRATEGIES:
+        step = fsdp_strategy_step(res, comm, mode)
+        if isinstance(step, str):
+            raise InputError(f"{mode}: {step}")
+        return {"compute": step.compute_s + fsdp_wait_s(res, comm), "exposed_comm": step.exposed_comm_s,
+                "optimizer": step.optimizer_s}
     timeline = ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
     overlap, n = timeline.overlap, _synced(mode, k)
     slowed = overlap.backward_end_s - res.backward_s  # what backward lost to the all-reduces
@@ -294,6 +347,68 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2)
             + straggler_s(res, n),
             "exposed_comm": n * tail, "optimizer": res.optimizer_s}
+
+
+def fsdp_setting(res: Resolved) -> fsdp.FsdpSetting:
+    """The FSDP timeline's inputs: compute split by the backward fraction, MixedPrecisionPolicy's
+    bytes, the backend's blocking and reduce-scatter behaviour, FSDP's measured own work."""
+    work, comp, cl = res.inputs.workload, res.inputs.compute, res.inputs.cluster
+    param_bytes, reduce_bytes = work.fsdp_bytes
+    measured = (comp.fsdp_forward_overhead_s, comp.fsdp_backward_overhead_s, comp.fsdp_backward_no_sync_overhead_s,
+                comp.fsdp_unshard_overhead_s)
+    overhead = None if all(v is None for v in measured) else fsdp.FsdpOverhead(*(v or 0.0 for v in measured))
+    blocking = cl.backend in BLOCKING_BACKENDS
+    return fsdp.FsdpSetting(res.micro_batch_s - res.backward_s, res.backward_s, param_bytes, reduce_bytes,
+                            res.memory_bandwidth_gbps, blocking=blocking, reduce_scatter_as_allreduce=blocking,
+                            overhead=overhead,
+                            compute_slowdown=1.0 if blocking else res.gpu.compute_slowdown,
+                            comm_slowdown=1.0 if blocking else comp.comm_slowdown_during_compute)
+
+
+def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> fsdp.FsdpStep | str:
+    """One FSDP strategy's step (`topoprof.model.fsdp`), or why it does not apply here."""
+    mode, cl, work = fsdp.MODES[name], res.inputs.cluster, res.inputs.workload
+    if cl.world_size == 1:
+        return ONE_GPU_REASON
+    if mode.hsdp and cl.nodes == 1:
+        return fsdp.HSDP_ONE_NODE_REASON
+    try:
+        plan = fsdp.fsdp_plan(work.layout, work.fsdp_unit)
+    except InputError as err:
+        return str(err)
+    setting = fsdp_setting(res)
+    try:
+        if mode.hsdp:
+            shard, replicate = comm.at_shape(1, cl.gpus_per_node), comm.at_shape(cl.nodes, 1)
+        else:
+            shard, replicate = comm, None
+    except LinkUnknown as err:
+        return str(err)
+    coll = fsdp.collective_times(plan, setting, shard, replicate)
+    shards = fsdp.shard_degree(mode, cl.world_size, cl.gpus_per_node)
+    comp = res.inputs.compute
+    t_opt = comp.fsdp_optimizer_time_s if comp.fsdp_optimizer_time_s is not None else res.optimizer_s / shards
+    return fsdp.fsdp_step(plan, setting, coll, mode, res.inputs.accumulation_steps, t_opt)
+
+
+def fsdp_wait_s(res: Resolved, comm: CommModel) -> float:
+    """What an FSDP step waits for its slowest rank beyond its collectives' own: every micro-batch
+    meets the others at its all-gathers, synced or not (W_k). On a blocking backend whose FSDP
+    collectives validate measured between stretches of compute, the wait is in them already."""
+    measured = bool(getattr(comm, "curve", lambda _: ())("all_gather"))
+    if res.inputs.cluster.backend in BLOCKING_BACKENDS and measured:
+        return 0.0
+    return straggler_s(res, res.inputs.accumulation_steps)
+
+
+def fsdp_step_times(res: Resolved, comm: CommModel) -> dict[str, tuple[float, float] | str]:
+    """(step_time_s, comm_exposed_s) per FSDP strategy, with the slowest rank's wait (fsdp_wait_s)."""
+    out: dict[str, tuple[float, float] | str] = {}
+    wait = fsdp_wait_s(res, comm)
+    for name in fsdp.FSDP_STRATEGIES:
+        step = fsdp_strategy_step(res, comm, name)
+        out[name] = step if isinstance(step, str) else (step.step_s + wait, step.exposed_comm_s)
+    return out
 
 
 def dp_comm_s(res: Resolved, comm: CommModel) -> float:
@@ -328,6 +443,7 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
     else:  # DataParallel's reduce onto GPU 0 waits for every GPU's backward, every micro-batch
         d = dp_comm_s(res, comm)
         out["dp"] = (k * (c + d + res.inputs.compute.dp_thread_overhead_s) + w_synced + t_opt, k * d)
+    out.update(fsdp_step_times(res, comm))
     return out
 
 
@@ -338,6 +454,14 @@ FORMULAS = {
     "ddp_no_sync": "k*(c + o) + E + W_1 + T_opt",
     "ddp_no_sync_backward_only": "k*(c + o + E) + W_k + T_opt, the same as ddp_synced",
     "ddp_fp16_compress": "k*(c + o + E_fp16) + W_k + T_opt",
+    # FSDP: F = one micro-batch's timeline (topoprof.model.fsdp): forward and backward compute,
+    # FSDP's own work per group, the collectives it leaves exposed
+    "fsdp_full_shard": "k*F_sync(all-gather in forward and again in backward, reduce-scatter per group) + W_k + T_opt/n",
+    "fsdp_full_shard_no_sync": "(k-1)*F_nosync + F_sync: no reduce-scatter until the last micro-batch; + W_k + T_opt/n",
+    "fsdp_shard_grad_op": "k*F_sync(all-gather in forward only, reduce-scatter per group) + W_k + T_opt/n",
+    "fsdp_shard_grad_op_no_sync": "(k-1)*F_nosync + F_sync, no backward all-gather; + W_k + T_opt/n",
+    "hsdp": "k*F_sync(shard in a node; + all-reduce across nodes per group) + W_k + T_opt/gpus_per_node",
+    "hsdp_no_sync": "(k-1)*F_nosync + F_sync, HSDP; + W_k + T_opt/gpus_per_node",
 }
 ASSUMPTIONS = (
     "gradients become ready in reverse forward order; a tensor's share of backward is its "
@@ -352,6 +476,15 @@ ASSUMPTIONS = (
     "DataParallel: input scatter and the flatten/unflatten copies of broadcast_coalesced and "
     "reduce_add_coalesced not modelled; output gather = dp_output_bytes per GPU; "
     "Python-thread/GIL cost = dp_thread_overhead_s (both 0 unless given)",
+    "FSDP: one group per block and the root with the rest (topoprof.model.fsdp); all-gathers and "
+    "reduce-scatters one at a time in issue order on one process group, all-gathers prefetched one group "
+    "ahead, HSDP's all-reduce on a stream of its own; the root not resharded after forward (torch's default)",
+    "FSDP: the host issues work ahead of the GPU (its hooks' CPU time is not on the GPU's path) unless "
+    "validate measured FSDP's own work per group; buffer copies (all-gather copy-out, reduce-scatter "
+    "copy-in) at memory bandwidth otherwise; per-parameter padding to a multiple of the shard count, the "
+    "no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not modelled",
+    "FSDP on gloo: every collective blocks the host thread and a reduce-scatter is an all-reduce of the "
+    "whole buffer (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced)",
 )
 
 
@@ -450,10 +583,11 @@ def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
     model = memory.MemoryModel(
         work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes, optimizer=_optimizer_name(res.inputs.compute.optimizer),
         world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
-        gradient_as_bucket_view=work.gradient_as_bucket_view, largest_group_params=largest_group_params(work.layout),
-        fsdp_param_bytes=getattr(work, "fsdp_param_bytes", 2), fsdp_reduce_bytes=getattr(work, "fsdp_reduce_bytes", 4),
+        gradient_as_bucket_view=work.gradient_as_bucket_view,
+        largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
+        fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
         activations=activations)
-    measured, basis = _measured_memory(work), "counted"
+    measured, basis = _measured_memory(work, model), "counted"
     if measured is not None:
         model, basis = measured
     out = {}
@@ -469,10 +603,10 @@ def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
     return out
 
 
-def _measured_memory(work: Workload):
-    """The memory model with the bytes one GPU measured per phase in place of the counted ones:
-    weights, gradients and optimizer state as bytes per parameter (so that sharding and DDP's
-    buckets apply to them as to counted ones), the activations as measured."""
+def _measured_memory(work: Workload, counted):
+    """`counted` with the bytes one GPU measured per phase in place of the counted ones: weights,
+    gradients and optimizer state as bytes per parameter (so that sharding and DDP's buckets apply
+    to them as to counted ones), the activations as measured; None without a measurement."""
     from dataclasses import replace as changed
 
     from topoprof.model import memory
@@ -482,10 +616,8 @@ def _measured_memory(work: Workload):
         return None
     n = work.layout.params
     per = lambda key: max(0.0, m[key]) / n  # noqa: E731
-    model = memory.MemoryModel(n, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
-                               optimizer="sgd", activations=max(0.0, m["activations_bytes"]))
-    # the optimizer's state as measured, carried in as "states per parameter byte"
-    model = changed(model, optimizer_state_bytes=per("optimizer_bytes"))
+    model = changed(counted, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
+                    optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]))
     return model, (f"measured on {m['device']} (torch.cuda.memory_allocated before and after each phase of a "
                    f"timed step; its peak {m['peak_bytes'] / memory.GB:.1f} GB)")
 
@@ -496,18 +628,13 @@ def _optimizer_name(name: str) -> str:
     return name if name in OPTIMIZER_STATES else "adamw"
 
 
-def largest_group_params(layout) -> int:
-    """The largest FSDP group's parameters: one group per block (the tensors whose names share a
-    `prefix.N.` block index), the rest in the root group (as `fully_shard` on each block and then
-    on the root groups them)."""
-    import re
-
-    groups: dict[str, int] = {}
-    for t in layout.tensors:
-        match = re.match(r"^(.*?\.\d+)\.", t.name)
-        key = match.group(1) if match else ""
-        groups[key] = groups.get(key, 0) + t.numel
-    return max(groups.values())
+def largest_group_params(layout, unit: str | None = None) -> int:
+    """The largest FSDP group's parameters (`fsdp.fsdp_plan`: one group per block, the rest in
+    the root group); the whole model where no block is found."""
+    try:
+        return max(g.numel for g in fsdp.fsdp_plan(layout, unit).groups)
+    except InputError:
+        return layout.params
 
 
 def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
@@ -576,7 +703,8 @@ def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,
     """The same job on another shape: the comm model re-derived for it (`CommModel.at_shape`)."""
     comm = inputs.cluster.comm.at_shape(nodes, gpus_per_node)
     k = accumulation_steps if accumulation_steps is not None else inputs.accumulation_steps
-    return replace(inputs, cluster=Cluster(comm, nodes, gpus_per_node), accumulation_steps=k)
+    return replace(inputs, cluster=Cluster(comm, nodes, gpus_per_node, backend=inputs.cluster.backend),
+                   accumulation_steps=k)
 
 
 def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),

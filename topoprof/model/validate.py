@@ -5,7 +5,8 @@ interpolates), then rotations (probes/validation.py) in which every rank's calib
 per micro-batch alone and through DDP's hooks, the optimizer), one step of each DDP mode with its
 timeline, each bucket's all-reduce alone and the interference between compute and communication
 are measured in turns, so that a drifting machine moves inputs and steps together; then the
-numerics check. Every mode is predicted from the measured inputs (`topoprof.model.rotations`
+numerics check. FSDP2's modes join the rotations when asked for (`--modes`, or `all`), with the
+inputs their timeline needs (topoprof.model.fsdp). Every mode is predicted from the measured inputs (`topoprof.model.rotations`
 says which statistic of each), with a range from their spread, and compared with what it measured,
 part by part: compute, exposed communication, optimizer, the rest.
 """
@@ -18,10 +19,15 @@ import statistics
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
+from topoprof.model.fsdp import FSDP_ONE_NODE, FSDP_STRATEGIES
 from topoprof.model.presets import Layout
 from topoprof.model.synthetic import SyntheticSpec
 
 DDP_MODES = ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only")
+# `--modes all`: every mode these ranks run in one launch (dp, one process over the GPUs, is asked
+# for by name)
+ALL_MODES = DDP_MODES + FSDP_ONE_NODE
+VALID_MODES = ALL_MODES + ("dp",)
 # Sizes for the fit: the model all-reduces buckets from a few KiB (tiny models) up to 25 MiB.
 FIT_SIZES = tuple(4096 * 2 ** i for i in range(13))  # 4 KiB .. 16 MiB, every power of two
 
@@ -60,9 +66,29 @@ class ValidateOptions:
         for name, value in (("--micro-batch", self.micro_batch), ("--accum", self.accum), ("--steps", self.steps)):
             if value < 1:
                 raise InputError(f"{name} {value}: must be >= 1")
-        unknown = [m for m in self.modes if m not in DDP_MODES + ("dp",)]
+        hsdp = [m for m in self.modes if m in FSDP_STRATEGIES and m not in FSDP_ONE_NODE]
+        if hsdp:
+            raise InputError(f"--modes {','.join(hsdp)}: HSDP replicates across nodes and validate runs its "
+                             "FSDP modes on one node (use fsdp_full_shard)")
+        unknown = [m for m in self.modes if m not in VALID_MODES]
         if unknown:
-            raise InputError(f"--modes {','.join(unknown)}: valid modes are {', '.join(DDP_MODES + ('dp',))}")
+            raise InputError(f"--modes {','.join(unknown)}: valid modes are all, {', '.join(VALID_MODES)}")
+        fsdp = [m for m in self.modes if m in FSDP_ONE_NODE]
+        if fsdp and self.user_model:
+            raise InputError(f"--modes {','.join(fsdp)}: FSDP wraps the synthetic model's blocks; wrapping a "
+                             "--model's modules is not supported")
+        if not self.modes:
+            raise InputError("--modes: give at least one mode")
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """`--modes`: a comma list; `all` stands for ALL_MODES."""
+    out: list[str] = []
+    for mode in (m.strip() for m in text.split(",")):
+        for m in (ALL_MODES if mode == "all" else (mode,) if mode else ()):
+            if m not in out:
+                out.append(m)
+    return tuple(out)
 
 
 def cpu_threads_per_rank(nproc: int) -> int:
@@ -86,7 +112,8 @@ def phases(opts: ValidateOptions) -> list[dict]:
            {"name": "rotations", "worker": "validation", "config": {**_train(opts, "ddp_synced"), "modes": ddp}}]
     if opts.numerics and not opts.user_model:  # the numerics check trains the synthetic model
         out.append({"name": "numerics", "worker": "training",
-                    "config": {**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0}})
+                    "config": {**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0,
+                               "fsdp_modes": [m for m in opts.modes if m in FSDP_ONE_NODE]}})
     return out
 
 
@@ -154,7 +181,7 @@ def predict(opts: ValidateOptions, result: ValidateResult) -> None:
     if not msg or not msg.get("rotations"):
         return
     rotations = msg["rotations"]
-    result.calibration = _calibration_payload(rot.calibration(rotations), msg, len(opts.layout.tensors))
+    result.calibration = _calibration_payload(rot.calibration(rotations), msg, len(opts.layout.tensors), opts.layout)
     per_rotation = [_inputs(opts, result, [r], rotations) for r in rotations]
     for mode in msg["modes"]:
         measured = rot.measured_mode(rotations, mode)
@@ -182,7 +209,27 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
     return {"ddp_copy_bandwidth_gbps": traffic / copies_s / 1e9}
 
 
-def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None) -> dict:
+def _fsdp_per_group(cal: dict, layout: Layout | None) -> dict:
+    """FSDP's measured own work per micro-batch (`rotations.fsdp_costs`) as the model takes it: per
+    group (forward, backward synced and under no_sync) and per all-gather in backward."""
+    from topoprof.model.fsdp import fsdp_plan
+
+    if layout is None or "fsdp_forward_cost_s" not in cal:
+        return {}
+    plan = fsdp_plan(layout)
+    groups = sum(1 for g in plan.groups if g.numel)
+    resharded = sum(1 for g in plan.groups[:-1] if g.numel)  # the blocks (the root is not)
+    out = {}
+    for key, name, per in (("fsdp_forward_cost_s", "fsdp_forward_overhead_s", groups),
+                           ("fsdp_backward_cost_s", "fsdp_backward_overhead_s", groups),
+                           ("fsdp_backward_no_sync_cost_s", "fsdp_backward_no_sync_overhead_s", groups),
+                           ("fsdp_unshard_cost_s", "fsdp_unshard_overhead_s", resharded)):
+        if key in cal and per:
+            out[name] = max(0.0, cal[key].value) / per
+    return out
+
+
+def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None, layout: Layout | None = None) -> dict:
     """The inputs as the model and `model --calibration` take them, their spreads, and the setup."""
     from topoprof.model import rotations as rot
 
@@ -195,6 +242,9 @@ def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None) -> di
     copies = cal.get("ddp_copies_s")
     if copies is not None and copies.value > 0 and msg.get("params"):
         out.update(_copy_costs(copies.value, msg, tensors))
+    out.update(_fsdp_per_group(cal, layout))
+    if "fsdp_optimizer_time_s" in cal:
+        out["fsdp_optimizer_time_s"] = cal["fsdp_optimizer_time_s"].value
     spread_of_ranks = rot.rank_spread(msg["rotations"])
     if spread_of_ranks is not None:  # the slowest rank's wait, carried to other world sizes
         out.update(spread_of_ranks)
@@ -204,6 +254,8 @@ def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None) -> di
     out["comm_slowdown_by_size"] = [[size, max(1.0, s.value)] for size, s in by_size]
     out["spread"] = {k: dataclasses.asdict(v) for k, v in cal.items()}
     out["spread"].update({f"comm_slowdown_at_{size}_bytes": dataclasses.asdict(s) for size, s in by_size})
+    out["spread"].update({f"fsdp_{kind}_at_{size}_bytes": dataclasses.asdict(s)
+                          for kind, size, s in rot.fsdp_points(msg["rotations"])})
     out.update({k: msg.get(k) for k in ("micro_batch", "accum", "params", "tokens_per_micro_batch", "threads")})
     out["rotations"] = len(msg["rotations"])
     out["combine"] = ("compute and optimizer: the slower rank's, per rotation its median plus the run's "
@@ -223,27 +275,41 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     from topoprof.model.strategies import Cluster, ModelInputs, Workload
 
     values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations},
-                                  len(opts.layout.tensors))
+                                  len(opts.layout.tensors), opts.layout)
     values["comm_slowdown_by_size"] = tuple(tuple(p) for p in values["comm_slowdown_by_size"])
     compute = Compute.from_calibration({k: values[k] for k in CALIBRATION_KEYS if values.get(k) is not None},
                                        optimizer="adamw")
     job_rows = [r for r in result.bench_rows if r.level == "job"]
     bucket_rows = [{"collective": "all_reduce", "size_bytes": size, "wrong": 0, "time_us": s.value * 1e6}
                    for size, s in rot.allreduce_points(rotations)]
+    # FSDP's all-gathers and reduce-scatters alone at its groups' sizes, measured in the rotations
+    bucket_rows += [{"collective": kind, "size_bytes": size, "wrong": 0, "time_us": s.value * 1e6}
+                    for kind, size, s in rot.fsdp_points(_neighbours(rotations, run))]
     comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
                          "all-reduce measured on these ranks (bucket sizes in the rotations)")
     workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.tokens_per_micro_batch)
-    return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc),
+    return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc, backend=opts.backend),
                        accumulation_steps=opts.accum)
+
+
+def _neighbours(rotations: list, run: list | None) -> list:
+    """A single rotation with the rotations beside it in the run, for what it measured of FSDP's
+    collectives: one rotation's couple of hundred leave their mean within about 15 % (the slow
+    ones are rare and long), three within about 9 %, and the rate of slow ones drifts over tens of
+    seconds, not over the few seconds of a rotation."""
+    if run is None or len(rotations) != 1:
+        return rotations
+    i = next((k for k, r in enumerate(run) if r is rotations[0]), None)
+    return rotations if i is None else run[max(0, i - 1): i + 2]
 
 
 def _merged(bench_rows, bucket_rows) -> list[dict]:
     """The bench curve, with each bucket size as the rotations measured it (closer in time to the
     steps than the sweep before them)."""
-    sizes = {r["size_bytes"] for r in bucket_rows}
+    sizes = {(r["collective"], r["size_bytes"]) for r in bucket_rows}
     kept = [{"collective": r.collective, "size_bytes": r.size_bytes, "wrong": r.wrong, "time_us": r.time_us}
-            for r in bench_rows if r.collective == "all_reduce" and r.size_bytes not in sizes]
+            for r in bench_rows if (r.collective, r.size_bytes) not in sizes]
     return kept + bucket_rows
 
 

@@ -332,11 +332,13 @@ def _validation(report: dict) -> list[str]:
         out += ["The model's inputs, measured in every rotation (value used, interquartile range, samples):", ""]
         out += _table(["input", "value", "quartiles", "n"], calibration) + [""]
     num = val.get("numerics") or {}
-    if num:
-        agree = all(num[m]["allclose"] for m in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only") if m in num)
-        worst = max(num[m]["max_abs_diff_vs_single"] for m in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only") if m in num)
-        out += [f"Numerics: after one optimizer step on the same global batch, `ddp_synced`, `ddp_no_sync` and "
-                f"`ddp_no_sync_backward_only` {'agree with' if agree else 'DIFFER from'} one process accumulating "
+    checked = [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]
+    if checked:
+        agree = all(num[m]["allclose"] for m in checked)
+        worst = max(num[m]["max_abs_diff_vs_single"] for m in checked)
+        names = ", ".join(f"`{m}`" for m in checked)
+        out += [f"Numerics: after one optimizer step on the same global batch, {names} "
+                f"{'agree with' if agree else 'DIFFER from'} one process accumulating "
                 f"the whole batch (max |diff| {worst:.1e}, {num.get('dtype')}).", ""]
     return out + _chart(report, "pred_vs_measured", "predicted vs measured step time")
 

@@ -47,11 +47,37 @@ def _strategy_rows(payload: dict) -> list[str]:
              f"{'memory GB':>11}  range (step ms)"]
     strategies = payload["strategies"]
     reasons = [s.get("reason") for s in strategies.values() if s.get("step_time_s") is None]
-    if len(reasons) > 1 and len(set(reasons)) == 1:  # e.g. one GPU: say it once, not per row
+    if len(reasons) > 1 and len(set(reasons)) == 1 and len(reasons) == len(strategies) - 1:
+        # e.g. one GPU: every strategy but `single` for one reason; say it once, not per row
         names = [name for name, s in strategies.items() if s.get("step_time_s") is None]
         lines += [_strategy_row(name, s) for name, s in strategies.items() if s.get("step_time_s") is not None]
         return lines + [f"{', '.join(names)}: n/a ({reasons[0]})"]
-    return lines + [_strategy_row(name, s) for name, s in strategies.items()]
+    ddp = {n: s for n, s in strategies.items() if not n.startswith(("fsdp_", "hsdp"))}
+    fsdp = {n: s for n, s in strategies.items() if n not in ddp}
+    lines += _section(ddp)
+    if fsdp:
+        lines += [_fsdp_heading(payload)] + _section(fsdp)
+    return lines
+
+
+def _section(strategies: dict) -> list[str]:
+    """Rows; the ones that do not apply for one same reason as one line."""
+    reasons = [s.get("reason") for s in strategies.values() if s.get("step_time_s") is None]
+    if len(reasons) > 1 and len(set(reasons)) == 1:
+        names = [name for name, s in strategies.items() if s.get("step_time_s") is None]
+        return ([_strategy_row(name, s) for name, s in strategies.items() if s.get("step_time_s") is not None]
+                + [f"{', '.join(names)}: n/a ({reasons[0]})"])
+    return [_strategy_row(name, s) for name, s in strategies.items()]
+
+
+def _fsdp_heading(payload: dict) -> str:
+    """FSDP2's rows under a line saying how the model is wrapped and what its collectives move."""
+    inputs = payload["inputs"]
+    groups = (inputs.get("fsdp_groups") or {}).get("value") or {}
+    param = (inputs.get("fsdp_param_bytes") or {}).get("value")
+    reduce = (inputs.get("fsdp_reduce_bytes") or {}).get("value")
+    dtypes = f"; all-gather {param} B per parameter, reduce-scatter {reduce} B per gradient" if param else ""
+    return f"FSDP2 (fully_shard: {groups.get('grouping', 'groups unknown')}{dtypes}):"
 
 
 def _memory_text(s: dict) -> str:

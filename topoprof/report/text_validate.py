@@ -8,6 +8,11 @@ INPUTS = (("micro_batch_time_s", "forward+backward per micro-batch", "ms"),
           ("ddp_overhead_s", "+ through DDP's hooks (no_sync)", "ms"),
           ("ddp_copies_s", "+ DDP's bucket copies (synced)", "ms"),
           ("optimizer_time_s", "optimizer step", "ms"),
+          ("fsdp_forward_cost_s", "+ through FSDP, forward (no comm)", "ms"),
+          ("fsdp_backward_cost_s", "+ through FSDP, backward synced", "ms"),
+          ("fsdp_backward_no_sync_cost_s", "+ through FSDP, backward no_sync", "ms"),
+          ("fsdp_unshard_cost_s", "+ FSDP's all-gathers in backward", "ms"),
+          ("fsdp_optimizer_time_s", "optimizer step on FSDP's shards", "ms"),
           ("compute_slowdown_during_comm", "compute slowdown beside an all-reduce", "x"),
           ("comm_slowdown_during_compute", "all-reduce slowdown beside compute", "x"))
 
@@ -22,9 +27,11 @@ def calibration_lines(cal: dict) -> list[str]:
     rows = [(spread.get(key), label, unit) for key, label, unit in INPUTS if key != "comm_slowdown_during_compute"]
     rows += [(s, f"all-reduce of {_size(key)} beside compute", "x") for key, s in spread.items()
              if key.startswith("comm_slowdown_at_")]
+    rows += [(s, f"FSDP {key.split('_at_')[0][5:].replace('_', '-')} of {_size(key)} between compute", "ms")
+             for key, s in spread.items() if key.startswith("fsdp_") and "_at_" in key]
     for s, label, unit in rows:
         if s:
-            out.append(f"  {label:<40} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
+            out.append(f"  {label:<48} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
                        f"{_value(s['p75'], unit)}, n = {s['n']}")
     return out
 
@@ -84,7 +91,7 @@ def render_validate(payload: dict) -> str:
     if num:
         out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
                     "vs one process accumulating the whole batch:"]
-        for mode in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"):
+        for mode in [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]:
             if mode in num:
                 ok = "agree" if num[mode]["allclose"] else "DIFFER"
                 out.append(f"  {mode:<28} max |diff| {num[mode]['max_abs_diff_vs_single']:.2e}  {ok}")

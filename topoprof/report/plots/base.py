@@ -21,6 +21,12 @@ STRATEGY_COLORS = {
     "ddp_no_sync": "#2ca02c",
     "ddp_no_sync_backward_only": "#17becf",
     "ddp_fp16_compress": "#9467bd",
+    "fsdp_full_shard": "#d62728",
+    "fsdp_full_shard_no_sync": "#e377c2",
+    "fsdp_shard_grad_op": "#8c564b",
+    "fsdp_shard_grad_op_no_sync": "#bcbd22",
+    "hsdp": "#7f7f7f",
+    "hsdp_no_sync": "#aec7e8",
 }
 STRATEGY_MARKERS = {
     "single": "s",
@@ -29,9 +35,17 @@ STRATEGY_MARKERS = {
     "ddp_no_sync": "^",
     "ddp_no_sync_backward_only": "x",
     "ddp_fp16_compress": "D",
+    "fsdp_full_shard": "P",
+    "fsdp_full_shard_no_sync": "*",
+    "fsdp_shard_grad_op": "p",
+    "fsdp_shard_grad_op_no_sync": "h",
+    "hsdp": "<",
+    "hsdp_no_sync": ">",
 }
 # ddp_no_sync_backward_only equals ddp_synced by design: dashed so both lines stay visible.
-STRATEGY_LINESTYLES = {"ddp_no_sync_backward_only": (0, (5, 3))}
+STRATEGY_LINESTYLES = {"ddp_no_sync_backward_only": (0, (5, 3)), "fsdp_full_shard": (0, (1, 1)),
+                       "fsdp_full_shard_no_sync": (0, (1, 1)), "fsdp_shard_grad_op": (0, (1, 1)),
+                       "fsdp_shard_grad_op_no_sync": (0, (1, 1)), "hsdp": (0, (1, 1)), "hsdp_no_sync": (0, (1, 1))}
 
 COLLECTIVE_COLORS = {
     "all_reduce": "#1f77b4",

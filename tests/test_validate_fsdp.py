@@ -1,0 +1,138 @@
+"""`topoprof validate` with FSDP2's modes on 2 gloo ranks: each mode measured with its timeline and
+predicted, the inputs the FSDP timeline needs, the numerics, and the modes refused."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from topoprof.errors import InputError
+from topoprof.model.validate import ALL_MODES, DDP_MODES, parse_modes
+
+FSDP = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync")
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    cal = tmp_path_factory.mktemp("cal") / "calibration.json"
+    proc = _cli("validate", "--backend", "gloo", "--params", "60K", "--seq-len", "16", "--micro-batch", "2",
+                "--accum", "3", "--steps", "2", "--warmup-steps", "1", "--modes", ",".join(FSDP),
+                "--save-calibration", str(cal), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), cal
+
+
+@pytest.mark.slow
+def test_every_fsdp_mode_is_measured_and_predicted(fsdp_run):
+    doc, _ = fsdp_run
+    assert doc["status"] == "ok" and set(doc["modes"]) == set(FSDP)
+    for mode, m in doc["modes"].items():
+        assert m["measured_step_s"] > 0 and m["predicted_step_s"] > 0, mode
+        measured, predicted = m["parts"]["measured"], m["parts"]["predicted"]
+        assert set(measured) == set(predicted) == {"compute", "exposed_comm", "optimizer", "other"}
+        assert any(sum(measured.values()) == pytest.approx(s) for s in m["per_rotation"]["measured_s"])
+        assert 90.0 < m["measured_parts_cover_pct"] <= 100.0
+        # gloo blocks on every collective: all of it is exposed, in the step and in the model
+        assert measured["exposed_comm"] > 0 and predicted["exposed_comm"] > 0
+    # from the same rotation's inputs, the no_sync twins reduce once instead of K = 3 times
+    for synced, quiet in (("fsdp_full_shard", "fsdp_full_shard_no_sync"),
+                          ("fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync")):
+        a, b = (doc["modes"][m]["per_rotation"]["predicted_s"] for m in (quiet, synced))
+        assert all(x < y for x, y in zip(a, b))
+
+
+@pytest.mark.slow
+def test_each_fsdp_step_has_its_timeline_and_the_inputs_it_needs(fsdp_run):
+    doc, _ = fsdp_run
+    rotation = doc["rotations"]["rotations"][0]
+    step = rotation[0]["modes"]["fsdp_full_shard"]
+    assert len(step["micro"]) == 3
+    kinds = [c[0] for c in step["micro"][0]["collectives"]]
+    # the synthetic model's blocks and its root: every group all-gathered in forward, the blocks
+    # again in backward, every group reduce-scattered
+    groups = kinds.count("reduce_scatter")
+    assert kinds.count("all_gather") == 2 * groups - 1 and kinds[0] == "all_gather" and kinds[-1] == "reduce_scatter"
+    for mb in step["micro"]:
+        for _, _, start, end in mb["collectives"]:
+            assert mb["forward"][0] <= start <= end <= mb["backward"][1]
+    quiet = rotation[0]["modes"]["fsdp_full_shard_no_sync"]["micro"]
+    assert [sum(c[0] == "reduce_scatter" for c in mb["collectives"]) for mb in quiet] == [0, 0, groups]
+    zero2 = rotation[0]["modes"]["fsdp_shard_grad_op"]["micro"][0]["collectives"]
+    assert sum(c[0] == "all_gather" for c in zero2) == groups  # no all-gather again in backward
+    cal = doc["calibration"]
+    for name in ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_optimizer_time_s"):
+        assert cal[name] >= 0, name
+    spread = cal["spread"]
+    assert any(k.startswith("fsdp_all_gather_at_") for k in spread)
+    assert any(k.startswith("fsdp_reduce_scatter_at_") for k in spread)
+
+
+@pytest.mark.slow
+def test_fsdp_numerics_equal_one_process_accumulating(fsdp_run):
+    doc, _ = fsdp_run
+    num = doc["numerics"]
+    for mode in FSDP:
+        assert num[mode]["allclose"] and num[mode]["max_abs_diff_vs_single"] < 1e-9, mode
+    assert not num["control_single_not_divided_by_k"]["allclose"]
+
+
+@pytest.mark.slow
+def test_fsdp_calibration_feeds_model(fsdp_run):
+    _, cal = fsdp_run
+    saved = json.loads(cal.read_text())["calibration"]
+    assert saved["fsdp_forward_overhead_s"] >= 0
+    proc = _cli("model", "--params", "60K", "--calibration", str(cal), "--link-bandwidth", "1",
+                "--world-size", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert "calibration" in doc["inputs"]["fsdp_forward_overhead_s"]["source"]
+    assert doc["strategies"]["fsdp_full_shard"]["step_time_s"] > 0
+
+
+def test_modes_all_and_what_is_refused():
+    assert parse_modes("all") == ALL_MODES and set(DDP_MODES) | set(FSDP) == set(ALL_MODES)
+    assert parse_modes("ddp_synced, all") == ALL_MODES
+    proc = _cli("validate", "--modes", "hsdp", "--backend", "gloo")
+    assert proc.returncode == 2 and "--modes hsdp" in proc.stderr and "across nodes" in proc.stderr
+    proc = _cli("validate", "--modes", "fsdp_nonsense", "--backend", "gloo")
+    assert proc.returncode == 2 and "--modes fsdp_nonsense" in proc.stderr
+    from topoprof.model.synthetic import spec_for_params
+    from topoprof.model.validate import ValidateOptions
+
+    with pytest.raises(InputError, match="--modes fsdp_full_shard"):
+        ValidateOptions(backend="gloo", nproc=2, spec=spec_for_params(60_000), label="x", modes=("fsdp_full_shard",),
+                        user_model="tests/fixtures/user_models/tied.py:build_1m")
+
+
+def test_gloo_reduce_scatter_is_an_all_reduce_inside():
+    """The fact the stand-in's model prices: gloo runs a reduce-scatter as one all-reduce of the
+    whole buffer (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced), seen by the profiler."""
+    code = """
+import os, torch, torch.distributed as dist
+from torch.profiler import profile
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=2)
+out, inp = torch.zeros(2), torch.arange(4, dtype=torch.float32)
+with profile() as p:
+    dist.reduce_scatter_tensor(out, inp)
+names = {e.name for e in p.events()}
+print("gloo:all_reduce" in names, "gloo:reduce_scatter" in names)
+dist.destroy_process_group()
+"""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RANK": str(r), "PORT": port},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert outs[0][0].split()[-2:] == ["True", "False"]
