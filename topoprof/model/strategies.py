@@ -656,7 +656,10 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
         out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
                                    FORMULAS[name])
     memory = memory_by_strategy(res, [n for n, r in out.items() if isinstance(r, StrategyResult)])
-    return {n: replace(r, memory=memory.get(n)) if isinstance(r, StrategyResult) else r for n, r in out.items()}
+    # nothing is ranked against a strategy that does not fit
+    unranked = getattr(memory.get("ddp_synced"), "fits", None) is False
+    return {n: replace(r, memory=memory.get(n), **({"speedup_vs_ddp_synced": None} if unranked else {}))
+            if isinstance(r, StrategyResult) else r for n, r in out.items()}
 
 
 def _with_memory_echo(res: Resolved) -> Resolved:

@@ -269,8 +269,10 @@ def _fixed_rows(fixed: dict) -> list[str]:
 
 
 def render_model(payload: dict) -> str:
-    out = (_header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _no_sync_rows(payload)
-           + _hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload))
+    ddp_fits = ((payload["strategies"].get("ddp_synced") or {}).get("memory") or {}).get("fits") is not False
+    ddp = (_hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload) if ddp_fits
+           else ["", "DDP does not fit on these GPUs: where its cost goes is left out."])
+    out = _header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _no_sync_rows(payload) + ddp
     if "sweep" in payload:
         out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
     if payload["warnings"]:
