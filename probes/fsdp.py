@@ -207,10 +207,12 @@ def padded_numel(module, world_size: int) -> int:
                for p in module.parameters())
 
 
-def _spin(seconds: float) -> None:
+def _hold(seconds: float, source, target) -> None:
+    """This rank's core busy for `seconds` the way FSDP's own work keeps it: copying a group's
+    buffer (its all-gather copy-in and copy-out, its reduce-scatter copy-in), over and over."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        pass
+        target.copy_(source)
 
 
 def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: int, device: str,
@@ -219,9 +221,10 @@ def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: i
     issued where FSDP issues them, of the sizes FSDP gives them, but nothing of FSDP itself: an
     all-gather before the root's forward and each block's, again before each block's backward
     (`reshard`), a reduce-scatter after each block's backward and the root's after all of it.
-    Before each, this rank holds its core for `hold` (forward, backward) seconds: FSDP's own work
-    per collective as this rank's calibration just measured it, so that the stretches between
-    the collectives are as long as a step's. What the collectives cost there, on a blocking
+    Before each, this rank holds its core for `hold` (forward, backward) seconds, FSDP's own work
+    per collective as this rank's calibration just measured it, copying a buffer of the group's
+    size as that work mostly does: the stretches between the collectives are as long as a
+    step's, and leave the caches as a step's do. What the collectives cost there, on a blocking
     backend, is what a step pays: the transfer, the wait for the other ranks' compute, the
     wake-ups; measured just before each step, in the state the step meets. Returns the compute
     (the pass less its collectives) and each collective's time:
@@ -231,8 +234,12 @@ def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: i
     events: list = []
     phase = {"backward": False}
 
+    scratch: dict[int, tuple] = {}
+
     def collective(kind: str, numel: int) -> None:
-        _spin(hold[1] if phase["backward"] else hold[0])
+        if numel not in scratch:
+            scratch[numel] = (torch.zeros(numel, device=device), torch.zeros(numel, device=device))
+        _hold(hold[1] if phase["backward"] else hold[0], *scratch[numel])
         whole = torch.empty(numel, dtype=torch.float32, device=device)  # fresh, as FSDP allocates
         part = torch.empty(numel // world_size, dtype=torch.float32, device=device)
         t0 = time.perf_counter()
