@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from probes import training
 from topoprof.model.fsdp import FSDP_ONE_NODE, MODES
 
 # The wrappings the modes need: reshard_after_forward of the blocks.
@@ -132,30 +133,17 @@ def step(model, optimizer, batches, no_sync: bool, clock: CommClock, sync, loss_
     zero_grad; per micro-batch forward, backward and every collective, launched and returned;
     the optimizer."""
     accum = len(batches)
-    t0 = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    sync()
-    zero_end = time.perf_counter()
-    micro = []
-    for j, tokens in enumerate(batches):
+
+    def micro_batch(j: int, tokens, t0: float) -> dict:
         model.set_requires_gradient_sync(not no_sync or j == accum - 1)
         clock.events.clear()
-        start = time.perf_counter()
-        loss = loss_of(model, tokens) / accum
-        sync()
-        mid = time.perf_counter()
-        loss.backward()
-        sync()
-        end = time.perf_counter()
-        micro.append({"forward": [start - t0, mid - t0], "backward": [mid - t0, end - t0],
-                      "collectives": [[kind, n, a - t0, b - t0] for kind, n, a, b in clock.events]})
-    opt_start = time.perf_counter()
-    optimizer.step()
-    sync()
-    stop = time.perf_counter()
-    model.set_requires_gradient_sync(True)
-    return {"t0": t0, "step_s": stop - t0, "zero_grad": [0.0, zero_end - t0], "micro": micro,
-            "optimizer": [opt_start - t0, stop - t0]}
+        spans = training.forward_backward(lambda: loss_of(model, tokens) / accum, sync, t0)
+        return {**spans, "collectives": [[kind, n, a - t0, b - t0] for kind, n, a, b in clock.events]}
+
+    try:
+        return training.timed_step(optimizer, batches, sync, micro_batch)
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _timed_pass(model, tokens, sync, loss_of, accum: int, clock: CommClock) -> list[float]:
@@ -164,15 +152,11 @@ def _timed_pass(model, tokens, sync, loss_of, accum: int, clock: CommClock) -> l
     clock.events.clear()
     sync()
     t0 = time.perf_counter()
-    loss = loss_of(model, tokens) / accum
-    sync()
-    t1 = time.perf_counter()
-    loss.backward()
-    sync()
-    t2 = time.perf_counter()
-    forward = [end - start for _, _, start, end in clock.events if end <= t1]
-    backward = [end - start for _, _, start, end in clock.events if end > t1]
-    return [t1 - t0, t2 - t1, sum(forward), sum(backward), len(forward), len(backward)]
+    spans = training.forward_backward(lambda: loss_of(model, tokens) / accum, sync, t0)
+    (start, mid), (_, stop) = spans["forward"], spans["backward"]
+    forward = [end - begin for _, _, begin, end in clock.events if end <= t0 + mid]
+    backward = [end - begin for _, _, begin, end in clock.events if end > t0 + mid]
+    return [mid - start, stop - mid, sum(forward), sum(backward), len(forward), len(backward)]
 
 
 def calibration(copies: dict, tokens, accum: int, clock: CommClock, sync, loss_of) -> dict:

@@ -135,6 +135,37 @@ def mean_loss(module, tokens):
     return module(tokens).mean()
 
 
+def forward_backward(loss, sync, t0: float, backward_context=contextlib.nullcontext) -> dict:
+    """One micro-batch: `loss()` (its forward), then its backward inside `backward_context()`;
+    each phase's [start, end] in seconds from `t0`, every boundary synchronised."""
+    start = time.perf_counter()
+    value = loss()
+    sync()
+    mid = time.perf_counter()
+    with backward_context():
+        value.backward()
+    sync()
+    end = time.perf_counter()
+    return {"forward": [start - t0, mid - t0], "backward": [mid - t0, end - t0]}
+
+
+def timed_step(optimizer, batches, sync, micro_batch) -> dict:
+    """One optimizer step with its timeline, in seconds from its start `t0`: zero_grad, then
+    `micro_batch(j, tokens, t0)` for each micro-batch (its record: `forward_backward`'s spans and
+    whatever it adds), then the optimizer."""
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    sync()
+    zero_end = time.perf_counter()
+    micro = [micro_batch(j, tokens, t0) for j, tokens in enumerate(batches)]
+    opt_start = time.perf_counter()
+    optimizer.step()
+    sync()
+    stop = time.perf_counter()
+    return {"t0": t0, "step_s": stop - t0, "zero_grad": [0.0, zero_end - t0], "micro": micro,
+            "optimizer": [opt_start - t0, stop - t0]}
+
+
 def timed_passes(module, batches, sync, loss_of=mean_loss) -> tuple[list[float], list[float]]:
     """Forward and backward times of every micro-batch through `module`, loss / len(batches)
     (no optimizer)."""

@@ -33,6 +33,7 @@ rank's records per rotation.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -92,41 +93,18 @@ def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sy
     """One optimizer step of `mode` with its timeline."""
     accum = len(batches)
     clock.numel.clear()  # this step's buckets only (DDP rebuilds them after its first iteration)
-    t0 = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    sync()
-    zero_end = time.perf_counter()
-    micro = []
-    for j, tokens in enumerate(batches):
+
+    def micro_batch(j: int, tokens, t0: float) -> dict:
         clock.events.clear()
-        start = time.perf_counter()
-        if mode == "ddp_no_sync" and j < accum - 1:
-            with ddp.no_sync():
-                loss = loss_of(ddp, tokens) / accum
-                sync()
-                mid = time.perf_counter()
-                loss.backward()
-        elif mode == "ddp_no_sync_backward_only" and j < accum - 1:
-            loss = loss_of(ddp, tokens) / accum
-            sync()
-            mid = time.perf_counter()
-            with ddp.no_sync():
-                loss.backward()
-        else:
-            loss = loss_of(ddp, tokens) / accum
-            sync()
-            mid = time.perf_counter()
-            loss.backward()
-        sync()
-        end = time.perf_counter()
-        buckets = sorted((i, n, a - t0, b - t0) for i, n, a, b in clock.events)
-        micro.append({"forward": [start - t0, mid - t0], "backward": [mid - t0, end - t0], "buckets": buckets})
-    opt_start = time.perf_counter()
-    optimizer.step()
-    sync()
-    stop = time.perf_counter()
-    return {"t0": t0, "step_s": stop - t0, "zero_grad": [0.0, zero_end - t0], "micro": micro,
-            "optimizer": [opt_start - t0, stop - t0]}
+        skip = j < accum - 1  # every micro-batch but the last may skip the all-reduce
+        # ddp_no_sync: no_sync() around forward and backward; the common mistake: backward only
+        around = ddp.no_sync if mode == "ddp_no_sync" and skip else contextlib.nullcontext
+        backward = ddp.no_sync if mode == "ddp_no_sync_backward_only" and skip else contextlib.nullcontext
+        with around():
+            spans = training.forward_backward(lambda: loss_of(ddp, tokens) / accum, sync, t0, backward)
+        return {**spans, "buckets": sorted((i, n, a - t0, b - t0) for i, n, a, b in clock.events)}
+
+    return training.timed_step(optimizer, batches, sync, micro_batch)
 
 
 def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock, ddp_first: bool,
