@@ -41,7 +41,8 @@ HOST_OPS = 2000
 CONV_OPS = 200
 
 
-def _fastest(fn, repeats: int) -> float:
+def fastest(fn, repeats: int) -> float:
+    """The fastest of `repeats` calls of `fn`, after one to warm up."""
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -54,13 +55,13 @@ def _fastest(fn, repeats: int) -> float:
 def measure_cpu_costs(repeats: int = 5) -> dict:
     a, b = torch.randn(GEMM_N, GEMM_N), torch.randn(GEMM_N, GEMM_N)
     out = torch.empty(GEMM_N, GEMM_N)
-    gemm_s = _fastest(lambda: torch.mm(a, b, out=out), repeats)
+    gemm_s = fastest(lambda: torch.mm(a, b, out=out), repeats)
     n = STREAM_BYTES // 4
     copies, pages = [], []
     for _ in range(repeats):  # each pair of buffers where the allocator places it
         src, dst = torch.ones(n), torch.empty(n)
-        copies.append(_fastest(lambda: dst.copy_(src), 2))
-        pages.append(_fastest(lambda: torch.empty(n).fill_(1.0), 2) - _fastest(lambda: dst.fill_(1.0), 2))
+        copies.append(fastest(lambda: dst.copy_(src), 2))
+        pages.append(fastest(lambda: torch.empty(n).fill_(1.0), 2) - fastest(lambda: dst.fill_(1.0), 2))
         del src, dst
     copy_s, fresh_s = statistics.median(copies), statistics.median(pages)
     x = torch.ones(1, requires_grad=True)
@@ -79,7 +80,7 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
         z.backward()
         return time.perf_counter() - t0
 
-    forward_s = _fastest(forward_ops, repeats) / HOST_OPS
+    forward_s = fastest(forward_ops, repeats) / HOST_OPS
     chain_backward()
     backward_s = min(chain_backward() for _ in range(repeats)) / HOST_OPS
     conv = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
@@ -97,7 +98,7 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
         z.sum().backward()
         return time.perf_counter() - t0
 
-    conv_forward_s = _fastest(conv_forward, repeats) / CONV_OPS
+    conv_forward_s = fastest(conv_forward, repeats) / CONV_OPS
     conv_chain_backward()
     conv_backward_s = min(conv_chain_backward() for _ in range(repeats)) / CONV_OPS
     threads = torch.get_num_threads()

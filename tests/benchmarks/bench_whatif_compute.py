@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -53,6 +52,7 @@ OUTSIDE = [
 
 
 def measured_s(preset: str, kwargs: dict) -> float:
+    from probes.device_costs import fastest
     from probes.preset_models import build
     from probes.user_model import user_loss
 
@@ -62,13 +62,7 @@ def measured_s(preset: str, kwargs: dict) -> float:
         module.zero_grad(set_to_none=True)
         user_loss(module, batch, loss_fn).backward()
 
-    step()
-    best = float("inf")
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return fastest(step, REPEATS)
 
 
 def traced(preset: str, kwargs: dict) -> dict:

@@ -262,7 +262,7 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
                                         else "default: the bucket copies run at the memory bandwidth"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)"),
-            **_fsdp_echo(inputs)}
+            **_fsdp_echo(inputs), **_memory_echo(inputs)}
     notes_list = list(times.warnings)
     gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
@@ -543,32 +543,38 @@ def _samples(res: Resolved, name: str) -> int:
     return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
 
 
-def _activations(res: Resolved) -> tuple[float | None, str]:
+def _activations(inputs: ModelInputs) -> tuple[float | None, str]:
     """Activation bytes per micro-batch on one GPU, and where the figure comes from."""
     from topoprof.model import memory
     from topoprof.model.presets import PRESET_DEPTH
 
-    work = res.inputs.workload
+    work = inputs.workload
     if work.activation_memory_gb is not None:
         return work.activation_memory_gb * memory.GB, "given (--activation-memory)"
     layers = PRESET_DEPTH.get(work.layout.name)
     if layers and work.tokens_per_micro_batch:
         hidden = work.layout.tensors[0].shape[-1]  # the token embedding's width
         counted = memory.transformer_activations(layers, hidden, work.tokens_per_micro_batch,
-                                                 res.inputs.compute.precision)
+                                                 inputs.compute.precision)
         return counted, (f"counted: 34 B x {work.tokens_per_micro_batch} tokens x {hidden} hidden x {layers} layers"
                          " (Korthikanti et al. 2022 Eq. 1, no stored attention scores)")
     return None, "unknown: give --activation-memory GB"
 
 
-def _gpu_memory(res: Resolved) -> tuple[float | None, str]:
+def _gpu_memory(comp: Compute) -> tuple[float | None, str]:
     from topoprof.model.compute import gpu_memory_gb
 
-    comp = res.inputs.compute
     if comp.gpu_memory_gb is not None:
         return comp.gpu_memory_gb, comp.origin("gpu_memory_gb")
     found = gpu_memory_gb(comp.gpu) if comp.gpu else None
     return found if found else (None, "unknown: give --gpu NAME or --gpu-memory GB")
+
+
+def _memory_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
+    """The memory inputs (activations, the GPU's memory) as every input is echoed."""
+    activations, act_source = _activations(inputs)
+    return {"activation_memory_gb": (None if activations is None else activations / 1e9, act_source),
+            "gpu_memory_gb": _gpu_memory(inputs.compute)}
 
 
 def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
@@ -576,10 +582,8 @@ def memory_by_strategy(res: Resolved, names) -> dict[str, Memory]:
     from topoprof.model import memory
 
     work, cl = res.inputs.workload, res.inputs.cluster
-    activations, act_source = _activations(res)
-    capacity, cap_source = _gpu_memory(res)
-    res.echo["activation_memory_gb"] = (None if activations is None else activations / memory.GB, act_source)
-    res.echo["gpu_memory_gb"] = (capacity, cap_source)
+    activations, _ = _activations(res.inputs)
+    capacity, _ = _gpu_memory(res.inputs.compute)
     model = memory.MemoryModel(
         work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes, optimizer=_optimizer_name(res.inputs.compute.optimizer),
         world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
@@ -662,16 +666,9 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
             if isinstance(r, StrategyResult) else r for n, r in out.items()}
 
 
-def _with_memory_echo(res: Resolved) -> Resolved:
-    """`res` with the memory inputs' echo (GPU memory, activations) filled in, as the strategies'
-    memory reads them."""
-    memory_by_strategy(res, ())
-    return res
-
-
 def predict(inputs: ModelInputs) -> Prediction:
     """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON."""
-    res = _with_memory_echo(resolve(inputs))
+    res = resolve(inputs)
     comm = inputs.cluster.comm
     buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
                           inputs.workload.bucket_cap_mb)
