@@ -138,3 +138,13 @@ def test_memory_a_gpu_measured_replaces_the_count():
     assert ddp.parts_gb["optimizer"] == pytest.approx(8 * n / 1e9)
     assert ddp.parts_gb["buckets"] == pytest.approx(4 * n / 1e9)
     assert ddp.total_gb == pytest.approx((20 * n + 3e9) / 1e9)
+
+
+def test_what_does_not_fit_is_neither_swept_nor_offered():
+    from topoprof.model.payload import model_payload
+
+    payload = model_payload(_llama(micro_batch_time_s=0.4), {"link_bandwidth_gbps": 370})
+    assert all(step is None for step in payload["sweep"]["strategies"]["ddp_synced"])
+    assert all(step is not None for step in payload["sweep"]["strategies"]["fsdp_full_shard"])
+    for option in payload["fixed_global_batch"]["options"]:
+        assert option["step_time_s"] is None and "does not fit" in option["reason"]

@@ -91,6 +91,10 @@ def ddp_knobs(inputs, prediction) -> list[dict]:
 
 
 def _step(result):
+    """A sweep point's step time; none for a strategy that does not fit in memory (never drawn or
+    compared, as in the strategy table)."""
+    if getattr(getattr(result, "memory", None), "fits", None) is False:
+        return None
     return getattr(result, "step_time_s", None)
 
 

@@ -768,5 +768,7 @@ def _option_at(inputs: ModelInputs, nodes: int, gpus: int, k: int, strategy: str
     result = strategies[name]
     if isinstance(result, Unavailable):
         return GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.reason, name)
+    if result.memory is not None and result.memory.fits is False:  # never offered as an option
+        return GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.memory.reason, name)
     return GlobalBatchOption(nodes, gpus, n, k, result.step_time_s, result.samples_per_s,
                              result.samples_per_s / n, None, name)
