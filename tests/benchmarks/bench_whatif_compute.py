@@ -12,6 +12,10 @@ of the presets at small shapes, in the same run (CPU only, fp32, torch's default
   least). The shapes are taken ROUNDS times in turn, each row keeping its fastest round with the
   device figures measured around it, so that a burst of other work on a shared machine spoils
   one round, not the row.
+The last column checks the fresh-page term: the bytes the trace prices as written to fresh pages
+(outputs of at least glibc's mmap threshold) beside the pages one more step first touched
+(minor faults x the page size, getrusage(2)), which also counts smaller allocations that grew
+the heap.
 Target: every measured time within 25 % of the predicted middle. The range printed beside it
 is the roofline's (compute and memory overlapped per op .. not overlapped).
 
@@ -20,6 +24,16 @@ target: there its last stage runs on 1x1 and 2x2 pixels, where this CPU's convol
 (oneDNN) took milliseconds for a few MFLOPs (e.g. 1x1, 2048 -> 512 channels on 2x2 pixels: about
 4 ms for 17 MFLOPs) - a per-call cost of the library at degenerate shapes that no roofline term
 prices. At 96 px and up every stage has at least 3x3 pixels.
+
+What the convolution rows rest on: the model prices every convolution at the CPU's one peak, a
+large matmul's rate (MKL). The convolution library is not that matmul: timed alone here (3x3,
+256 -> 256 channels, 2 images), its forward reached 525-541 GFLOP/s at 1,152-4,608 output rows
+(2.3x the 234-239 GFLOP/s matmul), and its forward + backward at 8 and 18 rows 49-104 GFLOP/s.
+At 128 px these two miss in opposite directions and nearly cancel; at 96 px the small late
+stages weigh more and the prediction is low by about a fifth. A rate curve by output rows,
+measured on that one 3x3 family, priced ResNet-50's 1x1 and strided convolutions no better
+(backward 25 ms predicted vs 38 ms profiled at 96 px, against 28 ms with the one peak), so the
+model keeps the one peak and this benchmark shows where it stands.
 
     python tests/benchmarks/bench_whatif_compute.py
 """
@@ -51,7 +65,11 @@ OUTSIDE = [
 ]
 
 
-def measured_s(preset: str, kwargs: dict) -> float:
+def measured_s(preset: str, kwargs: dict) -> tuple[float, int]:
+    """The fastest step, and the bytes of pages first touched in one more step (minor faults x
+    the page size: what the model prices as fresh pages)."""
+    import resource
+
     from probes.device_costs import fastest
     from probes.preset_models import build
     from probes.user_model import user_loss
@@ -62,7 +80,16 @@ def measured_s(preset: str, kwargs: dict) -> float:
         module.zero_grad(set_to_none=True)
         user_loss(module, batch, loss_fn).backward()
 
-    return fastest(step, REPEATS)
+    seconds = fastest(step, REPEATS)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step()
+    return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) * resource.getpagesize()
+
+
+def fresh_bytes(trace: dict, min_bytes: int) -> int:
+    """The trace's outputs the roofline prices as fresh pages."""
+    return sum(b for op in trace["ops"] if not op["view"] and not op.get("inplace")
+               for b in op.get("outputs", ()) if b >= min_bytes)
 
 
 def traced(preset: str, kwargs: dict) -> dict:
@@ -82,40 +109,43 @@ def describe(preset: str, kwargs: dict) -> str:
     return f"{preset} L{kwargs['n_layer']} {kwargs['micro_batch']}x{kwargs['seq_len']}"
 
 
-def _timed(preset: str, kwargs: dict) -> tuple[float, dict]:
+def _timed(preset: str, kwargs: dict) -> tuple[float, int, dict]:
     from probes.device_costs import best_of, measure_cpu_costs
 
     before = measure_cpu_costs(REPEATS)
-    measured = measured_s(preset, kwargs)
-    return measured, best_of(before, measure_cpu_costs(REPEATS))
+    measured, faulted = measured_s(preset, kwargs)
+    return measured, faulted, best_of(before, measure_cpu_costs(REPEATS))
 
 
-def _rows(shapes) -> list[tuple[str, float, object, dict]]:
+def _rows(shapes) -> list[tuple[str, float, object, dict, tuple[int, int]]]:
     """Every shape timed ROUNDS times in turn: its fastest round, with the device figures
-    measured around that round."""
+    measured around that round; and its fresh bytes, traced vs faulted."""
     from topoprof.model.roofline import measured_device, roofline
 
-    best: dict[int, tuple[float, dict]] = {}
+    best: dict[int, tuple[float, int, dict]] = {}
     for _ in range(ROUNDS):
         for i, (preset, kwargs) in enumerate(shapes):
-            measured, costs = _timed(preset, kwargs)
-            if i not in best or measured < best[i][0]:
-                best[i] = (measured, costs)
+            timed = _timed(preset, kwargs)
+            if i not in best or timed[0] < best[i][0]:
+                best[i] = timed
     rows = []
     for i, (preset, kwargs) in enumerate(shapes):
-        measured, costs = best[i]
+        measured, faulted, costs = best[i]
         device = measured_device(costs, f"this CPU ({costs['threads']} threads)")
-        rows.append((describe(preset, kwargs), measured, roofline(traced(preset, kwargs), device), costs))
+        trace = traced(preset, kwargs)
+        rows.append((describe(preset, kwargs), measured, roofline(trace, device), costs,
+                     (fresh_bytes(trace, costs["fresh_page_min_bytes"]), faulted)))
     return rows
 
 
-def _print(name: str, measured: float, result, judged: bool = True) -> float:
+def _print(name: str, measured: float, result, fresh: tuple[int, int], judged: bool = True) -> float:
     fast, middle, slow = result.seconds
     error = measured / middle - 1
     mark = ("ok" if abs(error) <= TARGET else "OUT") if judged else "-"
     print(f"{name:<30}{result.kernels:>8}{result.flops / 1e9:>8.2f}{result.bytes_moved / 1e9:>7.2f}"
           f"{measured * 1e3:>13.1f}{middle * 1e3:>14.1f}{f'{fast * 1e3:.1f}-{slow * 1e3:.1f}':>18}{100 * error:>+8.1f}%"
-          f"{mark:>6}   {'host' if result.host_bound else 'device'}", flush=True)
+          f"{mark:>6}   {'host' if result.host_bound else 'device':<8}{fresh[0] / 1e6:>7.0f} / {fresh[1] / 1e6:.0f}",
+          flush=True)
     return error
 
 
@@ -126,17 +156,17 @@ def main() -> None:
           f"beside its timing (peak GFLOP/s, memory GB/s, host us/op forward/backward, fresh-page ns/B), "
           f"best of {ROUNDS} rounds")
     header = (f"{'shape':<30}{'kernels':>8}{'GFLOP':>8}{'GB':>7}{'measured ms':>13}{'predicted ms':>14}"
-              f"{'range ms':>18}{'error':>9}{'25 %':>6}   bound")
+              f"{'range ms':>18}{'error':>9}{'25 %':>6}   {'bound':<8}fresh MB traced / faulted")
     print(header)
     errors, figures = [], []
-    for name, measured, result, costs in _rows(SHAPES):
-        errors.append(abs(_print(name, measured, result)))
+    for name, measured, result, costs, fresh in _rows(SHAPES):
+        errors.append(abs(_print(name, measured, result, fresh)))
         figures.append(f"{name}: {costs['peak_flops'] / 1e9:.0f}, {costs['bandwidth_bps'] / 1e9:.1f}, "
                        f"{costs['host_forward_s'] * 1e6:.2f}/{costs['host_backward_s'] * 1e6:.2f}, "
                        f"{costs['fresh_page_s_per_byte'] * 1e9:.3f}")
     print("# outside the method (see the docstring): the last stage on 1x1 / 2x2 pixels")
-    for name, measured, result, _costs in _rows(OUTSIDE):
-        _print(name, measured, result, judged=False)
+    for name, measured, result, _costs, fresh in _rows(OUTSIDE):
+        _print(name, measured, result, fresh, judged=False)
     print("# the CPU's figures per shape: " + "; ".join(figures))
     inside = sum(e <= TARGET for e in errors)
     print(f"RESULT {inside} of {len(errors)} shapes within {100 * TARGET:.0f} % of the predicted middle; worst "
