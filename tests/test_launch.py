@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,31 @@ def test_rank_that_raises_is_named_with_its_error():
     assert result.failure.rank == 1
     assert "injected failure" in result.failure.describe()
     assert result.failure.last_step == "step 1"
+
+
+def test_a_clean_run_leaves_no_log_folder_and_a_failed_one_names_its_log():
+    clean = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30))
+    assert clean.failure is None and not os.path.exists(clean.log_dir)
+    failed = launch_local(JobSpec("sleep", {"steps": 3, "fail_rank": 1, "how": "raise"}, 2, "gloo", timeout_s=30))
+    try:
+        log = failed.failure.log_path
+        assert log.endswith("rank1.log") and os.path.isfile(log)
+        assert failed.failure.describe().endswith(f"(whole log: {log})")
+    finally:
+        shutil.rmtree(failed.log_dir)
+
+
+def test_the_ranks_output_outlives_its_folder_when_nccl_was_asked_to_log():
+    run = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30,
+                               env={"NCCL_DEBUG": "INFO"}))
+    assert run.failure is None and not os.path.exists(run.log_dir)
+    assert sorted(run.rank_logs) == [os.path.join(run.log_dir, f"rank{r}.log") for r in range(2)]
+
+
+def test_a_folder_the_user_named_is_kept(tmp_path):
+    run = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 1, "gloo", timeout_s=30,
+                               log_dir=str(tmp_path / "logs")))
+    assert run.failure is None and os.path.isfile(tmp_path / "logs" / "rank0.log")
 
 
 def test_stopped_rank_is_detected_as_hung_within_the_timeout():

@@ -6,7 +6,6 @@ are kept and the failure is recorded. Scan and validate reuse it.
 """
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -134,18 +133,19 @@ def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = No
     result.wall_s = run.wall_s
     if run.failure is not None:
         result.status, result.error = "error", run.failure.describe()
-    if opts.backend == "nccl" and run.log_dir:
-        read_nccl_logs(result, run.log_dir)
+    if opts.backend == "nccl":
+        read_nccl_logs(result, run.rank_logs)
     return result
 
 
-def read_nccl_logs(result: BenchResult, log_dir: str) -> None:
+def read_nccl_logs(result: BenchResult, rank_logs: dict[str, str]) -> None:
+    """NCCL's own INFO lines in the ranks' output (`RunResult.rank_logs`): its version, the
+    transport it chose per pair, and what that means."""
     from topoprof.measure.nccl_log import explain, parse_nccl_info
     from topoprof.jsonio import to_jsonable
 
-    for path in sorted(glob.glob(os.path.join(log_dir, "rank*.log"))):
-        with open(path, errors="replace") as f:
-            summary = parse_nccl_info(f.read(), source=path)
+    for path, text in rank_logs.items():
+        summary = parse_nccl_info(text, source=path)
         if summary.pairs or summary.nccl_version:
             result.nccl.append({"log": os.path.basename(path), **to_jsonable(summary)})
             for line in explain(summary):

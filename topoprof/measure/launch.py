@@ -20,6 +20,7 @@ import ctypes
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,11 +56,13 @@ class RankFailure:
     reason: str                 # "exited with code 1", "killed by SIGKILL", "hung: no progress ..."
     last_step: str | None       # the last progress message the rank sent
     log_tail: str               # the last lines of the rank's stderr/stdout
+    log_path: str = ""          # the rank's whole output, kept for the user when it failed
 
     def describe(self) -> str:
         where = f" during {self.last_step}" if self.last_step else ""
         tail = f"; last output: {self.log_tail.splitlines()[-1]}" if self.log_tail.strip() else ""
-        return f"rank {self.rank} {self.reason}{where}{tail}"
+        log = f" (whole log: {self.log_path})" if self.log_path else ""
+        return f"rank {self.rank} {self.reason}{where}{tail}{log}"
 
 
 @dataclass
@@ -68,6 +71,20 @@ class RunResult:
     failure: RankFailure | None
     log_dir: str
     wall_s: float
+    # every rank's output by file path, read before a temporary folder is removed, when NCCL was
+    # asked to log (NCCL_DEBUG): what `topoprof.measure.bench.read_nccl_logs` reads
+    rank_logs: dict[str, str] = field(default_factory=dict)
+
+
+def read_rank_logs(log_dir: str) -> dict[str, str]:
+    """The rank*.log files of a job's log folder, by path."""
+    import glob
+
+    logs = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "rank*.log"))):
+        with open(path, errors="replace") as f:
+            logs[path] = f.read()
+    return logs
 
 
 @dataclass(frozen=True)
@@ -254,7 +271,7 @@ def _drain(r: _Rank, on_message: OnMessage, messages: list) -> None:
 
 def _failure(r: _Rank, reason: str) -> RankFailure:
     tail = r.error if r.error else _log_tail(r.log_path)
-    return RankFailure(r.rank, reason, r.last_step, tail)
+    return RankFailure(r.rank, reason, r.last_step, tail, r.log_path)
 
 
 def _check(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float) -> RankFailure | None:
@@ -303,7 +320,8 @@ def _proc_state(pid: int) -> str:
 
 
 def launch_local(spec: JobSpec, on_message: OnMessage | None = None) -> RunResult:
-    """Run spec.worker on spec.nproc local ranks; never leaves a process behind."""
+    """Run spec.worker on spec.nproc local ranks; never leaves a process behind, nor a temporary
+    log folder after a run that went well (a failed run's folder stays, named in its failure)."""
     if spec.nproc < 1:
         raise InputError(f"--nproc must be at least 1 (got {spec.nproc})")
     on_message = on_message or (lambda rank, msg: None)
@@ -313,12 +331,19 @@ def launch_local(spec: JobSpec, on_message: OnMessage | None = None) -> RunResul
     messages: list[tuple[int, dict]] = []
     ranks: list[_Rank] = []
     failure = None
+    finished = False
     try:
         _start_ranks(spec, log_dir, ranks)
         failure = _watch(ranks, spec.timeout_s, spec.startup_timeout_s, on_message, messages)
+        finished = True
     finally:
         _kill_all(ranks)
-    return RunResult(messages, failure, log_dir, time.monotonic() - start)
+        if not finished and spec.log_dir is None:  # interrupted: nothing will read the folder
+            shutil.rmtree(log_dir, ignore_errors=True)
+    logs = read_rank_logs(log_dir) if spec.env.get("NCCL_DEBUG") else {}
+    if failure is None and spec.log_dir is None:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return RunResult(messages, failure, log_dir, time.monotonic() - start, logs)
 
 
 def _watch(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float, on_message: OnMessage,

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
 
-from topoprof.measure.launch import ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job, launch_local
+from topoprof.measure.launch import (ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job,
+                                    launch_local, read_rank_logs)
 
 
 def visible_gpus() -> int:
@@ -161,4 +163,7 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
         dist.finish()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_handler)
-    return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start)
+    rank_logs = read_rank_logs(log_dir) if log_dir else {}
+    if log_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start, rank_logs=rank_logs)

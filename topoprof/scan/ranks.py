@@ -91,10 +91,10 @@ def run_ranks(opts: ScanOptions, stages: Stages):
     if failure is not None:
         bench.status = vres.status = "error"
         bench.error = vres.error = failure
-    if run is not None and opts.backend == "nccl" and run.log_dir:
+    if run is not None and opts.backend == "nccl":
         from topoprof.measure.bench import read_nccl_logs
 
-        read_nccl_logs(bench, run.log_dir)
+        read_nccl_logs(bench, run.rank_logs)
     if vopts is not None:
         predict(vopts, vres)
     return bench, vres, vopts, nodes
