@@ -62,6 +62,16 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def synchronize_compute(device: str) -> None:
+    """Wait for the work queued on the device's current stream only (CUDA): the compute, not a
+    collective that NCCL runs on its own stream beside it (`torch.cuda.synchronize` waits for
+    every stream). CPU compute is already done when the call returns."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.current_stream(device).synchronize()
+
+
 def finish() -> None:
     import torch.distributed as dist
 

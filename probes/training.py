@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from probes.dist import synchronize
+from probes.dist import synchronize, synchronize_compute
 from topoprof.model.synthetic import (DDP_MODES, NUMERICS_TOLERANCE, STREAM_SEED_BITS, SyntheticSpec,
                                       TrainConfig, check_supported, parse_config)
 
@@ -277,6 +277,7 @@ def _allreduce_rate_bps(device: str) -> float:
     """Bytes/s of one all-reduce of a 4 MiB buffer on this group (a quick, local estimate)."""
     buf = torch.zeros(1 << 20, dtype=torch.float32, device=device)
     dist.all_reduce(buf)
+    synchronize(device)  # the warm-up's tail outside the timing
     t0 = time.perf_counter()
     for _ in range(3):
         dist.all_reduce(buf)
@@ -318,7 +319,7 @@ def _slowdown_during_comm(ctx, cfg, model, batches_for, sync, alone_s: float) ->
         # side by side (ProcessGroupGloo's default), NCCL one after the other on its stream.
         works = [dist.all_reduce(half, async_op=True) for half in buf.chunk(2)]
         (model(tokens).mean() / cfg.accum).backward()
-        sync()
+        synchronize_compute(ctx.device)  # the compute alone: not the all-reduce still running
         t_c = time.perf_counter() - t0
         for work in works:
             work.wait()

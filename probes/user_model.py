@@ -125,11 +125,29 @@ def parameter_list(module) -> list[dict]:
             for name, p in module.named_parameters()]
 
 
+def _stamp(on_gpu: bool):
+    """A moment of the device's own clock: an event on the current CUDA stream (the host queues
+    work ahead of the GPU, so its clock says when work was launched, not done); the host's on a CPU."""
+    if on_gpu:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _seconds_between(start, end) -> float:
+    return start.elapsed_time(end) / 1e3 if hasattr(start, "elapsed_time") else end - start
+
+
 def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None) -> dict:
-    """One forward and backward; each trainable gradient's ready moment after backward starts."""
-    ready: list[tuple[int, float]] = []
+    """One forward and backward; each trainable gradient's ready moment after backward starts, on
+    the device's clock (`_stamp`)."""
+    on_gpu = any(p.is_cuda for p in params)
+    ready: list[tuple[int, object]] = []
     handles = [p.register_post_accumulate_grad_hook(
-        lambda _p, i=i: ready.append((i, time.perf_counter()))) for i, p in enumerate(params)
+        lambda _p, i=i: ready.append((i, _stamp(on_gpu)))) for i, p in enumerate(params)
         if p.requires_grad]
     try:
         sync()
@@ -138,9 +156,11 @@ def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=N
             loss = user_loss(module, batch, loss_fn)
         sync()
         t1 = time.perf_counter()
+        start = _stamp(on_gpu)
         if memory is not None:
             memory.mark("forward")
         (scaler.scale(loss) if scaler is not None else loss).backward()
+        end = _stamp(on_gpu)
         sync()
         t2 = time.perf_counter()
         if memory is not None:
@@ -148,8 +168,9 @@ def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=N
     finally:
         for h in handles:
             h.remove()
+    span = max(_seconds_between(start, end), 1e-12)
     return {"forward_s": t1 - t0, "backward_s": t2 - t1,
-            "ready": [[i, (t - t1) / max(t2 - t1, 1e-12)] for i, t in ready]}
+            "ready": [[i, _seconds_between(start, t) / span] for i, t in ready]}
 
 
 def _optimizer(name: str, params: list, device: str):

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from probes import fsdp, training
-from probes.dist import synchronize
+from probes.dist import synchronize, synchronize_compute
 from topoprof.model.synthetic import DDP_MODES, check_supported, parse_config
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
@@ -179,22 +179,37 @@ def _agreed_numel(numel: int, device: str) -> int:
 
 def _comm_beside_compute_s(buf, model, tokens, accum: int, device: str, sync, loss_of) -> float:
     """How long an all-reduce of `buf` takes while forward+backward passes run beside it, one
-    after another until it has finished."""
-    done: list[float] = []
+    after another until it has finished. Where it ends: on CPU ranks, when gloo completes its
+    future (a chained callback notes the moment); on a GPU, an event that a side stream records
+    once it has waited for the collective, timed from one recorded just before it on the compute
+    stream (NCCL completes the future as soon as the work is queued, and runs it on a stream of
+    its own)."""
     model.zero_grad(set_to_none=True)
     sync()
     dist.barrier()
-    t0 = time.perf_counter()
-    # the chained future: it completes after the callback has noted the time
-    future = dist.all_reduce(buf, async_op=True).get_future().then(lambda f: done.append(time.perf_counter()))
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work = dist.all_reduce(buf, async_op=True)
+        side = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            work.wait()  # the side stream waits for NCCL's, the host does not
+            end.record(side)
+        finished, seconds = end.query, lambda: start.elapsed_time(end) / 1e3
+    else:
+        noted: list[float] = []
+        t0 = time.perf_counter()
+        # the chained future: it completes after the callback has noted the time
+        work = dist.all_reduce(buf, async_op=True).get_future().then(lambda f: noted.append(time.perf_counter()))
+        finished, seconds = (lambda: bool(noted)), (lambda: noted[0] - t0)
     for _ in range(_MAX_PASSES_BESIDE):
         (loss_of(model, tokens) / accum).backward()
-        sync()
-        if done:
+        synchronize_compute(device)
+        if finished():
             break
-    future.wait()
+    work.wait()
     synchronize(device)
-    return done[0] - t0
+    return seconds()
 
 
 def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: float, buffers: list,
@@ -215,7 +230,7 @@ def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: f
     t0 = time.perf_counter()
     work = dist.all_reduce(long_buf, async_op=True)
     (loss_of(model, tokens) / accum).backward()
-    sync()
+    synchronize_compute(device)  # the compute alone: not the all-reduce still running
     compute_beside = time.perf_counter() - t0
     work.wait()
     synchronize(device)

@@ -59,8 +59,7 @@ def outcomes(junit: Path) -> list[dict]:
             node = case.find(tag)
             if node is not None:
                 outcome = "failed" if tag in ("failure", "error") else "skipped"
-                reason = (node.get("message") or node.text or "").strip().splitlines()[0][:400] if (
-                    node.get("message") or node.text) else ""
+                reason = ((node.get("message") or node.text or "").strip().splitlines() or [""])[0][:400]
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         out.append({"test": case.get("name"), "outcome": outcome, "reason": reason,
                     "seconds": round(float(case.get("time") or 0), 1), "measured": props})
