@@ -148,3 +148,18 @@ def test_what_does_not_fit_is_neither_swept_nor_offered():
     assert all(step is not None for step in payload["sweep"]["strategies"]["fsdp_full_shard"])
     for option in payload["fixed_global_batch"]["options"]:
         assert option["step_time_s"] is None and "does not fit" in option["reason"]
+
+
+def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit(monkeypatch):
+    from topoprof.model import inputs, user_model
+
+    monkeypatch.setattr(user_model, "gpu_memory_bytes", lambda device: 85.5e9 if device == "cuda:0" else None)
+    origins: list = []
+    opts = inputs._memory_of_the_timed_gpu({"gpu_memory": None, "gpu": None}, "cuda:0", origins)
+    assert opts["gpu_memory"] == 85.5 and origins == [("gpu_memory_gb", "NVML: cuda:0's total memory, where "
+                                                                          "the compute was timed")]
+    for given, device in (({"gpu_memory": 40.0, "gpu": None}, "cuda:0"),   # --gpu-memory wins
+                          ({"gpu_memory": None, "gpu": "h100-sxm"}, "cuda:0"),  # another GPU named: its datasheet
+                          ({"gpu_memory": None, "gpu": None}, "cpu")):      # timed on a CPU: no GPU memory
+        assert inputs._memory_of_the_timed_gpu(given, device, origins) == given
+    assert len(origins) == 1

@@ -103,7 +103,7 @@ def test_a_preset_whose_training_state_cannot_fit_is_timed_scaled_at_once(monkey
         return {"passes": [{"total_s": 0.01 * blocks, "backward_s": 0.006 * blocks}] * 3,
                 "optimizer_s": [0.001 * blocks] * 3, "device": device, "repeats": 3}
 
-    monkeypatch.setattr(user_model, "_gpu_memory_bytes", lambda device: 80 * 2**30)
+    monkeypatch.setattr(user_model, "gpu_memory_bytes", lambda device: 80 * 2**30)
     monkeypatch.setattr("topoprof.measure.user_model.measure_user_model", fake_measure)
     monkeypatch.setattr(user_model, "user_compute", lambda record: {
         "micro_batch_time_s": record["passes"][0]["total_s"], "backward_fraction": 0.6,

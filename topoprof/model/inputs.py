@@ -160,6 +160,7 @@ def build_inputs(opts: dict):
                          f"the compute is the time measured on {record['device']}, another device")
         if not modelled:
             opts, origins = _measured(opts, user_compute(record))
+        opts = _memory_of_the_timed_gpu(opts, record["device"], origins)
         if not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
             from topoprof.model.traced import priced
 
@@ -179,6 +180,7 @@ def build_inputs(opts: dict):
 
                     workload = replace(workload, measured_memory=measured["memory"])
                 timed_gpu = measured.get("device_name")
+                opts = _memory_of_the_timed_gpu(opts, "cuda:0", origins)
         modelled, why = _traced_modelled(opts, timed_gpu)
         if why is not None:
             notes.append(fallback_note(why) if timed_gpu is None else
@@ -320,6 +322,20 @@ def _measured(opts: dict, measured: dict) -> tuple[dict, list]:
             opts = {**opts, option: measured[key]}
             origins.append((key, measured["source"]))
     return opts, origins
+
+
+def _memory_of_the_timed_gpu(opts: dict, device: str, origins: list) -> dict:
+    """The GPU the compute was timed on, when no other is named: its memory (NVML) is what the
+    strategies must fit in, unless --gpu-memory says otherwise."""
+    if opts.get("gpu_memory") is not None or opts["gpu"] is not None or not device.startswith("cuda"):
+        return opts
+    from topoprof.model.user_model import gpu_memory_bytes
+
+    total = gpu_memory_bytes(device)
+    if total is None:
+        return opts
+    origins.append(("gpu_memory_gb", f"NVML: {device}'s total memory, where the compute was timed"))
+    return {**opts, "gpu_memory": total / 1e9}
 
 
 def _preset_on_this_gpu(opts: dict) -> dict | None:

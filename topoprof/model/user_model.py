@@ -184,7 +184,7 @@ SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is
 TRAIN_STATE_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
 
 
-def _gpu_memory_bytes(device: str) -> int | None:
+def gpu_memory_bytes(device: str) -> int | None:
     """The GPU's total memory from NVML (no torch, no CUDA context in this process); None when unknown."""
     if not device.startswith("cuda"):
         return None
@@ -243,7 +243,7 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
                          f"got {seq_len} (tokens / micro-batch size)")
     kwargs = {"preset": preset, "micro_batch": micro_batch, "seq_len": seq_len}
 
-    if not _cannot_fit(preset, optimizer, _gpu_memory_bytes(device)):
+    if not _cannot_fit(preset, optimizer, gpu_memory_bytes(device)):
         try:
             return {**timed(), "scaled": None}
         except InputError as err:
