@@ -91,6 +91,18 @@ def test_calibration_feeds_the_model(tiny_run):
     assert inputs["micro_batch_time_s"]["source"].startswith("calibration") or "calibration" in inputs["micro_batch_time_s"]["source"]
 
 
-def test_validate_refuses_one_rank():
-    proc = _cli("validate", "--nproc", "1")
-    assert proc.returncode == 2 and "needs >= 2" in proc.stderr
+def test_one_rank_measures_ddps_own_costs_and_predicts_nothing(tmp_path):
+    """At world size 1 DDP still copies every gradient into its buckets and back: those costs are
+    measured and saved for `model`; no mode is predicted (nothing crosses ranks)."""
+    cal = tmp_path / "calibration.json"
+    proc = _cli("validate", "--nproc", "1", "--params", "60K", "--seq-len", "16", "--micro-batch", "2",
+                "--accum", "2", "--steps", "2", "--warmup-steps", "1", "--save-calibration", str(cal))
+    assert proc.returncode == 0, proc.stderr
+    assert "1 rank(s) on gloo" in proc.stdout and "One rank: nothing is all-reduced" in proc.stdout
+    assert "all-reduce fit" not in proc.stdout and "Where the time went" not in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("ddp_")]
+    assert rows and all(float(r[1]) > 0 and r[2] == "-" for r in rows)  # measured, not predicted
+    saved = json.loads(cal.read_text())["calibration"]
+    assert saved["micro_batch_time_s"] > 0 and "ddp_overhead_s" in saved
+    proc = _cli("validate", "--nproc", "0")
+    assert proc.returncode == 2 and "'--nproc'" in proc.stderr

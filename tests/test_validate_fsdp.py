@@ -136,3 +136,12 @@ dist.destroy_process_group()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert outs[0][0].split()[-2:] == ["True", "False"]
+
+
+def test_fsdp_is_validated_on_gloo_only():
+    from topoprof.model.synthetic import spec_for_params
+    from topoprof.model.validate import ValidateOptions
+
+    with pytest.raises(InputError, match="--modes fsdp_full_shard: FSDP is validated on CPU ranks"):
+        ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x", modes=("fsdp_full_shard",))
+    assert ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x").modes == DDP_MODES

@@ -61,8 +61,8 @@ class ValidateOptions:
         return None if self.user_model else self.micro_batch * self.spec.seq_len
 
     def __post_init__(self):
-        if self.nproc < 2:
-            raise InputError(f"--nproc {self.nproc}: validation compares DDP across ranks; it needs >= 2")
+        if self.nproc < 1:
+            raise InputError(f"--nproc {self.nproc}: must be >= 1")
         for name, value in (("--micro-batch", self.micro_batch), ("--accum", self.accum), ("--steps", self.steps)):
             if value < 1:
                 raise InputError(f"{name} {value}: must be >= 1")
@@ -74,6 +74,11 @@ class ValidateOptions:
         if unknown:
             raise InputError(f"--modes {','.join(unknown)}: valid modes are all, {', '.join(VALID_MODES)}")
         fsdp = [m for m in self.modes if m in FSDP_ONE_NODE]
+        if fsdp and self.backend != "gloo":
+            # its own work is measured between collectives that block the rank (gloo's); NCCL
+            # returns as soon as a collective is queued, and those timings are not built for it
+            raise InputError(f"--modes {','.join(fsdp)}: FSDP is validated on CPU ranks (--backend gloo); "
+                             f"with --backend {self.backend} its timings are not built")
         if fsdp and self.user_model:
             raise InputError(f"--modes {','.join(fsdp)}: FSDP wraps the synthetic model's blocks; wrapping a "
                              "--model's modules is not supported")
@@ -285,8 +290,13 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     # FSDP's all-gathers and reduce-scatters alone at its groups' sizes, measured in the rotations
     bucket_rows += [{"collective": kind, "size_bytes": size, "wrong": 0, "time_us": s.value * 1e6}
                     for kind, size, s in rot.fsdp_points(_neighbours(rotations, run))]
-    comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
-                         "all-reduce measured on these ranks (bucket sizes in the rotations)")
+    if opts.nproc == 1:  # DDP's own costs are measured; nothing is all-reduced across ranks
+        from topoprof.model.comm import SingleGpuComm
+
+        comm = SingleGpuComm("one rank: nothing to all-reduce")
+    else:
+        comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
+                             "all-reduce measured on these ranks (bucket sizes in the rotations)")
     workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.tokens_per_micro_batch)
     return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc, backend=opts.backend),
@@ -400,7 +410,8 @@ def validate_payload(result, opts) -> dict:
     from topoprof.measure.fit import fit_rows
     from topoprof.model.validate import summary
 
-    fit = fit_rows(result.bench_rows, "all_reduce") if result.bench_rows else None
+    # one rank all-reduces with nobody: its timings fit no link
+    fit = fit_rows(result.bench_rows, "all_reduce") if result.bench_rows and opts.nproc > 1 else None
     return {"status": result.status, "error": result.error, "label": result.label,
             "modes": result.modes(), "numerics": result.numerics, "calibration": result.calibration,
             "fit": fit, "bench_rows": result.bench_rows, "summary": summary([result]),

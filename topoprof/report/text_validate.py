@@ -61,6 +61,13 @@ MATCHED_NOTE = ("(medians over rotations; the error compares each rotation's pre
                 "step, median over rotations; the range spans the per-rotation predictions)")
 
 
+# What a one-rank run is for: DDP's own costs, measured, carried to more GPUs by `model`.
+ONE_RANK_NOTE = ("One rank: nothing is all-reduced across ranks, so no mode is predicted here. The calibration "
+                 "above is what this run gives: DDP's own costs at world size 1 (its hooks, bucket copies and "
+                 "kernels; FSDP's where its modes ran), measured; `--save-calibration FILE` and `topoprof model --calibration FILE` carry "
+                 "them to more GPUs.")
+
+
 def parts_lines(modes: dict) -> list[str]:
     """Where each step went, measured beside predicted: the part that differs most names the miss."""
     out = ["", "Where the time went (ms, measured / predicted):",
@@ -86,7 +93,8 @@ def render_validate(payload: dict) -> str:
     fit = payload.get("fit")
     if fit is not None:
         out.append(f"all-reduce fit on these ranks: {fit.latency_us:.0f} us + S / {fit.bandwidth_gbps:.3f} GB/s")
-    out += [""] + mode_lines(payload["modes"]) + parts_lines(payload["modes"])
+    out += [""] + mode_lines(payload["modes"])
+    out += [ONE_RANK_NOTE] if s["nproc"] == 1 else parts_lines(payload["modes"])
     num = payload.get("numerics")
     if num:
         out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
