@@ -217,3 +217,12 @@ def test_model_refuses_an_fsdp_unit_that_wraps_nothing():
     proc = _cli("--preset", "gpt2", "--micro-batch-time", "0.1", "--world-size", "2", "--link-bandwidth", "10",
                 "--fsdp-unit", "nothing.here")
     assert proc.returncode == 2 and "--fsdp-unit" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_model_text_says_fsdps_own_work_is_unpriced_until_measured():
+    from topoprof.report.text_model import _fsdp_heading
+
+    plain = {"inputs": {"fsdp_groups": {"value": {"grouping": "2 groups"}}}}
+    assert "not priced unless `validate --modes` measured it" in _fsdp_heading(plain)
+    measured = {"inputs": {**plain["inputs"], "fsdp_forward_overhead_s": {"value": 1e-4, "source": "calibration"}}}
+    assert "not priced" not in _fsdp_heading(measured)

@@ -77,7 +77,11 @@ def _fsdp_heading(payload: dict) -> str:
     param = (inputs.get("fsdp_param_bytes") or {}).get("value")
     reduce = (inputs.get("fsdp_reduce_bytes") or {}).get("value")
     dtypes = f"; all-gather {param} B per parameter, reduce-scatter {reduce} B per gradient" if param else ""
-    return f"FSDP2 (fully_shard: {groups.get('grouping', 'groups unknown')}{dtypes}):"
+    heading = f"FSDP2 (fully_shard: {groups.get('grouping', 'groups unknown')}{dtypes}):"
+    if "fsdp_forward_overhead_s" not in inputs:
+        heading += ("\n  (FSDP's own work per group beyond its buffer copies - its hooks, its kernel launches - is "
+                    "not priced unless `validate --modes` measured it; DDP's own costs are, so these rows favour FSDP)")
+    return heading
 
 
 def _memory_text(s: dict) -> str:
