@@ -137,3 +137,14 @@ def test_slow_start_is_advised_only_when_it_costs_a_share_of_the_step():
     single_node = _multi_node_report()
     single_node["cluster"] = None
     assert rec.slow_start_recommendation(single_node) is None
+
+
+def test_a_dp_row_says_what_it_leaves_out_until_its_thread_cost_is_given():
+    from topoprof.report.text_model import dp_note
+
+    def payload(dp_step, overhead):
+        return {"strategies": {"dp": {"step_time_s": dp_step}},
+                "inputs": {"dp_thread_overhead_s": {"value": overhead, "source": "given"}}}
+
+    assert "lower bound" in " ".join(dp_note(payload(0.02, 0.0)))
+    assert dp_note(payload(0.02, 0.004)) == [] and dp_note(payload(None, 0.0)) == []

@@ -166,6 +166,11 @@ def _predictions(report: dict) -> list[str]:
                             + ([_memory_gb(s), _fits(s)] if sized else []) + ([_step_range(s)] if ranged else []))
         out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
                       + (["memory GB", "fits"] if sized else []) + (["step range ms"] if ranged else []), rows) + [""]
+        from topoprof.report.text_model import dp_note, fsdp_note
+
+        fsdp_rows = any(name.startswith("fsdp_") and s.get("step_time_s") for name, s in p["strategies"].items())
+        notes = [f"Note: {line}." for line in dp_note(p) + (fsdp_note(p) if fsdp_rows else [])]
+        out += [line for note in notes for line in (note, "")]
         out += (_memory_basis(p) if sized else []) + _ddp_costs(p)
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")

@@ -54,10 +54,21 @@ def _strategy_rows(payload: dict) -> list[str]:
         return lines + [f"{', '.join(names)}: n/a ({reasons[0]})"]
     ddp = {n: s for n, s in strategies.items() if not n.startswith(("fsdp_", "hsdp"))}
     fsdp = {n: s for n, s in strategies.items() if n not in ddp}
-    lines += _section(ddp)
+    lines += _section(ddp) + [f"  ({line})" for line in dp_note(payload)]
     if fsdp:
         lines += [_fsdp_heading(payload)] + _section(fsdp)
     return lines
+
+
+def dp_note(payload: dict) -> list[str]:
+    """DataParallel's row leaves out what makes it slow unless a figure for it was given."""
+    dp = payload["strategies"].get("dp") or {}
+    given = ((payload["inputs"].get("dp_thread_overhead_s") or {}).get("value") or 0) > 0
+    if dp.get("step_time_s") is None or given:
+        return []
+    return ["dp: its replicas' Python in one process's threads (the GIL) and its replicate() every step are "
+            "not priced, so its row is a lower bound; PyTorch's DDP tutorial: DataParallel 'is usually slower than "
+            "DistributedDataParallel even on a single machine'"]
 
 
 def _section(strategies: dict) -> list[str]:
@@ -78,10 +89,15 @@ def _fsdp_heading(payload: dict) -> str:
     reduce = (inputs.get("fsdp_reduce_bytes") or {}).get("value")
     dtypes = f"; all-gather {param} B per parameter, reduce-scatter {reduce} B per gradient" if param else ""
     heading = f"FSDP2 (fully_shard: {groups.get('grouping', 'groups unknown')}{dtypes}):"
-    if "fsdp_forward_overhead_s" not in inputs:
-        heading += ("\n  (FSDP's own work per group beyond its buffer copies - its hooks, its kernel launches - is "
-                    "not priced unless `validate --modes` measured it; DDP's own costs are, so these rows favour FSDP)")
-    return heading
+    return "\n".join([heading, *(f"  ({line})" for line in fsdp_note(payload))])
+
+
+def fsdp_note(payload: dict) -> list[str]:
+    """FSDP's rows leave out its own work unless validate measured it; DDP's rows price theirs."""
+    if "fsdp_forward_overhead_s" in payload["inputs"]:
+        return []
+    return ["FSDP's own work per group beyond its buffer copies - its hooks, its kernel launches - is not priced "
+            "unless `validate --modes` measured it; DDP's own costs are, so these rows favour FSDP"]
 
 
 def _memory_text(s: dict) -> str:
