@@ -36,6 +36,14 @@ measured on that one 3x3 family, priced ResNet-50's 1x1 and strided convolutions
 model keeps the one peak and this benchmark shows where it stands.
 
     python tests/benchmarks/bench_whatif_compute.py
+
+On a machine with a CUDA GPU, `--device cuda` checks the what-if itself: GPU_SHAPES (widths,
+depths, sequence lengths and micro-batches other than the presets' defaults) traced for the GPU
+in bf16 and priced by the roofline on its datasheet (`roofline.gpu_device`, the GPU found by its
+CUDA name), beside the same modules timed on it under bf16 autocast (forward + backward, the
+fastest of REPEATS after a warm-up, with the device synchronized). Printed per shape: the
+modelled range and middle, the measured time, the error against the middle and whether the
+measurement falls inside the range; there the target is the range, not the CPU's 25 %.
 """
 from __future__ import annotations
 
@@ -58,6 +66,20 @@ SHAPES = [
     ("resnet50", {"micro_batch": 2, "image_size": 96}),
     ("resnet50", {"micro_batch": 2, "image_size": 128}),
     ("resnext50_32x4d", {"micro_batch": 2, "image_size": 128}),
+]
+# The GPU table: GPT-2 at other depths, sequence lengths and micro-batches, GPT-2-medium and
+# GPT-3 XL (widths 1024 and 2048), LLaMA-7B's width (4096) at two blocks, BERT-base, ResNet-50
+# and ResNeXt-50 at other image sizes and batches.
+GPU_SHAPES = [
+    ("gpt2", {"n_layer": 6, "micro_batch": 2, "seq_len": 512}),
+    ("gpt2", {"n_layer": 12, "micro_batch": 8, "seq_len": 256}),
+    ("gpt2-medium", {"n_layer": 8, "micro_batch": 2, "seq_len": 1024}),
+    ("gpt3-xl", {"n_layer": 4, "micro_batch": 4, "seq_len": 512}),
+    ("llama-7b", {"n_layer": 2, "micro_batch": 1, "seq_len": 2048}),
+    ("llama-7b", {"n_layer": 2, "micro_batch": 8, "seq_len": 512}),
+    ("bert-base", {"n_layer": 12, "micro_batch": 32, "seq_len": 128}),
+    ("resnet50", {"micro_batch": 32, "image_size": 160}),
+    ("resnext50_32x4d", {"micro_batch": 16, "image_size": 224}),
 ]
 OUTSIDE = [
     ("resnet50", {"micro_batch": 2, "image_size": 32}),
@@ -92,12 +114,13 @@ def fresh_bytes(trace: dict, min_bytes: int) -> int:
                for b in op.get("outputs", ()) if b >= min_bytes)
 
 
-def traced(preset: str, kwargs: dict) -> dict:
+def traced(preset: str, kwargs: dict, target: dict | None = None) -> dict:
     from probes.op_trace import trace_user_model
 
     shape = {k: kwargs[k] for k in ("micro_batch", "seq_len") if k in kwargs}
     rest = {k: v for k, v in kwargs.items() if k not in shape}
-    trace = trace_user_model("probes.preset_models:build", shape, {"preset": preset, **rest}, {"device": "cpu"})
+    trace = trace_user_model("probes.preset_models:build", shape, {"preset": preset, **rest},
+                             target or {"device": "cpu"})
     if "failure" in trace:
         raise RuntimeError(f"{preset} {kwargs}: {trace['failure']}")
     return trace
@@ -149,9 +172,73 @@ def _print(name: str, measured: float, result, fresh: tuple[int, int], judged: b
     return error
 
 
-def main() -> None:
+def measured_on_gpu_s(preset: str, kwargs: dict) -> float:
+    """Forward + backward of the preset on the first GPU under bf16 autocast, the fastest of REPEATS."""
     import torch
 
+    from probes.device_costs import fastest
+    from probes.preset_models import build
+    from probes.user_model import to_device, user_loss
+
+    module, batch, loss_fn = build(preset, **kwargs)
+    module, batch = module.to("cuda"), to_device(batch, "cuda")
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = user_loss(module, batch, loss_fn)
+        loss.backward()
+        torch.cuda.synchronize()
+
+    seconds = fastest(step, REPEATS)
+    del module, batch
+    torch.cuda.empty_cache()
+    return seconds
+
+
+def main_gpu() -> None:
+    import torch
+
+    from topoprof.model.compute import lookup_gpu
+    from topoprof.model.roofline import gpu_device, roofline
+
+    name = torch.cuda.get_device_name(0)
+    spec = lookup_gpu(name)
+    if spec is None:
+        raise SystemExit(f"{name} is not in the datasheet table: nothing to predict it from")
+    device = gpu_device(spec, "bf16")
+    print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {name} as {spec.name}; bf16 autocast, "
+          f"forward + backward, fastest of {REPEATS}")
+    print(f"{'shape':<30}{'kernels':>8}{'GFLOP':>8}{'measured ms':>13}{'predicted ms':>14}{'range ms':>18}"
+          f"{'error':>9}{'in range':>10}   bound")
+    errors, inside = [], 0
+    for preset, kwargs in GPU_SHAPES:
+        result = roofline(traced(preset, kwargs, {"device": "cuda", "precision": "bf16"}), device)
+        measured = measured_on_gpu_s(preset, kwargs)
+        fast, middle, slow = result.seconds
+        error = measured / middle - 1
+        within = fast <= measured <= slow
+        errors.append(abs(error))
+        inside += within
+        print(f"{describe(preset, kwargs):<30}{result.kernels:>8}{result.flops / 1e9:>8.1f}{measured * 1e3:>13.2f}"
+              f"{middle * 1e3:>14.2f}{f'{fast * 1e3:.2f}-{slow * 1e3:.2f}':>18}{100 * error:>+8.1f}%"
+              f"{'yes' if within else 'NO':>10}   {'host' if result.host_bound else 'device'}", flush=True)
+    errors.sort()
+    print(f"RESULT {inside} of {len(errors)} measured inside the modelled range; |measured/middle - 1| median "
+          f"{100 * errors[len(errors) // 2]:.1f} %, worst {100 * errors[-1]:.1f} %")
+
+
+def main() -> None:
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser(description="what-if compute: predicted vs measured")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    if ap.parse_args().device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA GPU here")
+        return main_gpu()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; per shape the CPU's figures measured "
           f"beside its timing (peak GFLOP/s, memory GB/s, host us/op forward/backward, fresh-page ns/B), "
           f"best of {ROUNDS} rounds")

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every GPU check, report and benchmark of this project on this machine, each step's output kept:
+#
+#   bash tests/run_gpu_reports.sh OUT [STEP ...]
+#
+# OUT gets one folder per machine and day, gpu-<gpu>-<yyyymmdd>/, holding <step>.txt for each step
+# (stdout and stderr, unbuffered, as it ran) and steps.txt (each step's exit code and seconds).
+# A step that fails or passes its time limit does not stop the next. STEPs (default: all, in
+# this order): suite scan scan_model validate whatif gpu_compute scaled_timing scan_time.
+set -u
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { echo "usage: bash tests/run_gpu_reports.sh OUT [STEP ...]" >&2; exit 2; }
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')
+out="$1/gpu-${gpu:-none}-$(date -u +%Y%m%d)"
+shift
+export PYTHONUNBUFFERED=1
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2 start rc
+    shift 2
+    echo "== $name: $*"
+    start=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" > "$out/$name.txt" 2>&1
+    rc=$?
+    echo "$name exit $rc, $(( $(date +%s) - start )) s (limit $limit s): $*" | tee -a "$out/steps.txt"
+}
+
+run() {
+    case $1 in
+        suite) step suite 540 python tests/run_gpu_suite.py --out "$out/suite" ;;
+        scan) step scan 180 python -m topoprof scan --out "$out/scan" ;;
+        scan_model) step scan_model 180 python -m topoprof scan --model tests/fixtures/user_models/tied.py:build_1m \
+                        --out "$out/scan-model" ;;
+        validate) step validate 180 python -m topoprof validate --backend nccl --save-calibration "$out/calibration.json" ;;
+        whatif) step whatif 180 python tests/benchmarks/bench_whatif_compute.py --device cuda ;;
+        gpu_compute) step gpu_compute 240 python tests/benchmarks/bench_gpu_compute.py ;;
+        scaled_timing) step scaled_timing 300 python tests/benchmarks/bench_scaled_timing.py ;;
+        scan_time) step scan_time 240 python tests/benchmarks/bench_scan_time.py ;;
+    esac
+}
+
+all=(suite scan scan_model validate whatif gpu_compute scaled_timing scan_time)
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=("${all[@]}")
+for s in "${steps[@]}"; do  # every name checked before anything runs
+    [[ " ${all[*]} " == *" $s "* ]] || { echo "unknown step: $s (steps: ${all[*]})" >&2; exit 2; }
+done
+mkdir -p "$out"
+for s in "${steps[@]}"; do
+    run "$s"
+done
+echo "outputs: $out"
