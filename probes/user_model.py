@@ -125,14 +125,15 @@ def parameter_list(module) -> list[dict]:
             for name, p in module.named_parameters()]
 
 
-def _stamp(on_gpu: bool):
-    """A moment of the device's own clock: an event on the current CUDA stream (the host queues
-    work ahead of the GPU, so its clock says when work was launched, not done); the host's on a CPU."""
-    if on_gpu:
+def _stamp(device):
+    """A moment of the device's own clock: an event on the current stream of that CUDA device (the
+    host queues work ahead of the GPU, so its clock says when work was launched, not done); the
+    host's for a CPU tensor."""
+    if device is not None and device.type == "cuda":
         import torch
 
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(device))
         return event
     return time.perf_counter()
 
@@ -144,10 +145,10 @@ def _seconds_between(start, end) -> float:
 def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None) -> dict:
     """One forward and backward; each trainable gradient's ready moment after backward starts, on
     the device's clock (`_stamp`)."""
-    on_gpu = any(p.is_cuda for p in params)
+    device = next((p.device for p in params), None)
     ready: list[tuple[int, object]] = []
     handles = [p.register_post_accumulate_grad_hook(
-        lambda _p, i=i: ready.append((i, _stamp(on_gpu)))) for i, p in enumerate(params)
+        lambda p, i=i: ready.append((i, _stamp(p.device)))) for i, p in enumerate(params)
         if p.requires_grad]
     try:
         sync()
@@ -156,11 +157,11 @@ def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=N
             loss = user_loss(module, batch, loss_fn)
         sync()
         t1 = time.perf_counter()
-        start = _stamp(on_gpu)
+        start = _stamp(device)
         if memory is not None:
             memory.mark("forward")
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        end = _stamp(on_gpu)
+        end = _stamp(device)
         sync()
         t2 = time.perf_counter()
         if memory is not None:
@@ -237,7 +238,8 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
         raise UserModelError("run", f"training {spec} on {device} raised {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
-    return {"spec": spec, "device": device, "device_name": _device_name(device), "params": parameter_list(module),
+    return {"spec": spec, "device": device, "device_name": _device_name(device),
+            "device_memory_bytes": _device_memory_bytes(device), "params": parameter_list(module),
             "ready": passes[-1]["ready"], "passes": passes, "optimizer_s": optimizer_s,
             "optimizer": opt_name, "precision": precision_used, "memory": memory.parts()}
 
@@ -278,6 +280,14 @@ class _MemoryPhases:
         return {"device": self.device, "params_bytes": self.weights, "optimizer_bytes": start - self.weights,
                 "activations_bytes": self.at["forward"] - start, "grads_bytes": self.at["backward"] - start,
                 "peak_bytes": self.torch.cuda.max_memory_allocated(self.device)}
+
+
+def _device_memory_bytes(device: str) -> int | None:
+    """The timed GPU's memory as CUDA sees it (the GPU CUDA_VISIBLE_DEVICES maps there, a MIG
+    slice's own size); None on the CPU."""
+    import torch
+
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory if device.startswith("cuda") else None
 
 
 def _device_name(device: str) -> str | None:

@@ -232,9 +232,9 @@ def _interference(model, tokens, accum: int, compute_alone_s: float, rate_bps: f
     (loss_of(model, tokens) / accum).backward()
     synchronize_compute(device)  # the compute alone: not the all-reduce still running
     compute_beside = time.perf_counter() - t0
+    outlasted = not work.is_completed()  # the all-reduce ran beside all of it
     work.wait()
     synchronize(device)
-    outlasted = time.perf_counter() - t0 > compute_beside
     beside = [_comm_beside_compute_s(b, model, tokens, accum, device, sync, loss_of) for b in [*buffers, anchor]]
     return {"compute_beside_s": compute_beside, "compute_alone_s": compute_alone_s,
             "compute_slowdown": compute_beside / compute_alone_s if outlasted else None,

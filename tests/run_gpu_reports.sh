@@ -4,15 +4,18 @@
 #   bash tests/run_gpu_reports.sh OUT [STEP ...]
 #
 # OUT gets one folder per machine and day, gpu-<gpu>-<yyyymmdd>/, holding <step>.txt for each step
-# (stdout and stderr, unbuffered, as it ran) and steps.txt (each step's exit code and seconds).
-# A step that fails or passes its time limit does not stop the next. STEPs (default: all, in
-# this order): suite scan scan_model validate whatif gpu_compute scaled_timing scan_time.
+# (stdout and stderr, unbuffered, as it ran; a step run again that day replaces its file) and
+# steps.txt (each step's UTC start, exit code and seconds, appended). A step that fails or passes
+# its time limit does not stop the next; Ctrl-C or a TERM stops the step and the run. STEPs
+# (default: all, in this order): suite scan scan_model validate whatif gpu_compute scaled_timing
+# scan_time.
 set -u
-cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash tests/run_gpu_reports.sh OUT [STEP ...]" >&2; exit 2; }
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')
-out="$1/gpu-${gpu:-none}-$(date -u +%Y%m%d)"
+base=$(realpath -m "$1")  # before the cd below: a relative OUT is the caller's
 shift
+cd "$(dirname "$0")/.."
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')
+out="$base/gpu-${gpu:-none}-$(date -u +%Y%m%d)"
 export PYTHONUNBUFFERED=1
 
 step() {  # step NAME SECONDS COMMAND...
@@ -20,14 +23,21 @@ step() {  # step NAME SECONDS COMMAND...
     shift 2
     echo "== $name: $*"
     start=$(date +%s)
-    timeout --kill-after=10 "$limit" "$@" > "$out/$name.txt" 2>&1
+    # timeout runs in a process group of its own, which a terminal's Ctrl-C does not reach: the
+    # trap passes INT and TERM on to that group and ends the run
+    timeout --kill-after=10 "$limit" "$@" > "$out/$name.txt" 2>&1 &
+    pid=$!
+    trap 'kill -TERM -- -$pid 2>/dev/null; wait $pid; echo "$name stopped" | tee -a "$out/steps.txt"; exit 130' INT TERM
+    wait $pid
     rc=$?
-    echo "$name exit $rc, $(( $(date +%s) - start )) s (limit $limit s): $*" | tee -a "$out/steps.txt"
+    trap - INT TERM
+    echo "$(date -u -d @"$start" +%H:%M:%SZ) $name exit $rc, $(( $(date +%s) - start )) s (limit $limit s): $*" \
+        | tee -a "$out/steps.txt"
 }
 
 run() {
     case $1 in
-        suite) step suite 540 python tests/run_gpu_suite.py --out "$out/suite" ;;
+        suite) step suite 560 python tests/run_gpu_suite.py --out "$out/suite" ;;
         scan) step scan 180 python -m topoprof scan --out "$out/scan" ;;
         scan_model) step scan_model 180 python -m topoprof scan --model tests/fixtures/user_models/tied.py:build_1m \
                         --out "$out/scan-model" ;;

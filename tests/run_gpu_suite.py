@@ -16,8 +16,10 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -86,6 +88,33 @@ def render(facts: dict, tests: list[dict], scan: bool) -> str:
     return "\n".join(lines)
 
 
+def run_pytest(args: list[str], env: dict) -> int:
+    """pytest's exit code. Stopped by TERM or INT (a time limit, Ctrl-C), pytest gets an interrupt
+    of its own, which ends the test running and still writes the JUnit file, so the summary keeps
+    every check that finished; one that does not end within GRACE_S is killed."""
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True)  # out of the group a limit kills
+    stopped: list[float] = []
+
+    def interrupt(signum, frame):
+        stopped.append(time.monotonic())
+        proc.send_signal(signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if stopped and time.monotonic() - stopped[0] > GRACE_S:
+                    proc.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+GRACE_S = 8  # inside `timeout --kill-after=10`: the summary is written before the kill
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     stamp = datetime.datetime.now(datetime.timezone.utc)
@@ -96,8 +125,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     junit = out / "junit.xml"
     env = {**os.environ, "TOPOPROF_GPU_SUITE_OUT": str(out), "PYTHONUNBUFFERED": "1"}
-    code = subprocess.call([sys.executable, "-m", "pytest", "-m", "gpu", str(ROOT / "tests" / "test_gpu.py"),
-                            "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}"], cwd=ROOT, env=env)
+    code = run_pytest([sys.executable, "-m", "pytest", "-m", "gpu", str(ROOT / "tests" / "test_gpu.py"),
+                       "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}"], env)
     facts = {**machine(), "created_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ")}
     tests = outcomes(junit) if junit.exists() else []
     junit.unlink(missing_ok=True)

@@ -225,7 +225,23 @@ def test_scan_end_to_end_on_the_real_driver(tmp_path, record_property):
         assert (out / chart).read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.skipif(GPUS < 2, reason="validate compares DDP across ranks: needs 2 or more GPUs")
+def test_validate_on_one_gpu_measures_ddps_own_costs(record_property):
+    """One rank on NCCL: every DDP mode measured on GPU0, nothing predicted, and the calibration
+    (DDP's own costs at world size 1) that `model --calibration` carries to more GPUs."""
+    proc = _cli("validate", "--backend", "nccl", "--nproc", "1", "--params", "25M", "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["setup"]["nproc"] == 1 and doc["modes"]
+    for mode, m in doc["modes"].items():
+        assert m["measured_step_s"] > 0 and m["predicted_step_s"] is None, (mode, m)
+        record_property(mode, f"measured {m['measured_step_s'] * 1e3:.2f} ms")
+    cal = doc["calibration"]
+    assert cal["micro_batch_time_s"] > 0
+    record_property("calibration", {key: cal.get(key) for key in ("micro_batch_time_s", "ddp_overhead_s", "ddp_kernel_s",
+                                                                  "ddp_copy_bandwidth_gbps", "optimizer_time_s")})
+
+
+@pytest.mark.skipif(GPUS < 2, reason="validate predicts DDP across ranks: needs 2 or more GPUs (one GPU: the test above)")
 def test_validate_with_nccl(record_property):
     proc = _cli("validate", "--backend", "nccl", "--params", "25M", "--modes",
                 "ddp_synced,ddp_no_sync,ddp_no_sync_backward_only,dp", "--json", timeout=900)

@@ -150,16 +150,16 @@ def test_what_does_not_fit_is_neither_swept_nor_offered():
         assert option["step_time_s"] is None and "does not fit" in option["reason"]
 
 
-def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit(monkeypatch):
-    from topoprof.model import inputs, user_model
+def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
+    from topoprof.model import inputs
 
-    monkeypatch.setattr(user_model, "gpu_memory_bytes", lambda device: 85.5e9 if device == "cuda:0" else None)
+    timed = {"device_name": "NVIDIA H100 80GB HBM3", "device_memory_bytes": 85.5e9}
     origins: list = []
-    opts = inputs._memory_of_the_timed_gpu({"gpu_memory": None, "gpu": None}, "cuda:0", origins)
-    assert opts["gpu_memory"] == 85.5 and origins == [("gpu_memory_gb", "NVML: cuda:0's total memory, where "
-                                                                          "the compute was timed")]
-    for given, device in (({"gpu_memory": 40.0, "gpu": None}, "cuda:0"),   # --gpu-memory wins
-                          ({"gpu_memory": None, "gpu": "h100-sxm"}, "cuda:0"),  # another GPU named: its datasheet
-                          ({"gpu_memory": None, "gpu": None}, "cpu")):      # timed on a CPU: no GPU memory
-        assert inputs._memory_of_the_timed_gpu(given, device, origins) == given
+    opts = inputs._memory_of_the_timed_gpu({"gpu_memory": None, "gpu": None}, timed, origins)
+    assert opts["gpu_memory"] == 85.5 and origins == [("gpu_memory_gb", "NVIDIA H100 80GB HBM3's memory as CUDA "
+                                                                          "reported it where the compute was timed")]
+    for given, record in (({"gpu_memory": 40.0, "gpu": None}, timed),                # --gpu-memory wins
+                          ({"gpu_memory": None, "gpu": "h100-sxm"}, timed),           # another GPU named: its datasheet
+                          ({"gpu_memory": None, "gpu": None}, {"device_memory_bytes": None})):  # timed on a CPU
+        assert inputs._memory_of_the_timed_gpu(given, record, origins) == given
     assert len(origins) == 1

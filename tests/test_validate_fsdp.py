@@ -145,3 +145,4 @@ def test_fsdp_is_validated_on_gloo_only():
     with pytest.raises(InputError, match="--modes fsdp_full_shard: FSDP is validated on CPU ranks"):
         ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x", modes=("fsdp_full_shard",))
     assert ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x").modes == DDP_MODES
+    assert parse_modes("all", "nccl") == DDP_MODES and parse_modes("all", "gloo") == ALL_MODES

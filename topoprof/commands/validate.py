@@ -60,7 +60,7 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
         threads = cpu_threads_per_rank(nproc)
     opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch,
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
-                           modes=parse_modes(modes), threads=threads,
+                           modes=parse_modes(modes, backend), threads=threads,
                            numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout)
     progress = None
     if not as_json and sys.stderr.isatty():

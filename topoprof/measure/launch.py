@@ -331,14 +331,16 @@ def launch_local(spec: JobSpec, on_message: OnMessage | None = None) -> RunResul
     messages: list[tuple[int, dict]] = []
     ranks: list[_Rank] = []
     failure = None
-    finished = False
+    interrupted = False
     try:
         _start_ranks(spec, log_dir, ranks)
         failure = _watch(ranks, spec.timeout_s, spec.startup_timeout_s, on_message, messages)
-        finished = True
+    except KeyboardInterrupt:  # the user stopped it: nothing will read the folder
+        interrupted = True
+        raise
     finally:
         _kill_all(ranks)
-        if not finished and spec.log_dir is None:  # interrupted: nothing will read the folder
+        if interrupted and spec.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
     logs = read_rank_logs(log_dir) if spec.env.get("NCCL_DEBUG") else {}
     if failure is None and spec.log_dir is None:

@@ -1,6 +1,7 @@
 """Run rank work locally (spawned ranks) or as one rank of an enclosing torchrun/SLURM job."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -164,6 +165,10 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_handler)
     rank_logs = read_rank_logs(log_dir) if log_dir else {}
-    if log_dir:
-        shutil.rmtree(log_dir, ignore_errors=True)
+    if log_dir:  # NCCL's log file of this rank: kept and named when the rank failed
+        debug_file = os.environ.pop("NCCL_DEBUG_FILE", os.path.join(log_dir, f"rank{job.rank}.log"))
+        if failure is None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        else:
+            failure = dataclasses.replace(failure, log_path=debug_file)
     return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start, rank_logs=rank_logs)

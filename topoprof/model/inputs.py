@@ -160,7 +160,7 @@ def build_inputs(opts: dict):
                          f"the compute is the time measured on {record['device']}, another device")
         if not modelled:
             opts, origins = _measured(opts, user_compute(record))
-        opts = _memory_of_the_timed_gpu(opts, record["device"], origins)
+        opts = _memory_of_the_timed_gpu(opts, record, origins)
         if not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
             from topoprof.model.traced import priced
 
@@ -180,7 +180,7 @@ def build_inputs(opts: dict):
 
                     workload = replace(workload, measured_memory=measured["memory"])
                 timed_gpu = measured.get("device_name")
-                opts = _memory_of_the_timed_gpu(opts, "cuda:0", origins)
+                opts = _memory_of_the_timed_gpu(opts, measured, origins)
         modelled, why = _traced_modelled(opts, timed_gpu)
         if why is not None:
             notes.append(fallback_note(why) if timed_gpu is None else
@@ -324,17 +324,14 @@ def _measured(opts: dict, measured: dict) -> tuple[dict, list]:
     return opts, origins
 
 
-def _memory_of_the_timed_gpu(opts: dict, device: str, origins: list) -> dict:
-    """The GPU the compute was timed on, when no other is named: its memory (NVML) is what the
-    strategies must fit in, unless --gpu-memory says otherwise."""
-    if opts.get("gpu_memory") is not None or opts["gpu"] is not None or not device.startswith("cuda"):
+def _memory_of_the_timed_gpu(opts: dict, timed: dict, origins: list) -> dict:
+    """The GPU the compute was timed on, when no other is named: its memory (as CUDA saw it in the
+    worker that timed it) is what the strategies must fit in, unless --gpu-memory says otherwise."""
+    total = timed.get("device_memory_bytes")
+    if opts.get("gpu_memory") is not None or opts["gpu"] is not None or not total:
         return opts
-    from topoprof.model.user_model import gpu_memory_bytes
-
-    total = gpu_memory_bytes(device)
-    if total is None:
-        return opts
-    origins.append(("gpu_memory_gb", f"NVML: {device}'s total memory, where the compute was timed"))
+    origins.append(("gpu_memory_gb", f"{timed.get('device_name') or 'the GPU'}'s memory as CUDA reported it "
+                                     "where the compute was timed"))
     return {**opts, "gpu_memory": total / 1e9}
 
 

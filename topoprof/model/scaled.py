@@ -29,4 +29,4 @@ def scaled_compute(shallow: dict, deep: dict, depths: tuple[int, int], depth: in
             "optimizer_time_s": at(lambda c: c["optimizer_time_s"]),
             "source": f"timed at {depths[0]} and {depths[1]} blocks and extended linearly to {depth} "
                       f"(the whole model does not fit): {shallow['source'].split(': ', 1)[-1]}",
-            "device_name": shallow.get("device_name")}
+            "device_name": shallow.get("device_name"), "device_memory_bytes": shallow.get("device_memory_bytes")}

@@ -171,7 +171,7 @@ def user_compute(record: dict) -> dict:
             "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
             "optimizer_time_s": statistics.median(record["optimizer_s"]),
             "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
-            "device_name": record.get("device_name")}
+            "device_name": record.get("device_name"), "device_memory_bytes": record.get("device_memory_bytes")}
 
 
 PRESET_SPEC = "probes.preset_models:build"

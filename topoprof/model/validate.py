@@ -86,11 +86,13 @@ class ValidateOptions:
             raise InputError("--modes: give at least one mode")
 
 
-def parse_modes(text: str) -> tuple[str, ...]:
-    """`--modes`: a comma list; `all` stands for ALL_MODES."""
+def parse_modes(text: str, backend: str = "gloo") -> tuple[str, ...]:
+    """`--modes`: a comma list; `all` stands for ALL_MODES on gloo, and for the DDP modes on a
+    backend FSDP is not validated on (ValidateOptions refuses FSDP there)."""
+    every = ALL_MODES if backend == "gloo" else DDP_MODES
     out: list[str] = []
     for mode in (m.strip() for m in text.split(",")):
-        for m in (ALL_MODES if mode == "all" else (mode,) if mode else ()):
+        for m in (every if mode == "all" else (mode,) if mode else ()):
             if m not in out:
                 out.append(m)
     return tuple(out)
