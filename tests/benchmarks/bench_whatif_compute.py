@@ -29,8 +29,10 @@ What the convolution rows rest on: the model prices every convolution at the CPU
 large matmul's rate (MKL). The convolution library is not that matmul: timed alone here (3x3,
 256 -> 256 channels, 2 images), its forward reached 525-541 GFLOP/s at 1,152-4,608 output rows
 (2.3x the 234-239 GFLOP/s matmul), and its forward + backward at 8 and 18 rows 49-104 GFLOP/s.
-At 128 px these two miss in opposite directions and nearly cancel; at 96 px the small late
-stages weigh more and the prediction is low by about a fifth. A rate curve by output rows,
+What is slow is the weight gradient: for a 1x1 1024 -> 1024 convolution on 2 images of 2x2
+pixels it took 3.05 ms (its input gradient 0.19 ms) for 17 MFLOP, writing 4 MB. At 128 px these
+miss in opposite directions and nearly cancel; at 96 px the small late stages weigh more and the
+prediction is low by a fifth to two fifths, from run to run. A rate curve by output rows,
 measured on that one 3x3 family, priced ResNet-50's 1x1 and strided convolutions no better
 (backward 25 ms predicted vs 38 ms profiled at 96 px, against 28 ms with the one peak), so the
 model keeps the one peak and this benchmark shows where it stands.
