@@ -176,3 +176,29 @@ def test_nproc_below_one_is_refused():
 
     with pytest.raises(InputError):
         launch_local(JobSpec("sleep", {}, 0, "gloo", timeout_s=5))
+
+
+def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch):
+    """In a torchrun/srun rank, NCCL's log goes to a file of its own (NCCL_DEBUG_FILE), read into
+    the result; afterwards neither the folder nor the variable is left, and a failure names the
+    file only where NCCL wrote one (gloo writes none)."""
+    import socket
+
+    from topoprof.measure.runner import run_job
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    ok = run_job(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 1, "gloo", timeout_s=30,
+                         env={"NCCL_DEBUG": "INFO"}), lambda rank, msg: None)
+    assert ok.failure is None and ok.log_dir and not os.path.exists(ok.log_dir)
+    assert "NCCL_DEBUG_FILE" not in os.environ
+    bad = run_job(JobSpec("sleep", {"steps": 3, "fail_rank": 0, "how": "raise"}, 1, "gloo", timeout_s=30,
+                          env={"NCCL_DEBUG": "INFO"}), lambda rank, msg: None)
+    assert "injected failure" in bad.failure.describe() and "whole log" not in bad.failure.describe()
+    assert not os.path.exists(bad.log_dir) and "NCCL_DEBUG_FILE" not in os.environ

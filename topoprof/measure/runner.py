@@ -167,8 +167,8 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
     rank_logs = read_rank_logs(log_dir) if log_dir else {}
     if log_dir:  # NCCL's log file of this rank: kept and named when the rank failed
         debug_file = os.environ.pop("NCCL_DEBUG_FILE", os.path.join(log_dir, f"rank{job.rank}.log"))
-        if failure is None:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        else:
+        if failure is not None and os.path.exists(debug_file):
             failure = dataclasses.replace(failure, log_path=debug_file)
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
     return RunResult(messages, failure, log_dir=log_dir, wall_s=time.monotonic() - start, rank_logs=rank_logs)
