@@ -196,7 +196,9 @@ def run(opts, stages, out_dir: str) -> Written | None:
     stages.begin("model")
     preds, model_status, levels = _predictions(opts, bench, vres, vopts, topology)
     stages.end()
+    stages.begin("what-if for more GPUs")  # on one GPU: its compute timed there, its ops priced
     what_if = _what_ifs(opts, topology)
+    stages.end()
     probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status]
     summary, banner = _banner(opts, topology)
     # exit 3 only when rank work failed part-way: a probe that failed, or ranks that never
