@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topoprof.errors import RunFailed
 
@@ -108,6 +108,10 @@ def _copies(opts):
     copies, status = attempt("copies", lambda: copies_payload(True))
     if copies is not None and copies.get("status") != "ok":
         status = ProbeStatus("copies", UNAVAILABLE, copies.get("detail", ""))
+    elif copies is not None and not status.detail:
+        kinds = sorted({m["kind"] for m in copies.get("measurements", [])})
+        status = replace(status, detail=f"{len(copies.get('measurements', []))} copies measured "
+                                                    f"({', '.join(kinds)}), {copies.get('size_bytes', 0) >> 20} MiB each")
     return copies, status
 
 
@@ -263,7 +267,9 @@ def cluster_payload(node_ranks: list, levels: dict, rows, world_size: int) -> di
 
 def validation_payload(vres, vopts, opts) -> dict:
     if vopts is None:
-        reason = "--no-validate" if not opts.validate else f"{opts.nproc} rank(s): validation needs at least 2"
+        reason = ("--no-validate" if not opts.validate else
+                  f"{opts.nproc} rank(s): a scan validates its predictions across 2 or more ranks "
+                  "(`topoprof validate` on one GPU measures DDP's own costs there, for `model --calibration`)")
         return {"status": "skipped", "reason": reason}
     from topoprof.model.validate import summary
 
