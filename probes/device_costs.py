@@ -59,17 +59,17 @@ def fastest(fn, repeats: int) -> float:
     return best
 
 
+def _copy_s(src, dst) -> float:
+    return fastest(lambda: dst.copy_(src), 2)
+
+
 def measure_cpu_costs(repeats: int = 5) -> dict:
     a, b = torch.randn(GEMM_N, GEMM_N), torch.randn(GEMM_N, GEMM_N)
     out = torch.empty(GEMM_N, GEMM_N)
     gemm_s = fastest(lambda: torch.mm(a, b, out=out), repeats)
     n = STREAM_BYTES // 4
-    copies = []
-    for _ in range(repeats):  # each pair of buffers where the allocator places it
-        src, dst = torch.ones(n), torch.empty(n)
-        copies.append(fastest(lambda: dst.copy_(src), 2))
-        del src, dst
-    copy_s = statistics.median(copies)
+    # each pair of buffers where the allocator places it, freed before the next pair
+    copy_s = statistics.median(_copy_s(torch.ones(n), torch.empty(n)) for _ in range(repeats))
     existing = torch.ones(n)
     fresh_s = fastest(lambda: torch.empty(n).fill_(1.0), repeats) - fastest(lambda: existing.fill_(1.0), repeats)
     x = torch.ones(1, requires_grad=True)
