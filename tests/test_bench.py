@@ -13,13 +13,10 @@ import pytest
 
 from topoprof.measure.bench import BenchOptions, run_bench
 from topoprof.measure.collectives import COLLECTIVES, size_sweep
+from tests.helpers.cli import topoprof as _cli
 
 FIXTURE_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
 SMALL = tuple(size_sweep(1024, 256 * 1024, 4))
-
-
-def _cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

@@ -6,13 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from tests.helpers.cli import topoprof as _cli
 
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
-
-
-def _cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=120, **kw)
 
 
 def test_command_list_is_deliberate():

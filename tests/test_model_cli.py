@@ -4,10 +4,9 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from tests.helpers.cli import topoprof as _cli
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 NCCL_TESTS_LOG = os.path.join(FIX, "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
@@ -15,10 +14,6 @@ H100_TOPO = glob.glob(os.path.join(FIX, "topo", "18_*"))[0]
 STRATEGIES = {"single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress",
               "fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync",
               "hsdp", "hsdp_no_sync"}
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=120)
 
 
 def _model_json(*args) -> dict:

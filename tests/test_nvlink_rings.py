@@ -7,8 +7,6 @@ import glob
 import itertools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,7 @@ from probes.nvml import query_nvml
 from topoprof.model import channels
 from topoprof.model.links import comm_from_topology, nvlink_rings
 from topoprof.topology.build import build_topology, with_compute_capability
+from tests.helpers.cli import topoprof as _cli
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 SM70 = 20.0  # NCCL src/graph/topo.h SM70_NVLINK_BW, per link per direction
@@ -177,9 +176,6 @@ def test_pack_rings_pure():
 
 
 # ---- the model command and the scan's verdict -------------------------------------------------
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=120)
 
 
 MODEL = ["model", "--params", "25557032", "--micro-batch-time", "0.0964", "--optimizer-time", "0.0008",

@@ -9,8 +9,6 @@ broken after the check passed.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,10 +17,7 @@ import pytest
 from tests.helpers.unwritable import broken_after_check, one_error_line
 from topoprof.errors import InputError
 from topoprof.jsonio import check_writable, check_writable_folder, write_text
-
-
-def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
+from tests.helpers.cli import topoprof as _cli
 
 
 # ---- the checks before a run ----------------------------------------------------------------------

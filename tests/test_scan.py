@@ -2,20 +2,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
+from tests.helpers.cli import topoprof as _cli
 
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
                "verdict", "recommendations", "charts", "timing", "cluster", "probes", "what_if"}
-
-
-def _cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

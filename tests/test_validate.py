@@ -2,14 +2,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-
-def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
+from tests.helpers.cli import topoprof as _cli
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,9 @@ import pytest
 
 from topoprof.errors import InputError
 from topoprof.model.validate import ALL_MODES, DDP_MODES, parse_modes
+from tests.helpers.cli import topoprof as _cli
 
 FSDP = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync")
-
-
-def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

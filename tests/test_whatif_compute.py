@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from tests.helpers.cli import topoprof as _cli
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 USER_MODELS = os.path.join(FIX, "user_models")
 H100 = "NVIDIA H100 80GB HBM3"
 GPT2 = ["--preset", "gpt2", "--tokens", "1024", "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep"]
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, timeout=300)
 
 
 def _json(*args) -> dict:

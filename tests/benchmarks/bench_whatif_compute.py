@@ -89,21 +89,37 @@ OUTSIDE = [
 ]
 
 
+def training_step(preset: str, kwargs: dict, device: str = "cpu"):
+    """One forward and backward of the preset built at that shape, as a training step runs it
+    (gradients set to None first): fp32 on the CPU, bf16 autocast on a GPU, waited for there."""
+    import torch
+
+    from probes.dist import synchronize
+    from probes.preset_models import build
+    from probes.user_model import to_device, user_loss
+
+    module, batch, loss_fn = build(preset, **kwargs)
+    module, batch = module.to(device), to_device(batch, device)
+    on_gpu = device.startswith("cuda")
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu):
+            loss = user_loss(module, batch, loss_fn)
+        loss.backward()
+        synchronize(device)
+
+    return step
+
+
 def measured_s(preset: str, kwargs: dict) -> tuple[float, int]:
     """The fastest step, and the bytes of pages first touched in one more step (minor faults x
     the page size: what the model prices as fresh pages)."""
     import resource
 
     from probes.device_costs import fastest
-    from probes.preset_models import build
-    from probes.user_model import user_loss
 
-    module, batch, loss_fn = build(preset, **kwargs)
-
-    def step():
-        module.zero_grad(set_to_none=True)
-        user_loss(module, batch, loss_fn).backward()
-
+    step = training_step(preset, kwargs)
     seconds = fastest(step, REPEATS)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
@@ -175,32 +191,14 @@ def _print(name: str, measured: float, result, fresh: tuple[int, int], judged: b
 
 
 def measured_on_gpu_s(preset: str, kwargs: dict) -> float:
-    """Forward + backward of the preset on the first GPU under bf16 autocast, the fastest of REPEATS."""
-    import torch
-
-    seconds = _fastest_gpu_step(preset, kwargs)  # its module and batch go with its frame
-    torch.cuda.empty_cache()
-    return seconds
-
-
-def _fastest_gpu_step(preset: str, kwargs: dict) -> float:
+    """The fastest step on the first GPU; the memory it held goes back before the next shape."""
     import torch
 
     from probes.device_costs import fastest
-    from probes.preset_models import build
-    from probes.user_model import to_device, user_loss
 
-    module, batch, loss_fn = build(preset, **kwargs)
-    module, batch = module.to("cuda"), to_device(batch, "cuda")
-
-    def step():
-        module.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = user_loss(module, batch, loss_fn)
-        loss.backward()
-        torch.cuda.synchronize()
-
-    return fastest(step, REPEATS)
+    seconds = fastest(training_step(preset, kwargs, "cuda"), REPEATS)  # the step, and its module, freed here
+    torch.cuda.empty_cache()
+    return seconds
 
 
 def main_gpu() -> None:

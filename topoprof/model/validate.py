@@ -27,6 +27,9 @@ DDP_MODES = ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only")
 # `--modes all`: every mode these ranks run in one launch (dp, one process over the GPUs, is asked
 # for by name)
 ALL_MODES = DDP_MODES + FSDP_ONE_NODE
+# FSDP's own work is timed between collectives that block the rank, as gloo's do; NCCL returns as
+# soon as a collective is queued, and those timings are not built for it
+FSDP_BACKENDS = ("gloo",)
 VALID_MODES = ALL_MODES + ("dp",)
 # Sizes for the fit: the model all-reduces buckets from a few KiB (tiny models) up to 25 MiB.
 FIT_SIZES = tuple(4096 * 2 ** i for i in range(13))  # 4 KiB .. 16 MiB, every power of two
@@ -74,9 +77,7 @@ class ValidateOptions:
         if unknown:
             raise InputError(f"--modes {','.join(unknown)}: valid modes are all, {', '.join(VALID_MODES)}")
         fsdp = [m for m in self.modes if m in FSDP_ONE_NODE]
-        if fsdp and self.backend != "gloo":
-            # its own work is measured between collectives that block the rank (gloo's); NCCL
-            # returns as soon as a collective is queued, and those timings are not built for it
+        if fsdp and self.backend not in FSDP_BACKENDS:
             raise InputError(f"--modes {','.join(fsdp)}: FSDP is validated on CPU ranks (--backend gloo); "
                              f"with --backend {self.backend} its timings are not built")
         if fsdp and self.user_model:
@@ -89,7 +90,7 @@ class ValidateOptions:
 def parse_modes(text: str, backend: str = "gloo") -> tuple[str, ...]:
     """`--modes`: a comma list; `all` stands for ALL_MODES on gloo, and for the DDP modes on a
     backend FSDP is not validated on (ValidateOptions refuses FSDP there)."""
-    every = ALL_MODES if backend == "gloo" else DDP_MODES
+    every = ALL_MODES if backend in FSDP_BACKENDS else DDP_MODES
     out: list[str] = []
     for mode in (m.strip() for m in text.split(",")):
         for m in (every if mode == "all" else (mode,) if mode else ()):
