@@ -37,6 +37,26 @@ measured on that one 3x3 family, priced ResNet-50's 1x1 and strided convolutions
 (backward 25 ms predicted vs 38 ms profiled at 96 px, against 28 ms with the one peak), so the
 model keeps the one peak and this benchmark shows where it stands.
 
+Why no one rate prices this CPU's convolutions: the matmuls and the convolutions run in two
+libraries. The matmuls go to MKL's sgemm, which on this AMD CPU does not take its AVX-512 path
+(MKL_VERBOSE names its code path "Intel(R) Architecture processors"): 224-238 GFLOP/s at 2048^3.
+The convolutions go to oneDNN's own JIT kernels (ONEDNN_VERBOSE: jit:avx512_core, jit_1x1), which
+reach 500-520 GFLOP/s on a large 3x3 convolution here (8 images of 256 channels at 32x32 px,
+forward; 440-480 backward) and far less on small ones: the forward of a 1x1 convolution ran at
+119-247 GFLOP/s on 2 images of 3x3 px, 367-464 at 8x8 and 471-517 at 16x16. oneDNN also reorders
+each weight between PyTorch's plain layout and its blocked one on every call (forward, input
+gradient, and the weight gradient back), and its weight gradient costs 0.04-0.24 ns per weight
+byte beyond its FLOPs at the large one's rate (more for weights past the caches: 0.2-0.24 for 4 and
+8 MB). Two other pricings were tried on the convolution models, timed beside them:
+- every convolution at that large convolution's rate: measured 40-109 % above the prediction
+  (ResNet-50 2x96 px: 29 ms predicted vs 61 measured; 8x128 px: 172 vs 240);
+- that rate plus a cost per weight byte, measured on a 1x1 1024 -> 1024 convolution on 2 images
+  of 4x4 px (forward 0.03, backward 0.27-0.31 ns/B): 16-35 % above, every row.
+With the matmul's one peak they spread from -26 to +46 %: too slow a rate for the large
+convolutions, no price for the small ones' per-call costs. The model keeps the one peak, and this
+table shows both misses: ResNet-50 8x128 px and 2x224 px are measured 23-26 % under the
+prediction, ResNet-50 2x96 px and ResNeXt-50 2x128 px above it.
+
     python tests/benchmarks/bench_whatif_compute.py
 
 On a machine with a CUDA GPU, `--device cuda` checks the what-if itself: GPU_SHAPES (widths,
@@ -58,8 +78,8 @@ sys.path.insert(0, ROOT)
 REPEATS = 3
 ROUNDS = 3
 TARGET = 0.25
-# (preset, build kwargs): GPT-2 one and two blocks, BERT-base one layer, ResNet-50 and ResNeXt-50 at
-# small images (BatchNorm in training needs more than one value per channel: 2 images at 32 px).
+# (preset, build kwargs): GPT-2 one and two blocks, BERT-base one and two layers, ResNet-50 and
+# ResNeXt-50 at 2 small images, and ResNet-50 at 8 images and at its usual 224 px.
 SHAPES = [
     ("gpt2", {"n_layer": 1, "micro_batch": 1, "seq_len": 64}),
     ("gpt2", {"n_layer": 2, "micro_batch": 2, "seq_len": 128}),
@@ -68,6 +88,8 @@ SHAPES = [
     ("resnet50", {"micro_batch": 2, "image_size": 96}),
     ("resnet50", {"micro_batch": 2, "image_size": 128}),
     ("resnext50_32x4d", {"micro_batch": 2, "image_size": 128}),
+    ("resnet50", {"micro_batch": 8, "image_size": 128}),
+    ("resnet50", {"micro_batch": 2, "image_size": 224}),
 ]
 # The GPU table: GPT-2 at other depths, sequence lengths and micro-batches, GPT-2-medium and
 # GPT-3 XL (widths 1024 and 2048), LLaMA-7B's width (4096) at two blocks, BERT-base, ResNet-50
