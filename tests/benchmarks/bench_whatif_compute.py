@@ -41,13 +41,13 @@ Why no one rate prices this CPU's convolutions: the matmuls and the convolutions
 libraries. The matmuls go to MKL's sgemm, which on this AMD CPU does not take its AVX-512 path
 (MKL_VERBOSE names its code path "Intel(R) Architecture processors"): 224-238 GFLOP/s at 2048^3.
 The convolutions go to oneDNN's own JIT kernels (ONEDNN_VERBOSE: jit:avx512_core, jit_1x1), which
-reach 500-520 GFLOP/s on a large 3x3 convolution here (8 images of 256 channels at 32x32 px,
-forward; 440-480 backward) and far less on small ones: the forward of a 1x1 convolution ran at
-119-247 GFLOP/s on 2 images of 3x3 px, 367-464 at 8x8 and 471-517 at 16x16. oneDNN also reorders
-each weight between PyTorch's plain layout and its blocked one on every call (forward, input
-gradient, and the weight gradient back), and its weight gradient costs 0.04-0.24 ns per weight
-byte beyond its FLOPs at the large one's rate (more for weights past the caches: 0.2-0.24 for 4 and
-8 MB). Two other pricings were tried on the convolution models, timed beside them:
+reached 471-519 GFLOP/s on a large 3x3 convolution here in 12 timings beside the models (8 images
+of 256 channels at 32x32 px, forward; backward 392-477), and far less on small ones: the forward of
+a 1x1 convolution ran at 119-247 GFLOP/s on 2 images of 3x3 px, 367-464 at 8x8 and 471-517 at
+16x16. oneDNN also reorders each weight between PyTorch's plain layout and its blocked one on every
+call (forward, input gradient, and the weight gradient back), and on 2 images of 3x3 to 8x8 px its
+weight gradient cost 0.04-0.24 ns per weight byte beyond its FLOPs at the large one's rate (0.2-0.24
+for weights of 4 and 8 MB, past the caches; at 16x16 px the excess was within -0.07..+0.13). Two other pricings were tried on the convolution models, timed beside them:
 - every convolution at that large convolution's rate: measured 40-109 % above the prediction
   (ResNet-50 2x96 px: 29 ms predicted vs 61 measured; 8x128 px: 172 vs 240);
 - that rate plus a cost per weight byte, measured on a 1x1 1024 -> 1024 convolution on 2 images
