@@ -163,3 +163,14 @@ def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
                           ({"gpu_memory": None, "gpu": None}, {"device_memory_bytes": None})):  # timed on a CPU
         assert inputs._memory_of_the_timed_gpu(given, record, origins) == given
     assert len(origins) == 1
+
+
+def test_sweep_with_no_strategy_that_fits_says_so_instead_of_an_empty_table():
+    from topoprof.report.text_model import _sweep_rows
+
+    none_fit = {"sweep": {"accum": [1, 2, 4], "strategies": {"single": [None] * 3, "ddp_synced": [None] * 3}}}
+    assert _sweep_rows(none_fit) == ["Step time by accumulation steps K: none (no strategy above fits in memory "
+                                     "and applies here)"]
+    one_fits = {"sweep": {"accum": [1, 2], "strategies": {"single": [0.1, 0.2], "ddp_synced": [None, None]}}}
+    lines = _sweep_rows(one_fits)
+    assert lines[0] == "Step time (ms) by accumulation steps K:" and len(lines) == 3 and lines[2].startswith("single")

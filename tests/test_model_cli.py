@@ -99,6 +99,9 @@ def test_topo_json_round_trips_as_a_topology_source(tmp_path):
       "--micro-batch-time", "1"], "--image-size applies to a vision preset"),
     (["--preset", "resnet50", "--tokens", "2048", "--gpu", "v100-sxm2", "--link-bandwidth", "1", "--world-size", "2"],
      "--tokens: resnet50 is an image model"),
+    (["--preset", "gpt2", "--gpu", "h100-sxm", "--world-size", "1"], "--tokens: a --gpu what-if of gpt2 needs"),
+    (["--params", "7B", "--gpu", "h100-sxm", "--world-size", "1", "--utilization", "0.4"],
+     "--tokens: a --gpu what-if of --params 7B needs"),
 ])
 def test_impossible_input_exit_2_with_arithmetic(args, text):
     proc = _cli("model", *args)

@@ -142,6 +142,7 @@ def build_inputs(opts: dict):
     if sum(x is not None for x in (opts["params"], opts["preset"], user)) != 1:
         raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
     check_image_options(opts["preset"], opts.get("image_size"), opts["tokens"])
+    _check_tokens_for_a_what_if(opts)
     work_kw = dict(grad_bytes=opts["grad_bytes"], micro_batch_size=opts["micro_batch_size"],
                    tokens_per_micro_batch=opts["tokens"], bucket_cap_mb=opts["bucket_cap_mb"],
                    activation_memory_gb=opts.get("activation_memory"), **fsdp_options(opts))
@@ -251,6 +252,19 @@ def check_image_options(preset: str | None, image_size: int | None, tokens: int 
             get_preset(preset, image_size)  # unknown name, or a text preset: refused by name
         raise InputError(f"--image-size applies to a vision preset ({', '.join(VISION_PRESETS)}), "
                          "not to --params or --model")
+
+
+def _check_tokens_for_a_what_if(opts: dict) -> None:
+    """A text model's --gpu what-if prices its tokens: without --tokens (or a compute measured
+    or calibrated) it has nothing to price, so say which option is missing."""
+    from topoprof.model.presets import is_vision
+
+    if (opts["gpu"] is None or opts["tokens"] is not None or opts["micro_batch_time"] is not None
+            or opts["calibration"] or opts.get("user_model") or (opts["preset"] and is_vision(opts["preset"]))):
+        return
+    what = opts["preset"].strip().lower() if opts["preset"] else f"--params {opts['params']}"
+    raise InputError(f"--tokens: a --gpu what-if of {what} needs the tokens per GPU per micro-batch (e.g. "
+                     f"--tokens 1024 for one sequence of 1024), or give --micro-batch-time SECONDS (measured)")
 
 
 def _user_model_here(spec: str, opts: dict):

@@ -124,12 +124,12 @@ def _strategy_row(name: str, s: dict) -> str:
 
 def _sweep_rows(payload: dict) -> list[str]:
     sweep = payload["sweep"]
-    lines = ["Step time (ms) by accumulation steps K:", f"{'strategy':<28}" + "".join(f"{'K=' + str(k):>10}" for k in sweep["accum"])]
-    for name, steps in sweep["strategies"].items():
-        if all(step is None for step in steps):  # does not apply here (e.g. DDP on one GPU)
-            continue
-        lines.append(f"{name:<28}" + "".join(f"{_ms(s):>10}" for s in steps))
-    return lines
+    rows = [f"{name:<28}" + "".join(f"{_ms(s):>10}" for s in steps) for name, steps in sweep["strategies"].items()
+            if any(step is not None for step in steps)]  # none: it does not apply here (e.g. DDP on one GPU)
+    if not rows:  # nothing fits, or nothing applies: an empty table would read as a missing result
+        return ["Step time by accumulation steps K: none (no strategy above fits in memory and applies here)"]
+    return ["Step time (ms) by accumulation steps K:",
+            f"{'strategy':<28}" + "".join(f"{'K=' + str(k):>10}" for k in sweep["accum"]), *rows]
 
 
 def _header(payload: dict) -> list[str]:
