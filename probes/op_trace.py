@@ -63,6 +63,7 @@ the caller then keeps the measured order and says why.
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -117,6 +118,10 @@ def _flops(func, args, kwargs, out) -> int:
     return int(formula(*args, **kwargs, out_val=out))
 
 
+def _is_parameter(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
+
+
 def _is_causal(func, args, kwargs) -> bool:
     """The is_causal argument of a fused attention op (forward or backward)."""
     schema = func._schema
@@ -124,6 +129,46 @@ def _is_causal(func, args, kwargs) -> bool:
         if arg.name == "is_causal":
             return bool(kwargs["is_causal"] if "is_causal" in kwargs else args[i] if i < len(args) else False)
     return False
+
+
+class LiveBytes:
+    """The bytes of the storages a pass allocated that are still alive, and their peak.
+
+    A meta storage keeps its Python object while anything holds it (a view, autograd's saved
+    tensors), so a weak reference to it ends exactly when the storage is freed: what is alive at
+    the end of the forward is what the backward will read, in the dtypes the target runs, as
+    `torch.cuda.memory_allocated` after a forward counts it (without the caching allocator's
+    rounding). Copies of a parameter (autocast's 16-bit weights) are kept apart: they scale with
+    the parameters, not with the batch."""
+
+    def __init__(self) -> None:
+        self.live = self.peak = self.param_copies = 0
+        self._held: set[int] = set()
+
+    def allocated(self, out, param_copy: bool = False) -> None:
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a tensor without a storage (a subclass): not counted
+                continue
+            key = id(storage)  # one Python object per live storage, kept while the storage lives
+            if key in self._held:  # an in-place op's output, or one already counted
+                continue
+            self._held.add(key)
+            size = storage.nbytes()
+            self._count(size, param_copy)
+            weakref.finalize(storage, self._freed, key, -size, param_copy).atexit = False
+
+    def _count(self, size: int, param_copy: bool) -> None:
+        self.live += size
+        self.param_copies += size if param_copy else 0
+        self.peak = max(self.peak, self.live)
+
+    def _freed(self, key: int, size: int, param_copy: bool) -> None:
+        self._held.discard(key)
+        self._count(size, param_copy)
 
 
 class OpTracer(TorchDispatchMode):
@@ -134,6 +179,7 @@ class OpTracer(TorchDispatchMode):
         self.phase = "forward"
         self.ops: list[dict] = []
         self.flops = {"forward": 0, "backward": 0}
+        self.memory = LiveBytes()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -156,6 +202,7 @@ class OpTracer(TorchDispatchMode):
         if not view:
             op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             op["inplace"] = func._schema.is_mutable
+            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]))
         self.ops.append(op)
         self.flops[self.phase] += flops
         return out
@@ -192,6 +239,10 @@ class _TargetLens(TorchFunctionMode):
         super().__init__()
         self.device, self.dtype, self.autocast = device, autocast_dtype, False
         self._cache: dict[int, torch.Tensor] = {}
+
+    def clear_cache(self) -> None:
+        """As leaving a `torch.autocast` region clears its cache (autocast_mode.cpp, clear_cache)."""
+        self._cache.clear()
 
     def _cast(self, values, dtype):
         def one(t):
@@ -275,6 +326,10 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
             loss = user_loss(module, batch, loss_fn)
             if lens is not None:
                 lens.autocast = False
+                lens.clear_cache()  # autocast's cached casts go when its region ends
+            # what the backward reads (and the loss), less the parameters' copies
+            held = {"activations_bytes": tracer.memory.live - tracer.memory.param_copies,
+                    "param_copies_bytes": tracer.memory.param_copies}
             tracer.phase = "backward"
             loss.backward()
     finally:
@@ -282,6 +337,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
             h.remove()
     total = tracer.flops["backward"]
     return {"ops": tracer.ops, "by_name": aggregate(tracer.ops), "totals": totals(tracer.ops),
+            "memory": {**held, "peak_bytes": tracer.memory.peak},
             "ready_flops": [[i, f] for i, f in ready],
             "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
             **({"target": target} if target is not None else {})}

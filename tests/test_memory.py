@@ -110,7 +110,8 @@ def test_nothing_that_does_not_fit_is_recommended():
 
 def test_model_cli_says_what_does_not_fit():
     proc = subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "llama-7b", "--gpu", "h100-sxm",
-                           "--world-size", "8", "--tokens", "4096", "--link-bandwidth", "370", "--no-sweep"],
+                           "--world-size", "8", "--tokens", "4096", "--link-bandwidth", "370", "--no-sweep",
+                           "--micro-batch-time", "0.4"],  # no op trace: Korthikanti's count
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "ddp_synced" in proc.stdout and "does not fit: needs 153.0 GB of 80.0 GB" in proc.stdout
@@ -174,3 +175,19 @@ def test_sweep_with_no_strategy_that_fits_says_so_instead_of_an_empty_table():
     one_fits = {"sweep": {"accum": [1, 2], "strategies": {"single": [0.1, 0.2], "ddp_synced": [None, None]}}}
     lines = _sweep_rows(one_fits)
     assert lines[0] == "Step time (ms) by accumulation steps K:" and len(lines) == 3 and lines[2].startswith("single")
+
+
+def test_a_what_if_counts_the_activations_from_its_op_trace():
+    """An image model has no activation formula: its --gpu what-if's op trace counts them, and
+    twice the images hold twice the batch's tensors, less the few that do not scale (batch norm's
+    per-channel statistics, the loss)."""
+    def activations(images: int) -> dict:
+        doc = json.loads(subprocess.run(
+            [sys.executable, "-m", "topoprof", "model", "--preset", "resnet50", "--gpu", "a100-sxm4-80gb",
+             "--world-size", "1", "--micro-batch-size", str(images), "--image-size", "64", "--no-sweep", "--json"],
+            capture_output=True, text=True, timeout=180).stdout)
+        return doc.get("model", doc)["inputs"]["activation_memory_gb"]
+
+    one, two = activations(2), activations(4)
+    assert one["source"].startswith("counted from the op trace at 2x3x64x64")
+    assert one["value"] > 0 and 1.9 * one["value"] < two["value"] < 2 * one["value"]

@@ -46,6 +46,36 @@ def test_ready_fractions_are_the_backward_matmul_flops_done():
     assert traced["totals"]["forward"]["flops"] == sum(mm)
 
 
+def _loss_bytes(traced) -> int:
+    return [op for op in traced["ops"] if op["phase"] == "forward"][-1]["outputs"][0]
+
+
+def test_activations_are_the_tensors_alive_after_the_forward():
+    # Each ReLU's result is saved twice (by its own backward and as the next addmm's input) and
+    # counted once; the addmm outputs before a ReLU and the last one (the mean saves no input)
+    # are freed; the input and the weights were allocated before the pass.
+    traced = _mlp_trace()
+    relu_outputs = 4 * BATCH * (WIDTHS[1] + WIDTHS[2])
+    assert traced["memory"]["activations_bytes"] == relu_outputs + _loss_bytes(traced)
+    assert traced["memory"]["param_copies_bytes"] == 0
+    assert traced["memory"]["peak_bytes"] >= traced["memory"]["activations_bytes"]
+
+
+def test_activations_in_bf16_keep_the_weight_copies_apart():
+    # Under CUDA autocast the input and each weight are cast to bf16: the first layer's weight
+    # copy is saved by nothing (its input needs no gradient) and the biases' copies by nothing
+    # (addmm's backward does not read them), so only the other two weights' copies stay, apart
+    # from the activations; the input's copy is saved for the first weight's gradient.
+    with torch.device("meta"):
+        layers = [torch.nn.Linear(a, b) for a, b in zip(WIDTHS, WIDTHS[1:])]
+        mlp = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(), layers[2])
+        x = torch.randn(BATCH, WIDTHS[0])
+    traced = trace_pass(mlp, x, None, list(mlp.parameters()), {"device": "cuda", "precision": "bf16"})
+    assert traced["memory"]["param_copies_bytes"] == 2 * (WIDTHS[1] * WIDTHS[2] + WIDTHS[2] * WIDTHS[3])
+    assert traced["memory"]["activations_bytes"] == (2 * BATCH * WIDTHS[0] + 2 * BATCH * (WIDTHS[1] + WIDTHS[2])
+                                                     + _loss_bytes(traced))
+
+
 def test_one_ops_bytes_and_views_moving_none():
     first = next(op for op in _mlp_trace()["ops"] if op["name"] == "aten.addmm.default")
     # addmm(bias, x, weight.t()): reads the bias, the input and the (transposed) weight in fp32

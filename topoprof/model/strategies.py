@@ -551,6 +551,11 @@ def _activations(inputs: ModelInputs) -> tuple[float | None, str]:
     work = inputs.workload
     if work.activation_memory_gb is not None:
         return work.activation_memory_gb * memory.GB, "given (--activation-memory)"
+    traced = ((inputs.compute.modelled_detail or {}).get("memory") or {}).get("activations_bytes")
+    if traced is not None:  # the model's own autograd graph, at the shape and dtypes priced
+        shape = inputs.compute.modelled_detail.get("shape", "the traced shape")
+        return traced, (f"counted from the op trace at {shape}: the tensors alive after its forward, "
+                        "which the backward reads (autocast's weight copies not included)")
     layers = PRESET_DEPTH.get(work.layout.name)
     if layers and work.tokens_per_micro_batch:
         hidden = work.layout.tensors[0].shape[-1]  # the token embedding's width

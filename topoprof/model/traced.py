@@ -93,7 +93,8 @@ def modelled_fields(trace: dict, gpu: str, precision: str, compiled: bool, note:
               "host_s": result.middle.host_s, "device_s": result.middle.device_s,
               "device_s_by_kind": result.middle.by_kind, "host_bound": result.host_bound,
               "summary": result.summary(), "basis": list(result.basis),
-              "notes": [*result.notes, *([note] if note else [])]}
+              "notes": [*result.notes, *([note] if note else [])],
+              **({"memory": trace["memory"]} if trace.get("memory") else {})}
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 
