@@ -131,10 +131,20 @@ def _agree(torch, dist, device, ok: bool, group=None) -> bool:
     return bool(flag.item())
 
 
+def _raise_if_backend(dist, err: BaseException) -> None:
+    """A size that cannot be allocated stops the sweep with its reason; a communicator's own error
+    (NCCL's `DistBackendError`, a RuntimeError too) is no such stop: it ends the rank, which
+    the launcher reports as a failure, with the rows measured before it kept."""
+    backend_error = getattr(dist, "DistBackendError", None)
+    if backend_error is not None and isinstance(err, backend_error):
+        raise err
+
+
 def _allocate(torch, dist, ctx, name, send_n, recv_n, dtype, where):
     try:
         op, error = _Op(torch, dist, name, send_n, recv_n, dtype, ctx.device, where.rank, where.size, where.group), None
     except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        _raise_if_backend(dist, err)
         op, error = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     if not _agree(torch, dist, ctx.device, op is not None):  # the whole job agrees: all stop together
         return None, error or "another rank could not allocate its buffers"
@@ -201,6 +211,7 @@ def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
         try:
             wrong = _check(op, ctx, config, sync)
         except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            _raise_if_backend(dist, err)
             error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     if not _agree(torch, dist, ctx.device, error is None):
         return None, error or "another rank failed its correctness check (out of memory?)"

@@ -55,7 +55,8 @@ class CommClock:
 
     def stand_in(self) -> None:
         if self.token is None:
-            self.token = torch.zeros(1)
+            # on the device the process group reduces (NCCL takes no CPU tensor)
+            self.token = torch.zeros(1, device="cuda" if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(self.token)
 
 

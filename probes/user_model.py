@@ -212,7 +212,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         raise UserModelError("return", "the module has no parameter with requires_grad: nothing to train")
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
     opt, opt_name = _optimizer(optimizer, trainable, device)
     autocast, precision_used, scaler = precision_context(precision, device)
     passes, optimizer_s = [], []

@@ -41,8 +41,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from probes import fsdp, training
+from probes import training
 from probes.dist import synchronize, synchronize_compute
+from topoprof.model.fsdp import FSDP_ONE_NODE
 from topoprof.model.synthetic import DDP_MODES, check_supported, parse_config
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
@@ -258,7 +259,9 @@ def run_rank(ctx, config: dict) -> None:
     cfg = parse_config({**config, "mode": "ddp_synced"})
     requested = config.get("modes", DDP_MODES)
     modes = [m for m in requested if m in DDP_MODES]
-    fsdp_modes = [m for m in requested if m in fsdp.SUPPORTED]
+    fsdp_modes = [m for m in requested if m in FSDP_ONE_NODE]  # probes/fsdp.py's SUPPORTED
+    if fsdp_modes:  # FSDP2's torch API only where an FSDP mode is asked for: DDP runs on older torch
+        from probes import fsdp
     check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -274,8 +277,9 @@ def run_rank(ctx, config: dict) -> None:
     if fsdp_modes:
         fsdp.quiet()
         fsdp_clock = fsdp.CommClock(ctx.rank, ctx.world_size)
-        copies = fsdp.build_copies(lambda: training.build_model(cfg.spec, cfg.seed).to(ctx.device), fsdp_modes,
-                                   fsdp.mesh_for(ctx.device, ctx.world_size), fsdp_clock,
+        amp = training.AMP_DTYPES[cfg.amp]  # the same precision as the DDP model beside them
+        copies = fsdp.build_copies(lambda: training.build_model(cfg.spec, cfg.seed, autocast_dtype=amp).to(ctx.device),
+                                   fsdp_modes, fsdp.mesh_for(ctx.device, ctx.world_size), fsdp_clock,
                                    lambda m: training.make_optimizer(cfg, m))
     rotations = []
     buffers: list = []

@@ -125,9 +125,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     junit = out / "junit.xml"
     env = {**os.environ, "TOPOPROF_GPU_SUITE_OUT": str(out), "PYTHONUNBUFFERED": "1"}
+    # the machine's facts first: a suite stopped at its time limit still writes its summary in the grace
+    facts = {**machine(), "created_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ")}
     code = run_pytest([sys.executable, "-m", "pytest", "-m", "gpu", str(ROOT / "tests" / "test_gpu.py"),
                        "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}"], env)
-    facts = {**machine(), "created_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ")}
     tests = outcomes(junit) if junit.exists() else []
     junit.unlink(missing_ok=True)
     (out / "summary.json").write_text(json.dumps({"machine": facts, "tests": tests, "pytest_exit": code}, indent=1) + "\n")
