@@ -77,6 +77,9 @@ def test_one_gpu_scan_without_compute_says_what_to_give(tmp_path):
     report, md, _ = _scan(tmp_path)
     assert "--micro-batch-time" in report["what_if"]["skipped"]
     assert "No what-if:" in md
+    # and the summary's statuses name it, as any probe that gave nothing
+    (status,) = [p for p in report["probes"] if p["name"] == "what-if"]
+    assert status["status"] == "skipped" and "--micro-batch-time" in status["detail"]
 
 
 def _copy_case(measured, gen_now=5, width_now=16):
@@ -100,3 +103,35 @@ def test_copies_are_judged_against_the_pcie_link():
     assert _copy_case(54.8, gen_now=1)[0]["cause"] is None
     low = _copy_case(20.0, width_now=8)[0]
     assert low["status"] == "low" and "x8 of x16" in low["cause"]
+
+
+def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():
+    from topoprof.report.verdict import judge
+
+    rows = [{"collective": "all_reduce", "size_bytes": 8 << 20, "busbw_gbps": 0.0, "algbw_gbps": 900.0, "wrong": 0}]
+    verdict = judge({"rows": rows, "metadata": {"world_size": 1, "backend": "nccl"}}, {}, None)
+    assert verdict.status == "unknown" and "one rank: nothing crosses a link" in verdict.summary
+    assert "0.000" not in verdict.summary
+
+
+def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
+    """Every one-GPU scan checks the what-if method: the compute timed here beside the range its
+    own ops are priced at, in the report's what-if section."""
+    from topoprof.model.predictions import compute_check
+    from topoprof.report.markdown import _what_if
+
+    assert compute_check(Compute(micro_batch_time_s=0.03)) is None  # nothing modelled beside it
+    compute = Compute(micro_batch_time_s=0.03, optimizer_time_s=0.004, modelled_s=(0.02, 0.025, 0.04),
+                      modelled_basis="its op trace", modelled_detail={"summary": "h100-sxm (bf16, eager): ..."})
+    check = compute_check(compute)
+    assert check["inside"] and check["error_vs_middle"] == pytest.approx(0.2)
+    outside = compute_check(Compute(micro_batch_time_s=0.05, modelled_s=(0.02, 0.025, 0.04)))
+    assert not outside["inside"]
+    md = "\n".join(_what_if({"what_if": {**_what_if_payload(), "compute_source": "timed on GPU0",
+                                         "compute_check": check}}))
+    assert ("Compute per micro-batch measured 30.0 ms; modelled from its own ops 20.0 – 40.0 ms, middle 25.0 ms: "
+            "measured is +20 % of the middle, inside the range.") in md
+
+
+def _what_if_payload():
+    return {**_what_if(), "label": "gpt2"}

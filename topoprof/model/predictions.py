@@ -61,6 +61,8 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
     return replace(compute, calibrated=tuple(sorted(set(compute.calibrated) | carried))), source
 
 
+# How a compute source says the model could not be timed on this GPU (the datasheet then stands in).
+TIMING_FAILED = "on GPU0 failed"
 # What a scan's calibration (`validate` on these ranks) carries to every model it predicts.
 CARRIED = ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps",
            "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter", "comm_slowdown_by_size")
@@ -89,16 +91,16 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         from topoprof.model.user_model import user_compute
 
         measured = user_compute(opts.user_record)
-        beside = {}
+        beside, why = {}, None
         if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
-            beside, _why = priced(opts.user_record.get("op_trace"), gpu_name, "bf16", False)
-        return _measured_compute(measured, measured["source"], gpu_name, extra, beside)
+            beside, why = priced(opts.user_record.get("op_trace"), gpu_name, "bf16", False)
+        return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:
         try:
             return _time_on_gpu(preset, opts, gpu_name, extra)
         except Exception as err:  # noqa: BLE001 - the datasheet or calibration still predicts
-            failed = f"timing {preset} on GPU0 failed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+            failed = f"timing {preset} {TIMING_FAILED} ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
             compute, source = _compute(opts, workload, calibration, vopts, gpu_name, size, time_on_gpu=False)
             return compute, failed + source
     if calibration and vopts is not None:
@@ -146,36 +148,36 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     if is_vision(preset):
         measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size)
         return _measured_compute(measured, measured["source"], gpu_name, extra,
-                                 _modelled_beside(preset, opts, None, gpu_name))
+                                 *_modelled_beside(preset, opts, None, gpu_name))
     tokens = opts.tokens or DEFAULT_TOKENS
     sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
     measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0")
     source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
                                    "blocks and extended to its depth" if measured.get("scaled") else "")
-    return _measured_compute(measured, source, gpu_name, extra, _modelled_beside(preset, opts, tokens, gpu_name))
+    return _measured_compute(measured, source, gpu_name, extra, *_modelled_beside(preset, opts, tokens, gpu_name))
 
 
-def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None) -> dict:
+def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None) -> tuple[dict, str | None]:
     """The preset's compute priced from its own ops at the shape timed, to show beside the time
-    measured on GPU0 (every GPU scan checks the what-if); {} where it cannot be."""
+    measured on GPU0 (every GPU scan checks the what-if): (modelled fields, None), or ({}, why not)."""
     from topoprof.model.traced import model_on_gpu, preset_request
 
     if not gpu_name:
-        return {}
-    modelled, _why = model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size),
-                                  gpu_name, "bf16", False)
-    return modelled
+        return {}, "this GPU's name is unknown"
+    return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size), gpu_name, "bf16", False)
 
 
-def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None):
+def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None,
+                      unpriced: str | None = None):
     """Compute from a timing of the model itself (its record from `topoprof.model.user_model`),
     each timed input carrying where it was measured; `modelled` (the range priced from its ops)
-    goes beside it."""
+    goes beside it, or the source says why it could not (`unpriced`)."""
     from topoprof.model.compute import Compute
 
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
-    return (Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
-                    origins=tuple((k, source) for k in keys)), source)
+    compute = Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
+                      origins=tuple((k, source) for k in keys))
+    return compute, source + (f"; its ops could not be priced beside it ({unpriced})" if not modelled and unpriced else "")
 
 
 def composed_comm(levels: dict, world_size: int):
@@ -285,4 +287,17 @@ def single_gpu_what_ifs(opts, gpu) -> dict:
     else:
         return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model PATH.py:CALLABLE "
                                            "(timed here) or --micro-batch-time SECONDS"}
-    return {**what_ifs(workload, compute, gpu, opts.accum), "label": label, "compute_source": source}
+    return {**what_ifs(workload, compute, gpu, opts.accum), "label": label, "compute_source": source,
+            **({"compute_check": check} if (check := compute_check(compute)) else {})}
+
+
+def compute_check(compute) -> dict | None:
+    """The compute measured on this GPU beside the range priced from the model's own ops: the
+    check of the what-if method that every GPU scan makes; None where either is missing."""
+    measured = compute.micro_batch_time_s
+    if measured is None or compute.modelled_s is None:
+        return None
+    fast, middle, slow = compute.modelled_s
+    return {"measured_s": measured, "modelled_s": [fast, middle, slow], "error_vs_middle": measured / middle - 1,
+            "inside": fast <= measured <= slow, "basis": compute.modelled_basis,
+            "summary": (compute.modelled_detail or {}).get("summary")}

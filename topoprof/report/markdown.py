@@ -140,11 +140,7 @@ def _predictions(report: dict) -> list[str]:
                     "time is a range; the step column uses the middle.", ""]
         beside = p["inputs"].get("micro_batch_time_modelled_s")
         if beside:  # a GPU scan checks the what-if against what it measured
-            fast, middle, slow = beside["value"]
-            measured = p["inputs"]["micro_batch_time_s"]["value"]
-            out += [f"Compute per micro-batch measured {_ms(measured)} ms; modelled from its own ops {_ms(fast)} – "
-                    f"{_ms(slow)} ms, middle {_ms(middle)} ms: measured is {100 * (measured / middle - 1):+.0f} % of the "
-                    f"middle, {'inside' if fast <= measured <= slow else 'outside'} the range.", ""]
+            out += [_measured_vs_modelled(p["inputs"]["micro_batch_time_s"]["value"], beside["value"]), ""]
         model = (p["inputs"].get("compute_model") or {}).get("value")
         if model:
             out += [f"Compute model: {model['summary']}.", ""]
@@ -246,6 +242,13 @@ def _copies(report: dict) -> list[str]:
     return out + [f"- {c}" for c in causes] + ([""] if causes else [])
 
 
+def _measured_vs_modelled(measured: float, modelled) -> str:
+    fast, middle, slow = modelled
+    return (f"Compute per micro-batch measured {_ms(measured)} ms; modelled from its own ops {_ms(fast)} – "
+            f"{_ms(slow)} ms, middle {_ms(middle)} ms: measured is {100 * (measured / middle - 1):+.0f} % of the "
+            f"middle, {'inside' if fast <= measured <= slow else 'outside'} the range.")
+
+
 def _what_if(report: dict) -> list[str]:
     w = report.get("what_if")
     if not w:
@@ -256,6 +259,10 @@ def _what_if(report: dict) -> list[str]:
     out += [f"**What-if from nominal figures, not measured.** {w['label']}, K = {w['accum']}; compute: "
             f"{w['compute_source']}. One GPU: {w['single_step_s'] * 1e3:.1f} ms per optimizer step. "
             "Each range spans the link's nominal low and high.", ""]
+    check = w.get("compute_check")
+    if check:  # the what-if method held against this GPU: what a GPU that is not here would be priced by
+        out += [_measured_vs_modelled(check["measured_s"], check["modelled_s"])
+                + (f" ({check['summary']}.)" if check.get("summary") else ""), ""]
     rows = []
     for c in w["cases"]:
         low, high = sorted(c["no_sync_saving"])

@@ -140,16 +140,23 @@ def _predictions(opts, bench, vres, vopts, topology):
     return preds, status, levels
 
 
-def _what_ifs(opts, topology) -> dict | None:
+def _what_ifs(opts, topology):
     """One GPU, one rank: nothing to all-reduce here, so the report shows what more such GPUs
-    or nodes would do instead (from nominal links, labelled as such)."""
+    or nodes would do instead (from nominal links, labelled as such). (what-if, its status), or
+    (None, None) where it does not apply; a failed or partial one is a status in the summary."""
     if opts.nproc != 1 or len(topology.gpus) != 1:
-        return None
-    from topoprof.model.predictions import single_gpu_what_ifs
-    from topoprof.probing import attempt
+        return None, None
+    from topoprof.model.predictions import TIMING_FAILED, single_gpu_what_ifs
+    from topoprof.probing import PARTIAL, SKIPPED, ProbeStatus, attempt
 
     result, status = attempt("what-if", lambda: single_gpu_what_ifs(opts, topology.gpus[0]))
-    return result if result is not None else {"skipped": status.detail}
+    if result is None:
+        return {"skipped": status.detail}, status
+    if result.get("skipped"):
+        return result, ProbeStatus("what-if", SKIPPED, result["skipped"])
+    if TIMING_FAILED in result.get("compute_source", ""):  # priced without this GPU's timing
+        return result, ProbeStatus("what-if", PARTIAL, result["compute_source"])
+    return result, status
 
 
 @dataclass(frozen=True)
@@ -201,9 +208,10 @@ def run(opts, stages, out_dir: str) -> Written | None:
     preds, model_status, levels = _predictions(opts, bench, vres, vopts, topology)
     stages.end()
     stages.begin("what-if for more GPUs")  # on one GPU: its compute timed there, its ops priced
-    what_if = _what_ifs(opts, topology)
+    what_if, what_if_status = _what_ifs(opts, topology)
     stages.end()
-    probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status]
+    probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status,
+              *([what_if_status] if what_if_status else [])]
     summary, banner = _banner(opts, topology)
     # exit 3 only when rank work failed part-way: a probe that failed, or ranks that never
     # started, leave a report that says so and the scan succeeds with what it could measure
