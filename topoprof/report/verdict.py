@@ -65,7 +65,7 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
     if world == 1:  # bus bandwidth is 0 by definition: a "peak busbw 0.000 GB/s" would read as a failure
         return Verdict(f"1 rank, {backend}", measured, size, None, None, "unknown", None,
                        "one rank: nothing crosses a link, so there is no bus bandwidth to judge "
-                       "(the rows time the collective on this GPU alone)")
+                       "(its rows time the collective on that one rank alone)")
     if backend.startswith("gloo"):
         return Verdict(f"{world} CPU rank(s), gloo", measured, size, None, None, "unknown", None,
                        f"peak busbw {measured:.3f} GB/s at {size} B; there is no nominal figure for "
