@@ -154,3 +154,28 @@ def test_a_gpu_scan_checks_the_what_if_against_what_it_timed(monkeypatch):
     assert len(pred["inputs"]["micro_batch_time_modelled_s"]["value"]) == 3
     page = "\n".join(_predictions({"predictions": [pred]}))
     assert "measured 50.0 ms; modelled from its own ops" in page and "Compute model:" in page
+
+
+def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch):
+    """The one-GPU what-if (the scan's only GPU-only stage) carries the check of the method, and
+    where timing on GPU0 fails it is a partial status in the summary, not a silent fallback."""
+    from types import SimpleNamespace
+
+    from topoprof.scan.job import _what_ifs
+    from topoprof.scan.options import ScanOptions
+
+    gpu = SimpleNamespace(name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
+    topology = SimpleNamespace(gpus=[gpu])
+    opts = ScanOptions(backend="nccl", nproc=1, note="", preset="gpt2", tokens=1024)
+    _fake_timing(monkeypatch)
+    timed, status = _what_ifs(opts, topology)
+    assert status.status == "ok" and not timed["timing_failed"]
+    assert timed["compute_check"]["measured_s"] == 0.05 and len(timed["compute_check"]["modelled_s"]) == 3
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr("topoprof.model.user_model.measure_preset", broken)
+    fell_back, status = _what_ifs(opts, topology)
+    assert fell_back["timing_failed"] and "compute_check" not in fell_back
+    assert status.status == "partial" and "timing gpt2 on GPU0 failed (RuntimeError: CUDA error" in status.detail

@@ -61,8 +61,6 @@ def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | No
     return replace(compute, calibrated=tuple(sorted(set(compute.calibrated) | carried))), source
 
 
-# How a compute source says the model could not be timed on this GPU (the datasheet then stands in).
-TIMING_FAILED = "on GPU0 failed"
 # What a scan's calibration (`validate` on these ranks) carries to every model it predicts.
 CARRIED = ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memory_bandwidth_gbps",
            "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter", "comm_slowdown_by_size")
@@ -100,7 +98,7 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         try:
             return _time_on_gpu(preset, opts, gpu_name, extra)
         except Exception as err:  # noqa: BLE001 - the datasheet or calibration still predicts
-            failed = f"timing {preset} {TIMING_FAILED} ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+            failed = f"timing {preset} on GPU0 failed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
             compute, source = _compute(opts, workload, calibration, vopts, gpu_name, size, time_on_gpu=False)
             return compute, failed + source
     if calibration and vopts is not None:
@@ -288,6 +286,8 @@ def single_gpu_what_ifs(opts, gpu) -> dict:
         return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model PATH.py:CALLABLE "
                                            "(timed here) or --micro-batch-time SECONDS"}
     return {**what_ifs(workload, compute, gpu, opts.accum), "label": label, "compute_source": source,
+            # nothing timed where a timing was due: its failure is in the source, the datasheet stood in
+            "timing_failed": compute.micro_batch_time_s is None,
             **({"compute_check": check} if (check := compute_check(compute)) else {})}
 
 

@@ -146,7 +146,7 @@ def _what_ifs(opts, topology):
     (None, None) where it does not apply; a failed or partial one is a status in the summary."""
     if opts.nproc != 1 or len(topology.gpus) != 1:
         return None, None
-    from topoprof.model.predictions import TIMING_FAILED, single_gpu_what_ifs
+    from topoprof.model.predictions import single_gpu_what_ifs
     from topoprof.probing import PARTIAL, SKIPPED, ProbeStatus, attempt
 
     result, status = attempt("what-if", lambda: single_gpu_what_ifs(opts, topology.gpus[0]))
@@ -154,7 +154,7 @@ def _what_ifs(opts, topology):
         return {"skipped": status.detail}, status
     if result.get("skipped"):
         return result, ProbeStatus("what-if", SKIPPED, result["skipped"])
-    if TIMING_FAILED in result.get("compute_source", ""):  # priced without this GPU's timing
+    if result.get("timing_failed"):  # priced without this GPU's timing
         return result, ProbeStatus("what-if", PARTIAL, result["compute_source"])
     return result, status
 
