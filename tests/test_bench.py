@@ -38,6 +38,21 @@ def test_every_collective_is_correct_and_scored_with_nccl_tests_factors(nproc):
     assert result.metadata["world_size"] == nproc and len(result.metadata["ranks"]) == nproc
 
 
+def test_one_rank_times_the_collective_and_gives_no_bandwidth():
+    """One rank moves nothing between GPUs: its rows keep their time, and no bandwidth is reported
+    in the rows, the footer, the fit or the JSON."""
+    proc = _cli("bench", "--nproc", "1", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-w", "1")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert rows and all(r[4:6] == ["N/A", "N/A"] and float(r[3]) > 0 for r in rows)
+    assert "Bus bandwidth" not in proc.stdout and "Fit all_reduce" not in proc.stdout
+    assert "# One rank: nothing crosses a link, so no bandwidth is given" in proc.stdout
+    doc = json.loads(_cli("bench", "--nproc", "1", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-w", "1",
+                          "--json").stdout)
+    assert doc["rows"] and all(r["algbw_gbps"] is None and r["busbw_gbps"] is None for r in doc["rows"])
+    assert doc["fit"] == {}
+
+
 def test_a_corrupted_result_is_counted_as_wrong():
     opts = BenchOptions(backend="gloo", nproc=2, collectives=("all_reduce", "all_gather"), sizes=SMALL[:2],
                         iters=1, warmup=0, corrupt_rank=1)
@@ -138,7 +153,7 @@ def test_uneven_nodes_get_rows_from_their_own_group_sizes(tmp_path):
                                                               ("job", (0, 1, 2))}
     for r in rows:
         if r["collective"] == "all_reduce" and r["ranks"] == [2]:
-            assert r["busbw_gbps"] == 0.0  # one rank: nothing crosses a link
+            assert r["busbw_gbps"] is None and r["algbw_gbps"] is None  # one rank: nothing crosses a link
         if r["collective"] == "all_gather" and r["level"] == "job":
             assert r["size_bytes"] % 48 == 0  # 16-byte chunks x 3 ranks, not rank 0's 2-rank rounding
     assert not any(r["collective"] == "sendrecv" and len(r["ranks"]) < 2 for r in rows)  # needs a peer

@@ -65,15 +65,19 @@ def test_bench_nccl_on_every_visible_gpu(tmp_path, record_property):
     assert doc["metadata"]["world_size"] == GPUS and rows
     assert not doc.get("stopped"), doc.get("stopped")  # every size up to 256M, none cut short
     assert all(r["wrong"] == 0 for r in rows)
-    peak = max(rows, key=lambda r: (r["busbw_gbps"], r["algbw_gbps"]))
     record_property("world_size", GPUS)
-    record_property("peak", f"{peak['collective']} {peak['size_bytes']} B: algbw {peak['algbw_gbps']:.1f} GB/s, "
-                            f"busbw {peak['busbw_gbps']:.1f} GB/s")
     record_property("nccl", doc["metadata"].get("nccl_version", "?"))
-    if GPUS == 1:  # one rank: the rows still time the collective; busbw is 0 by definition, and said so
-        assert all(r["busbw_gbps"] == 0 for r in rows)
-        assert "# One rank: bus bandwidth is 0 by definition" in proc.stdout
+    if GPUS == 1:  # one rank: the rows time the collective; it moves nothing, so no bandwidth is given
+        assert all(r["busbw_gbps"] is None and r["algbw_gbps"] is None for r in rows)
+        assert not doc["fit"]
+        assert "# One rank: nothing crosses a link, so no bandwidth is given" in proc.stdout
+        largest = max((r for r in rows if r["collective"] == "all_reduce"), key=lambda r: r["size_bytes"])
+        record_property("largest", f"all_reduce {largest['size_bytes']} B on one rank: {largest['time_us']:.1f} us, "
+                                   "no bandwidth (nothing crosses a link)")
     else:
+        peak = max(rows, key=lambda r: (r["busbw_gbps"], r["algbw_gbps"]))
+        record_property("peak", f"{peak['collective']} {peak['size_bytes']} B: algbw {peak['algbw_gbps']:.1f} GB/s, "
+                                f"busbw {peak['busbw_gbps']:.1f} GB/s")
         assert peak["busbw_gbps"] > 0
 
 

@@ -68,17 +68,20 @@ class BenchResult:
     wall_s: float = 0.0
 
     def fits(self) -> dict:
-        """Per collective, over the whole job's rows (the level every single-node run has)."""
+        """Per collective, over the whole job's rows (the level every single-node run has). None on
+        one rank: its t(S) = a + S/b would give b as a bandwidth of a collective that moved nothing."""
         from topoprof.measure.fit import fit_all
 
-        return fit_all([r for r in self.rows if r.level == "job"])
+        if self.world_size() == 1:
+            return {}
+        return fit_all([r for r in self.rows if r.level == "job" and r.busbw_gbps is not None])
 
     def level_fits(self) -> dict:
         """Across nodes: {"intra node0 (host)": {collective: Fit}, "inter network": ..., "job": ...}."""
         from topoprof.measure.fit import fit_all
 
-        keys = sorted({(r.level, r.group) for r in self.rows})
-        if keys == [("job", "")]:
+        keys = sorted({(r.level, r.group) for r in self.rows if r.busbw_gbps is not None})
+        if keys in ([("job", "")], []):
             return {}
         return {f"{level} {group}".strip(): fit_all([r for r in self.rows if (r.level, r.group) == (level, group)])
                 for level, group in keys}

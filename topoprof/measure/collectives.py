@@ -170,8 +170,9 @@ class BenchRow:
     count: int
     dtype: str
     time_us: float
-    algbw_gbps: float
-    busbw_gbps: float
+    # None on one rank: nothing crosses a link, so S / t is no bandwidth of anything
+    algbw_gbps: float | None
+    busbw_gbps: float | None
     wrong: int | None  # None when not checked (nccl-tests prints N/A with -c 0)
     rank_times_us: tuple[float, ...] = ()  # per-rank times when measured by topoprof
     # Multi-node jobs measure three levels: "intra" (the ranks of one node, `group` = its host),
@@ -205,10 +206,12 @@ def make_row(
     group: str = "",
     ranks: tuple[int, ...] = (),
 ) -> BenchRow:
-    """A row as nccl-tests would print it: count from the spec, algbw = size/time, busbw = algbw*factor."""
+    """A row as nccl-tests would print it: count from the spec, algbw = size/time, busbw = algbw*factor.
+    On one rank the collective moves nothing between GPUs, so neither bandwidth is given: the row
+    keeps only its time."""
     if not time_us > 0:
         raise InputError(f"time must be > 0 us, got {time_us!r} for {spec.name} at {size_bytes} B")
-    alg = algbw_gbps(size_bytes, time_us)
+    alg = algbw_gbps(size_bytes, time_us) if nranks > 1 else None
     return BenchRow(
         collective=spec.name,
         size_bytes=size_bytes,
@@ -216,7 +219,7 @@ def make_row(
         dtype=dtype,
         time_us=float(time_us),
         algbw_gbps=alg,
-        busbw_gbps=alg * spec.busbw_factor(nranks),
+        busbw_gbps=alg * spec.busbw_factor(nranks) if alg is not None else None,
         wrong=wrong,
         rank_times_us=tuple(float(t) for t in rank_times_us),
         level=level,

@@ -270,6 +270,8 @@ class _Run:
         bus = _number(b_tok, names[2], label, self.source, number)
         wrong = _wrong(w_tok, names[3], label, self.source, number)
         size = int(tokens[0])
+        if nranks == 1:  # nccl-tests prints S / t and a busbw of 0; one rank moves nothing between GPUs
+            alg = bus = None
         bench = BenchRow(spec.name, size, int(tokens[1]), tokens[2], time_us, alg, bus, wrong)
         if not time_us > 0:
             return bench, True, True

@@ -97,7 +97,7 @@ def _bandwidth(report: dict) -> list[str]:
             by_coll.setdefault(row["collective"], []).append(row)
     rows = []
     for coll, rs in by_coll.items():
-        good = [r for r in rs if not r.get("wrong")]
+        good = [r for r in rs if not r.get("wrong") and r.get("busbw_gbps") is not None]
         peak = max(good, key=lambda r: r["busbw_gbps"]) if good else None
         fit = (bench.get("fit") or {}).get(coll) or {}
         bw = fit.get("bandwidth_gbps")

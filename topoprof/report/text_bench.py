@@ -9,15 +9,21 @@ HEADER = (
 )
 
 
+def _gbps(value: float | None) -> str:
+    return f"{value:8.2f}" if value is not None else f"{'N/A':>8}"
+
+
 def format_row(row) -> str:
     wrong = "N/A" if row.wrong is None else str(row.wrong)
     return (f"{row.size_bytes:12d}  {row.count:12d}  {row.dtype:>8}  {row.time_us:9.1f}  "
-            f"{row.algbw_gbps:8.2f}  {row.busbw_gbps:8.2f}  {wrong:>6}")
+            f"{_gbps(row.algbw_gbps)}  {_gbps(row.busbw_gbps)}  {wrong:>6}")
 
 
 def footer(rows: Sequence) -> list[str]:
     """nccl-tests' '# Avg bus bandwidth' plus the peak and where it is reached."""
-    good = [r for r in rows if not r.wrong]
+    if rows and all(r.busbw_gbps is None for r in rows):
+        return ["# No bandwidth: one rank moves nothing between GPUs"]
+    good = [r for r in rows if not r.wrong and r.busbw_gbps is not None]
     if not good:
         return ["# no correct rows"]
     avg = sum(r.busbw_gbps for r in good) / len(good)
@@ -91,7 +97,7 @@ def summary_lines(result) -> list[str]:
     out += [f"# {stop['collective']}: {stop['reason']}" for stop in result.stopped]
     out += [f"# NCCL: {line}" for line in result.nccl_explained]
     if result.world_size() == 1:
-        out.append("# One rank: bus bandwidth is 0 by definition (nothing crosses a link); "
+        out.append("# One rank: nothing crosses a link, so no bandwidth is given (N/A); "
                    "these rows time the collective's local overhead only.")
     return out
 

@@ -32,7 +32,7 @@ class Verdict:
 
 def _peak(rows: list[dict], collective: str = "all_reduce") -> dict | None:
     good = [r for r in rows if r["collective"] == collective and not r.get("wrong")
-            and r.get("level", "job") == "job"]
+            and r.get("level", "job") == "job" and r.get("busbw_gbps") is not None]
     return max(good, key=lambda r: r["busbw_gbps"]) if good else None
 
 
@@ -59,13 +59,13 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
     peak = _peak(rows)
     world = (bench.get("metadata") or {}).get("world_size")
     backend = (bench.get("metadata") or {}).get("backend", "")
+    if world == 1:  # nothing crosses a link: no bandwidth was given, and none is judged
+        return Verdict(f"1 rank, {backend}", None, None, None, None, "unknown", None,
+                       "one rank: nothing crosses a link, so there is no bus bandwidth to judge "
+                       "(its rows time the collective on that one rank alone)")
     if peak is None:
         return Verdict("all-reduce", None, None, None, None, "unknown", None, "no correct all-reduce rows measured")
     measured, size = peak["busbw_gbps"], peak["size_bytes"]
-    if world == 1:  # bus bandwidth is 0 by definition: a "peak busbw 0.000 GB/s" would read as a failure
-        return Verdict(f"1 rank, {backend}", measured, size, None, None, "unknown", None,
-                       "one rank: nothing crosses a link, so there is no bus bandwidth to judge "
-                       "(its rows time the collective on that one rank alone)")
     if backend.startswith("gloo"):
         return Verdict(f"{world} CPU rank(s), gloo", measured, size, None, None, "unknown", None,
                        f"peak busbw {measured:.3f} GB/s at {size} B; there is no nominal figure for "

@@ -250,8 +250,8 @@ def level_fits(rows) -> dict:
     out: dict = {}
     for level in ("intra", "inter", "job"):
         groups = sorted({r.group for r in rows if r.level == level and r.collective == "all_reduce"})
-        for group in groups:
-            chosen = [r for r in rows if r.level == level and r.group == group]
+        for group in groups:  # a level of one rank (a node with one GPU) moves nothing: no fit
+            chosen = [r for r in rows if r.level == level and r.group == group and r.busbw_gbps is not None]
             fit = fit_rows(chosen, "all_reduce")
             if fit is not None:
                 peak = max((r for r in chosen if r.collective == "all_reduce" and not r.wrong),
