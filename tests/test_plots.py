@@ -227,3 +227,31 @@ def test_copy_cells_mark_missing_peer_access():
     grid, no_p2p = _d2d_grid(ms, [0, 1])
     assert no_p2p == {(0, 1), (1, 0)}
     assert _cell_texts(grid, no_p2p, 2) == [["900", "20\nno P2P"], ["20\nno P2P", "900"]]
+
+
+def test_copy_chart_says_what_its_diagonal_counts_and_draws_a_copys_ceiling():
+    """A copy within one GPU is timed as bytes copied per second; the datasheet's memory bandwidth
+    counts reads and writes together, so the chart's reference mark is half of it."""
+    from topoprof.report.plots.copies import _copy_notes, _d2d_grid
+
+    grid, no_p2p = _d2d_grid(copies(1)["measurements"], [0])
+    notes = " ".join(_copy_notes(grid, no_p2p, 4800.0))
+    assert "bytes copied per second" in notes and "(read + write)" not in notes
+    assert "HBM\u00f72 2400" in notes and "nominal 4800 GB/s" in notes
+
+
+def test_a_scan_draws_its_copies_against_the_gpus_pcie_link_and_memory():
+    """The references the scan gives the copies chart, from the real H200 scan's own JSON: the
+    PCIe link NVML reported (Gen5 x16) and the H200's datasheet memory bandwidth."""
+    import json
+    import os
+
+    from topoprof.report.files import _copy_reference
+
+    path = os.path.join(_repo_root(), "reports", "gpu-nvidia-h200-20261126", "scan", "report.json")
+    with open(path) as f:
+        report = json.load(f)
+    reference = _copy_reference(report)
+    assert reference["pcie_gbps"] == pytest.approx(63.0, abs=0.05) and reference["hbm_gbps"] == 4800.0
+    report["copies"]["device_names"] = ["NVIDIA H200", "Some Unknown GPU"]
+    assert _copy_reference(report)["hbm_gbps"] is None  # no figure is borrowed for an unknown GPU

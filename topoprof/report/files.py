@@ -43,6 +43,24 @@ def _largest(report: dict) -> dict | None:
                                         for s in p["strategies"].values()), default=None)
 
 
+def _copy_reference(report: dict) -> dict:
+    """The figures the copies chart draws its measurements against: the PCIe link's raw rate (as
+    the copies' verdict takes it, from NVML) and the GPU's datasheet memory bandwidth, where every
+    copied GPU is the same known model; None where unknown."""
+    import warnings
+
+    from topoprof.model.compute import lookup_gpu
+    from topoprof.report.verdict import copy_verdicts
+
+    copies = report.get("copies") or {}
+    links = [r["nominal_gbps"] for r in copy_verdicts(copies, report.get("topology") or {}) if r["nominal_gbps"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown GPU has no figure: nothing is drawn for it
+        specs = {lookup_gpu(name) for name in copies.get("device_names") or ()}
+    hbm = next(iter(specs)).memory_bandwidth_gbps if len(specs) == 1 and None not in specs else None
+    return {"pcie_gbps": max(links) if links else None, "hbm_gbps": hbm}
+
+
 def render_charts(report: dict, out_dir: str) -> dict[str, str]:
     from topoprof.report import plots
 
@@ -58,7 +76,8 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
         charts["links"] = plots.plot_link_matrix(topo["gpus"], topo["pairs"], os.path.join(out_dir, "links.png"))
     copies = report.get("copies") or {}
     if copies.get("status") == "ok":
-        charts["copies"] = plots.plot_copy_matrix(copies, os.path.join(out_dir, "copies.png"))
+        charts["copies"] = plots.plot_copy_matrix(copies, os.path.join(out_dir, "copies.png"),
+                                                  reference=_copy_reference(report))
     primary = _primary(report)
     if primary and primary.get("sweep"):
         charts["step_vs_accum"] = plots.plot_step_vs_accum(

@@ -60,12 +60,13 @@ def _cell_texts(grid, no_p2p, n: int) -> list[list[str]]:
 def _draw_d2d(fig, ax, cax, grid, no_p2p, devices, hbm: float | None) -> None:
     n = len(devices)
     values = [v for row in grid for v in row if finite(v)]
-    image = heatmap(ax, grid, log_norm(values + ([hbm * 1.1] if hbm else [])))
+    ceiling = hbm / 2 if hbm else None  # see _mark_copy_ceiling
+    image = heatmap(ax, grid, log_norm(values + ([ceiling * 1.1] if ceiling else [])))
     bar = colorbar(fig, image, ax, "", cax=cax)
     # Label on top: beside the bar it would sit past the widest tick ("HBM 3350"), in the gap.
     cax.set_title("GB/s\n(log)", fontsize=8.5)
-    if hbm:
-        _mark_hbm(bar, hbm)
+    if ceiling:
+        _mark_copy_ceiling(bar, ceiling)
     for i, j in no_p2p:
         hatch_cell(ax, i, j)
     annotate(ax, image, grid, _cell_texts(grid, no_p2p, n), cell_font_size(n) - 0.5)
@@ -73,16 +74,18 @@ def _draw_d2d(fig, ax, cax, grid, no_p2p, devices, hbm: float | None) -> None:
     ax.set_title("GPU \u2192 GPU copies")
 
 
-def _mark_hbm(bar, hbm: float) -> None:
-    """Nominal HBM bandwidth as a line on the colour bar: the diagonal (on-GPU copies) compares
-    with it, and a bar panel scaled to include it would squash the PCIe-sized host bars."""
+def _mark_copy_ceiling(bar, ceiling: float) -> None:
+    """The most a copy within one GPU can reach, as a line on the colour bar: the diagonal counts
+    each byte copied once, while the nominal memory bandwidth counts reads and writes together, so
+    a copy's ceiling is half of it. (A bar panel scaled to include it would squash the PCIe-sized
+    host bars.)"""
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    bar.ax.axhline(hbm, color="black", linewidth=2)
-    ticks = [t for t in bar.ax.yaxis.get_majorticklocs() if not hbm / 1.6 < t < hbm * 1.6] + [hbm]
+    bar.ax.axhline(ceiling, color="black", linewidth=2)
+    ticks = [t for t in bar.ax.yaxis.get_majorticklocs() if not ceiling / 1.6 < t < ceiling * 1.6] + [ceiling]
     bar.ax.yaxis.set_major_locator(FixedLocator(sorted(ticks)))
     bar.ax.yaxis.set_major_formatter(
-        FuncFormatter(lambda v, _pos: f"HBM {fmt_num(v)}" if v == hbm else fmt_num(v)))
+        FuncFormatter(lambda v, _pos: f"HBM\u00f72 {fmt_num(v)}" if v == ceiling else fmt_num(v)))
 
 
 def _host_bars(ms: list[dict], devices: list[int]) -> dict[str, list[float]]:
@@ -143,9 +146,10 @@ def _reference(reference, key: str) -> float | None:
 def plot_copy_matrix(copies, path, reference=None) -> str:
     """GPU -> GPU copy bandwidth heatmap next to host <-> GPU bars, in GB/s (1e9 B/s).
 
-    reference: {"pcie_gbps", "hbm_gbps"} nominal figures (either may be None). PCIe is a line on
-    the bar panel; HBM a mark on the heatmap's colour bar (next to the on-GPU copies), or on the
-    bar panel when there is no heatmap.
+    reference: {"pcie_gbps", "hbm_gbps"} nominal figures (either may be None; HBM counts reads and
+    writes together, as datasheets do). PCIe is a line on the bar panel; half the HBM figure, the
+    most a copy within one GPU can reach, a mark on the heatmap's colour bar (next to the on-GPU
+    copies); the whole HBM figure on the bar panel when there is no heatmap.
     """
     ms = _usable(copies)
     devices = _devices(ms)
@@ -167,16 +171,16 @@ def plot_copy_matrix(copies, path, reference=None) -> str:
     fig.suptitle(f"{_TITLE} (GB/s = 10\u2079 B/s)" + (f"\n{subtitle}" if subtitle else ""), fontsize=12,
                  y=top + _inches(fig, 0.4, "y"), va="bottom")
     if has_d2d:
-        footnote(fig, heat_ax, _copy_notes(grid, no_p2p, hbm), width=70)
+        footnote(fig, heat_ax, _copy_notes(grid, no_p2p, hbm), width=64)
     return save(fig, path)
 
 
 # Panel geometry in inches. Axes are placed by hand rather than by a layout engine: the gap
-# between the colour bar and the bar panel must hold the colour bar's labels ("HBM 3350") and
+# between the colour bar and the bar panel must hold the colour bar's labels ("HBM\u00f72 2400") and
 # the GPU names, whatever the GPU count, and the bars then line up with the heatmap's rows.
 _MARGIN = 1.0        # left of the first panel (row labels) and below the panels (column labels)
 _CBAR_PAD, _CBAR_W = 0.15, 0.22
-_CBAR_TO_BARS = 1.5
+_CBAR_TO_BARS = 1.8
 _BARS_W = 2.4
 _TITLE_ROOM = 1.2
 
@@ -208,9 +212,11 @@ def _layout(n: int, has_d2d: bool, has_bars: bool):
 def _copy_notes(grid, no_p2p, hbm: float | None) -> list[str]:
     notes = ["rows: source GPU, columns: destination GPU"]
     if any(finite(grid[i][i]) for i in range(len(grid))):
-        notes.append("diagonal: copy within one GPU's memory (read + write)")
+        notes.append("diagonal: bytes copied per second within one GPU's memory (each byte is read "
+                     "and written: the memory moves twice this)")
     if hbm:
-        notes.append(f"HBM {fmt_num(hbm)} on the colour bar: nominal device-memory bandwidth")
+        notes.append(f"HBM\u00f72 {fmt_num(hbm / 2)} on the colour bar: the most such a copy can reach, half "
+                     f"the nominal {fmt_num(hbm)} GB/s of reads and writes together")
     if no_p2p:
         notes.append("hatched" + (" / *" if len(grid) > 8 else "") +
                      ": no peer access, the driver stages the copy through host memory")

@@ -151,14 +151,17 @@ def _short(name: str) -> str:
 
 
 def footnote(fig, ax, notes: list[str], width: int = 125) -> None:
-    """Small grey notes under the axes and their tick labels, never breaking a note in two."""
+    """Small grey notes under the axes and their tick labels: short notes share a line, a note
+    longer than `width` characters goes on over indented lines of its own."""
+    import textwrap
+
     bbox = ax.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted())
     lines: list[str] = []
     for note in notes:
         if lines and len(lines[-1]) + len(note) + 5 <= width:
             lines[-1] += "   \u2022   " + note
         else:
-            lines.append(note)
+            lines += textwrap.wrap(note, width, subsequent_indent="    ") or [""]
     fig.text(0.02, bbox.y0 - 0.015, "\n".join(lines), fontsize=8, color="#444444", va="top",
              ha="left")
 
