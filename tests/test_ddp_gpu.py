@@ -159,6 +159,27 @@ def test_validate_carries_the_copy_cost_per_kernel_when_it_exceeds_the_traffic()
     msg = {"params": 1_000_000, "memory_bandwidth_gbps": 16.0, "rotations": [[{"bucket_numel": [250_000] * 4}]]}
     traffic_s = 16e6 / 16e9
     out = _copy_costs(traffic_s + 0.0054, msg, tensors=50)
-    assert out == {"ddp_kernel_s": pytest.approx(0.0054 / (2 * 50 + 4))}
+    assert out["ddp_kernel_s"] == pytest.approx(0.0054 / (2 * 50 + 4)) and "ddp_copy_bandwidth_gbps" not in out
+    # why there is no copy rate of its own: the traffic moves at the measured bandwidth
+    assert "at the measured 16 GB/s" in out["ddp_copies_basis"] and "51.9 us per kernel" in out["ddp_copies_basis"]
     # faster than the measured bandwidth: one effective copy rate, as before
-    assert "ddp_copy_bandwidth_gbps" in _copy_costs(traffic_s / 2, msg, tensors=50)
+    faster = _copy_costs(traffic_s / 2, msg, tensors=50)
+    assert faster["ddp_copy_bandwidth_gbps"] == pytest.approx(32.0) and "one effective copy rate" in faster["ddp_copies_basis"]
+
+
+def test_the_what_if_kernel_range_holds_the_tools_own_gpu_measurement():
+    """A range the tool's own GPU measurement falls outside of is not a range: `validate` on a real
+    H200 measured DDP's cost per kernel (the committed record) inside the what-if's cited span."""
+    import ast
+    import json
+    import os
+
+    from topoprof.model.ddp_gpu import KERNEL_COST_RANGE_S
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reports",
+                        "gpu-nvidia-h200-20261126", "summary.json")
+    with open(path) as f:
+        tests = {t["test"]: t for t in json.load(f)["tests"]}
+    measured = ast.literal_eval(tests["test_validate_on_one_gpu_measures_ddps_own_costs"]["measured"]["calibration"])
+    low, high = KERNEL_COST_RANGE_S
+    assert low <= measured["ddp_kernel_s"] <= high, (measured["ddp_kernel_s"], KERNEL_COST_RANGE_S)

@@ -244,8 +244,11 @@ def test_validate_on_one_gpu_measures_ddps_own_costs(record_property):
         record_property(mode, f"measured {m['measured_step_s'] * 1e3:.2f} ms")
     cal = doc["calibration"]
     assert cal["micro_batch_time_s"] > 0
-    record_property("calibration", {key: cal.get(key) for key in ("micro_batch_time_s", "ddp_overhead_s", "ddp_kernel_s",
-                                                                  "ddp_copy_bandwidth_gbps", "optimizer_time_s")})
+    record_property("calibration", {key: cal.get(key) for key in (
+        "micro_batch_time_s", "ddp_overhead_s", "ddp_kernel_s", "memory_bandwidth_gbps", "ddp_copy_bandwidth_gbps",
+        "optimizer_time_s")})
+    assert cal["ddp_copies_basis"], cal  # how DDP's copies are carried: at the measured bandwidth, or one rate
+    record_property("ddp_copies_basis", cal["ddp_copies_basis"])
 
 
 @pytest.mark.skipif(GPUS < 2, reason="validate predicts DDP across ranks: needs 2 or more GPUs (one GPU: the test above)")

@@ -55,7 +55,12 @@ def test_each_step_is_split_into_parts_measured_and_predicted(tiny_run):
 def test_every_input_comes_with_its_spread_and_the_raw_timelines(tiny_run):
     doc, _ = tiny_run
     cal = doc["calibration"]
-    for name in ("micro_batch_time_s", "optimizer_time_s", "compute_slowdown_during_comm"):
+    # compute's slowdown beside an all-reduce is sampled only where the all-reduce outlasted the
+    # compute (probes/validation.py); on a loaded machine none may have: then it is taken as 1
+    timed = ("micro_batch_time_s", "optimizer_time_s") + (
+        ("compute_slowdown_during_comm",) if "compute_slowdown_during_comm" in cal["spread"] else ())
+    assert "compute_slowdown_during_comm" in timed or cal["compute_slowdown_during_comm"] == 1.0
+    for name in timed:
         s = cal["spread"][name]
         assert s["low"] <= s["p25"] <= s["median"] <= s["p75"] <= s["high"] and s["n"] >= 1, name
     assert cal["comm_slowdown_by_size"] and all(f >= 1 for _, f in cal["comm_slowdown_by_size"])

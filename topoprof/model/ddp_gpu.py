@@ -40,14 +40,25 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-# Per-kernel cost of a small kernel, seconds. NVIDIA, "Getting Started with CUDA Graphs" (A. Gray,
-# developer.nvidia.com/blog/cuda-graphs, V100, CUDA 10.1): a kernel of 2.9 us of work took 3.8 us
-# per kernel launched back to back in a stream (the GPU's own floor per kernel: DDP's copies are
-# enqueued asynchronously and queue behind backward), and 9.6 us when the host waited for each
-# one (launch latency exposed, as when the host thread is what the GPU waits on).
-KERNEL_COST_RANGE_S = (3.8e-6, 9.6e-6)
-KERNEL_COST_BASIS = ("3.8-9.6 us per small kernel: back to back in a stream vs with the launch latency exposed "
-                     "(NVIDIA, 'Getting Started with CUDA Graphs', V100)")
+# What DDP's reducer costs per kernel it launches, beyond the memory traffic of its copies, in
+# seconds: the span of what was measured.
+# - Low, 7.8 us: one op recorded by autograd, issued back to back from Python on an H200 machine
+#   (measured on an NVIDIA H200 SXM, torch 2.11, 2026-11-26: shared/gpu-facts, "torch.mul recorded
+#   by autograd"). The reducer does its work per gradient inside the autograd engine, from the hook
+#   that fires as the gradient is accumulated; a plain op outside autograd costs 6.2 us there.
+# - Measured: 11.3 us per kernel by `validate` on one H200 (reports/gpu-nvidia-h200-20261126,
+#   `ddp_kernel_s`), on a model of 25M parameters.
+# - High, 13.1 us: PyTorch's DDP benchmark on a V100 (shared/published/ddp-gpu-dev-set.json, entry
+#   1): T(1 GPU under DDP) - T(1 GPU) less the copies' traffic at the datasheet's 900 GB/s, over
+#   the kernels `ddp_kernels` counts: 12.9 us (resnet101, 9 ms over 636 kernels) and 13.1 us
+#   (resnext101_32x8d, 10 ms over 641). Its smaller models differ by 2-3 ms, which its
+#   millisecond rounding leaves at 4.8-7.8 us +- 3 us: read as inside this span, not as its end.
+# The old figures of a kernel alone on the GPU (3.8 us back to back, CUDA Graphs blog, V100) fall
+# below every measurement of DDP itself: the reducer's own host work per gradient is the cost.
+KERNEL_COST_RANGE_S = (7.8e-6, 13.1e-6)
+KERNEL_COST_BASIS = ("7.8-13.1 us per DDP kernel: an autograd-recorded op's host cost on an H200 machine "
+                     "(shared/gpu-facts) .. PyTorch's DDP benchmark, 1 V100 with vs without DDP (resnet101, "
+                     "resnext101); one H200 measured 11.3 us")
 
 # Fastest-to-slowest spread of one GPU SKU over a whole cluster (Sinha et al., SC'22): 8 % on
 # average, 22 % at most. As a per-GPU standard deviation: the spread over the expected range of

@@ -212,9 +212,16 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
     bandwidth = msg.get("memory_bandwidth_gbps")
     buckets = len((msg.get("rotations") or [[{}]])[0][0].get("bucket_numel") or [])
     if tensors and bandwidth and buckets and copies_s > traffic / (bandwidth * 1e9):
-        left = copies_s - traffic / (bandwidth * 1e9)
-        return {"ddp_kernel_s": left / ddp_kernels(tensors, buckets, False)}
-    return {"ddp_copy_bandwidth_gbps": traffic / copies_s / 1e9}
+        left, kernels = copies_s - traffic / (bandwidth * 1e9), ddp_kernels(tensors, buckets, False)
+        # No copy rate of its own (ddp_copy_bandwidth_gbps stays None): the traffic moves at the
+        # memory bandwidth these ranks measured, and the kernel cost carries the rest.
+        return {"ddp_kernel_s": left / kernels, "ddp_copies_basis": (
+            f"DDP's copies {copies_s * 1e3:.2f} ms: {traffic / 1e9:.3f} GB of traffic at the measured "
+            f"{bandwidth:.0f} GB/s (memory_bandwidth_gbps), the rest {left / kernels * 1e6:.1f} us per kernel "
+            f"over {kernels} kernels (ddp_kernel_s)")}
+    return {"ddp_copy_bandwidth_gbps": traffic / copies_s / 1e9, "ddp_copies_basis": (
+        f"DDP's copies {copies_s * 1e3:.2f} ms for {traffic / 1e9:.3f} GB of traffic: one effective copy rate "
+        "(ddp_copy_bandwidth_gbps), as they ran faster than the measured memory bandwidth or the tensors are not known")}
 
 
 def _fsdp_per_group(cal: dict, layout: Layout | None) -> dict:

@@ -33,6 +33,8 @@ def calibration_lines(cal: dict) -> list[str]:
         if s:
             out.append(f"  {label:<48} {_value(s['value'], unit):>10}   quartiles {_value(s['p25'], unit)} .. "
                        f"{_value(s['p75'], unit)}, n = {s['n']}")
+    if cal.get("ddp_copies_basis"):  # how the copies are carried to other models
+        out.append(f"  {cal['ddp_copies_basis']}")
     return out
 
 
