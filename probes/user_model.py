@@ -142,14 +142,15 @@ def _seconds_between(start, end) -> float:
     return start.elapsed_time(end) / 1e3 if hasattr(start, "elapsed_time") else end - start
 
 
-def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None) -> dict:
-    """One forward and backward; each trainable gradient's ready moment after backward starts, on
-    the device's clock (`_stamp`)."""
+def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None, hooks: bool = True) -> dict:
+    """One forward and backward; with `hooks`, each trainable gradient's ready moment after
+    backward starts, on the device's clock (`_stamp`). Without, nothing is added to the backward
+    (a hook and an event per tensor are host work of their own on a host-bound model)."""
     device = next((p.device for p in params), None)
     ready: list[tuple[int, object]] = []
     handles = [p.register_post_accumulate_grad_hook(
         lambda p, i=i: ready.append((i, _stamp(p.device)))) for i, p in enumerate(params)
-        if p.requires_grad]
+        if p.requires_grad] if hooks else []
     try:
         sync()
         t0 = time.perf_counter()
@@ -202,8 +203,23 @@ def precision_context(precision: str, device: str):
     return (lambda: torch.autocast("cuda", dtype=dtype)), f"{precision} autocast", scaler
 
 
+# How long a GPU timing runs, as PyTorch's own timer does it (torch.utils.benchmark.Timer.
+# blocked_autorange runs until a minimum time has passed, 0.2 s by default): a few short passes
+# of a host-bound model spread by a quarter on one H200 (reports/gpu-nvidia-h200-20261126: gpt2
+# at 4 x 1024 tokens, 3 passes 20.1..25.1 ms), and the first passes after a process starts still
+# pay first use (the caching allocator's first cudaMallocs, the optimizer's state, each new
+# shape's kernel choice, clocks rising from idle after the seconds spent importing and building).
+GPU_WARMUP_S = 0.2      # warm-up passes go on at least this long, and at least two
+GPU_TIMED_S = 0.5       # timed passes go on at least this long, and at least `repeats`
+MAX_PASSES_PER_REPEAT = 10
+
+
 def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw",
             kwargs: dict | None = None) -> dict:
+    """Forward, backward and optimizer times of the user's model on `device`. On a GPU, warm-up
+    and timed passes each run for a minimum time (GPU_WARMUP_S, GPU_TIMED_S); on a CPU, where a
+    pass is long and steady, one warm-up and `repeats` timed passes. The ready order of the
+    gradients comes from the last warm-up pass, so that no timed pass carries a hook per tensor."""
     import torch
 
     module, batch, loss_fn = call_user_callable(spec, kwargs)
@@ -212,27 +228,30 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         raise UserModelError("return", "the module has no parameter with requires_grad: nothing to train")
-    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+    cuda = device.startswith("cuda")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     opt, opt_name = _optimizer(optimizer, trainable, device)
     autocast, precision_used, scaler = precision_context(precision, device)
-    passes, optimizer_s = [], []
     memory = _MemoryPhases(device)
+
+    def step(hooks: bool = False, memory_phases: bool = False) -> tuple[dict, float]:
+        module.zero_grad(set_to_none=True)
+        memory.begin(record=memory_phases)
+        one = _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler,
+                          memory if memory_phases else None, hooks)
+        sync()
+        t0 = time.perf_counter()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        sync()
+        return one, time.perf_counter() - t0
+
     try:
-        for i in range(repeats + 1):  # the first pass warms up (allocations, kernel choice)
-            module.zero_grad(set_to_none=True)
-            memory.begin(last=i == repeats)
-            one = _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory)
-            sync()
-            t0 = time.perf_counter()
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            sync()
-            if i:
-                passes.append(one)
-                optimizer_s.append(time.perf_counter() - t0)
+        ready = _warm_up(step, cuda)
+        passes, optimizer_s = _timed_passes(step, cuda, repeats)
     except UserModelError:
         raise
     except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
@@ -240,12 +259,37 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
     return {"spec": spec, "device": device, "device_name": _device_name(device),
             "device_memory_bytes": _device_memory_bytes(device), "params": parameter_list(module),
-            "ready": passes[-1]["ready"], "passes": passes, "optimizer_s": optimizer_s,
+            "ready": ready, "passes": passes, "optimizer_s": optimizer_s,
             "optimizer": opt_name, "precision": precision_used, "memory": memory.parts()}
 
 
+def _warm_up(step, cuda: bool) -> list:
+    """Warm-up passes (one on a CPU; on a GPU at least two and GPU_WARMUP_S), the last with a
+    hook per gradient: its ready order."""
+    start = time.perf_counter()
+    if cuda:
+        step()
+        while time.perf_counter() - start < GPU_WARMUP_S:
+            step()
+    return step(hooks=True)[0]["ready"]
+
+
+def _timed_passes(step, cuda: bool, repeats: int) -> tuple[list[dict], list[float]]:
+    """At least `repeats` timed passes; on a GPU on until GPU_TIMED_S have passed, within
+    MAX_PASSES_PER_REPEAT x repeats. The first also reads the memory by phase (the warm-up
+    left the optimizer's state and the allocator's blocks in place)."""
+    passes, optimizer_s = [], []
+    limit = repeats * (MAX_PASSES_PER_REPEAT if cuda else 1)
+    start = time.perf_counter()
+    while len(passes) < limit and (len(passes) < repeats or (cuda and time.perf_counter() - start < GPU_TIMED_S)):
+        one, opt_s = step(memory_phases=not passes)
+        passes.append(one)
+        optimizer_s.append(opt_s)
+    return passes, optimizer_s
+
+
 class _MemoryPhases:
-    """One GPU's memory over the last timed step, split by phase (torch.cuda.memory_allocated
+    """One GPU's memory over the first timed step, split by phase (torch.cuda.memory_allocated
     before and after each, and the step's peak, torch.cuda.max_memory_allocated): before forward
     the weights and the optimizer's state (gradients set to None); forward adds the activations it
     saves; after backward those are freed and the gradients are there. Nothing on a CPU."""
@@ -257,20 +301,20 @@ class _MemoryPhases:
         self.torch, self.device = torch, device
         self.at: dict[str, int] = {}
         self.weights = self._allocated() if self.cuda else 0  # the module and its example batch
-        self.last = False
+        self.recording = False
 
     def _allocated(self) -> int:
         return self.torch.cuda.memory_allocated(self.device)
 
-    def begin(self, last: bool) -> None:
-        self.last = last and self.cuda
-        if self.last:
+    def begin(self, record: bool) -> None:
+        self.recording = record and self.cuda
+        if self.recording:
             self.torch.cuda.synchronize(self.device)
             self.torch.cuda.reset_peak_memory_stats(self.device)
             self.at["start"] = self._allocated()
 
     def mark(self, phase: str) -> None:
-        if self.last:
+        if self.recording:
             self.at[phase] = self._allocated()
 
     def parts(self) -> dict | None:

@@ -43,7 +43,7 @@ run() {
                         --out "$out/scan-model" ;;
         validate) step validate 180 python -m topoprof validate --backend nccl --save-calibration "$out/calibration.json" ;;
         whatif) step whatif 180 python tests/benchmarks/bench_whatif_compute.py --device cuda ;;
-        gpu_compute) step gpu_compute 420 python tests/benchmarks/bench_gpu_compute.py ;;
+        gpu_compute) step gpu_compute 200 python tests/benchmarks/bench_gpu_compute.py --budget 150 ;;
         scaled_timing) step scaled_timing 300 python tests/benchmarks/bench_scaled_timing.py ;;
         scan_time) step scan_time 360 python tests/benchmarks/bench_scan_time.py ;;
     esac

@@ -247,3 +247,36 @@ def test_a_failed_meta_pass_keeps_the_timed_order_and_says_why(record, trace, sa
     assert order.ready == record["ready"]
     assert order.text.startswith("gradient-ready order: measured on cpu, although the compute is given")
     assert says in order.text and says in order.note
+
+
+def test_a_gpu_timing_runs_for_a_minimum_time_and_no_timed_pass_carries_hooks(monkeypatch):
+    """On a GPU, warm-up and timed passes each go on for a minimum time (a few short passes of a
+    host-bound model spread widely); the ready order comes from the last warm-up pass, so that no
+    timed pass pays a hook per tensor; the memory phases are read on the first timed pass."""
+    import probes.user_model as worker
+
+    clock = [0.0]
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def step(hooks=False, memory_phases=False, seconds=0.05):
+        clock[0] += seconds
+        calls.append((hooks, memory_phases))
+        return {"ready": [[0, 1.0]] if hooks else []}, 0.001
+
+    assert worker._warm_up(step, cuda=True) == [[0, 1.0]]
+    assert len(calls) == round(worker.GPU_WARMUP_S / 0.05) + 1 and calls[-1] == (True, False)
+    assert not any(hooks for hooks, _ in calls[:-1])
+    calls.clear()
+    passes, _ = worker._timed_passes(step, cuda=True, repeats=3)
+    assert len(passes) == round(worker.GPU_TIMED_S / 0.05)
+    assert calls[0] == (False, True) and not any(h or m for h, m in calls[1:])
+    # a pass so short that the time would take more than the cap: the cap ends it
+    calls.clear()
+    passes, _ = worker._timed_passes(lambda **kw: step(seconds=1e-4, **kw), cuda=True, repeats=3)
+    assert len(passes) == 3 * worker.MAX_PASSES_PER_REPEAT
+    # on a CPU a pass is long and steady: one warm-up, `repeats` timed passes
+    calls.clear()
+    worker._warm_up(step, cuda=False)
+    passes, _ = worker._timed_passes(step, cuda=False, repeats=2)
+    assert calls == [(True, False), (False, True), (False, False)] and len(passes) == 2
