@@ -262,7 +262,11 @@ def describe_ranks(torch, dist, ctx) -> dict:
     mine = {"rank": ctx.rank, "host": platform.node(), "node": node_id(), "pid": os.getpid(),
             "device": ctx.device, "device_name": "CPU"}
     if ctx.device.startswith("cuda"):
+        from probes.cuda_ids import device_identity
+
         mine["device_name"] = torch.cuda.get_device_name(ctx.device)
+        # which of the node's GPUs this rank's device is, whatever CUDA_VISIBLE_DEVICES chose
+        mine["device_uuid"], mine["device_bus_id"] = device_identity(torch, ctx.device)
     every: list = [None] * ctx.world_size
     dist.all_gather_object(every, mine)
     nccl = None

@@ -32,6 +32,10 @@ class CopyReport:
     iters: int
     measurements: tuple[CopyMeasurement, ...]
     device_names: tuple[str, ...]
+    # cuda:i's own UUID and PCI bus id (probes/cuda_ids.py): which of the node's GPUs it is, so that
+    # its copies are judged against that GPU's link whatever CUDA_VISIBLE_DEVICES chose
+    device_uuids: tuple[str | None, ...] = ()
+    device_bus_ids: tuple[str | None, ...] = ()
 
 
 def _time_copies(torch, dst, src, iters: int, warmup: int, stream_device) -> float:
@@ -85,5 +89,8 @@ def measure_copies(size_bytes: int = 256 << 20, iters: int = 10, warmup: int = 2
     for a in range(n):
         for b in range(n):
             found.append(_device_device(torch, a, b, size_bytes, iters, warmup))
+    from probes.cuda_ids import device_identity
+
     names = tuple(torch.cuda.get_device_name(d) for d in range(n))
-    return CopyReport(size_bytes, iters, tuple(found), names)
+    uuids, buses = zip(*(device_identity(torch, f"cuda:{d}") for d in range(n)))
+    return CopyReport(size_bytes, iters, tuple(found), names, tuple(uuids), tuple(buses))

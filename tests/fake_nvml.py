@@ -375,6 +375,24 @@ def h100_vm_1x() -> FakeMachine:
                        _p2p(lambda a, b: _real.NVML_P2P_STATUS_OK, lambda a, b: _real.NVML_P2P_STATUS_OK))
 
 
+def pcie_l40s_l4_8x() -> FakeMachine:
+    """Eight PCIe GPUs of two models, as a node shared by SLURM jobs may have them: four L40S on
+    NUMA node 0, four L4 on node 1, GPU 6 in a slot of eight lanes. GPUs 2 and 6 have UUIDs that
+    start alike ("GPU-8f2"), so only a longer prefix names one of them."""
+    socket = [_cpus((0, 31), (64, 95)), _cpus((32, 63), (96, 127))]
+    layout = [("1B", 0), ("3D", 0), ("4F", 0), ("5E", 0), ("9C", 1), ("AC", 1), ("BC", 1), ("CC", 1)]
+    gpus = [FakeGpu("NVIDIA L40S" if node == 0 else "NVIDIA L4", _bus(b), (46068 if node == 0 else 23034) * MIB,
+                    (8, 9), 4, 4, 4, *([8, 8] if i == 6 else [16, 16]), [node], socket[node], None)
+            for i, (b, node) in enumerate(layout)]
+    gpus[2].uuid = "GPU-8f2b77d0-5c1e-4a0b-9d3e-2f6a8c1b0e47"
+    gpus[6].uuid = "GPU-8f2a1c3e-9b4d-4e2f-a1c7-6d5e3b2a9f10"
+    same = lambda a, b: a // 4 == b // 4  # noqa: E731
+    read = lambda a, b: _real.NVML_P2P_STATUS_OK if same(a, b) else _real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED  # noqa: E731
+    return FakeMachine("550.90.07", "12.550.90.07", 12040, gpus,
+                       _p2p(read, lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED),
+                       common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_NODE if same(a, b) else _real.NVML_TOPOLOGY_SYSTEM)
+
+
 def no_driver() -> FakeMachine:
     machine = pcie_pair()
     machine.init_error = _real.NVML_ERROR_LIBRARY_NOT_FOUND
@@ -397,4 +415,5 @@ SCENARIOS: dict[str, Callable[[], FakeMachine]] = {
     "no_driver": no_driver,
     "driver_not_loaded": driver_not_loaded,
     "h100_vm_1x": h100_vm_1x,
+    "pcie_l40s_l4_8x": pcie_l40s_l4_8x,
 }

@@ -164,7 +164,7 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
     from topoprof.scan.job import _what_ifs
     from topoprof.scan.options import ScanOptions
 
-    gpu = SimpleNamespace(name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
+    gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
     topology = SimpleNamespace(gpus=[gpu])
     opts = ScanOptions(backend="nccl", nproc=1, note="", preset="gpt2", tokens=1024)
     _fake_timing(monkeypatch)

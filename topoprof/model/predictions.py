@@ -214,8 +214,10 @@ def job_nodes(levels: dict) -> int:
 
 
 def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu_name: str | None,
-                rows=(), levels: dict | None = None, gpu_memory_bytes: int | None = None) -> list[dict]:
-    """One model payload per model: the user's, or each default size."""
+                rows=(), levels: dict | None = None, gpu_memory_bytes: int | None = None,
+                gpu_memory_origin: str = "NVML, GPU0") -> list[dict]:
+    """One model payload per model: the user's, or each default size. `gpu_memory_bytes` is the
+    memory of the GPU the job's cuda:0 is, which `gpu_memory_origin` names."""
     from topoprof.model.strategies import Cluster, ModelInputs
     from topoprof.model.links import measured_comm
     from topoprof.model.payload import model_payload
@@ -237,7 +239,7 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
                 from dataclasses import replace
 
                 compute = replace(compute, gpu_memory_gb=gpu_memory_bytes / 1e9,
-                                  origins=compute.origins + (("gpu_memory_gb", "NVML, GPU0"),))
+                                  origins=compute.origins + (("gpu_memory_gb", gpu_memory_origin),))
         except InputError as err:  # nothing to predict with: the report says why, the rest stands
             return [{"label": label, "skipped": str(err)}]
         backend = opts.backend if opts.backend in ("nccl", "gloo") else "nccl"

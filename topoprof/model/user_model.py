@@ -185,15 +185,22 @@ TRAIN_STATE_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
 
 
 def gpu_memory_bytes(device: str) -> int | None:
-    """The GPU's total memory from NVML (no torch, no CUDA context in this process); None when unknown."""
+    """The total memory of the GPU that `device` (cuda:i) is, from NVML (no torch, no CUDA context
+    in this process): cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES gives the job, not NVML's GPU i.
+    None when unknown, and for a MIG device (a slice of its GPU's memory)."""
     if not device.startswith("cuda"):
         return None
     try:
         from probes.nvml import query_nvml
+        from topoprof.topology.visible import job_gpus
 
         gpus = query_nvml().gpus
-        index = int(device.split(":")[1]) if ":" in device else 0
-        return gpus[index].memory_total_bytes if index < len(gpus) else None
+        ordinal = int(device.split(":")[1]) if ":" in device else 0
+        devices = job_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, os.environ.get("CUDA_DEVICE_ORDER")).devices
+        seen = devices[ordinal] if ordinal < len(devices) else None
+        if seen is None or seen.gpu is None or seen.mig:
+            return None
+        return next(g.memory_total_bytes for g in gpus if g.index == seen.gpu)
     except Exception:  # noqa: BLE001 - unknown: the whole model is tried, and an OOM then scales it
         return None
 

@@ -58,10 +58,21 @@ def _topology(report: dict) -> list[str]:
         out += [f"Sources: {', '.join(topo.get('sources', [])) or 'none'}.", ""]
     gpus = topo.get("gpus", [])
     if gpus:
-        rows = [[f"GPU{g['index']}", g.get("name") or "–", g.get("pci_bus_id") or "–",
+        from topoprof.topology.visible import gpu_marks
+
+        marks = gpu_marks(topo)
+        rows = [[f"GPU{g['index']}" + ("\\*" if g["index"] in (marks or {}) else ""),
+                 *([marks.get(g["index"], "–")] if marks is not None else []), g.get("name") or "–",
+                 g.get("pci_bus_id") or "–",
                  f"Gen{g.get('pcie_gen_current')}x{g.get('pcie_width_current')} / Gen{g.get('pcie_gen_max')}x{g.get('pcie_width_max')}"
                  if g.get("pcie_gen_max") else "–", g.get("numa_node", "–"), g.get("nvlinks_active", "–")] for g in gpus]
-        out += _table(["GPU", "name", "bus id", "PCIe now / max", "NUMA", "NVLinks"], rows) + [""]
+        out += _table(["GPU", *(["this job"] if marks is not None else []), "name", "bus id", "PCIe now / max",
+                       "NUMA", "NVLinks"], rows) + [""]
+        if marks is not None:
+            from topoprof.topology.visible import describe, job_devices
+
+            out += [f"\\* = visible to this job (`CUDA_VISIBLE_DEVICES={topo['visible_devices']}`): "
+                    f"{describe(job_devices(topo))}.", ""]
         out += _chart(report, "links", "GPU x GPU links")
     else:
         out += ["No NVIDIA GPU on this machine.", ""]
@@ -235,11 +246,19 @@ def _copies(report: dict) -> list[str]:
     status = {"ok": "OK", "low": "LOW", "unknown": "no reference figure"}
     out = ["### Host↔GPU copies against the PCIe link", ""]
     out += _table(["GPU", "copy", "measured GB/s", "link (NVML)", "raw GB/s", "share", "verdict"],
-                  [[r["gpu"], r["kind"], f"{r['measured_gbps']:.1f}", r["link"],
+                  [[_copy_gpu(r), r["kind"], f"{r['measured_gbps']:.1f}", r["link"],
                     f"{r['nominal_gbps']:.1f}" if r["nominal_gbps"] else "–",
                     f"{100 * r['ratio']:.0f} %" if r["ratio"] else "–", status[r["status"]]] for r in rows]) + [""]
     causes = sorted({r["cause"] for r in rows if r["cause"]})
     return out + [f"- {c}" for c in causes] + ([""] if causes else [])
+
+
+def _copy_gpu(row: dict) -> str:
+    """"GPU6 (cuda:0)" where the job's device is not the node's GPU of the same number."""
+    device = row.get("device") or f"cuda:{row['gpu']}"
+    if row["gpu"] is None:
+        return f"{device} (GPU unknown)"
+    return f"GPU{row['gpu']}" + ("" if device == f"cuda:{row['gpu']}" else f" ({device})")
 
 
 def _measured_vs_modelled(measured: float, modelled) -> str:

@@ -97,22 +97,28 @@ def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
     """Each host<->GPU copy against its GPU's PCIe link as NVML reports it: the raw rate after
     line encoding at the link's maximum generation and width (a pinned copy reaches most of it;
     an idle GPU reports a lower current generation to save power, so the maximum is the
-    reference), OK from LOW_SHARE; when low, a link NVML saw running narrower or slower is named."""
+    reference), OK from LOW_SHARE; when low, a link NVML saw running narrower or slower is named.
+    A copy on torch's cuda:i is judged against the link of the GPU that cuda:i is (the topology's
+    `job_gpus`: under CUDA_VISIBLE_DEVICES=6,2 cuda:0 is GPU 6; a MIG device copies over its GPU's)."""
     from topoprof.topology import constants
+    from topoprof.topology.visible import job_devices
 
     if not copies or copies.get("status") != "ok":
         return []
     gpus = {g["index"]: g for g in topology.get("gpus", [])}
+    devices = job_devices(topology)
     out = []
     for m in copies.get("measurements", []):
         if m["kind"] not in ("h2d", "d2h"):
             continue
-        index = int((m["dst"] if m["kind"] == "h2d" else m["src"]).split(":")[1])
+        ordinal = int((m["dst"] if m["kind"] == "h2d" else m["src"]).split(":")[1])
+        index = devices[ordinal].gpu if ordinal < len(devices) else None
         gpu = gpus.get(index) or {}
         gen, width = gpu.get("pcie_gen_max") or gpu.get("pcie_gen_current"), gpu.get("pcie_width_max") or gpu.get("pcie_width_current")
         nominal = constants.pcie_raw_gbps(gen, width)
-        row = {"gpu": index, "kind": m["kind"], "measured_gbps": m["bandwidth_gbps"], "nominal_gbps": nominal,
-               "link": f"Gen{gen} x{width}" if nominal else "unknown", "ratio": None, "status": "unknown", "cause": None}
+        row = {"gpu": index, "device": f"cuda:{ordinal}", "kind": m["kind"], "measured_gbps": m["bandwidth_gbps"],
+               "nominal_gbps": nominal, "link": f"Gen{gen} x{width}" if nominal else "unknown", "ratio": None,
+               "status": "unknown", "cause": None}
         if nominal:
             row["ratio"] = m["bandwidth_gbps"] / nominal
             row["status"] = "ok" if row["ratio"] >= LOW_SHARE else "low"

@@ -26,20 +26,24 @@ def _banner(opts, topology) -> tuple[str, str]:
     return (f"{opts.backend}, {opts.nproc} rank(s)", f"{opts.note}.")
 
 
-def used_gpus(topology, nproc: int, backend: str) -> list[int]:
-    """The node's GPUs the local ranks ran on: CUDA_VISIBLE_DEVICES (indices) or the first nproc."""
+def used_gpus(topology, nproc: int, backend: str, ranks=()) -> list[int]:
+    """The node's GPUs the ranks on rank 0's node ran on: each rank's device as CUDA named it
+    (UUID, PCI bus id; `ranks` as the bench's metadata lists them), else the job's first nproc
+    devices (`topology.job_gpus`: CUDA_VISIBLE_DEVICES read as CUDA does). Empty where one of them
+    is not known to be a whole GPU of the node (a MIG device, an unknown entry): a nominal ring
+    over the others would not be the job's."""
+    from topoprof.topology.visible import JobView, identify, job_devices
+
     if backend != "nccl":
         return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    known = [g.index for g in topology.gpus]
-    if visible:
-        try:
-            chosen = [int(v) for v in visible.split(",") if v.strip()]
-        except ValueError:  # UUIDs or MIG names: the mapping to indices is not known here
-            return []
-    else:
-        chosen = known
-    return [g for g in chosen if g in known][:nproc]
+    devices = job_devices(topology)[:nproc]
+    here = [r for r in ranks if r.get("node") == ranks[0].get("node")] if ranks else []
+    if here and all(r.get("device_uuid") or r.get("device_bus_id") for r in here):
+        identities = [(r.get("device_uuid"), r.get("device_bus_id")) for r in here]
+        devices = identify(JobView(()), identities, topology.gpus).devices
+    if any(d.gpu is None or d.mig for d in devices):
+        return []
+    return [d.gpu for d in devices]
 
 
 def _ring(topology, gpus: list[int]) -> dict | None:
@@ -120,14 +124,16 @@ def _predictions(opts, bench, vres, vopts, topology):
     from topoprof.measure.fit import fit_rows
     from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
     from topoprof.model.predictions import predictions
+    from topoprof.topology.visible import job_gpu
 
     job_rows = [r for r in bench.rows if r.level == "job"]
     fit = fit_rows(job_rows, "all_reduce") if job_rows else None
-    gpu_name = topology.gpus[0].name if topology.gpus else None
-    gpu_memory = topology.gpus[0].memory_total_bytes if topology.gpus else None
+    # the GPU torch's cuda:0 is (CUDA_VISIBLE_DEVICES=6,2: GPU 6); none for a MIG device or an unknown one
+    gpu, _ = job_gpu(topology, 0)
     levels = level_fits(bench.rows)
-    preds, status = attempt("model", lambda: predictions(opts, fit, opts.nproc, vres.calibration, vopts,
-                                                          gpu_name, job_rows, levels, gpu_memory))
+    preds, status = attempt("model", lambda: predictions(
+        opts, fit, opts.nproc, vres.calibration, vopts, gpu.name if gpu else None, job_rows, levels,
+        gpu.memory_total_bytes if gpu else None, f"NVML, GPU{gpu.index}" if gpu else ""))
     preds = preds or []
     if status.status == OK:
         skipped = [p["skipped"] for p in preds if p.get("skipped")]
@@ -143,13 +149,20 @@ def _predictions(opts, bench, vres, vopts, topology):
 def _what_ifs(opts, topology):
     """One GPU, one rank: nothing to all-reduce here, so the report shows what more such GPUs
     or nodes would do instead (from nominal links, labelled as such). (what-if, its status), or
-    (None, None) where it does not apply; a failed or partial one is a status in the summary."""
-    if opts.nproc != 1 or len(topology.gpus) != 1:
+    (None, None) where it does not apply; a failed or partial one is a status in the summary.
+    It applies where the job sees one GPU, whatever the node has (CUDA_VISIBLE_DEVICES=5 on an
+    8-GPU node: GPU 5, its name and memory)."""
+    from topoprof.topology.visible import job_devices, job_gpu
+
+    if opts.nproc != 1 or len(job_devices(topology)) != 1:
         return None, None
     from topoprof.model.predictions import single_gpu_what_ifs
     from topoprof.probing import PARTIAL, SKIPPED, ProbeStatus, attempt
 
-    result, status = attempt("what-if", lambda: single_gpu_what_ifs(opts, topology.gpus[0]))
+    gpu, why = job_gpu(topology, 0)
+    if gpu is None:  # a MIG device, or a device not tied to a GPU: more such GPUs is no question
+        return {"skipped": why}, ProbeStatus("what-if", SKIPPED, why)
+    result, status = attempt("what-if", lambda: single_gpu_what_ifs(opts, gpu))
     if result is None:
         return {"skipped": status.detail}, status
     if result.get("skipped"):
@@ -203,6 +216,11 @@ def run(opts, stages, out_dir: str) -> Written | None:
         return None  # rank 0 writes the one report of the job
     stages.begin("copies")
     copies, copies_status = _copies(opts)
+    if copies is not None and copies.get("status") == "ok":  # CUDA's own word on which GPU cuda:i is
+        from topoprof.topology.collect import identified
+
+        topology = identified(topology, list(zip(copies.get("device_uuids") or (),
+                                                 copies.get("device_bus_ids") or ())))
     stages.end()
     stages.begin("model")
     preds, model_status, levels = _predictions(opts, bench, vres, vopts, topology)
@@ -221,7 +239,7 @@ def run(opts, stages, out_dir: str) -> Written | None:
         "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
         "inputs": {k: v for k, v in opts.__dict__.items() if k != "user_record"}, "versions": versions(bench.metadata), "environment": environment(),
         "probes": probes,
-        "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend)), "bench": bench_payload(bench), "copies": copies,
+        "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend, bench.metadata.get("ranks") or ())), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
         "what_if": what_if,
         "validation": validation_payload(vres, vopts, opts),

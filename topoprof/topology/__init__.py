@@ -7,5 +7,6 @@ and what became of each source.
   build      combine the sources                                 -> Topology
   load       a saved `nvidia-smi topo -m` text or topology JSON  -> Topology
   constants  NCCL's and the datasheets' link figures, with sources
+  visible    which GPUs are the job's (CUDA_VISIBLE_DEVICES, CUDA's own ids) -> job_gpus
   render     the Topology as text tables
 """

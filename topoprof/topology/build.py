@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps l
     from probes.host import HostInfo
     from probes.nvidia_smi import SmiTopology
     from probes.nvml import NvmlSnapshot
+    from topoprof.topology.visible import JobGpu
 
 # `nvidia-smi topo -m` path kinds from best to worst, with the legend's meaning.
 PATH_MEANING = {
@@ -42,6 +43,7 @@ class Gpu:
     index: int
     name: str | None = None
     pci_bus_id: str | None = None
+    uuid: str | None = None          # "GPU-8932f937-...", as CUDA_VISIBLE_DEVICES may name it (NVML)
     compute_capability: tuple[int, int] | None = None
     memory_total_bytes: int | None = None
     pcie_gen_current: int | None = None
@@ -96,6 +98,11 @@ class Topology:
     driver_version: str | None = None
     notes: tuple[str, ...] = ()
     probes: tuple[ProbeStatus, ...] = ()  # each source asked, and what became of it
+    # The job's view of the node (topology.visible): CUDA_VISIBLE_DEVICES as this process had it
+    # (None: unset, every GPU is the job's), and which GPU each of torch's cuda:i is. job_gpus is
+    # None for a topology that is not this process's node (read from a file).
+    visible_devices: str | None = None
+    job_gpus: tuple[JobGpu, ...] | None = None
 
     def pair(self, a: int, b: int) -> PairLink:
         lo, hi = sorted((a, b))
@@ -121,6 +128,8 @@ class Topology:
             driver_version=self.driver_version,
             notes=self.notes,
             probes=self.probes,
+            visible_devices=self.visible_devices,
+            job_gpus=self.job_gpus,
         )
 
 
@@ -180,7 +189,7 @@ def _gpus(smi, nvml) -> tuple[Gpu, ...]:
             base = by_index.get(g.index, Gpu(index=g.index))
             active = sum(1 for link in g.nvlinks if link.active) if g.nvlinks else (0 if not g.lost else None)
             by_index[g.index] = Gpu(
-                index=g.index, name=g.name, pci_bus_id=g.pci_bus_id,
+                index=g.index, name=g.name, pci_bus_id=g.pci_bus_id, uuid=g.uuid,
                 compute_capability=g.compute_capability, memory_total_bytes=g.memory_total_bytes,
                 pcie_gen_current=g.pcie_gen_current, pcie_gen_max=g.pcie_gen_max,
                 pcie_width_current=g.pcie_width_current, pcie_width_max=g.pcie_width_max,

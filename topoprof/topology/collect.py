@@ -36,7 +36,33 @@ def collect_topology(from_file: str | None = None, use_nvml: bool = True):
         host_status = replace(host_status, detail=f"{host.hostname}: {host.cpu.cpus_logical or '?'} CPU(s), "
                               f"{len(host.numa_nodes)} NUMA node(s), {len(host.ib_ports)} RDMA port(s)")
     probes = (_smi_status(smi, smi_status), _nvml_status(nvml, nvml_status), host_status)
-    return build_topology(smi=smi, nvml=nvml, host=host, probes=probes)
+    return for_this_job(build_topology(smi=smi, nvml=nvml, host=host, probes=probes))
+
+
+def for_this_job(topology):
+    """The topology with this process's view of it (`topology.visible`): CUDA_VISIBLE_DEVICES,
+    which GPU each of torch's cuda:i is by the variable, and what its reading has to say."""
+    import os
+    from dataclasses import replace
+
+    from topoprof.topology.visible import job_gpus
+
+    setting = os.environ.get("CUDA_VISIBLE_DEVICES")
+    view = job_gpus(setting, topology.gpus, os.environ.get("CUDA_DEVICE_ORDER"))
+    return replace(topology, visible_devices=setting, job_gpus=view.devices, notes=topology.notes + view.notes)
+
+
+def identified(topology, identities):
+    """The job's devices tied by CUDA's own (UUID, PCI bus id) of each torch device, as a process
+    that started CUDA read them (`identities[i]` for cuda:i); unchanged without them."""
+    from dataclasses import replace
+
+    from topoprof.topology.visible import JobView, identify, job_devices
+
+    if not identities:
+        return topology
+    view = identify(JobView(job_devices(topology)), identities, topology.gpus)
+    return replace(topology, job_gpus=view.devices, notes=topology.notes + view.notes)
 
 
 def _smi_status(smi, status):

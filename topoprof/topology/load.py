@@ -6,6 +6,7 @@ import json
 from topoprof.errors import InputError
 from topoprof.probing import ProbeStatus
 from topoprof.topology.build import Gpu, Nic, PairLink, Topology, build_topology
+from topoprof.topology.visible import JobGpu
 
 
 def _tuple(value):
@@ -20,7 +21,9 @@ def topology_from_dict(data: dict) -> Topology:
     return Topology(sources=tuple(data.get("sources", ())), gpus=gpus, nics=nics, pairs=pairs,
                     gpu_nic_paths=dict(data.get("gpu_nic_paths", {})), host=data.get("host"),
                     driver_version=data.get("driver_version"), notes=tuple(data.get("notes", ())),
-                    probes=tuple(ProbeStatus(**p) for p in data.get("probes", ())))
+                    probes=tuple(ProbeStatus(**p) for p in data.get("probes", ())),
+                    visible_devices=data.get("visible_devices"),
+                    job_gpus=None if data.get("job_gpus") is None else tuple(JobGpu(**d) for d in data["job_gpus"]))
 
 
 def topology_from_file(path: str) -> Topology:

@@ -28,7 +28,21 @@ def _opt(value, fmt="{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _job_legend(topology: Topology) -> list[str]:
+    from topoprof.topology.visible import describe, job_devices
+
+    return [f"* = visible to this job (CUDA_VISIBLE_DEVICES={topology.visible_devices}): "
+            f"{describe(job_devices(topology))}"]
+
+
+def _label(index: int, marks: dict[int, str] | None) -> str:
+    return f"GPU{index}" + ("*" if index in (marks or {}) else "")
+
+
 def _gpu_rows(topology: Topology) -> list[str]:
+    from topoprof.topology.visible import gpu_marks
+
+    marks = gpu_marks(topology)
     rows = []
     for g in topology.gpus:
         pcie = "-"
@@ -36,9 +50,12 @@ def _gpu_rows(topology: Topology) -> list[str]:
             pcie = f"Gen{_opt(g.pcie_gen_current)}x{_opt(g.pcie_width_current)} / Gen{g.pcie_gen_max}x{_opt(g.pcie_width_max)}"
         cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}" if g.compute_capability else "-"
         name = "LOST" if g.lost else _opt(g.name)
-        rows.append([f"GPU{g.index}", name, _opt(g.pci_bus_id), cc, pcie, _opt(g.numa_node),
+        job = [marks.get(g.index, "-")] if marks is not None else []
+        rows.append([_label(g.index, marks), *job, name, _opt(g.pci_bus_id), cc, pcie, _opt(g.numa_node),
                      _cpus(g.cpu_affinity), _opt(g.nvlinks_active)])
-    return _table(["GPU", "name", "bus id", "cc", "PCIe now / max", "NUMA", "CPU affinity", "NVLinks"], rows)
+    headers = ["GPU", *(["this job"] if marks is not None else []),
+               "name", "bus id", "cc", "PCIe now / max", "NUMA", "CPU affinity", "NVLinks"]
+    return _table(headers, rows) + (_job_legend(topology) if marks is not None else [])
 
 
 def _cell(link) -> str:
@@ -53,10 +70,13 @@ def _cell(link) -> str:
 
 
 def _matrix(topology: Topology) -> list[str]:
-    labels = [f"GPU{g.index}" for g in topology.gpus]
+    from topoprof.topology.visible import gpu_marks
+
+    marks = gpu_marks(topology)
+    labels = [_label(g.index, marks) for g in topology.gpus]
     rows = []
     for g in topology.gpus:
-        row = [f"GPU{g.index}"]
+        row = [_label(g.index, marks)]
         for h in topology.gpus:
             row.append("X" if g.index == h.index else _cell(topology.pair(g.index, h.index)))
         rows.append(row)
