@@ -255,3 +255,24 @@ def test_a_scan_draws_its_copies_against_the_gpus_pcie_link_and_memory():
     assert reference["pcie_gbps"] == pytest.approx(63.0, abs=0.05) and reference["hbm_gbps"] == 4800.0
     report["copies"]["device_names"] = ["NVIDIA H200", "Some Unknown GPU"]
     assert _copy_reference(report)["hbm_gbps"] is None  # no figure is borrowed for an unknown GPU
+
+
+def test_what_if_chart_from_a_real_one_gpu_scan(tmp_path):
+    """A one-GPU scan draws its what-if table: the real H200 scan's JSON re-rendered."""
+    import json
+    import os
+
+    from topoprof.report.files import render_charts
+    from topoprof.report.plots.whatif import _speedups
+
+    path = os.path.join(_repo_root(), "reports", "gpu-nvidia-h200-20261126", "scan-standalone", "report.json")
+    with open(path) as f:
+        report = json.load(f)
+    assert render_charts(report, str(tmp_path))["what_if"] == "what_if.png"
+    assert_png(tmp_path / "what_if.png")
+    # 2 GPUs over NVLink: 2 x 193.7 ms / (217.0..217.7 ms) for DDP synced every micro-batch
+    case, single = report["what_if"]["cases"][0], report["what_if"]["single_step_s"]
+    middle, low, high = _speedups(case, single, "ddp_synced")
+    assert low < middle < high and middle == pytest.approx(2 * single / sum(case["step_time_s"]["ddp_synced"]) * 2)
+    assert _speedups({"world_size": 2, "step_time_s": {}}, single, "ddp_synced") is None
+    assert_png(plots.plot_what_if({"cases": [], "single_step_s": 0.1}, tmp_path / "empty.png"))

@@ -50,6 +50,14 @@ def test_unknown_gpu_says_which_links_cannot_be_priced():
     assert {c["kind"] for c in w["cases"]} == {"network"}
 
 
+def test_a_pcie_card_of_an_nvlink_generation_gets_no_nvlink_what_if():
+    """An L4 (sm89, the generation of the A100's NVLink table row) is a PCIe card: no NVLink
+    jobs are offered for it, and the reason is said."""
+    w = _what_if(SimpleNamespace(name="NVIDIA L4", compute_capability=(8, 9), pcie_gen_max=4, pcie_width_max=16))
+    assert {c["kind"] for c in w["cases"]} == {"PCIe", "network"}
+    assert any(m.startswith("nvlink:") and "not an SXM part" in m for m in w["missing"])
+
+
 def _scan(tmp_path, *extra):
     env = driver_env(tmp_path, smi_output=fixture_body(H100_VM), nvml_scenario="h100_vm_1x")
     out = tmp_path / "report"

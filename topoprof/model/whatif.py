@@ -32,7 +32,23 @@ class Link:
     basis: str
 
 
+def sxm_part(name: str | None) -> bool:
+    """Whether the datasheet table knows this GPU as an SXM part, the form that sits on an
+    NVSwitch baseboard (V100 SXM2, A100 SXM4, H100/H200 SXM5): PCIe cards of the same
+    generation (L4, L40S, A10, RTX) have no NVLink, or only a bridge to one peer."""
+    import warnings
+
+    from topoprof.model.compute import lookup_gpu
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown name: not known to be SXM
+        spec = lookup_gpu(name) if name else None
+    return spec is not None and "sxm" in spec.name
+
+
 def nvlink(gpu) -> Link | None:
+    if not sxm_part(gpu.name):
+        return None
     sheet = constants.nvlink_datasheet(gpu.compute_capability)
     nccl = constants.nvlink_gbps_per_link(gpu.compute_capability)
     if sheet is None or nccl is None:
@@ -90,8 +106,9 @@ def what_ifs(workload, compute, gpu, accum: int) -> dict:
     for make in (nvlink, pcie):
         link = make(gpu)
         if link is None:
-            missing.append(f"{make.__name__}: no nominal figure for {name} "
-                           f"({'compute capability' if make is nvlink else 'PCIe generation and width'} unknown or not SXM)")
+            why = ("not an SXM part on NVSwitch in the datasheet table, or its compute capability unknown"
+                   if make is nvlink else "PCIe generation and width unknown")
+            missing.append(f"{make.__name__}: no nominal figure for {name} ({why})")
             continue
         cases += [_case(f"{n} x {name} over {link.kind}", workload, compute, accum, 1, n, link) for n in GPU_COUNTS]
     for gbit in NETWORK_GBIT:

@@ -11,7 +11,7 @@ import os
 from topoprof.errors import InputError
 from topoprof.jsonio import dumps
 
-CHARTS = ("busbw", "links", "copies", "step_vs_accum", "pred_vs_measured", "memory")
+CHARTS = ("busbw", "links", "copies", "what_if", "step_vs_accum", "pred_vs_measured", "memory")
 
 
 def _nominal(report: dict) -> list[dict]:
@@ -78,6 +78,9 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
     if copies.get("status") == "ok":
         charts["copies"] = plots.plot_copy_matrix(copies, os.path.join(out_dir, "copies.png"),
                                                   reference=_copy_reference(report))
+    what_if = report.get("what_if") or {}
+    if what_if.get("cases"):  # one GPU: what more such GPUs and nodes would give
+        charts["what_if"] = plots.plot_what_if(what_if, os.path.join(out_dir, "what_if.png"))
     primary = _primary(report)
     if primary and primary.get("sweep"):
         charts["step_vs_accum"] = plots.plot_step_vs_accum(

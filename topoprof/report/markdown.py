@@ -292,7 +292,7 @@ def _what_if(report: dict) -> list[str]:
                      _span_ms(c["step_time_s"]["ddp_no_sync"]), advice])
     out += _table(["job", "link", "ddp_synced ms", "ddp_no_sync ms", "advice"], rows) + [""]
     out += [f"- {m}" for m in w.get("missing", [])] + ([""] if w.get("missing") else [])
-    return out
+    return out + _chart(report, "what_if", "throughput of each job over this one GPU, synced vs no_sync")
 
 
 _PARTS = ("compute", "exposed_comm", "optimizer", "other")

@@ -6,6 +6,7 @@
     plot_step_vs_accum(sweep, path, title=None)             step time / throughput vs accumulation
     plot_pred_vs_measured(cases, path)                      cost model vs real training loops
     plot_memory(strategies, path, title)                    memory per GPU by strategy vs the GPU's
+    plot_what_if(what_if, path, title=None)                 one GPU: what more such GPUs would give
 
 Each writes a PNG at path and returns the path; empty input gives a "no data" figure.
 Importing this module does not import matplotlib: only drawing does.
@@ -18,6 +19,7 @@ from topoprof.report.plots.copies import plot_copy_matrix
 from topoprof.report.plots.matrix import plot_link_matrix
 from topoprof.report.plots.memory import plot_memory
 from topoprof.report.plots.steps import plot_pred_vs_measured, plot_step_vs_accum, throughput, world_size_for
+from topoprof.report.plots.whatif import plot_what_if
 
 __all__ = [
     "COLLECTIVE_COLORS",
@@ -29,6 +31,7 @@ __all__ = [
     "plot_memory",
     "plot_pred_vs_measured",
     "plot_step_vs_accum",
+    "plot_what_if",
     "throughput",
     "world_size_for",
 ]
