@@ -1,4 +1,4 @@
-"""This machine's CPU as the roofline needs it (`topoprof.model.roofline.measured_device`), measured
+"""This machine's CPU as the roofline needs it (`topoprof.model.compute.roofline.measured_device`), measured
 with torch on the threads torch uses:
 
 - peak_flops: a 2048 x 2048 x 2048 fp32 matmul, 2 x 2048^3 FLOPs over its time (the rate a large

@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from probes import training
-from topoprof.model.fsdp import FSDP_ONE_NODE, MODES
+from topoprof.model.fsdp.timeline import FSDP_ONE_NODE, MODES
 
 # The wrappings the modes need: reshard_after_forward of the blocks.
 WRAPPINGS = {"full_shard": True, "shard_grad_op": False}

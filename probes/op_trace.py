@@ -45,7 +45,7 @@ above autograd, so that the backward follows):
   (`autocast_failure`): its FLOPs still order the gradients; its bytes are not a 16-bit step's.
 Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
 by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
-whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.roofline`).
+whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.compute.roofline`).
 
 Two FLOP rules differ from FlopCounterMode's, where it is wrong or silent: a grouped convolution's
 weight gradient counts once, not `groups` times (its backward formula passes the transposed

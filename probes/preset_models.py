@@ -310,11 +310,11 @@ def build(preset: str, micro_batch: int = 1, seq_len: int = 1024, n_layer: int |
 
 def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed: int = 0):
     """(module, tokens, None) of `--params N`: topoprof's synthetic language model of about N
-    parameters (`topoprof.model.synthetic.spec_for_params`, the one `validate` trains: embedding,
+    parameters (`topoprof.model.workload.synthetic.spec_for_params`, the one `validate` trains: embedding,
     MLP blocks, LayerNorm, untied head; no attention), reading `micro_batch` x `seq_len` tokens.
     Its forward returns the loss."""
     from probes.training import SyntheticLM
-    from topoprof.model.synthetic import spec_for_params
+    from topoprof.model.workload.synthetic import spec_for_params
 
     spec = spec_for_params(int(params), seq_len)
     torch.manual_seed(seed)

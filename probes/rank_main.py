@@ -16,6 +16,7 @@ import traceback
 WORKERS = {
     "collectives": "probes.collectives:run_rank",
     "training": "probes.training:run_rank",
+    "numerics": "probes.numerics:run_rank",
     "validation": "probes.validation:run_rank",
     "sleep": "probes.rank_main:_sleep_worker",
     "phases": "probes.rank_main:_phases_worker",

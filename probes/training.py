@@ -5,8 +5,8 @@ loss / K, and a calibration of the forward, backward and optimizer times the ste
 takes as inputs); ddp_synced (all-reduce after every micro-batch); ddp_no_sync (forward and
 backward of the first K-1 micro-batches inside `model.no_sync()`); ddp_no_sync_backward_only
 (only `loss.backward()` inside it, the common mistake that still syncs, see `accumulate`); dp
-(torch.nn.DataParallel over every visible GPU); numerics (one optimizer step of each DDP mode
-against one process that accumulates the whole global batch: equal up to rounding).
+(torch.nn.DataParallel over every visible GPU). The numerics of the same modes are
+`probes/numerics.py`'s.
 
 Data: every sample is a deterministic slice of one synthetic token stream (`first_sample`), so
 one step's global batch is the union over ranks. Every rank builds the same initial model.
@@ -20,7 +20,7 @@ Config (checked by `topoprof.synthetic.parse_config`): spec (asdict of Synthetic
 micro_batch (samples per rank per micro-batch), accum (K), steps (timed), warmup_steps,
 bucket_cap_mb (null: torch's default), seed, optimizer (adamw|sgd), lr, amp (none|bf16, GPU
 only), threads (null: torch's default), count_comm_hook_calls, numerics_dtype (float64|float32).
-Messages from rank 0: `result` (every timed mode), `calibration` (single), `numerics`.
+Messages from rank 0: `result` (every timed mode), `calibration` (single).
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.dist import synchronize, synchronize_compute
-from topoprof.model.synthetic import (DDP_MODES, NUMERICS_TOLERANCE, STREAM_SEED_BITS, SyntheticSpec,
-                                      TrainConfig, check_supported, parse_config)
+from topoprof.model.workload.synthetic import (DDP_MODES, STREAM_SEED_BITS, SyntheticSpec, TrainConfig, check_supported,
+                                               parse_config)
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16}
 COMBINE = "max over ranks, median over steps"
@@ -54,7 +54,7 @@ class _Block(nn.Module):
 
 
 class SyntheticLM(nn.Module):
-    """The module `topoprof.model.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
+    """The module `topoprof.model.workload.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
 
     def __init__(self, spec: SyntheticSpec, autocast_dtype=None):
         super().__init__()
@@ -411,73 +411,9 @@ def run_timed(ctx, cfg: TrainConfig) -> None:
     ctx.emit("result", **result)
 
 
-def _flat_params(model) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
-
-
-def _compare(got, want, rtol: float, atol: float) -> dict:
-    return {"max_abs_diff_vs_single": float((got - want).abs().max()),
-            "allclose": bool(torch.allclose(got, want, rtol=rtol, atol=atol))}
-
-
-def _single_reference(cfg, batches_by_rank, divide_by: int, dtype) -> torch.Tensor:
-    """One process, every rank's micro-batches, loss / divide_by, one SGD step (on CPU)."""
-    model = build_model(cfg.spec, cfg.seed, dtype)
-    optimizer = make_optimizer(cfg, model)
-    optimizer.zero_grad(set_to_none=True)
-    for batches in batches_by_rank:
-        accumulate(model, [b.cpu() for b in batches], "single", divide_by)
-    optimizer.step()
-    return _flat_params(model)
-
-
-def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
-    """DDP averages gradients over W ranks and each rank divides its loss by K, so the step
-    applies (1 / (W K)) x the sum over the global batch: the single reference divides each
-    micro-batch's mean loss by W K. A control that forgets the 1/K must NOT match. amp is
-    ignored here: parameters are compared in numerics_dtype without autocast. FSDP's modes
-    (`fsdp_modes`) average over ranks in their reduce-scatter: the same step, the same check."""
-    dtype = getattr(torch, cfg.numerics_dtype)
-    world, rank = ctx.world_size, ctx.rank
-    batches_by_rank = [step_batches(cfg, 0, r, world, "cpu") for r in range(world)]
-    finals = {}
-    for mode in DDP_MODES:
-        ctx.progress(f"numerics {mode}")
-        model = build_model(cfg.spec, cfg.seed, dtype).to(ctx.device)
-        ddp = wrap_ddp(model, ctx.device, cfg)
-        optimizer = make_optimizer(cfg, model)
-        optimizer.zero_grad(set_to_none=True)
-        accumulate(ddp, [b.to(ctx.device) for b in batches_by_rank[rank]], mode, cfg.accum)
-        optimizer.step()
-        finals[mode] = _flat_params(model)
-    if fsdp_modes:
-        from probes import fsdp
-
-        fsdp.quiet()
-        ctx.progress("numerics fsdp")
-        finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype).to(ctx.device), fsdp_modes,
-                                    [b.to(ctx.device) for b in batches_by_rank[rank]], cfg.accum,
-                                    fsdp.mesh_for(ctx.device, world), lambda m: make_optimizer(cfg, m),
-                                    fsdp.full_params))
-    if rank != 0:
-        return
-    ctx.progress("numerics single-process reference")
-    want = _single_reference(cfg, batches_by_rank, world * cfg.accum, dtype)
-    wrong = _single_reference(cfg, batches_by_rank, world, dtype)
-    rtol, atol = NUMERICS_TOLERANCE[cfg.numerics_dtype]
-    report = {mode: _compare(finals[mode], want, rtol, atol) for mode in finals}
-    report["control_single_not_divided_by_k"] = _compare(wrong, want, rtol, atol)
-    ctx.emit("numerics", **report, dtype=cfg.numerics_dtype, rtol=rtol, atol=atol, lr=cfg.lr,
-             world_size=world, accum=cfg.accum, micro_batch=cfg.micro_batch,
-             params=cfg.spec.params)
-
-
 def run_rank(ctx, config: dict) -> None:
     cfg = parse_config(config)
     check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    if cfg.mode == "numerics":
-        run_numerics(ctx, cfg, config.get("fsdp_modes") or ())
-    else:
-        run_timed(ctx, cfg)
+    run_timed(ctx, cfg)

@@ -27,7 +27,7 @@ before each FSDP step, its collectives between the plain model's compute (what t
 then the step with its timeline (every collective FSDP issued, launched and returned). Without a
 DDP mode, DDP's wrapper and its measurements are left out.
 
-Config: a training config (`topoprof.model.synthetic.parse_config`) plus `modes` (the DDP and
+Config: a training config (`topoprof.model.workload.synthetic.parse_config`) plus `modes` (the DDP and
 FSDP modes to time) and `interference` (bool). Rank 0 emits one `validation` message with every
 rank's records per rotation.
 """
@@ -43,8 +43,8 @@ import torch.distributed as dist
 
 from probes import training
 from probes.dist import synchronize, synchronize_compute
-from topoprof.model.fsdp import FSDP_ONE_NODE
-from topoprof.model.synthetic import DDP_MODES, check_supported, parse_config
+from topoprof.model.fsdp.timeline import FSDP_ONE_NODE
+from topoprof.model.workload.synthetic import DDP_MODES, check_supported, parse_config
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
 # the compute time at the all-reduce rate this rotation measured.

@@ -8,12 +8,12 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 from torch import nn  # noqa: E402
 
-from topoprof.model.buckets import (DEFAULT_FIRST_BUCKET_BYTES, MIB,  # noqa: E402
-                                    compute_bucket_assignment_by_size, ddp_bucket_limits, ddp_buckets)
-from topoprof.model.dataparallel import take_tensors  # noqa: E402
+from topoprof.model.ddp.buckets import (DEFAULT_FIRST_BUCKET_BYTES, MIB, compute_bucket_assignment_by_size,
+                                        ddp_bucket_limits, ddp_buckets)
+from topoprof.model.strategies.dataparallel import take_tensors
 from topoprof.errors import InputError  # noqa: E402
-from topoprof.model.presets import (Layout, TensorSpec, Use, bert_layout, get_preset,  # noqa: E402
-                                    gpt2_layout)
+from topoprof.model.workload.layout import Layout, TensorSpec, Use
+from topoprof.model.workload.presets import bert_layout, get_preset, gpt2_layout
 
 DDP_LIMITS = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * MIB]
 
@@ -272,7 +272,7 @@ def test_real_ddp_no_sync_around_backward_only_still_reduces(process_group):
 
 
 def test_overlap_with_both_sides_slowed_hand_computed():
-    from topoprof.model.ddp import overlap_floor_s, simulate_overlap
+    from topoprof.model.ddp.timeline import overlap_floor_s, simulate_overlap
 
     # One bucket ready at once, 4 s of all-reduce alone, 10 s of backward alone.
     # Compute at 1/2 speed beside it and the all-reduce at 1/2 speed: the all-reduce takes 8 s of

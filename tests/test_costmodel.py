@@ -8,14 +8,17 @@ from dataclasses import replace
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from topoprof.model.ddp import simulate_overlap
-from topoprof.model.comm import FitComm, HierarchicalComm, LinkUnknown, RingComm, SingleGpuComm
-from topoprof.model.strategies import (ONE_GPU_REASON, STRATEGIES, Cluster, ModelInputs, StrategyResult,
-                                       Unavailable, Workload, fixed_global_batch, hide_threshold, predict,
-                                       resolve, sweep)
+from topoprof.model.ddp.timeline import simulate_overlap
+from topoprof.model.comm.collectives import FitComm, HierarchicalComm, LinkUnknown, RingComm, SingleGpuComm
+from topoprof.model.strategies.steps import ONE_GPU_REASON, STRATEGIES
+from topoprof.model.strategies.results import StrategyResult, Unavailable
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.predict import fixed_global_batch, hide_threshold, predict, sweep
+from topoprof.model.strategies.resolve import resolve
 from topoprof.errors import InputError
-from topoprof.model.compute import Compute, lookup_gpu, normalize_gpu_name
-from topoprof.model.presets import Layout, TensorSpec, Use
+from topoprof.model.compute.timing import Compute
+from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
+from topoprof.model.workload.layout import Layout, TensorSpec, Use
 
 # ---- collective formulas --------------------------------------------------------------------
 
@@ -213,7 +216,7 @@ def test_flops_mode_hand_computed():
 
 
 def test_a_datasheet_what_if_is_a_range_never_one_number():
-    from topoprof.model.compute import UTILIZATION_RANGE
+    from topoprof.model.compute.timing import UTILIZATION_RANGE
 
     inputs = ModelInputs(Workload(HAND, tokens_per_micro_batch=1000), Compute(gpu="NVIDIA A100-SXM4-80GB"),
                          Cluster(RingComm(10.0, 0.0, 2), 1, 2))
@@ -438,7 +441,7 @@ def test_gpu_names_normalize_to_table_rows():
 
 
 def test_every_datasheet_row_has_its_compute_capability():
-    from topoprof.model.compute import known_gpus
+    from topoprof.model.compute.datasheet import known_gpus
 
     for name in known_gpus():
         major, minor = lookup_gpu(name).compute_capability
@@ -585,7 +588,7 @@ def test_hide_threshold_is_where_exposed_reaches_its_floor(inputs):
 
 
 def test_measured_curve_interpolates_inside_and_fits_outside():
-    from topoprof.model.comm import FitComm, MeasuredComm
+    from topoprof.model.comm.collectives import FitComm, MeasuredComm
 
     points = ((1024.0, 100.0), (4096.0, 400.0), (16384.0, 800.0))
     comm = MeasuredComm(latency_us=50.0, algbw_gbps=0.05, world_size=2, points=points)
@@ -598,7 +601,7 @@ def test_measured_curve_interpolates_inside_and_fits_outside():
 
 
 def test_above_the_measured_sizes_the_curve_grows_at_its_top_slope():
-    from topoprof.model.comm import MeasuredComm
+    from topoprof.model.comm.collectives import MeasuredComm
 
     # The shape of a scan across a 1 Gbit/s link: the plateau is 0.12 GB/s, while a fit weighted
     # by every size's relative error says 0.145 GB/s. Above 16 MiB the plateau must hold.
@@ -625,8 +628,9 @@ def test_ddp_hook_cost_adds_to_every_ddp_micro_batch_not_to_single():
 
 @pytest.mark.parametrize("mode", ["ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress"])
 def test_step_components_add_up_to_the_step(mode):
-    from topoprof.model.buckets import ddp_buckets
-    from topoprof.model.strategies import resolve, step_components
+    from topoprof.model.ddp.buckets import ddp_buckets
+    from topoprof.model.strategies.resolve import resolve
+    from topoprof.model.strategies.steps import step_components
 
     inputs = _hand_inputs()
     inputs = dataclasses.replace(inputs, compute=dataclasses.replace(
@@ -640,7 +644,7 @@ def test_step_components_add_up_to_the_step(mode):
 
 
 def test_communication_slowdown_by_size_is_interpolated_in_log_size():
-    from topoprof.model.compute import slowdown_at
+    from topoprof.model.compute.timing import slowdown_at
 
     points = ((1 << 20, 5.0), (16 << 20, 2.0))
     assert slowdown_at(points, 9.0, 1 << 10) == 5.0           # below: the smallest size's
@@ -659,7 +663,7 @@ def test_a_small_bucket_slowed_more_than_a_large_one_exposes_more():
 
 
 def test_measured_copy_rate_sets_the_bucket_copies_of_each_synced_micro_batch():
-    from topoprof.model.ddp import ddp_copy_bytes
+    from topoprof.model.ddp.timeline import ddp_copy_bytes
 
     base = _hand_inputs()
     work, k = base.workload, base.accumulation_steps

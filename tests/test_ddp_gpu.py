@@ -7,49 +7,52 @@ from dataclasses import replace
 
 import pytest
 
-from topoprof.model import ddp_gpu
-from topoprof.model.comm import RingComm
-from topoprof.model.compute import Compute
-from topoprof.model.presets import get_preset
-from topoprof.model.strategies import (DDP_GPU_UNPRICED_NOTE, Cluster, ModelInputs, Workload,
-                                       ddp_one_gpu_s, predict)
+from topoprof.model.comm.collectives import RingComm
+from topoprof.model.compute.timing import Compute
+from topoprof.model.ddp.gpu_costs import (ddp_kernels, expected_max_normal, expected_range_normal,
+                                          gpu_speed_spread_range, nccl_sm_slowdown_range, straggler_wait_s)
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.predict import predict
+from topoprof.model.strategies.resolve import DDP_GPU_UNPRICED_NOTE
+from topoprof.model.strategies.steps import ddp_one_gpu_s
+from topoprof.model.workload.presets import get_preset
 
 
 def test_expected_maximum_of_normals():
-    assert ddp_gpu.expected_max_normal(1) == 0.0
-    assert ddp_gpu.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
     # tabulated: E[max of 8] = 1.4236, of 32 = 2.0697 (Harter 1961)
-    assert ddp_gpu.expected_max_normal(8) == pytest.approx(1.4236, abs=1e-3)
-    assert ddp_gpu.expected_max_normal(32) == pytest.approx(2.0697, abs=1e-3)
-    values = [ddp_gpu.expected_max_normal(n) for n in (1, 2, 4, 8, 16, 64)]
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-3)
+    assert expected_max_normal(32) == pytest.approx(2.0697, abs=1e-3)
+    values = [expected_max_normal(n) for n in (1, 2, 4, 8, 16, 64)]
     assert values == sorted(values)
 
 
 def test_kernels_per_synced_micro_batch():
     # a copy in and a copy out per gradient, one all-reduce per bucket; the bucket view drops the copy out
-    assert ddp_gpu.ddp_kernels(161, 5, False) == 327
-    assert ddp_gpu.ddp_kernels(161, 5, True) == 166
+    assert ddp_kernels(161, 5, False) == 327
+    assert ddp_kernels(161, 5, True) == 166
 
 
 def test_nccl_holds_two_sms_per_ring():
-    assert ddp_gpu.nccl_sm_slowdown_range(80, 1) == (1.0, 80 / 78)
-    assert ddp_gpu.nccl_sm_slowdown_range(132, 6) == (1.0, 132 / 120)
+    assert nccl_sm_slowdown_range(80, 1) == (1.0, 80 / 78)
+    assert nccl_sm_slowdown_range(132, 6) == (1.0, 132 / 120)
     with pytest.raises(ValueError):
-        ddp_gpu.nccl_sm_slowdown_range(8, 4)
+        nccl_sm_slowdown_range(8, 4)
 
 
 def test_gpu_speed_spread_comes_from_the_cited_cluster_spreads():
-    low, high = ddp_gpu.gpu_speed_spread_range()
-    span = ddp_gpu.expected_range_normal(25_000)
+    low, high = gpu_speed_spread_range()
+    span = expected_range_normal(25_000)
     assert (low * span, high * span) == (pytest.approx(0.08), pytest.approx(0.22))
 
 
 def test_straggler_wait_synced_vs_no_sync():
-    wait = ddp_gpu.straggler_wait_s
+    wait = straggler_wait_s
     c, k = 0.1, 8
     # a persistently slower GPU is slower on every micro-batch: no_sync saves nothing of it
     assert wait(8, c, k, k, 0.02, 0.0) == pytest.approx(wait(8, c, k, 1, 0.02, 0.0))
-    assert wait(8, c, k, k, 0.02, 0.0) == pytest.approx(k * c * 0.02 * ddp_gpu.expected_max_normal(8))
+    assert wait(8, c, k, k, 0.02, 0.0) == pytest.approx(k * c * 0.02 * expected_max_normal(8))
     # jitter is waited for at every sync: once per step with no_sync, on a sum whose spread grows as sqrt(k)
     synced, once = wait(8, c, k, k, 0.0, 0.005), wait(8, c, k, 1, 0.0, 0.005)
     assert once == pytest.approx(synced / math.sqrt(k))
@@ -110,15 +113,15 @@ def test_without_a_gpu_the_gpu_parts_are_not_priced_and_it_says_so():
 def test_ddp_on_one_gpu_costs_its_kernels_and_copies():
     inputs = _inputs(replace(V100, ddp_kernel_s=5e-6), world=1)
     layout = inputs.workload.layout
-    from topoprof.model.buckets import ddp_buckets
+    from topoprof.model.ddp.buckets import ddp_buckets
 
-    kernels = ddp_gpu.ddp_kernels(len(layout.tensors), len(ddp_buckets(layout, 4, None)), False)
+    kernels = ddp_kernels(len(layout.tensors), len(ddp_buckets(layout, 4, None)), False)
     traffic = 4 * 4 * layout.params / 900e9
     assert ddp_one_gpu_s(inputs) == pytest.approx(0.2 + kernels * 5e-6 + traffic)
 
 
 def test_nothing_to_gain_only_below_five_percent_at_the_top_of_the_range():
-    from topoprof.model.payload import model_payload
+    from topoprof.model.strategies.payload import model_payload
     from topoprof.report.text_model import ddp_cost_share, render_model
 
     heavy = model_payload(_inputs(replace(V100, micro_batch_time_s=50.0)), {"link_bandwidth_gbps": 100}, sweep=False)
@@ -138,7 +141,7 @@ def _rotation(levels: list[float], jitter: list[list[float]]) -> list[dict]:
 
 
 def test_validate_splits_the_ranks_spread_into_speed_and_jitter():
-    from topoprof.model.rotations import rank_spread
+    from topoprof.model.validate.rotations import rank_spread
 
     # rank 1 is 10 % slower on every micro-batch, nothing else moves
     steady = rank_spread([_rotation([0.1, 0.11], [[0.0] * 4, [0.0] * 4])] * 3)
@@ -154,7 +157,7 @@ def test_validate_splits_the_ranks_spread_into_speed_and_jitter():
 
 
 def test_validate_carries_the_copy_cost_per_kernel_when_it_exceeds_the_traffic():
-    from topoprof.model.validate import _copy_costs
+    from topoprof.model.validate.run import _copy_costs
 
     msg = {"params": 1_000_000, "memory_bandwidth_gbps": 16.0, "rotations": [[{"bucket_numel": [250_000] * 4}]]}
     traffic_s = 16e6 / 16e9
@@ -174,7 +177,7 @@ def test_the_what_if_kernel_range_holds_the_tools_own_gpu_measurement():
     import json
     import os
 
-    from topoprof.model.ddp_gpu import KERNEL_COST_RANGE_S
+    from topoprof.model.ddp.gpu_costs import KERNEL_COST_RANGE_S
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reports",
                         "gpu-nvidia-h200-20261126", "summary.json")

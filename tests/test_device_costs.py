@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from probes.device_costs import best_of, measure_cpu_costs  # noqa: E402
-from topoprof.model.roofline import measured_device  # noqa: E402
+from topoprof.model.compute.roofline import measured_device
 
 
 def test_the_cpus_figures_are_measured_and_feed_a_device():

@@ -8,17 +8,23 @@ import sys
 
 import pytest
 
-from topoprof.model import fsdp
-from topoprof.model.comm import HierarchicalComm, MeasuredComm, RingComm
-from topoprof.model.compute import Compute
-from topoprof.model.presets import Layout, TensorSpec, Use, get_preset, synthetic_layout
-from topoprof.model.strategies import Cluster, ModelInputs, StrategyResult, Unavailable, Workload, predict
+from topoprof.model.comm.collectives import HierarchicalComm, MeasuredComm, RingComm
+from topoprof.model.compute.timing import Compute
+from topoprof.model.fsdp.plan import CHUNKS_PER_GROUP, fsdp_plan
+from topoprof.errors import InputError
+from topoprof.model.fsdp.timeline import (FSDP_ONE_NODE, HSDP_ONE_NODE_REASON, MODES, FsdpSetting, collective_times,
+                                          fsdp_micro_batch, fsdp_step)
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.predict import predict
+from topoprof.model.strategies.results import StrategyResult, Unavailable
+from topoprof.model.workload.layout import Layout, TensorSpec, Use
+from topoprof.model.workload.presets import get_preset, synthetic_layout
 
 # An embedding (root), two blocks and a head (root): forward order root, block 0, block 1, root.
 HAND = Layout("hand", (TensorSpec("emb", (1000,)), TensorSpec("blocks.0.w", (4000,)),
                        TensorSpec("blocks.1.w", (4000,)), TensorSpec("head", (2000,))),
               (Use((0,), 0.0), Use((1,), 4 * 4000.0), Use((2,), 4 * 4000.0), Use((3,), 4 * 2000.0)), "test")
-PLAN = fsdp.fsdp_plan(HAND)
+PLAN = fsdp_plan(HAND)
 ROOT, B0, B1 = PLAN.root, 0, 1
 # 1 GB/s, no latency: an all-gather of S bytes over 2 ranks takes S/2 ns... in seconds S/2e9
 COMM = RingComm(1.0, 0.0, 2)
@@ -26,11 +32,11 @@ COMM = RingComm(1.0, 0.0, 2)
 
 def _setting(**kw):
     base = dict(forward_s=1.0, backward_s=2.0, param_bytes=4, reduce_bytes=4, memory_bandwidth_gbps=None)
-    return fsdp.FsdpSetting(**{**base, **kw})
+    return FsdpSetting(**{**base, **kw})
 
 
 def _coll(setting, comm=COMM):
-    return fsdp.collective_times(PLAN, setting, comm)
+    return collective_times(PLAN, setting, comm)
 
 
 def _kinds(mb, kind):
@@ -49,31 +55,31 @@ def test_groups_one_per_block_and_the_root_last():
                                           ("resnet50", 4)])
 def test_preset_groups(name, blocks):
     layout = get_preset(name)
-    plan = fsdp.fsdp_plan(layout)
+    plan = fsdp_plan(layout)
     assert len(plan.groups) == blocks + 1 and plan.groups[-1].name == "root"
     assert sum(g.numel for g in plan.groups) == layout.params
 
 
 def test_params_layout_groups_chunks():
     layout = synthetic_layout(1_000_000)
-    plan = fsdp.fsdp_plan(layout)
-    assert len(plan.groups) == 100 // fsdp.CHUNKS_PER_GROUP + 1 and plan.groups[-1].numel == 0
+    plan = fsdp_plan(layout)
+    assert len(plan.groups) == 100 // CHUNKS_PER_GROUP + 1 and plan.groups[-1].numel == 0
     assert sum(g.numel for g in plan.groups) == layout.params
 
 
 def test_fsdp_unit_groups_its_children_and_refuses_a_module_that_wraps_nothing():
-    plan = fsdp.fsdp_plan(get_preset("llama-7b"), unit="model.layers")
+    plan = fsdp_plan(get_preset("llama-7b"), unit="model.layers")
     assert len(plan.groups) == 33
-    with pytest.raises(fsdp.InputError, match="--fsdp-unit nothing"):
-        fsdp.fsdp_plan(get_preset("llama-7b"), unit="nothing")
+    with pytest.raises(InputError, match="--fsdp-unit nothing"):
+        fsdp_plan(get_preset("llama-7b"), unit="nothing")
 
 
 def test_blocking_backend_adds_every_collective_to_the_compute():
     """gloo: each collective blocks the thread, so the micro-batch is compute plus every collective."""
     setting = _setting(blocking=True)
     coll = _coll(setting)
-    mode = fsdp.MODES["fsdp_full_shard"]
-    mb = fsdp.fsdp_micro_batch(PLAN, setting, coll, mode, synced=True)
+    mode = MODES["fsdp_full_shard"]
+    mb = fsdp_micro_batch(PLAN, setting, coll, mode, synced=True)
     forward_ag = sum(coll.all_gather_s)              # every group, the root included
     backward_ag = coll.all_gather_s[B0] + coll.all_gather_s[B1]  # resharded blocks only
     rs = sum(coll.reduce_scatter_s)
@@ -86,9 +92,9 @@ def test_blocking_backend_adds_every_collective_to_the_compute():
 def test_prefetch_hides_all_gathers_behind_compute_but_not_the_first_nor_the_last_reduce_scatter():
     setting = _setting()
     coll = _coll(setting)
-    mode = fsdp.MODES["fsdp_full_shard"]
-    mb = fsdp.fsdp_micro_batch(PLAN, setting, coll, mode, synced=True)
-    blocking = fsdp.fsdp_micro_batch(PLAN, _setting(blocking=True), coll, mode, synced=True)
+    mode = MODES["fsdp_full_shard"]
+    mb = fsdp_micro_batch(PLAN, setting, coll, mode, synced=True)
+    blocking = fsdp_micro_batch(PLAN, _setting(blocking=True), coll, mode, synced=True)
     assert mb.exposed_s < blocking.exposed_s
     # the root's all-gather opens the forward with nothing to hide behind, and so does the first
     # block's (the embedding lookup before it computes ~nothing); at the end the root's
@@ -105,7 +111,7 @@ def test_prefetch_hides_all_gathers_behind_compute_but_not_the_first_nor_the_las
 def test_all_gathers_and_reduce_scatters_share_one_channel_in_issue_order():
     setting = _setting(forward_s=1e-6, backward_s=1e-6)  # communication-bound: the channel is the path
     coll = _coll(setting)
-    mb = fsdp.fsdp_micro_batch(PLAN, setting, coll, fsdp.MODES["fsdp_full_shard"], synced=True)
+    mb = fsdp_micro_batch(PLAN, setting, coll, MODES["fsdp_full_shard"], synced=True)
     for a, b in zip(mb.ops, mb.ops[1:]):
         assert b.start_s >= a.end_s - 1e-12
     assert mb.wall_s >= 2 * sum(coll.all_gather_s) - coll.all_gather_s[ROOT] + sum(coll.reduce_scatter_s) - 1e-12
@@ -114,10 +120,10 @@ def test_all_gathers_and_reduce_scatters_share_one_channel_in_issue_order():
 def test_no_sync_reduces_only_on_the_last_micro_batch():
     setting = _setting()
     coll = _coll(setting)
-    step = fsdp.fsdp_step(PLAN, setting, coll, fsdp.MODES["fsdp_full_shard_no_sync"], 4, 0.1)
+    step = fsdp_step(PLAN, setting, coll, MODES["fsdp_full_shard_no_sync"], 4, 0.1)
     counts = [len(_kinds(mb, "reduce_scatter")) for mb in step.micro_batches]
     assert counts == [0, 0, 0, 3]
-    synced = fsdp.fsdp_step(PLAN, setting, coll, fsdp.MODES["fsdp_full_shard"], 4, 0.1)
+    synced = fsdp_step(PLAN, setting, coll, MODES["fsdp_full_shard"], 4, 0.1)
     assert [len(_kinds(mb, "reduce_scatter")) for mb in synced.micro_batches] == [3, 3, 3, 3]
     assert step.step_s < synced.step_s
     # every micro-batch all-gathers in forward either way (resharded after backward)
@@ -127,8 +133,8 @@ def test_no_sync_reduces_only_on_the_last_micro_batch():
 def test_shard_grad_op_has_no_backward_all_gather():
     setting = _setting(blocking=True)
     coll = _coll(setting)
-    full = fsdp.fsdp_micro_batch(PLAN, setting, coll, fsdp.MODES["fsdp_full_shard"], True)
-    zero2 = fsdp.fsdp_micro_batch(PLAN, setting, coll, fsdp.MODES["fsdp_shard_grad_op"], True)
+    full = fsdp_micro_batch(PLAN, setting, coll, MODES["fsdp_full_shard"], True)
+    zero2 = fsdp_micro_batch(PLAN, setting, coll, MODES["fsdp_shard_grad_op"], True)
     assert len(_kinds(full, "all_gather")) == 3 + 2 and len(_kinds(zero2, "all_gather")) == 3
     assert full.wall_s - zero2.wall_s == pytest.approx(coll.all_gather_s[B0] + coll.all_gather_s[B1])
 
@@ -138,16 +144,16 @@ def test_hsdp_adds_an_all_reduce_across_replicas_per_group():
     comm = HierarchicalComm(intra, inter, 2, 2)
     setting = _setting()
     shard, replicate = comm.at_shape(1, 2), comm.at_shape(2, 1)
-    coll = fsdp.collective_times(PLAN, setting, shard, replicate)
+    coll = collective_times(PLAN, setting, shard, replicate)
     assert coll.all_reduce_s == tuple(replicate.allreduce_s(g.numel * 4) for g in PLAN.groups)
-    mb = fsdp.fsdp_micro_batch(PLAN, setting, coll, fsdp.MODES["hsdp"], True)
+    mb = fsdp_micro_batch(PLAN, setting, coll, MODES["hsdp"], True)
     ars = _kinds(mb, "all_reduce")
     assert [op.group for op in ars] == [B1, B0, ROOT]
     for ar in ars:  # each after its group's reduce-scatter
         rs = next(op for op in mb.ops if op.kind == "reduce_scatter" and op.group == ar.group)
         assert ar.start_s >= rs.end_s - 1e-12
     assert mb.wall_s >= ars[-1].end_s - 1e-12
-    quiet = fsdp.fsdp_micro_batch(PLAN, setting, coll, fsdp.MODES["hsdp_no_sync"], False)
+    quiet = fsdp_micro_batch(PLAN, setting, coll, MODES["hsdp_no_sync"], False)
     assert not _kinds(quiet, "all_reduce") and not _kinds(quiet, "reduce_scatter")
 
 
@@ -164,7 +170,7 @@ def test_gloo_reduce_scatter_is_an_all_reduce_unless_measured():
     assert coll.reduce_scatter_s == tuple(COMM.allreduce_s(g.numel * 4) for g in PLAN.groups)
     measured = MeasuredComm(latency_us=0.0, algbw_gbps=1.0, world_size=2, points=((1e3, 10.0), (1e6, 1000.0)),
                             curves=(("reduce_scatter", ((1e3, 7.0), (1e6, 7000.0))),))
-    coll = fsdp.collective_times(PLAN, setting, measured)
+    coll = collective_times(PLAN, setting, measured)
     assert coll.reduce_scatter_s[B0] == pytest.approx(7.0 * 16000 / 1e3 * 1e-6)
 
 
@@ -176,9 +182,9 @@ def _inputs(nodes=1, gpn=2, backend="nccl", k=4, **work):
 
 def test_strategies_list_fsdp_beside_ddp():
     p = predict(_inputs())
-    for name in fsdp.FSDP_ONE_NODE:
+    for name in FSDP_ONE_NODE:
         assert isinstance(p.strategies[name], StrategyResult), name
-    assert p.strategies["hsdp"] == Unavailable(fsdp.HSDP_ONE_NODE_REASON)
+    assert p.strategies["hsdp"] == Unavailable(HSDP_ONE_NODE_REASON)
     two_nodes = predict(_inputs(nodes=2))
     assert isinstance(two_nodes.strategies["hsdp"], StrategyResult)
     # the optimizer steps only the local shard
@@ -202,13 +208,13 @@ def test_model_lists_fsdp_strategies_with_step_times():
             "--link-bandwidth", "370"]
     text = _cli(*args)
     assert text.returncode == 0, text.stderr
-    for name in fsdp.FSDP_ONE_NODE:
+    for name in FSDP_ONE_NODE:
         row = next(line for line in text.stdout.splitlines() if line.startswith(name + " "))
         assert "n/a" not in row
     assert "hsdp, hsdp_no_sync: n/a" in text.stdout
     doc = json.loads(_cli(*args, "--json").stdout)
     assert doc["inputs"]["fsdp_param_bytes"]["value"] == 2 and doc["inputs"]["fsdp_reduce_bytes"]["value"] == 4
-    for name in fsdp.FSDP_ONE_NODE:
+    for name in FSDP_ONE_NODE:
         assert doc["strategies"][name]["step_time_s"] > 0
         assert len(doc["sweep"]["strategies"][name]) == len(doc["sweep"]["accum"])
 

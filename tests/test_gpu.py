@@ -132,7 +132,7 @@ def test_training_worker_on_cuda_in_bf16(record_property):
     import dataclasses
 
     from topoprof.measure.launch import JobSpec, launch_local
-    from topoprof.model.synthetic import spec_for_params
+    from topoprof.model.workload.synthetic import spec_for_params
 
     spec = spec_for_params(25_000_000, seq_len=256)
     config = {"spec": dataclasses.asdict(spec), "mode": "single", "micro_batch": 8, "accum": 4, "steps": 3,
@@ -158,8 +158,8 @@ def test_user_model_timed_on_cuda_under_each_precision(record_property):
     weight gradient comes through the cast's backward, after its bias's, which can move a tensor
     across a bucket boundary (seen with CPU autocast on this model)."""
     from topoprof.measure.user_model import measure_user_model
-    from topoprof.model.buckets import ddp_buckets
-    from topoprof.model.user_model import user_compute, user_layout
+    from topoprof.model.ddp.buckets import ddp_buckets
+    from topoprof.model.inputs.user_model import user_compute, user_layout
 
     spec = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py") + ":build_1m"
     buckets = {}
@@ -179,7 +179,7 @@ def test_user_model_timed_on_cuda_under_each_precision(record_property):
 def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
     """gpt2 at its real size fits and is timed whole; llama-7b with AdamW in fp32 master weights
     (16 bytes per parameter before activations) exceeds one 80 GB GPU and is timed by its blocks."""
-    from topoprof.model.user_model import measure_preset
+    from topoprof.model.inputs.user_model import measure_preset
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
     assert gpt2["scaled"] is None and gpt2["micro_batch_time_s"] > 0
@@ -194,10 +194,11 @@ def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
 def test_preset_memory_measured_beside_the_count(record_property):
     """gpt2 timed on cuda:0: its memory by phase (weights, optimizer state, activations,
     gradients) measured with torch.cuda.memory_allocated, beside the counted figures."""
-    from topoprof.model.compute import Compute
-    from topoprof.model.comm import RingComm
-    from topoprof.model.strategies import Cluster, ModelInputs, Workload, predict
-    from topoprof.model.user_model import measure_preset
+    from topoprof.model.compute.timing import Compute
+    from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+    from topoprof.model.strategies.predict import predict
+    from topoprof.model.inputs.user_model import measure_preset
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
     measured = gpt2["memory"]

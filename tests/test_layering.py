@@ -97,3 +97,103 @@ def test_the_check_sees_imports_inside_functions(tmp_path, monkeypatch):
 def test_each_stage_says_what_it_takes_and_gives(package):
     doc = ast.get_docstring(ast.parse((ROOT / "topoprof" / package / "__init__.py").read_text()))
     assert doc is not None and "stage" in doc.lower() and "gives" in doc
+
+
+# The model's rooms (topoprof/model/__init__.py), each on a level: a room imports only rooms on
+# lower levels (or itself). Rooms on one level are siblings and use none of each other.
+MODEL_LEVELS = {"workload": 0, "comm": 0, "compute": 1, "ddp": 2, "fsdp": 2, "memory": 2, "strategies": 3,
+                "inputs": 4, "validate": 5}
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["topoprof", "model"] else None
+
+
+def _room_violations() -> list[str]:
+    bad = []
+    for path in (ROOT / "topoprof" / "model").rglob("*.py"):
+        here = _room(_module_name(path))
+        if here is None:
+            continue
+        for line, target in _imports(path):
+            there = _room(target)
+            if there is None or there == here:
+                continue
+            if there not in MODEL_LEVELS or MODEL_LEVELS[there] >= MODEL_LEVELS[here]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target} ({here} -> {there})")
+    return bad
+
+
+def test_every_model_module_is_in_a_room_that_says_what_it_owns_and_may_import():
+    model = ROOT / "topoprof" / "model"
+    loose = sorted(p.name for p in model.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], "a module of the model outside its rooms"
+    rooms = sorted(p.name for p in model.iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(MODEL_LEVELS)
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((model / room / "__init__.py").read_text()))
+        assert doc and "Owns:" in doc and "May import:" in doc, room
+
+
+def test_no_model_room_imports_a_room_above_or_beside_it():
+    assert _room_violations() == []
+
+
+def test_the_room_check_sees_an_import_up(tmp_path):
+    bad = ROOT / "topoprof" / "model" / "workload" / "_room_probe.py"
+    bad.write_text("def f():\n    from topoprof.model.strategies.predict import predict\n")
+    try:
+        assert any("_room_probe.py:2 imports topoprof.model.strategies.predict (workload -> strategies)" in v
+                   for v in _room_violations())
+    finally:
+        bad.unlink()
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p) for p in _sources()}
+    graph: dict[str, set[str]] = {}
+    for path in _sources():
+        me = _module_name(path)
+        graph[me] = {t for _, t in _imports(path) if t in modules and t != me}
+    return graph
+
+
+def test_no_import_circles_between_files():
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_circle_check_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

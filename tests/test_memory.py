@@ -8,54 +8,57 @@ import sys
 
 import pytest
 
-from topoprof.model import memory
-from topoprof.model.compute import Compute, gpu_memory_gb
-from topoprof.model.comm import RingComm
-from topoprof.model.strategies import Cluster, ModelInputs, Workload, largest_group_params, predict
+from topoprof.model.memory import holding
+from topoprof.model.compute.timing import Compute
+from topoprof.model.compute.datasheet import gpu_memory_gb
+from topoprof.model.comm.collectives import RingComm
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.memory import largest_group_params
+from topoprof.model.strategies.predict import predict
 
 N = 1_000_000_000
 
 
 def test_adamw_with_fp32_weights_is_zeros_16_bytes_per_parameter():
-    held = memory.holding("single", memory.MemoryModel(N))
+    held = holding.holding("single", holding.MemoryModel(N))
     assert held.params + held.grads + held.optimizer == 16 * N  # ZeRO §3.1's 2 + 2 + 12, held in fp32
-    assert memory.holding("single", memory.MemoryModel(N, optimizer="sgd")).optimizer == 0
-    assert memory.holding("single", memory.MemoryModel(N, optimizer="sgd_momentum")).optimizer == 4 * N
-    bf16 = memory.holding("single", memory.MemoryModel(N, param_bytes=2, grad_bytes=2))
+    assert holding.holding("single", holding.MemoryModel(N, optimizer="sgd")).optimizer == 0
+    assert holding.holding("single", holding.MemoryModel(N, optimizer="sgd_momentum")).optimizer == 4 * N
+    bf16 = holding.holding("single", holding.MemoryModel(N, param_bytes=2, grad_bytes=2))
     assert bf16.states == 8 * N  # AdamW's moments in the parameters' dtype
 
 
 def test_ddp_buckets_are_a_copy_of_the_gradients_unless_they_are_the_gradients():
-    assert memory.holding("ddp_synced", memory.MemoryModel(N)).buckets == 4 * N
-    assert memory.holding("ddp_synced", memory.MemoryModel(N, gradient_as_bucket_view=True)).buckets == 0
-    assert memory.holding("dp", memory.MemoryModel(N)).buckets == 0
+    assert holding.holding("ddp_synced", holding.MemoryModel(N)).buckets == 4 * N
+    assert holding.holding("ddp_synced", holding.MemoryModel(N, gradient_as_bucket_view=True)).buckets == 0
+    assert holding.holding("dp", holding.MemoryModel(N)).buckets == 0
 
 
 def test_fsdp_shards_and_its_working_set():
-    m = memory.MemoryModel(N, world_size=8, gpus_per_node=4, largest_group_params=N // 32, fsdp_param_bytes=2)
-    full = memory.holding("fsdp_full_shard", m)
+    m = holding.MemoryModel(N, world_size=8, gpus_per_node=4, largest_group_params=N // 32, fsdp_param_bytes=2)
+    full = holding.holding("fsdp_full_shard", m)
     assert (full.params, full.grads, full.optimizer) == (4 * N / 8, 4 * N / 8, 8 * N / 8)
     # the running group and the prefetched one in param_dtype, the running group's gradient in reduce_dtype
     assert full.unsharded == 2 * 2 * (N // 32) + 4 * (N // 32)
-    no_sync = memory.holding("fsdp_full_shard_no_sync", m)
+    no_sync = holding.holding("fsdp_full_shard_no_sync", m)
     assert no_sync.unsharded - full.unsharded == 4 * (N - N // 32)  # every group's gradient, full size
-    grad_op = memory.holding("fsdp_shard_grad_op", m)
+    grad_op = holding.holding("fsdp_shard_grad_op", m)
     assert grad_op.unsharded >= 2 * N  # every group stays unsharded from forward to backward
-    hsdp = memory.holding("hsdp", m)
+    hsdp = holding.holding("hsdp", m)
     assert hsdp.params == 4 * N / 4  # sharded inside a node only
-    assert memory.holding("something_else", m) is None
+    assert holding.holding("something_else", m) is None
 
 
 def test_fit_and_its_reason():
-    held = memory.Holding(40e9, 40e9, 80e9, activations=None)
-    unknown = memory.fit(held, None)
+    held = holding.Holding(40e9, 40e9, 80e9, activations=None)
+    unknown = holding.fit(held, None)
     assert unknown.fits is None and "unknown" in unknown.reason
-    no = memory.fit(held, 80e9)
+    no = holding.fit(held, 80e9)
     assert no.fits is False and "160.0 GB of 80.0 GB" in no.reason and "alone" in no.reason
-    assert memory.fit(held, 200e9).fits is True  # the states alone fit; the reason says activations are unknown
-    assert "activations unknown" in memory.fit(held, 200e9).reason
-    full = memory.Holding(10e9, 10e9, 20e9, activations=30e9)
-    assert memory.fit(full, 80e9) == memory.Fit(True, None)
+    assert holding.fit(held, 200e9).fits is True  # the states alone fit; the reason says activations are unknown
+    assert "activations unknown" in holding.fit(held, 200e9).reason
+    full = holding.Holding(10e9, 10e9, 20e9, activations=30e9)
+    assert holding.fit(full, 80e9) == holding.Fit(True, None)
 
 
 def test_gpu_memory_from_the_name_or_the_datasheet():
@@ -67,7 +70,7 @@ def test_gpu_memory_from_the_name_or_the_datasheet():
 
 
 def test_largest_group_is_a_block():
-    from topoprof.model.presets import get_preset
+    from topoprof.model.workload.presets import get_preset
 
     layout = get_preset("llama-7b")
     block = sum(t.numel for t in layout.tensors if t.name.startswith("model.layers.0."))
@@ -125,7 +128,7 @@ def test_model_cli_says_what_does_not_fit():
 def test_memory_a_gpu_measured_replaces_the_count():
     """The bytes per phase of a timed step (probes/user_model.py on a GPU) stand in for the
     counted ones: the same sharding and buckets apply to them."""
-    from topoprof.model.presets import get_preset
+    from topoprof.model.workload.presets import get_preset
 
     layout = get_preset("gpt2")
     n = layout.params
@@ -142,7 +145,7 @@ def test_memory_a_gpu_measured_replaces_the_count():
 
 
 def test_what_does_not_fit_is_neither_swept_nor_offered():
-    from topoprof.model.payload import model_payload
+    from topoprof.model.strategies.payload import model_payload
 
     payload = model_payload(_llama(micro_batch_time_s=0.4), {"link_bandwidth_gbps": 370})
     assert all(step is None for step in payload["sweep"]["strategies"]["ddp_synced"])
@@ -152,17 +155,17 @@ def test_what_does_not_fit_is_neither_swept_nor_offered():
 
 
 def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
-    from topoprof.model import inputs
+    from topoprof.model.inputs import options
 
     timed = {"device_name": "NVIDIA H100 80GB HBM3", "device_memory_bytes": 85.5e9}
     origins: list = []
-    opts = inputs._memory_of_the_timed_gpu({"gpu_memory": None, "gpu": None}, timed, origins)
+    opts = options._memory_of_the_timed_gpu({"gpu_memory": None, "gpu": None}, timed, origins)
     assert opts["gpu_memory"] == 85.5 and origins == [("gpu_memory_gb", "NVIDIA H100 80GB HBM3's memory as CUDA "
                                                                           "reported it where the compute was timed")]
     for given, record in (({"gpu_memory": 40.0, "gpu": None}, timed),                # --gpu-memory wins
                           ({"gpu_memory": None, "gpu": "h100-sxm"}, timed),           # another GPU named: its datasheet
                           ({"gpu_memory": None, "gpu": None}, {"device_memory_bytes": None})):  # timed on a CPU
-        assert inputs._memory_of_the_timed_gpu(given, record, origins) == given
+        assert options._memory_of_the_timed_gpu(given, record, origins) == given
     assert len(origins) == 1
 
 

@@ -224,7 +224,7 @@ def test_resnet50_on_v100_counts_the_micro_batchs_images():
     assert _model_json(*VISION)["inputs"]["micro_batch_time_s"] == inputs["micro_batch_time_s"]
     small = _model_json(*VISION, "--image-size", "112")["inputs"]
     assert small["params"]["value"] == 25_557_032
-    from topoprof.model.presets import get_preset
+    from topoprof.model.workload.presets import get_preset
 
     assert small["compute_model"]["value"]["flops"] == 32 * get_preset("resnet50", 112).train_flops_per_token
     assert small["micro_batch_time_s"]["value"] < inputs["micro_batch_time_s"]["value"]
@@ -254,7 +254,7 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
                 "source": f"{preset}: measured on {device}", "scaled": None}
 
     monkeypatch.setattr("topoprof.measure.runner.visible_gpus", lambda: [0])
-    monkeypatch.setattr("topoprof.model.user_model.measure_preset", fake)
+    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", fake)
     result = CliRunner().invoke(main, ["model", *VISION, "--image-size", "160", "--json"])
     assert result.exit_code == 0, result.output
     assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]

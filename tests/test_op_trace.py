@@ -212,7 +212,7 @@ def test_non_view_ops_record_their_outputs_and_whether_they_write_in_place():
 
 
 def test_params_n_traces_the_synthetic_model_validate_trains():
-    from topoprof.model.synthetic import spec_for_params
+    from topoprof.model.workload.synthetic import spec_for_params
 
     traced = trace_user_model("probes.preset_models:build_synthetic", {"micro_batch": 2, "seq_len": 8},
                               {"params": 2_000_000}, {"device": "cpu"})
@@ -222,7 +222,7 @@ def test_params_n_traces_the_synthetic_model_validate_trains():
 
 
 def test_a_resnexts_traced_flops_equal_its_layout_forward_and_backward():
-    from topoprof.model.presets import get_preset
+    from topoprof.model.workload.presets import get_preset
 
     traced = trace_user_model("probes.preset_models:build", {"micro_batch": 2},
                               {"preset": "resnext50_32x4d", "image_size": 64}, {"device": "cpu"})
@@ -244,7 +244,7 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
     traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
     assert traced["target"] == {"device": "cuda", "precision": "fp32"} and traced["ready"]
     assert traced["autocast_failure"] == "in bf16, RuntimeError: mixed dtypes"
-    from topoprof.model.traced import priced
+    from topoprof.model.compute.traced import priced
 
     modelled, why = priced(traced, "h100-sxm", "bf16", False)
     assert modelled == {} and "ran in fp32, not bf16" in why and "mixed dtypes" in why

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from probes.preset_models import PRESET_MODULES, build  # noqa: E402
-from topoprof.model.presets import get_preset  # noqa: E402
+from topoprof.model.workload.presets import get_preset
 
 
 @pytest.mark.parametrize("preset", sorted(PRESET_MODULES))

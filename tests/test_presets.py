@@ -2,8 +2,9 @@
 import pytest
 
 from topoprof.errors import InputError
-from topoprof.model.presets import (PRESETS, VISION_PRESETS, Layout, TensorSpec, Use, bert_layout, get_preset,
-                                    gpt2_layout, is_vision, synthetic_layout)
+from topoprof.model.workload.presets import (PRESETS, VISION_PRESETS, bert_layout, get_preset, gpt2_layout, is_vision,
+                                             synthetic_layout)
+from topoprof.model.workload.layout import Layout, TensorSpec, Use
 
 # Totals of the Hugging Face models (sum of p.numel() over model.parameters()).
 EXPECTED_PARAMS = {
@@ -121,7 +122,7 @@ def test_layout_rejects_unused_tensor_and_no_compute():
         Layout("x", tensors, (Use((0, 1), 0.0),), "test")
 
 
-# --- vision presets (topoprof.model.vision) ---------------------------------------------------
+# --- vision presets (topoprof.model.workload.vision) ---------------------------------------------------
 
 def _conv_forward(layout, name):
     """A conv's forward FLOPs per image, from its use in the layout."""
@@ -138,7 +139,7 @@ def test_vision_params_do_not_depend_on_image_size(name, image_size):
 
 
 def test_vision_presets_are_the_architectures_vision_builds():
-    from topoprof.model.vision import RESNETS
+    from topoprof.model.workload.vision import RESNETS
 
     assert set(VISION_PRESETS) == set(RESNETS) and set(VISION_PRESETS) <= set(PRESETS)
 
@@ -233,7 +234,7 @@ def test_image_size_on_a_text_preset_is_refused(name):
 
 
 def test_an_image_models_workload_counts_its_micro_batchs_images():
-    from topoprof.model.strategies import Workload
+    from topoprof.model.strategies.job import Workload
 
     assert Workload.from_preset("resnet50", micro_batch_size=32).tokens_per_micro_batch == 32
     assert Workload.from_preset("resnet50", 160, micro_batch_size=8, tokens_per_micro_batch=8).layout == \

@@ -113,7 +113,7 @@ def _multi_node_report(*, backend="gloo", sysctl=1, micro_batch_s=0.06, accum=8,
 
 
 def test_slow_start_restart_costs_one_round_trip_per_doubling():
-    from topoprof.model import tcp
+    from topoprof.model.comm import tcp
 
     # the initial window already covers a LAN round trip at 1 Gbit/s: nothing to regrow
     assert tcp.restart_cost_s(125e6, 50e-6) == 0.0

@@ -1,4 +1,4 @@
-"""The roofline over an op trace (`topoprof.model.roofline`) and the compute it gives the step-time
+"""The roofline over an op trace (`topoprof.model.compute.roofline`) and the compute it gives the step-time
 model: hand-computed traces, the composition on a GPU (a queue behind the host) and a CPU (inline),
 the ends of each cited range, and the modelled compute as `Compute` carries it. No torch."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from topoprof.model import roofline as rl
-from topoprof.model.roofline import DeviceModel, Span, gemm_dims, measured, price, quantization, roofline
+from topoprof.model.compute import roofline as rl
+from topoprof.model.compute.roofline import DeviceModel, Span, gemm_dims, measured, price, quantization, roofline
 
 
 def _op(name="aten.add.Tensor", phase="forward", flops=0, read=0, written=0, view=False, **more):
@@ -105,7 +105,7 @@ def _gpu_trace():
 
 
 def test_a_gpus_ends_are_its_cited_ranges():
-    from topoprof.model.compute import lookup_gpu
+    from topoprof.model.compute.datasheet import lookup_gpu
 
     dev = rl.gpu_device(lookup_gpu("h100-sxm"), "bf16")
     result = roofline(_gpu_trace(), dev)
@@ -136,9 +136,9 @@ def test_every_constant_is_a_range_with_a_source():
 # ---- the modelled compute in the step-time model --------------------------------------------
 
 def _inputs(**compute):
-    from topoprof.model.comm import RingComm
-    from topoprof.model.compute import Compute
-    from topoprof.model.strategies import Cluster, ModelInputs, Workload
+    from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.compute.timing import Compute
+    from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 
     return ModelInputs(Workload.from_params(1_000_000, tokens_per_micro_batch=1000),
                        Compute(gpu="NVIDIA A100-SXM4-80GB", **compute), Cluster(RingComm(10.0, 0.0, 2), 1, 2))
@@ -149,7 +149,8 @@ MODELLED = {"modelled_s": (0.01, 0.02, 0.04), "modelled_basis": "its ops", "mode
 
 
 def test_modelled_compute_is_the_middle_and_its_ends_bound_every_step():
-    from topoprof.model.strategies import predict, resolve
+    from topoprof.model.strategies.predict import predict
+    from topoprof.model.strategies.resolve import resolve
 
     res = resolve(_inputs(**MODELLED))
     assert res.micro_batch_s == 0.02 and res.backward_s == pytest.approx(0.012)
@@ -163,7 +164,7 @@ def test_modelled_compute_is_the_middle_and_its_ends_bound_every_step():
 
 
 def test_a_measured_or_given_figure_beats_the_model():
-    from topoprof.model.strategies import resolve
+    from topoprof.model.strategies.resolve import resolve
 
     measured = resolve(_inputs(micro_batch_time_s=0.03, **MODELLED))
     assert measured.micro_batch_s == 0.03 and "micro_batch_time_range_s" not in measured.echo

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from topoprof.model import rotations as rot
+from topoprof.model.validate import rotations as rot
 
 
 def _calibration(c: float, ddp: float, opt: float = 0.01, n: int = 4, copies: float = 0.002) -> dict:

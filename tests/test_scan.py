@@ -125,10 +125,10 @@ def test_a_report_that_can_be_written_nowhere_is_printed(tmp_path):
 def test_a_datasheet_what_if_prediction_is_shown_as_ranges():
     # A GPU scan whose compute was not measured falls back to the datasheet: the report must give
     # every step time as a range with its basis, not one number.
-    from topoprof.model.comm import RingComm
-    from topoprof.model.compute import Compute
-    from topoprof.model.payload import model_payload
-    from topoprof.model.strategies import Cluster, ModelInputs, Workload
+    from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.compute.timing import Compute
+    from topoprof.model.strategies.payload import model_payload
+    from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
     from topoprof.report.markdown import render_markdown
 
     inputs = ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=2048),

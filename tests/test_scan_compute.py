@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from topoprof.measure.fit import Fit
-from topoprof.model import predictions as scan_predictions
+from topoprof.model.inputs import scan as scan_predictions
 from topoprof.scan.options import ScanOptions
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -27,7 +27,7 @@ def timed(monkeypatch):
         return {"micro_batch_time_s": 0.03, "backward_fraction": 0.65, "optimizer_time_s": 0.004,
                 "source": f"{preset}: measured on cuda:0, 10 repeats, median", "scaled": scaled}
 
-    monkeypatch.setattr("topoprof.model.user_model.measure_preset", fake)
+    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", fake)
     return calls
 
 
@@ -82,7 +82,7 @@ def test_a_timing_that_fails_falls_back_to_a_what_if_range(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory\nmore")
 
-    monkeypatch.setattr("topoprof.model.user_model.measure_preset", broken)
+    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", broken)
     opts = ScanOptions(backend="nccl", nproc=8, note="", params="125M")
     (pred,) = scan_predictions.predictions(opts, _fit(), 8, None, None, H100)
     assert pred["compute_source"].startswith("timing gpt2 on GPU0 failed (RuntimeError: CUDA error: out of memory)")
@@ -90,7 +90,7 @@ def test_a_timing_that_fails_falls_back_to_a_what_if_range(monkeypatch):
 
 
 def test_a_preset_whose_training_state_cannot_fit_is_timed_scaled_at_once(monkeypatch):
-    from topoprof.model import user_model
+    from topoprof.model.inputs import user_model
 
     assert user_model._cannot_fit("llama-7b", "adamw", 80 * 2**30)      # 6.74e9 x 16 B = 108 GB
     assert not user_model._cannot_fit("gpt2", "adamw", 80 * 2**30)

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.fake_driver import driver_env, fixture_body
-from topoprof.model.compute import Compute
-from topoprof.model.strategies import Workload
-from topoprof.model.whatif import GPU_COUNTS, NETWORK_GBIT, NODE_COUNTS, what_ifs
+from topoprof.model.compute.timing import Compute
+from topoprof.model.strategies.job import Workload
+from topoprof.model.strategies.whatif import GPU_COUNTS, NETWORK_GBIT, NODE_COUNTS, what_ifs
 
 H100_VM = Path(__file__).parent / "fixtures" / "topo" / "28_h100-1x-vm-driver580-ansi-raw.txt"
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
@@ -125,7 +125,7 @@ def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():
 def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
     """Every one-GPU scan checks the what-if method: the compute timed here beside the range its
     own ops are priced at, in the report's what-if section."""
-    from topoprof.model.predictions import compute_check
+    from topoprof.model.inputs.scan import compute_check
     from topoprof.report.markdown import _what_if
 
     assert compute_check(Compute(micro_batch_time_s=0.03)) is None  # nothing modelled beside it

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.model.buckets import ddp_buckets
+from topoprof.model.ddp.buckets import ddp_buckets
 from topoprof.errors import InputError
 from topoprof.measure.launch import JobSpec, launch_local
-from topoprof.model.presets import PRESETS, VISION_PRESETS, get_preset
-from topoprof.model.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
-                                      spec_for_preset)
+from topoprof.model.workload.presets import PRESETS, VISION_PRESETS, get_preset
+from topoprof.model.workload.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
+                                               spec_for_preset)
 
 torch = pytest.importorskip("torch")
 training = pytest.importorskip("probes.training")
@@ -30,7 +30,8 @@ def _config(mode: str, **over) -> dict:
 
 
 def _launch(config: dict, nproc: int):
-    result = launch_local(JobSpec("training", config, nproc, "gloo", timeout_s=120))
+    worker = "numerics" if config.get("mode") == "numerics" else "training"
+    result = launch_local(JobSpec(worker, config, nproc, "gloo", timeout_s=120))
     return result, {m["type"]: m for _, m in result.messages if m["type"] != "progress"}
 
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from topoprof.errors import InputError
-from topoprof.model.buckets import ddp_buckets
-from topoprof.model.user_model import (ReadyOrder, check_spec, choose_ready_order, flop_order_reason, stated_shape,
-                                       trace_wanted, user_compute, user_layout)
+from topoprof.model.ddp.buckets import ddp_buckets
+from topoprof.model.inputs.user_model import (ReadyOrder, check_spec, choose_ready_order, flop_order_reason,
+                                              stated_shape, trace_wanted, user_compute, user_layout)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py")
 
@@ -150,8 +150,8 @@ def test_validate_trains_the_user_model_in_every_mode():
         # (bench_validate.py --parts user); here every mode is measured and predicted
         assert m["measured_step_s"] > 0 and m["predicted_step_s"] > 0
     # every step reduced the buckets the model predicted: the rotations' bucket sizes are DDP's
-    from topoprof.model.buckets import ddp_buckets
-    from topoprof.model.user_model import user_layout
+    from topoprof.model.ddp.buckets import ddp_buckets
+    from topoprof.model.inputs.user_model import user_layout
     from topoprof.measure.user_model import measure_user_model
 
     predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure_user_model(f"{FIXTURE}:build", "cpu", 1)), 4))
@@ -190,7 +190,7 @@ def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
     record = measure_user_model(f"{FIXTURE}:build", "cpu", 1, precision="bf16", optimizer="sgd")
     assert record["precision"] == "fp32" and record["optimizer"] == "SGD"
     with pytest.raises(InputError, match="adamw or sgd"):
-        from topoprof.model.user_model import measure_here
+        from topoprof.model.inputs.user_model import measure_here
 
         measure_here(f"{FIXTURE}:build", optimizer="adam")
 

@@ -216,7 +216,7 @@ def test_the_scan_ties_devices_by_what_cuda_said_in_the_copies(node, monkeypatch
 
 
 def test_memory_and_name_are_those_of_the_gpu_cuda_0_is(node, monkeypatch):
-    from topoprof.model import predictions as preds
+    from topoprof.model.inputs import scan as preds
     from topoprof.scan.job import _predictions
 
     seen = {}
@@ -233,7 +233,7 @@ def test_memory_and_name_are_those_of_the_gpu_cuda_0_is(node, monkeypatch):
 
 
 def test_gpu_memory_bytes_reads_the_gpu_cuda_i_is(monkeypatch):
-    from topoprof.model.user_model import gpu_memory_bytes
+    from topoprof.model.inputs.user_model import gpu_memory_bytes
 
     monkeypatch.setattr("probes.nvml._pynvml", make_fake_nvml(NODE))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,2")
@@ -262,7 +262,7 @@ def test_the_ranks_gpus(node, monkeypatch):
 
 
 def test_one_gpu_what_if_applies_to_the_jobs_one_gpu(node, monkeypatch):
-    from topoprof.model import predictions as preds
+    from topoprof.model.inputs import scan as preds
     from topoprof.scan.job import _what_ifs
 
     asked = []

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from probes.preset_models import build  # noqa: E402
-from topoprof.model.presets import VISION_PRESETS, get_preset  # noqa: E402
+from topoprof.model.workload.presets import VISION_PRESETS, get_preset
 
 BATCH = 3
 

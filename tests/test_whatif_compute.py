@@ -115,7 +115,7 @@ def _fake_timing(monkeypatch, seconds=0.05):
         return {"micro_batch_time_s": seconds, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None, "device_name": H100}
 
-    monkeypatch.setattr("topoprof.model.user_model.measure_preset", fake)
+    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", fake)
     return asked
 
 
@@ -141,7 +141,7 @@ def test_model_on_this_gpu_prints_the_modelled_range_beside_the_measured_time(mo
 
 def test_a_gpu_scan_checks_the_what_if_against_what_it_timed(monkeypatch):
     from topoprof.measure.fit import Fit
-    from topoprof.model import predictions
+    from topoprof.model.inputs import scan
     from topoprof.report.markdown import _predictions
     from topoprof.scan.options import ScanOptions
 
@@ -149,7 +149,7 @@ def test_a_gpu_scan_checks_the_what_if_against_what_it_timed(monkeypatch):
     fit = Fit.from_dict({"collective": "all_reduce", "latency_us": 20.0, "bandwidth_gbps": 100.0, "r2": 1.0,
                          "max_rel_error": 0.0, "n_points": 3, "outliers": [], "latency_clamped": False})
     opts = ScanOptions(backend="nccl", nproc=8, note="", preset="gpt2", tokens=1024)
-    (pred,) = predictions.predictions(opts, fit, 8, None, None, H100)
+    (pred,) = scan.predictions(opts, fit, 8, None, None, H100)
     assert pred["inputs"]["micro_batch_time_s"]["value"] == 0.05
     assert len(pred["inputs"]["micro_batch_time_modelled_s"]["value"]) == 3
     page = "\n".join(_predictions({"predictions": [pred]}))
@@ -175,7 +175,7 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr("topoprof.model.user_model.measure_preset", broken)
+    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", broken)
     fell_back, status = _what_ifs(opts, topology)
     assert fell_back["timing_failed"] and "compute_check" not in fell_back
     assert status.status == "partial" and "timing gpt2 on GPU0 failed (RuntimeError: CUDA error" in status.detail

@@ -84,8 +84,8 @@ def plain_loop_step_s(name: str, batch: int) -> float:
 def predicted(name: str, batch: int) -> tuple[float, str]:
     """(the `single` step `topoprof model` predicts, where its compute came from)."""
     from topoprof.commands.model import model as command
-    from topoprof.model.inputs import build_inputs
-    from topoprof.model.strategies import predict
+    from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.strategies.predict import predict
 
     args = ["--preset", name, "--world-size", "1", "--micro-batch-size", str(batch),
             "--tokens", str(batch * SHAPES[name][4]), "--accum", str(ACCUM), "--no-sweep"]

@@ -13,7 +13,7 @@ back into the model. Every prediction goes through `topoprof model`'s own option
    bandwidth is bisected until `ddp_synced` at K = 1 takes the published synced iteration, then
    `ddp_no_sync` at K = 2, 4, 8 is predicted; speedup = synced per iteration / no_sync per
    iteration. Target: within +-8 %.
-3. The what-if compute itself (`topoprof.model.roofline` over each preset's op trace, as
+3. The what-if compute itself (`topoprof.model.compute.roofline` over each preset's op trace, as
    `topoprof model --gpu v100-sxm2 --precision fp32` prices it from the V100's datasheet alone)
    against the compute of entry 1: the published 1-GPU time less the optimizer step, at 32 images
    of 224 x 224 in fp32. The op trace and its pricing are not fed the published times. Target: the
@@ -43,7 +43,7 @@ GPU_COLUMNS = {"2 GPUs": 2, "4 GPUs": 4, "8 GPUs": 8}
 def model_inputs(args: list[str]):
     """ModelInputs exactly as `topoprof model ARGS` builds them."""
     from topoprof.commands.model import model as command
-    from topoprof.model.inputs import build_inputs
+    from topoprof.model.inputs.options import build_inputs
 
     opts = dict(command.make_context("model", list(args)).params)
     opts["grad_bytes"] = int(opts["grad_bytes"])
@@ -53,7 +53,7 @@ def model_inputs(args: list[str]):
 
 def sgd_optimizer_s(preset: str) -> float:
     """The optimizer step the model itself estimates for SGD with momentum on a V100."""
-    from topoprof.model.strategies import resolve
+    from topoprof.model.strategies.resolve import resolve
 
     inputs = model_inputs(["--preset", preset, "--micro-batch-time", "1", "--gpu", GPU, "--precision", "fp32",
                            "--optimizer", "sgd_momentum", "--world-size", "1"])
@@ -67,7 +67,7 @@ def _common(preset: str, compute_s: float, t_opt: float) -> list[str]:
 
 
 def _synced(inputs) -> tuple[float, tuple[float, float] | None]:
-    from topoprof.model.strategies import predict
+    from topoprof.model.strategies.predict import predict
 
     result = predict(inputs).strategies["ddp_synced"]
     return result.step_time_s, result.range.step_time_s if result.range else None
@@ -75,7 +75,7 @@ def _synced(inputs) -> tuple[float, tuple[float, float] | None]:
 
 def dgx1(entry: dict) -> list[tuple[str, float, float, tuple | None]]:
     """(label, published ratio, predicted ratio, predicted range) for every DGX-1 ratio."""
-    from topoprof.model.strategies import ddp_one_gpu_s
+    from topoprof.model.strategies.steps import ddp_one_gpu_s
 
     columns, out = entry["columns"], []
     for preset, times in entry["p50_s_per_iteration"].items():
@@ -95,7 +95,7 @@ def dgx1(entry: dict) -> list[tuple[str, float, float, tuple | None]]:
 
 def fig10a(entry: dict) -> tuple[float, list[tuple[str, float, float]]]:
     """(bisected network GB/s, [(label, published speedup, predicted speedup)])."""
-    from topoprof.model.strategies import predict
+    from topoprof.model.strategies.predict import predict
 
     lat = entry["per_iteration_latency_s"]
     one, synced = lat["1 GPU"], lat["synced every iteration"]
@@ -122,7 +122,7 @@ def fig10a(entry: dict) -> tuple[float, list[tuple[str, float, float]]]:
 
 def whatif_compute(entry: dict) -> list[tuple[str, float, tuple[float, float, float], str]]:
     """(preset, published compute, modelled (fast, middle, slow), what bounds it) per DGX-1 model."""
-    from topoprof.model.traced import model_on_gpu, preset_request
+    from topoprof.model.compute.traced import model_on_gpu, preset_request
 
     columns, out = entry["columns"], []
     for preset, times in entry["p50_s_per_iteration"].items():

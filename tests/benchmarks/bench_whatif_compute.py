@@ -2,7 +2,7 @@
 of the presets at small shapes, in the same run (CPU only, fp32, torch's default threads).
 
 - predicted: the preset's op trace on the meta device for a CPU target (`probes/op_trace.py`),
-  priced by `topoprof.model.roofline` on this CPU's peak, memory bandwidth, fresh-page cost and
+  priced by `topoprof.model.compute.roofline` on this CPU's peak, memory bandwidth, fresh-page cost and
   per-op host costs, measured by `probes/device_costs.py` just before and just after each shape
   is timed (`best_of` the two: a machine shared with other work slows the device figures and
   the model alike, so they are taken together);
@@ -183,7 +183,7 @@ def _timed(preset: str, kwargs: dict) -> tuple[float, int, dict]:
 def _rows(shapes) -> list[tuple[str, float, object, dict, tuple[int, int]]]:
     """Every shape timed ROUNDS times in turn: its fastest round, with the device figures
     measured around that round; and its fresh bytes, traced vs faulted."""
-    from topoprof.model.roofline import measured_device, roofline
+    from topoprof.model.compute.roofline import measured_device, roofline
 
     best: dict[int, tuple[float, int, dict]] = {}
     for _ in range(ROUNDS):
@@ -226,8 +226,8 @@ def measured_on_gpu_s(preset: str, kwargs: dict) -> float:
 def main_gpu() -> None:
     import torch
 
-    from topoprof.model.compute import lookup_gpu
-    from topoprof.model.roofline import gpu_device, roofline
+    from topoprof.model.compute.datasheet import lookup_gpu
+    from topoprof.model.compute.roofline import gpu_device, roofline
 
     name = torch.cuda.get_device_name(0)
     spec = lookup_gpu(name)

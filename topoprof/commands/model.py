@@ -62,8 +62,8 @@ def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
-    from topoprof.model.inputs import build_inputs
-    from topoprof.model.payload import model_payload
+    from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.strategies.payload import model_payload
     from topoprof.report.text_model import render_model
 
     opts["grad_bytes"] = int(opts["grad_bytes"])

@@ -38,8 +38,8 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     """Run short real training loops for each strategy and compare with the model's prediction."""
     from topoprof.jsonio import dumps, envelope, write_text
     from topoprof.measure.runner import default_backend_and_nproc
-    from topoprof.model.validate import (ValidateOptions, cpu_threads_per_rank, parse_modes, run_validate,
-                                         save_calibration, spec_from_options, validate_payload)
+    from topoprof.model.validate.run import (ValidateOptions, cpu_threads_per_rank, parse_modes, run_validate,
+                                             save_calibration, spec_from_options, validate_payload)
     from topoprof.report.text_validate import render_validate
 
     from topoprof.jsonio import check_writable
@@ -52,7 +52,7 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     if user_model:
         if params or preset:
             raise InputError("give at most one of --params, --preset or --model")
-        from topoprof.model.user_model import measure_here, user_layout
+        from topoprof.model.inputs.user_model import measure_here, user_layout
 
         layout = user_layout(measure_here(user_model))
         label = layout.name

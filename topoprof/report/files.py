@@ -49,7 +49,7 @@ def _copy_reference(report: dict) -> dict:
     copied GPU is the same known model; None where unknown."""
     import warnings
 
-    from topoprof.model.compute import lookup_gpu
+    from topoprof.model.compute.datasheet import lookup_gpu
     from topoprof.report.verdict import copy_verdicts
 
     copies = report.get("copies") or {}

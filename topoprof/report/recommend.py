@@ -277,7 +277,7 @@ def _tcp_transport(backend: str, nodes: list[dict], env: dict) -> bool:
 def slow_start_recommendation(report: dict) -> Recommendation | None:
     """A multi-node job over TCP on nodes that restart slow start after idle, when the restarts
     the predicted step would see cost at least MIN_GAIN of it."""
-    from topoprof.model import tcp
+    from topoprof.model.comm import tcp
 
     cluster = report.get("cluster") or {}
     inter = next(iter(((cluster.get("levels") or {}).get("inter") or {}).values()), None)

@@ -1,7 +1,7 @@
-"""The `topoprof model` result as text tables (its JSON shape is `topoprof.model.payload`)."""
+"""The `topoprof model` result as text tables (its JSON shape is `topoprof.model.strategies.payload`)."""
 from __future__ import annotations
 
-from topoprof.model.compute import OPTIMIZER_UNKNOWN_SOURCE
+from topoprof.model.compute.timing import OPTIMIZER_UNKNOWN_SOURCE
 
 
 def describe_links(links: dict) -> str:

@@ -48,7 +48,7 @@ def used_gpus(topology, nproc: int, backend: str, ranks=()) -> list[int]:
 
 def _ring(topology, gpus: list[int]) -> dict | None:
     from topoprof.errors import TopoprofError
-    from topoprof.model.links import comm_from_topology
+    from topoprof.model.comm.links import comm_from_topology
 
     if len(gpus) < 2:
         return None
@@ -123,7 +123,7 @@ def _predictions(opts, bench, vres, vopts, topology):
     """Predictions from what was measured; a model that cannot be built is a status, not the end."""
     from topoprof.measure.fit import fit_rows
     from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
-    from topoprof.model.predictions import predictions
+    from topoprof.model.inputs.scan import predictions
     from topoprof.topology.visible import job_gpu
 
     job_rows = [r for r in bench.rows if r.level == "job"]
@@ -156,7 +156,7 @@ def _what_ifs(opts, topology):
 
     if opts.nproc != 1 or len(job_devices(topology)) != 1:
         return None, None
-    from topoprof.model.predictions import single_gpu_what_ifs
+    from topoprof.model.inputs.scan import single_gpu_what_ifs
     from topoprof.probing import PARTIAL, SKIPPED, ProbeStatus, attempt
 
     gpu, why = job_gpu(topology, 0)
@@ -195,8 +195,8 @@ def run(opts, stages, out_dir: str) -> Written | None:
     if opts.user_model:
         from dataclasses import replace
 
-        from topoprof.model.traced import gpu_target
-        from topoprof.model.user_model import here_device, measure_here, stated_shape
+        from topoprof.model.compute.traced import gpu_target
+        from topoprof.model.inputs.user_model import here_device, measure_here, stated_shape
 
         stages.begin("your model")
         device = here_device()  # timed on GPU0: its ops priced beside, from a pass in the same worker
@@ -284,7 +284,7 @@ def cluster_payload(node_ranks: list, levels: dict, rows, world_size: int) -> di
     if not node_ranks:
         return None
     from topoprof.measure.cluster import nodes_from_ranks, summarize
-    from topoprof.model.predictions import composed_check
+    from topoprof.model.inputs.scan import composed_check
 
     nodes = nodes_from_ranks(node_ranks)
     return {"summary": summarize(nodes), "nodes": nodes, "levels": levels,
@@ -297,7 +297,7 @@ def validation_payload(vres, vopts, opts) -> dict:
                   f"{opts.nproc} rank(s): a scan validates its predictions across 2 or more ranks "
                   "(`topoprof validate` on one GPU measures DDP's own costs there, for `model --calibration`)")
         return {"status": "skipped", "reason": reason}
-    from topoprof.model.validate import summary
+    from topoprof.model.validate.run import summary
 
     return {"status": vres.status, "error": vres.error, "label": vres.label, "modes": vres.modes(),
             "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres]),

@@ -30,22 +30,22 @@ class ScanOptions:
         if sum(bool(x) for x in (self.params, self.preset, self.user_model)) > 1:
             raise InputError("give at most one of --params, --preset or --model")
         if self.user_model:
-            from topoprof.model.user_model import check_spec
+            from topoprof.model.inputs.user_model import check_spec
 
             check_spec(self.user_model)
         if self.accum < 1:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
         # Bad input is refused before anything runs; a model that fails later is a report note.
         if self.params:
-            from topoprof.model.inputs import parse_count
+            from topoprof.model.inputs.options import parse_count
 
             parse_count(self.params)
         if self.preset:
-            from topoprof.model.presets import PRESETS
+            from topoprof.model.workload.presets import PRESETS
 
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
-        from topoprof.model.inputs import check_image_options
+        from topoprof.model.inputs.options import check_image_options
 
         check_image_options(self.preset, self.image_size, self.tokens)
 
@@ -72,14 +72,14 @@ ROTATIONS, QUICK_ROTATIONS = 8, 6
 
 
 def validate_options(opts: ScanOptions):
-    from topoprof.model.synthetic import spec_for_params
-    from topoprof.model.validate import ValidateOptions, cpu_threads_per_rank
+    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
 
     gpu = opts.backend == "nccl"
     spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)
     user = {}
     if opts.user_record is not None:  # the user's own model is trained instead
-        from topoprof.model.user_model import user_layout
+        from topoprof.model.inputs.user_model import user_layout
 
         layout = user_layout(opts.user_record)
         user = dict(user_model=opts.user_model, user_layout=layout, label=layout.name)

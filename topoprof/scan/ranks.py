@@ -12,7 +12,7 @@ from topoprof.scan.options import ScanOptions, bench_config, validate_options
 
 
 def _phases(opts: ScanOptions, vopts) -> list[dict]:
-    from topoprof.model.validate import phases
+    from topoprof.model.validate.run import phases
 
     bench = {"name": "bench", "worker": "collectives", "config": bench_config(opts)}
     first = [{"name": "nodes", "worker": "nodes", "config": {}}] if multi_node() else []
@@ -51,7 +51,7 @@ def run_ranks(opts: ScanOptions, stages: Stages):
     from topoprof.measure.bench import BenchResult, nccl_env
     from topoprof.measure.launch import JobSpec
     from topoprof.measure.runner import run_job
-    from topoprof.model.validate import ValidateResult, collect, predict
+    from topoprof.model.validate.run import ValidateResult, collect, predict
 
     vopts = validate_options(opts) if opts.validate and opts.nproc >= 2 else None
     from topoprof.measure.bench import PROTOCOL

@@ -4,7 +4,7 @@ from __future__ import annotations
 from topoprof.report.plots.base import WIDE, new_figure, no_data, save
 from topoprof.report.plots.matrix import footnote
 
-# The parts of topoprof.model.memory, bottom to top, each with one colour in every chart.
+# The parts of topoprof.model.memory.holding, bottom to top, each with one colour in every chart.
 PARTS = (("params", "weights", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
          ("optimizer", "optimizer state", "#2ca02c"), ("buckets", "DDP buckets", "#9467bd"),
          ("unsharded", "FSDP unsharded", "#8c564b"), ("activations", "activations", "#7f7f7f"))

@@ -1,0 +1,327 @@
+"""One GPU's time per micro-batch (measured, priced from the model's own ops, or FLOPs over
+peak x utilization) and per optimizer step (memory traffic over bandwidth, or measured): the
+`Compute` a prediction takes, and `compute_times` that turns it into seconds.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import PRECISIONS, GpuSpec, lookup_gpu
+
+# Backward ~= 2x forward: C ~= 6N per token = 2N forward + 4N backward (Kaplan et al. 2020,
+# "Scaling Laws for Neural Language Models", §2.1).
+DEFAULT_BACKWARD_FRACTION = 2 / 3
+
+# Datasheet peak x utilization is only a what-if for a GPU that is not here (on a GPU the compute
+# is measured). The share of peak a training step reaches spans more than an order of magnitude,
+# so the what-if is a range, never one number:
+#  - 3 %: the lowest share an eager bf16 training loop (fp32 master weights, fused AdamW) reached
+#    on one H100 80GB HBM3 for GPT-2-small, GPT-2-medium and BERT-base shapes at 1 to 16
+#    sequences x 1024 tokens per micro-batch (21 % its highest): small models and micro-batches
+#    leave the GPU waiting on kernel launches and memory;
+#  - 52 %: the best sustained share reported for large-model training, Megatron-LM's 163 of
+#    312 TFLOP/s per A100 (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+#    Clusters Using Megatron-LM", SC'21).
+UTILIZATION_RANGE = (0.03, 0.52)
+
+UTILIZATION_BASIS = ("3 % (an eager bf16 loop of GPT-2/BERT shapes on one H100) to 52 % (Megatron-LM's best, "
+                     "Narayanan et al. 2021)")
+
+# Where one number is needed (a table row, a sweep): the middle of the range on a log scale.
+DEFAULT_UTILIZATION = math.sqrt(UTILIZATION_RANGE[0] * UTILIZATION_RANGE[1])
+
+STATE_BYTES = 4  # fp32 parameters and optimizer state
+
+# Optimizer memory traffic per parameter, in fp32 words besides the gradient read: AdamW reads
+# param, exp_avg, exp_avg_sq and writes all three (7 x 4 B with an fp32 grad; torch/optim/
+# adamw.py, adam.py foreach/fused kernels approach this); SGD with momentum reads and writes
+# param and momentum_buffer; plain SGD reads and writes param (torch/optim/sgd.py).
+OPTIMIZER_STATE_WORDS = {"adamw": 6, "adam": 6, "sgd_momentum": 4, "sgd": 2}
+
+MEMORY_UNKNOWN_NOTE = "memory bandwidth unknown: DDP bucket copies and fp16 casts count as 0 s"
+
+# Without a measured optimizer time or a memory bandwidth to estimate it, T_opt is taken as 0:
+# the step times then exclude the optimizer, which the echo and a warning say.
+OPTIMIZER_UNKNOWN_SOURCE = "unknown: assumed 0 s; give --optimizer-time or --gpu"
+
+OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times exclude the "
+                          "optimizer step; give --optimizer-time SECONDS (measured) or --gpu NAME")
+
+CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
+                    "compute_slowdown_during_comm", "comm_slowdown_during_compute",
+                    "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size",
+                    "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter",
+                    "rank_spread_world_size", "fsdp_forward_overhead_s", "fsdp_backward_overhead_s",
+                    "fsdp_backward_no_sync_overhead_s", "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s")
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise InputError(message)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Per-GPU compute: measured, from FLOPs and a datasheet, or from a calibration."""
+
+    micro_batch_time_s: float | None = None  # forward + backward of one micro-batch
+    gpu: str | None = None  # a name for the datasheet table (peak FLOP/s, memory bandwidth)
+    precision: str = "bf16"
+    peak_tflops: float | None = None  # overrides the datasheet peak
+    utilization: float | None = None  # None = DEFAULT_UTILIZATION (an assumption)
+    backward_fraction: float | None = None  # None = DEFAULT_BACKWARD_FRACTION
+    optimizer: str = "adamw"
+    optimizer_time_s: float | None = None
+    memory_bandwidth_gbps: float | None = None  # overrides the datasheet figure
+    compute_slowdown_during_comm: float = 1.0  # backward runs 1/x as fast while comm is in flight
+    comm_slowdown_during_compute: float = 1.0  # an all-reduce runs 1/x as fast beside backward
+    # The same factor measured at several all-reduce sizes ((bytes, factor), by size): beside
+    # compute a small all-reduce loses more than a large one. When given, it decides per size.
+    comm_slowdown_by_size: tuple[tuple[float, float], ...] = ()
+    dp_thread_overhead_s: float = 0.0  # DataParallel's per-micro-batch Python-thread/GIL cost
+    # DDP's own compute per micro-batch (its forward and gradient hooks, nothing communicated),
+    # measured by `topoprof validate`: the same micro-batch through DDP inside no_sync() minus
+    # through the bare module. 0 unless measured.
+    ddp_overhead_s: float = 0.0
+    # The rate of DDP's bucket copies (their traffic, `ddp_copy_bytes`, over their measured time:
+    # a synced micro-batch through a hook that communicates nothing, less the same inside
+    # no_sync()). None: the copies run at memory_bandwidth_gbps.
+    ddp_copy_bandwidth_gbps: float | None = None
+    # DDP's fixed cost per kernel its reducer launches (topoprof.model.ddp.gpu_costs), measured; None:
+    # on a known GPU the cited what-if range, elsewhere counted in the measured copies or 0.
+    ddp_kernel_s: float | None = None
+    # The ranks' spread, measured by `validate` (topoprof.model.ddp.gpu_costs.straggler_wait_s): the
+    # standard deviation of their persistent speeds, None when not measured; of one micro-batch's
+    # time around its rank's level; both as shares of the micro-batch; and how many ranks' slowest
+    # the measured compute already is.
+    rank_speed_spread: float | None = None
+    rank_jitter: float = 0.0
+    rank_spread_world_size: int = 1
+    gpu_memory_gb: float | None = None  # the GPU's memory (NVML, or given); None: from `gpu`'s datasheet
+    # FSDP's own work on the compute stream (its hooks, the all-gather's and the reduce-scatter's
+    # buffer copies, the gradient views), measured by `validate` through collectives that
+    # communicate nothing (topoprof.model.fsdp.timeline.FsdpOverhead): per group per forward, per synced
+    # backward, per backward under no_sync, per all-gather again in backward. None: not measured
+    # (the buffer copies are priced from memory bandwidth instead, the hooks not at all).
+    fsdp_forward_overhead_s: float | None = None
+    fsdp_backward_overhead_s: float | None = None
+    fsdp_backward_no_sync_overhead_s: float | None = None
+    fsdp_unshard_overhead_s: float | None = None
+    # The optimizer step on FSDP's shards, measured (it runs on DTensors); None: T_opt / shards.
+    fsdp_optimizer_time_s: float | None = None
+    calibrated: tuple[str, ...] = ()  # fields that came from a calibration, for the report
+    origins: tuple[tuple[str, str], ...] = ()  # (field, where it was measured) for the report
+    # Compute priced from the model's own ops (`topoprof.model.compute.roofline`): forward + backward per
+    # micro-batch at the (fast, middle, slow) end of its cited ranges, with its basis, backward
+    # share and details. It is the compute where nothing measured it and no utilization is given
+    # (a what-if range, not the datasheet's 3-52 %); beside a measured time it is shown, with the gap.
+    modelled_s: tuple[float, float, float] | None = None
+    modelled_basis: str = ""
+    modelled_backward_fraction: float | None = None
+    modelled_detail: dict | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps", "ddp_copy_bandwidth_gbps"):
+            value = getattr(self, name)
+            _need(value is None or value > 0, f"{name} must be > 0, got {value}")
+        # 0 is a legitimate optimizer time: a measurement floor, or a what-if without it
+        _need(self.optimizer_time_s is None or self.optimizer_time_s >= 0,
+              f"optimizer_time_s must be >= 0, got {self.optimizer_time_s}")
+        _need(self.dp_thread_overhead_s >= 0,
+              f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
+        _need(self.ddp_overhead_s >= 0, f"ddp_overhead_s must be >= 0, got {self.ddp_overhead_s}")
+        for name in ("ddp_kernel_s", "rank_speed_spread", "fsdp_forward_overhead_s", "fsdp_backward_overhead_s",
+                     "fsdp_backward_no_sync_overhead_s", "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s"):
+            value = getattr(self, name)
+            _need(value is None or value >= 0, f"{name} must be >= 0, got {value}")
+        _need(self.rank_jitter >= 0, f"rank_jitter must be >= 0, got {self.rank_jitter}")
+        _need(isinstance(self.rank_spread_world_size, int) and self.rank_spread_world_size >= 1,
+              f"rank_spread_world_size must be an integer >= 1, got {self.rank_spread_world_size}")
+        _need(self.utilization is None or 0 < self.utilization <= 1,
+              f"utilization must be in (0, 1], got {self.utilization}")
+        _need(self.backward_fraction is None or 0 < self.backward_fraction < 1,
+              f"backward_fraction must be in (0, 1), got {self.backward_fraction}")
+        _need(self.modelled_s is None or (len(self.modelled_s) == 3 and 0 < self.modelled_s[0] <= self.modelled_s[1]
+                                          <= self.modelled_s[2]),
+              f"modelled_s must be (fast, middle, slow) seconds > 0 in that order, got {self.modelled_s}")
+        _need(self.compute_slowdown_during_comm >= 1, "compute_slowdown_during_comm must be "
+              f">= 1, got {self.compute_slowdown_during_comm}")
+        _need(self.comm_slowdown_during_compute >= 1, "comm_slowdown_during_compute must be "
+              f">= 1, got {self.comm_slowdown_during_compute}")
+        _need(all(size > 0 and factor >= 1 for size, factor in self.comm_slowdown_by_size),
+              f"comm_slowdown_by_size needs sizes > 0 and factors >= 1, got {self.comm_slowdown_by_size}")
+        object.__setattr__(self, "comm_slowdown_by_size",
+                           tuple(sorted((float(a), float(b)) for a, b in self.comm_slowdown_by_size)))
+        _need(self.precision in PRECISIONS,
+              f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        _need(self.optimizer in OPTIMIZER_STATE_WORDS, "optimizer must be one of "
+              f"{', '.join(OPTIMIZER_STATE_WORDS)}, got {self.optimizer!r}")
+
+    @classmethod
+    def from_calibration(cls, calibration: Mapping[str, float], **kwargs: Any) -> Compute:
+        """Numbers measured by `topoprof validate` (keys CALIBRATION_KEYS); kwargs add the rest."""
+        unknown = sorted(set(calibration) - set(CALIBRATION_KEYS))
+        _need(not unknown, f"unknown calibration keys {unknown}; "
+              f"valid: {', '.join(CALIBRATION_KEYS)}")
+        values = {**kwargs, **calibration, "calibrated": tuple(sorted(calibration))}
+        if "rank_spread_world_size" in calibration:  # JSON may carry it as a float
+            values["rank_spread_world_size"] = int(calibration["rank_spread_world_size"])
+        return cls(**values)
+
+    def origin(self, name: str) -> str:
+        return dict(self.origins).get(name) or ("calibration" if name in self.calibrated else "given")
+
+    def comm_slowdown_at(self, size_bytes: float) -> float:
+        return slowdown_at(self.comm_slowdown_by_size, self.comm_slowdown_during_compute, size_bytes)
+
+
+def slowdown_at(points: tuple[tuple[float, float], ...], default: float, size_bytes: float) -> float:
+    """A slowdown measured at several sizes ((bytes, factor), by size), for `size_bytes`:
+    interpolated in log size between them, the nearest one's beyond them; `default` without them."""
+    if not points:
+        return default
+    if size_bytes <= points[0][0]:
+        return points[0][1]
+    for (s0, f0), (s1, f1) in zip(points, points[1:]):
+        if size_bytes <= s1:
+            w = math.log(size_bytes / s0) / math.log(s1 / s0) if s1 > s0 else 1.0
+            return f0 + w * (f1 - f0)
+    return points[-1][1]
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    micro_batch_s: float
+    backward_s: float
+    optimizer_s: float
+    memory_bandwidth_gbps: float | None
+    echo: dict[str, tuple[Any, str]]  # value and where it came from
+    warnings: tuple[str, ...]
+    gpu_key: str | None = None  # the datasheet row of the GPU predicted for, when known
+
+
+def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
+    if compute.gpu is None:
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = lookup_gpu(compute.gpu)
+    notes.extend(str(w.message) for w in caught)
+    return spec
+
+
+MODELLED_SOURCE = "what-if from the model's own ops"
+
+
+def uses_modelled(comp: Compute) -> bool:
+    """The compute is the roofline's range: nothing measured it and no utilization is given."""
+    return comp.micro_batch_time_s is None and comp.utilization is None and comp.modelled_s is not None
+
+
+def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
+                   tokens: int | None, echo: dict, unit: str = "token", end: str | None = None) -> float:
+    if comp.micro_batch_time_s is not None:
+        source = f"measured ({comp.origin('micro_batch_time_s')})"
+        echo["micro_batch_time_s"] = (comp.micro_batch_time_s, source)
+        if comp.modelled_s is not None:  # measured beats modelled; the gap checks the what-if
+            fast, middle, slow = comp.modelled_s
+            gap = comp.micro_batch_time_s / middle - 1
+            inside = "inside" if fast <= comp.micro_batch_time_s <= slow else "outside"
+            echo["micro_batch_time_modelled_s"] = ([fast, middle, slow], (
+                f"{MODELLED_SOURCE} (not used: measured beats modelled): {comp.modelled_basis}; the measured "
+                f"time is {gap:+.0%} of its middle, {inside} its range"))
+            echo["compute_model"] = (comp.modelled_detail, "topoprof.model.compute.roofline over the model's op trace")
+        return comp.micro_batch_time_s
+    if uses_modelled(comp):
+        fast, middle, slow = comp.modelled_s
+        seconds = {None: middle, "fast": fast, "slow": slow}[end]
+        echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled_basis}")
+        echo["micro_batch_time_range_s"] = ((fast, slow), f"{MODELLED_SOURCE}: {comp.modelled_basis}")
+        echo["compute_model"] = (comp.modelled_detail, "topoprof.model.compute.roofline over the model's op trace")
+        return seconds
+    peak, peak_src = comp.peak_tflops, "given"
+    if peak is None and spec is not None:
+        peak = spec.peak_tflops(comp.precision)
+        peak_src = f"{spec.name} {comp.precision} dense: {spec.source}"
+        _need(peak is not None, f"{spec.name} has no {comp.precision} tensor cores; "
+              "choose another precision")
+    _need(peak is not None and tokens is not None, "compute per micro-batch: give "
+          "micro_batch_time_s, or tokens_per_micro_batch with a known gpu or peak_tflops")
+    util = comp.utilization if comp.utilization is not None else DEFAULT_UTILIZATION
+    flops = flops_per_token * tokens
+    seconds = flops / (peak * 1e12 * util)
+    per = (f"6 x matmul params x {tokens} tokens" if unit == "token" else
+           f"{flops_per_token:.4g} forward + backward per {unit} x {tokens} {unit}s")
+    echo["micro_batch_time_s"] = (seconds, f"{flops:.4g} FLOPs ({per}) / ({peak} TFLOP/s x utilization {util:.3g})")
+    echo["peak_tflops"] = (peak, peak_src)
+    if comp.utilization is not None:
+        echo["utilization"] = (util, "given")
+    else:
+        low, high = UTILIZATION_RANGE
+        echo["utilization"] = (util, "an assumption, not a measurement: the middle (log scale) of the what-if range "
+                               f"{UTILIZATION_BASIS}")
+        echo["micro_batch_time_range_s"] = ((flops / (peak * 1e12 * high), flops / (peak * 1e12 * low)),
+                                            f"datasheet what-if: peak x utilization from {UTILIZATION_BASIS}")
+    return seconds
+
+
+def utilization_is_assumed(comp: Compute) -> bool:
+    """Compute from a datasheet with no measured time and no given utilization: a what-if range."""
+    return comp.micro_batch_time_s is None and comp.utilization is None
+
+
+def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float | None,
+                 echo: dict, notes: list[str]) -> float:
+    if comp.optimizer_time_s is not None:
+        source = f"measured ({comp.origin('optimizer_time_s')})"
+        echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
+        return comp.optimizer_time_s
+    if bandwidth is None:  # nothing to estimate it from: assume 0 and say so (echo, warning)
+        echo["optimizer_time_s"] = (0.0, OPTIMIZER_UNKNOWN_SOURCE)
+        notes.append(OPTIMIZER_UNKNOWN_NOTE)
+        return 0.0
+    per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
+    seconds = per_param * params / (bandwidth * 1e9)
+    echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {per_param} B/param of memory "
+                                f"traffic x {params} params / {bandwidth} GB/s")
+    return seconds
+
+
+def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: int | None,
+                  grad_bytes: int, unit: str = "token", end: str | None = None) -> ComputeTimes:
+    """c, T_bwd, T_opt and memory bandwidth, each echoed with its source; `tokens` of `unit`
+    (a Layout's: "token", or "image" for an image model) per micro-batch. `end` ("fast" or
+    "slow") takes the modelled compute at that end of its range; None, its middle."""
+    notes: list[str] = []
+    echo: dict[str, tuple[Any, str]] = {}
+    spec = _gpu(comp, notes)
+    bandwidth, bw_src = comp.memory_bandwidth_gbps, "given"
+    if bandwidth is None and spec is not None:
+        bandwidth, bw_src = spec.memory_bandwidth_gbps, f"{spec.name}: {spec.source}"
+    if bandwidth is None:
+        bw_src = "unknown: DDP bucket copies and fp16 casts count as 0 s"
+        notes.append(MEMORY_UNKNOWN_NOTE)
+    echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
+    c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo, unit, end)
+    if comp.backward_fraction is not None:
+        fraction, source = comp.backward_fraction, comp.origin("backward_fraction")
+    elif uses_modelled(comp) and comp.modelled_backward_fraction is not None:
+        fraction, source = comp.modelled_backward_fraction, f"the backward's share of the {MODELLED_SOURCE} (middle)"
+    else:
+        fraction = DEFAULT_BACKWARD_FRACTION
+        source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"
+    echo["backward_fraction"] = (fraction, source)
+    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo, notes)
+    slowdown = comp.compute_slowdown_during_comm
+    comm_slow = comp.comm_slowdown_during_compute
+    echo["comm_slowdown_during_compute"] = (comm_slow, "default: no interference" if comm_slow == 1
+                                            else comp.origin("comm_slowdown_during_compute"))
+    echo["compute_slowdown_during_comm"] = (slowdown, "default: no interference" if slowdown == 1
+                                            else comp.origin("compute_slowdown_during_comm"))
+    return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes),
+                        spec.name if spec is not None else None)

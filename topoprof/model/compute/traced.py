@@ -1,0 +1,135 @@
+"""Compute from the model's own operations for a GPU: which module to trace for a preset,
+`--params` or `--model`, at which shape, and the roofline's range (`topoprof.model.compute.roofline`)
+as a `Compute`'s modelled fields.
+
+- a preset: its torch module (`probes/preset_models.py:build`) at `--micro-batch-size` sequences
+  of `--tokens` / micro-batch tokens (split into more sequences where that passes the preset's
+  context, as a scan times it), or `--micro-batch-size` images of `--image-size`;
+- `--params N`: the synthetic language model of N parameters that `validate` trains
+  (`probes/preset_models.py:build_synthetic`): MLP blocks, no attention, as the layout assumes;
+- `--model`: the user's callable, traced in the same worker that reads and times it.
+
+The pass runs on the meta device for the GPU's precision (`probes/op_trace.py`, its target),
+in a worker, so the CLI imports no torch. Where it cannot run (a text model without --tokens,
+an op without a meta kernel, a worker that fails), the caller keeps the datasheet range and
+says why (`fallback_note`).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from topoprof.errors import InputError
+
+PRESET_SPEC = "probes.preset_models:build"
+SYNTHETIC_SPEC = "probes.preset_models:build_synthetic"
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    spec: str
+    kwargs: dict
+    stated: dict
+    note: str | None = None  # how the stated shape was fitted to the model
+
+
+def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size: int | None) -> TraceRequest | str:
+    """What to trace for a preset, or why it cannot be (a text preset needs --tokens)."""
+    from topoprof.model.workload.presets import MAX_SEQ_LEN, is_vision
+
+    name = preset.strip().lower()
+    if is_vision(name):
+        from topoprof.model.workload.vision import DEFAULT_IMAGE_SIZE
+
+        size = image_size or DEFAULT_IMAGE_SIZE
+        return TraceRequest(PRESET_SPEC, {"preset": name, "image_size": size}, {"micro_batch": micro_batch})
+    if not tokens:
+        return "no --tokens: a text model's sequence length is unknown"
+    sequences = max(micro_batch, math.ceil(tokens / MAX_SEQ_LEN[name]))
+    note = (None if sequences == micro_batch else
+            f"{tokens} tokens exceed {micro_batch} sequence(s) of {name}'s {MAX_SEQ_LEN[name]}: traced as {sequences}")
+    return TraceRequest(PRESET_SPEC, {"preset": name}, {"micro_batch": sequences, "seq_len": max(1, tokens // sequences)},
+                        note)
+
+
+def params_request(params: int, micro_batch: int, tokens: int | None) -> TraceRequest | str:
+    if not tokens:
+        return "no --tokens: a text model's sequence length is unknown"
+    return TraceRequest(SYNTHETIC_SPEC, {"params": params},
+                        {"micro_batch": micro_batch, "seq_len": max(1, tokens // micro_batch)},
+                        "--params N is traced as topoprof's synthetic model of N parameters (validate's: "
+                        "embedding, MLP blocks, LayerNorm, untied head; no attention)")
+
+
+def gpu_target(precision: str) -> dict:
+    return {"device": "cuda", "precision": precision}
+
+
+def _gpu_spec(name: str):
+    from topoprof.model.compute.datasheet import lookup_gpu
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown name is said once, by the compute's own lookup
+        return lookup_gpu(name)
+
+
+def modelled_fields(trace: dict, gpu: str, precision: str, compiled: bool, note: str | None = None) -> dict:
+    """A `Compute`'s modelled_* fields from a trace on the GPU named; InputError where the GPU or
+    its precision is unknown, ValueError where the trace cannot be priced."""
+    from topoprof.model.compute.roofline import gpu_device, roofline
+
+    spec = _gpu_spec(gpu)
+    if spec is None:
+        raise InputError(f"GPU {gpu!r} is not in the datasheet table")
+    result = roofline(trace, gpu_device(spec, precision, compiled))
+    fast, middle, slow = result.seconds
+    shape = trace.get("shape", "its example batch")
+    basis = (f"{result.kernels} kernels of its op trace at {shape} on {result.device}, per op the larger of "
+             "FLOPs over peak x efficiency and bytes over bandwidth, after a host cost per op")
+    detail = {"seconds": [fast, middle, slow], "device": result.device, "shape": shape,
+              "kernels": result.kernels, "views": result.views, "flops": result.flops,
+              "bytes_moved": result.bytes_moved, "backward_fraction": result.backward_fraction,
+              "host_s": result.middle.host_s, "device_s": result.middle.device_s,
+              "device_s_by_kind": result.middle.by_kind, "host_bound": result.host_bound,
+              "summary": result.summary(), "basis": list(result.basis),
+              "notes": [*result.notes, *([note] if note else [])],
+              **({"memory": trace["memory"]} if trace.get("memory") else {})}
+    return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
+            "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
+
+
+def trace_for_gpu(request: TraceRequest, precision: str) -> dict:
+    from topoprof.measure.op_trace import trace_model
+
+    return trace_model(request.spec, request.kwargs, request.stated, gpu_target(precision))
+
+
+def model_on_gpu(request: TraceRequest | str, gpu: str, precision: str, compiled: bool) -> tuple[dict, str | None]:
+    """(modelled fields, None), or ({}, why not) where no trace or no price could be had."""
+    if isinstance(request, str):
+        return {}, request
+    trace = trace_for_gpu(request, precision)
+    return priced(trace, gpu, precision, compiled, request.note)
+
+
+def priced(trace: dict | None, gpu: str, precision: str, compiled: bool, note: str | None = None
+           ) -> tuple[dict, str | None]:
+    if not trace or trace.get("failure"):
+        return {}, (trace or {}).get("failure") or "no pass on the meta device was run"
+    if trace.get("target", {}).get("device") != "cuda":
+        return {}, "the pass on the meta device was not run for a GPU"
+    if trace["target"].get("precision") != precision:
+        return {}, f"the pass on the meta device ran in {trace['target'].get('precision')}, not {precision} " \
+                   f"({trace.get('autocast_failure', 'another precision')})"
+    try:
+        return modelled_fields(trace, gpu, precision, compiled, note), None
+    except (InputError, ValueError, KeyError) as err:
+        return {}, f"pricing its ops failed ({err})"
+
+
+def fallback_note(why: str) -> str:
+    from topoprof.model.compute.timing import UTILIZATION_BASIS
+
+    return (f"compute: the model's own ops could not be priced ({why}); the datasheet range stands in: "
+            f"6 x params x tokens over peak x {UTILIZATION_BASIS}")

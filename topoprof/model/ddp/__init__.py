@@ -1,0 +1,6 @@
+"""DistributedDataParallel: its gradient buckets as torch forms them (`buckets`), the timeline
+of one synced micro-batch (`timeline`: bucket all-reduces beside backward, the copies), and what it
+costs on a GPU beyond the all-reduces (`gpu_costs`: its kernels, NCCL's SMs, the slowest rank).
+
+Owns: DDP's mechanics. May import: workload, comm, compute.
+"""

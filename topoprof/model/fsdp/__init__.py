@@ -1,0 +1,6 @@
+"""FSDP2 (`fully_shard`): its groups (`plan`: which parameters each group holds, in forward
+order) and the timeline of a micro-batch and a step (`timeline`: all-gathers, reduce-scatters,
+HSDP's all-reduce beside compute, with and without `set_requires_gradient_sync`).
+
+Owns: FSDP's mechanics. May import: workload, comm.
+"""

@@ -1,0 +1,260 @@
+"""The user's own model (`--model PATH:CALLABLE`) as the model's inputs, from what
+`probes/user_model.py` measured: its parameter list, gradient-ready order and times.
+
+- The layout holds the trainable parameters in registration order (DDP's parameter list: frozen
+  ones are never bucketed, a shared tensor counts once). Its uses are the measured ready events
+  in reverse, one tensor each, weighted by the share of backward that passed before each
+  gradient was ready, so that `Layout.ready_schedule()` returns the measured ready order and
+  moments: the order DDP rebuilds its buckets in after its first iteration. The weights are
+  scaled to 4 FLOPs per trainable parameter per token (the matmul convention of `presets`) so
+  that FLOP-based what-ifs stay comparable; the measured times are what the prediction uses.
+- Compute: forward + backward per micro-batch, the backward share and the optimizer step, each
+  the median of the timed repeats.
+- Which ready order: the timed one only where the model was timed on the device predicted. A
+  backward timed on a CPU (or given as --micro-batch-time, or for another GPU than this one)
+  spreads its work unlike the GPU's, so the order then comes from the backward FLOPs per tensor,
+  counted on the meta device at the stated shape (`probes/op_trace.py`); where that pass fails,
+  the timed order stands in and a note says why.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import warnings
+from dataclasses import dataclass
+
+from topoprof.errors import InputError
+from topoprof.model.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
+
+
+def check_spec(spec: str) -> str:
+    """`PATH.py:CALLABLE` or `package.module:CALLABLE`; a path must exist. One line otherwise."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise InputError(f"--model {spec!r}: expected PATH.py:CALLABLE or package.module:CALLABLE "
+                         "(e.g. train.py:build)")
+    if (target.endswith(".py") or os.sep in target) and not os.path.isfile(target):
+        raise InputError(f"--model {spec!r}: no such file: {target}")
+    return spec
+
+
+def here_device() -> str:
+    """Where `measure_here` times: this machine's first GPU when it has one, else the CPU."""
+    from topoprof.measure.runner import visible_gpus
+
+    return "cuda:0" if visible_gpus() else "cpu"
+
+
+def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
+                 device: str | None = None, target: dict | None = None) -> dict:
+    """The user's model read and timed on this machine: its first GPU when it has one (under
+    `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
+    `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
+    `target` device (`probes/op_trace.py`) when one is given."""
+    from topoprof.measure.user_model import measure_user_model
+
+    if optimizer not in ("adamw", "sgd"):
+        raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
+    return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
+                              optimizer=optimizer, trace=trace, target=target)
+
+
+def stated_shape(micro_batch: int, tokens: int | None) -> dict:
+    """The shape a prediction is for, as a `--model` callable may take it (`micro_batch`,
+    `seq_len` = tokens per sequence, as the presets are built)."""
+    return {"micro_batch": micro_batch, "seq_len": max(1, tokens // micro_batch) if tokens else None}
+
+
+def _gpu_key(name: str) -> str:
+    """The datasheet table's key for a GPU name, so that 'H100 SXM' and 'NVIDIA H100 80GB HBM3'
+    compare equal; the normalized name where the table does not know it."""
+    from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown name is compared as written, not warned about
+        spec = lookup_gpu(name)
+    return spec.name if spec is not None else normalize_gpu_name(name)
+
+
+def flop_order_reason(device: str, device_name: str | None, gpu: str | None,
+                      micro_batch_time: float | None) -> str | None:
+    """Why the timed ready order does not describe the device predicted; None where it does:
+    timed on a GPU, with no --gpu or --gpu naming that same GPU, and the compute not given."""
+    if micro_batch_time is not None:
+        return "the compute is given (--micro-batch-time), not timed here"
+    if not device.startswith("cuda"):
+        return f"it was timed on {device}, not on " + (f"the {gpu} predicted (--gpu)" if gpu else "a GPU")
+    if gpu is not None and (device_name is None or _gpu_key(gpu) != _gpu_key(device_name)):
+        return f"it was timed on {device_name or 'an unnamed GPU'} ({device}), not on the {gpu} predicted (--gpu)"
+    return None
+
+
+def trace_wanted(device: str, gpu: str | None, micro_batch_time: float | None) -> bool:
+    """Whether the FLOP order may be needed, before the timed GPU's name is known."""
+    return micro_batch_time is not None or not device.startswith("cuda") or gpu is not None
+
+
+@dataclass(frozen=True)
+class ReadyOrder:
+    """The gradient-ready events a layout is built from, what they are, and a note where the
+    order wanted could not be had."""
+
+    ready: list  # [[param_index, share of backward done], ...] in ready order
+    text: str    # "gradient-ready order: ..."
+    note: str | None = None
+
+
+def measured_order(record: dict) -> ReadyOrder:
+    return ReadyOrder(record["ready"], f"gradient-ready order: measured on {record['device']}")
+
+
+def choose_ready_order(record: dict, gpu: str | None = None, micro_batch_time: float | None = None) -> ReadyOrder:
+    """The timed order where the model was timed on the device predicted; else the backward
+    FLOPs per tensor from the record's meta pass, or the timed order with a note where that failed."""
+    why = flop_order_reason(record["device"], record.get("device_name"), gpu, micro_batch_time)
+    if why is None:
+        return measured_order(record)
+    trace = record.get("op_trace") or {"failure": "no pass on meta was run"}
+    failure = trace.get("failure") or _other_parameters(record, trace)
+    if failure:
+        measured = measured_order(record)
+        return ReadyOrder(measured.ready, f"{measured.text}, although {why}: counting the backward FLOPs per "
+                                          f"tensor failed ({failure})",
+                          f"{measured.text} although {why}: counting the backward FLOPs per tensor on the meta "
+                          f"device failed ({failure})")
+    return ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta "
+                                      f"at {trace['shape']}), since {why}")
+
+
+def _other_parameters(record: dict, trace: dict) -> str | None:
+    """The meta pass's indices mean the timed record's only where both list the same parameters."""
+    if [p["name"] for p in trace["params"]] == [p["name"] for p in record["params"]]:
+        return None
+    return f"the model built at {trace['shape']} has other parameters than the one timed"
+
+
+def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
+    """The trainable parameters as a Layout whose ready schedule is `order` (the timed one unless given)."""
+    order = order or measured_order(record)
+    params = record["params"]
+    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
+    position = {i: k for k, i in enumerate(trainable)}
+    tensors = tuple(TensorSpec(params[i]["name"], tuple(params[i]["shape"])) for i in trainable)
+    ready = [(position[i], fraction) for i, fraction in order.ready if i in position]
+    missing = sorted(set(range(len(trainable))) - {k for k, _ in ready})
+    if missing:
+        raise InputError(f"--model {record['spec']}: no gradient reached "
+                         f"{', '.join(tensors[k].name for k in missing[:4])} in backward (unused "
+                         "parameters: DDP would need find_unused_parameters=True, which topoprof does not model)")
+    total_flops = MATMUL_BACKWARD_FLOPS_PER_PARAM * sum(t.numel for t in tensors)
+    end = max(ready[-1][1], 1e-12)
+    uses, before = [], 0.0
+    for k, fraction in ready:
+        share = max(fraction, before)  # hooks fire in order; clock jitter never runs backwards
+        uses.append(Use((k,), total_flops * (share - before) / end))
+        before = share
+    if sum(u.backward_flops_per_token for u in uses) <= 0:  # every hook at the same instant
+        uses = [Use((k,), total_flops / len(ready)) for k, _ in ready]
+    frozen = len(params) - len(trainable)
+    shared = sum(1 for p in params if p["aliases"])
+    return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
+                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); {order.text}")
+
+
+def user_compute(record: dict) -> dict:
+    """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
+    passes = record["passes"]
+    total = [p["forward_s"] + p["backward_s"] for p in passes]
+    where = (f"measured on {record['device']} ({record.get('precision', 'fp32')}, {record.get('optimizer', 'AdamW')}), "
+             f"{len(passes)} repeats, median")
+    return {"memory": record.get("memory"), "micro_batch_time_s": statistics.median(total),
+            "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
+            "optimizer_time_s": statistics.median(record["optimizer_s"]),
+            "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
+            "device_name": record.get("device_name"), "device_memory_bytes": record.get("device_memory_bytes")}
+
+
+PRESET_SPEC = "probes.preset_models:build"
+SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is timed at
+
+
+# Training state per parameter, before any activation: fp32 weight and gradient (4 + 4 B), plus
+# AdamW's exp_avg and exp_avg_sq (2 x 4 B; torch/optim/adamw.py keeps them in the parameter's
+# dtype); plain SGD without momentum keeps no state (torch/optim/sgd.py).
+TRAIN_STATE_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
+
+
+def gpu_memory_bytes(device: str) -> int | None:
+    """The total memory of the GPU that `device` (cuda:i) is, from NVML (no torch, no CUDA context
+    in this process): cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES gives the job, not NVML's GPU i.
+    None when unknown, and for a MIG device (a slice of its GPU's memory)."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        from probes.nvml import query_nvml
+        from topoprof.topology.visible import job_gpus
+
+        gpus = query_nvml().gpus
+        ordinal = int(device.split(":")[1]) if ":" in device else 0
+        devices = job_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, os.environ.get("CUDA_DEVICE_ORDER")).devices
+        seen = devices[ordinal] if ordinal < len(devices) else None
+        if seen is None or seen.gpu is None or seen.mig:
+            return None
+        return next(g.memory_total_bytes for g in gpus if g.index == seen.gpu)
+    except Exception:  # noqa: BLE001 - unknown: the whole model is tried, and an OOM then scales it
+        return None
+
+
+def _cannot_fit(preset: str, optimizer: str, memory_bytes: int | None) -> bool:
+    """True when the training state alone exceeds the GPU's memory: building the whole model
+    (tens of GB of random weights on the host) only to run out of memory would waste the scan's time."""
+    from topoprof.model.workload.presets import get_preset
+
+    if memory_bytes is None:
+        return False
+    return get_preset(preset).params * TRAIN_STATE_BYTES_PER_PARAM.get(optimizer, 16) > memory_bytes
+
+
+def _out_of_memory(err: Exception) -> bool:
+    return "OutOfMemory" in str(err) or "out of memory" in str(err).lower()
+
+
+def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
+                   optimizer: str = "adamw", image_size: int | None = None) -> dict:
+    """A preset built at its real size and timed on `device`; when it does not fit, timed at
+    SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.compute.scaled`), and said so.
+    A vision preset reads `micro_batch` images of `image_size` (default 224) and no sequence; it
+    is always timed whole (the largest, 88.8M parameters, fits any GPU's training state)."""
+    from topoprof.measure.user_model import measure_user_model
+    from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
+    from topoprof.model.compute.scaled import scaled_compute
+
+    def timed(**more):
+        record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
+                                    kwargs={**kwargs, **more})
+        return user_compute({**record, "spec": preset})
+
+    if is_vision(preset):
+        if seq_len is not None:
+            raise InputError(f"--tokens: {preset} is an image model: it reads --micro-batch-size images, not tokens")
+        from topoprof.model.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
+
+        image_size = DEFAULT_IMAGE_SIZE if image_size is None else check_image_size(image_size)
+        kwargs = {"preset": preset, "micro_batch": micro_batch, "image_size": image_size}
+        return {**timed(), "scaled": None}
+    if image_size is not None:
+        get_preset(preset, image_size)  # a text preset: refused, naming --image-size
+    seq_len = seq_len or min(1024, MAX_SEQ_LEN[preset])
+    if seq_len > MAX_SEQ_LEN[preset]:
+        raise InputError(f"--tokens: {preset} reads at most {MAX_SEQ_LEN[preset]} tokens per sequence, "
+                         f"got {seq_len} (tokens / micro-batch size)")
+    kwargs = {"preset": preset, "micro_batch": micro_batch, "seq_len": seq_len}
+
+    if not _cannot_fit(preset, optimizer, gpu_memory_bytes(device)):
+        try:
+            return {**timed(), "scaled": None}
+        except InputError as err:
+            if not _out_of_memory(err):
+                raise
+    shallow, deep = (timed(n_layer=n) for n in SCALED_DEPTHS)
+    return {**scaled_compute(shallow, deep, SCALED_DEPTHS, PRESET_DEPTH[preset]), "scaled": list(SCALED_DEPTHS)}

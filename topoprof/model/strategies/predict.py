@@ -1,0 +1,158 @@
+"""Every strategy's predicted step for a job (`predict`), and what changing it would gain:
+`sweep` over K and shapes, `hide_threshold`, `fixed_global_batch`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from topoprof.errors import InputError
+from topoprof.model.comm.collectives import LinkUnknown
+from topoprof.model.ddp.buckets import ddp_bucket_limits, ddp_buckets
+from topoprof.model.ddp.timeline import hiding_threshold
+from topoprof.model.strategies.job import Cluster, ModelInputs
+from topoprof.model.strategies.memory import memory_by_strategy
+from topoprof.model.strategies.resolve import Resolved, resolve
+from topoprof.model.strategies.results import (BucketSummary, GlobalBatchOption, HideThreshold, InputValue, Prediction,
+                                               Range, StrategyResult, SweepPoint, Unavailable)
+from topoprof.model.strategies.steps import (ASSUMPTIONS, FORMULAS, ONE_GPU_REASON, STRATEGIES, ddp_costs_by_part,
+                                             ddp_exposed_s, ddp_setting, dp_comm_s, step_times)
+
+
+def _samples(res: Resolved, name: str) -> int:
+    gpus = 1 if name == "single" else res.inputs.cluster.world_size
+    return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
+
+
+def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
+              ) -> dict[str, StrategyResult | Unavailable]:
+    synced = nominal["ddp_synced"]
+    synced_rate = None if isinstance(synced, str) else _samples(res, "ddp_synced") / synced[0]
+    out: dict[str, StrategyResult | Unavailable] = {}
+    for name in STRATEGIES:
+        if isinstance(nominal[name], str):
+            out[name] = Unavailable(nominal[name])
+            continue
+        step, exposed = nominal[name]
+        samples = _samples(res, name)
+        rng = None
+        if bounds is not None:
+            (hi, e_hi), (lo, e_lo) = bounds[0][name], bounds[1][name]
+            rng = Range((lo, hi), (e_lo, e_hi), (samples / hi, samples / lo))
+        speedup = None if synced_rate is None else samples / step / synced_rate
+        out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
+                                   FORMULAS[name])
+    memory = memory_by_strategy(res.inputs, [n for n, r in out.items() if isinstance(r, StrategyResult)])
+    # nothing is ranked against a strategy that does not fit
+    unranked = getattr(memory.get("ddp_synced"), "fits", None) is False
+    return {n: replace(r, memory=memory.get(n), **({"speedup_vs_ddp_synced": None} if unranked else {}))
+            if isinstance(r, StrategyResult) else r for n, r in out.items()}
+
+
+def predict(inputs: ModelInputs) -> Prediction:
+    """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON."""
+    res = resolve(inputs)
+    comm = inputs.cluster.comm
+    buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
+                          inputs.workload.bucket_cap_mb)
+    nominal = step_times(res, buckets, comm)
+    slow_comm, fast_comm = comm.bounds() or (comm, comm)
+    slow_res = fast_res = res
+    if res.what_if:  # a what-if: every uncertain input at the end that makes steps slow, or fast
+        slow_res, fast_res = resolve(inputs, "slow"), resolve(inputs, "fast")
+    bounds = None
+    if slow_res is not res or slow_comm is not comm:
+        bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))
+    first, cap = ddp_bucket_limits(inputs.workload.bucket_cap_mb)
+    summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
+                            tuple(b.ready_fraction for b in buckets), first, cap)
+    pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,
+              "optimizer_s": res.optimizer_s}
+    if inputs.cluster.world_size > 1:  # DDP's and DP's pieces only where they apply
+        pieces["ddp_exposed_s"] = ddp_exposed_s(res, buckets, comm)
+        pieces["ddp_fp16_exposed_s"] = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+    if inputs.cluster.world_size > 1 and inputs.cluster.nodes == 1:
+        pieces["dp_comm_s"] = dp_comm_s(res, comm)
+    echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
+    costs = {}
+    if inputs.cluster.world_size > 1:
+        costs = ddp_costs_by_part(res, (slow_res, fast_res), buckets, (comm, slow_comm, fast_comm))
+    return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
+                      res.warnings, costs)
+
+
+def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,
+               accumulation_steps: int | None = None) -> ModelInputs:
+    """The same job on another shape: the comm model re-derived for it (`CommModel.at_shape`)."""
+    comm = inputs.cluster.comm.at_shape(nodes, gpus_per_node)
+    k = accumulation_steps if accumulation_steps is not None else inputs.accumulation_steps
+    return replace(inputs, cluster=Cluster(comm, nodes, gpus_per_node, backend=inputs.cluster.backend),
+                   accumulation_steps=k)
+
+
+def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
+          shapes: Iterable[tuple[int, int]] | None = None) -> tuple[SweepPoint, ...]:
+    """Every strategy over k and over (nodes, gpus_per_node) shapes (default: the input's)."""
+    cl = inputs.cluster
+    points = []
+    for nodes, gpus in shapes if shapes is not None else [(cl.nodes, cl.gpus_per_node)]:
+        for k in accumulation_steps:
+            try:
+                strategies = predict(with_shape(inputs, nodes, gpus, k)).strategies
+            except LinkUnknown as err:  # a shape whose links nobody described: not invented
+                strategies = {name: Unavailable(str(err)) for name in STRATEGIES}
+            points.append(SweepPoint(nodes, gpus, nodes * gpus, k, strategies))
+    return tuple(points)
+
+
+def hide_threshold(inputs: ModelInputs) -> HideThreshold | Unavailable:
+    if inputs.cluster.world_size == 1:
+        return Unavailable(ONE_GPU_REASON)
+    res = resolve(inputs)
+    work = inputs.workload
+    buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
+    backward_at_floor, floor = hiding_threshold(ddp_setting(res, buckets), buckets, inputs.cluster.comm)
+    # copies do not depend on c; the pipeline part is scaled from backward to c
+    threshold = backward_at_floor * res.micro_batch_s / res.backward_s
+    now = ddp_exposed_s(res, buckets, inputs.cluster.comm)
+    return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
+
+
+def fixed_global_batch(inputs: ModelInputs, global_batch_samples: int,
+                       shapes: Iterable[tuple[int, int]], strategy: str = "ddp_no_sync"
+                       ) -> tuple[GlobalBatchOption, ...]:
+    """The same global batch on each shape, k = global / (micro_batch_size x world_size):
+    does fewer GPUs with more accumulation beat more GPUs? Fastest first."""
+    if strategy not in STRATEGIES:
+        raise InputError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    mbs = inputs.workload.micro_batch_size
+    options = []
+    for nodes, gpus in shapes:
+        n = nodes * gpus
+        k, rest = divmod(global_batch_samples, mbs * n)
+        if rest or k < 1:
+            options.append(GlobalBatchOption(nodes, gpus, n, None, None, None, None,
+                           f"global batch({global_batch_samples}) is not micro_batch_size({mbs})"
+                           f" * world_size({n}) * an integer k"))
+            continue
+        options.append(_option_at(inputs, nodes, gpus, k, strategy))
+    return tuple(sorted(options, key=lambda o: (o.step_time_s is None, o.step_time_s or 0.0)))
+
+
+def _option_at(inputs: ModelInputs, nodes: int, gpus: int, k: int, strategy: str
+               ) -> GlobalBatchOption:
+    """One shape of `fixed_global_batch`. On one GPU, where DDP does not apply, the option is
+    `single`: one GPU accumulating is what "fewer GPUs" ends at."""
+    n = nodes * gpus
+    try:
+        strategies = predict(with_shape(inputs, nodes, gpus, k)).strategies
+    except LinkUnknown as err:  # a shape whose links nobody described: not invented
+        return GlobalBatchOption(nodes, gpus, n, k, None, None, None, str(err))
+    name = "single" if n == 1 and isinstance(strategies[strategy], Unavailable) else strategy
+    result = strategies[name]
+    if isinstance(result, Unavailable):
+        return GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.reason, name)
+    if result.memory is not None and result.memory.fits is False:  # never offered as an option
+        return GlobalBatchOption(nodes, gpus, n, k, None, None, None, result.memory.reason, name)
+    return GlobalBatchOption(nodes, gpus, n, k, result.step_time_s, result.samples_per_s,
+                             result.samples_per_s / n, None, name)

@@ -1,0 +1,277 @@
+"""Predicted time of one optimizer step for DataParallel, DDP and their accumulation variants.
+
+Per micro-batch each GPU computes c = T_fwd + T_bwd; a step is k micro-batches then the
+optimizer, T_opt. DDP overlaps all-reduce with backward through buckets (`topoprof.model.ddp.buckets`).
+Build `ModelInputs` from `Workload`, `Compute` and `Cluster`, then call `predict`; `sweep`,
+`hide_threshold` and `fixed_global_batch` answer "what would changing this gain me".
+The README section "How the model works" states each formula with its source.
+
+Here: each strategy's step from resolved inputs (`step_times`), the formulas,
+the assumptions, and DDP's cost by part.
+"""
+from __future__ import annotations
+
+from topoprof.errors import InputError
+from topoprof.model.comm.collectives import CommModel, LinkUnknown
+from topoprof.model.ddp.buckets import Bucket, ddp_buckets
+from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
+from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
+from topoprof.model.fsdp.plan import fsdp_plan
+from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpOverhead, FsdpSetting,
+                                          FsdpStep, collective_times, fsdp_step, shard_degree)
+from topoprof.model.strategies.dataparallel import dataparallel_comm_s
+from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
+from topoprof.model.strategies.resolve import Resolved, resolve
+from topoprof.model.strategies.results import DdpCost
+
+DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
+                  "ddp_fp16_compress")
+
+STRATEGIES = DDP_STRATEGIES + FSDP_STRATEGIES
+
+# Why DP and DDP have no prediction on one GPU. Not "DDP with 0 s of communication": torch
+# would run it, but nobody chooses it, and it would only repeat `single` plus bucket copies.
+ONE_GPU_REASON = "one GPU: nothing to all-reduce; see `single`"
+
+
+def ddp_setting(res: Resolved, buckets: tuple[Bucket, ...] = ()) -> DdpSetting:
+    work, compute = res.inputs.workload, res.inputs.compute
+    kernels = ddp_kernels(len(work.layout.tensors), len(buckets), work.gradient_as_bucket_view)
+    return DdpSetting(res.backward_s, work.layout.params, work.grad_bytes, res.memory_bandwidth_gbps,
+                      res.gpu.compute_slowdown, compute.comm_slowdown_during_compute,
+                      compute.comm_slowdown_by_size, work.gradient_as_bucket_view,
+                      compute.ddp_copy_bandwidth_gbps, kernels * res.gpu.kernel_s)
+
+
+def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
+                  fp16_compress: bool = False) -> float:
+    """E per synced micro-batch (`topoprof.model.ddp.timeline`)."""
+    return ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress).exposed_s
+
+
+def straggler_s(res: Resolved, syncs: int) -> float:
+    """What a step of `syncs` syncs waits for its slowest rank (`straggler_wait_s`)."""
+    n, k = res.inputs.cluster.world_size, res.inputs.accumulation_steps
+    g = res.gpu
+    if n == 1 or (g.speed_spread == 0 and g.jitter == 0):
+        return 0.0
+    return straggler_wait_s(n, res.micro_batch_s, k, syncs, g.speed_spread, g.jitter * res.micro_batch_s,
+                                    g.spread_basis)
+
+
+# How many micro-batches of a step all-reduce, per DDP strategy (of k).
+def _synced(mode: str, k: int) -> int:
+    return 1 if mode == "ddp_no_sync" else k
+
+
+def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel, mode: str) -> dict[str, float]:
+    """A DDP strategy's step in the parts a timeline shows: compute (forward and backward, with
+    DDP's hooks and what communication slows it), the communication left exposed after backward
+    (the tail of the all-reduces and the bucket copies), the optimizer. They add up to the step."""
+    k = res.inputs.accumulation_steps
+    if mode in FSDP_STRATEGIES:
+        step = fsdp_strategy_step(res, comm, mode)
+        if isinstance(step, str):
+            raise InputError(f"{mode}: {step}")
+        return {"compute": step.compute_s + fsdp_wait_s(res, comm), "exposed_comm": step.exposed_comm_s,
+                "optimizer": step.optimizer_s}
+    timeline = ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress=mode == "ddp_fp16_compress")
+    overlap, n = timeline.overlap, _synced(mode, k)
+    slowed = overlap.backward_end_s - res.backward_s  # what backward lost to the all-reduces
+    # Half the copies' traffic runs inside backward (each gradient into its bucket as it is
+    # ready), half after the last all-reduce (the buckets back into the gradients), where a
+    # timeline shows them: in compute and in the exposed tail.
+    tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s / 2
+    # waiting for the slowest rank counts as compute, as validate measures it (rotations.step_parts)
+    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2)
+            + straggler_s(res, n),
+            "exposed_comm": n * tail, "optimizer": res.optimizer_s}
+
+
+def fsdp_setting(res: Resolved) -> FsdpSetting:
+    """The FSDP timeline's inputs: compute split by the backward fraction, MixedPrecisionPolicy's
+    bytes, the backend's blocking and reduce-scatter behaviour, FSDP's measured own work."""
+    work, comp, cl = res.inputs.workload, res.inputs.compute, res.inputs.cluster
+    param_bytes, reduce_bytes = work.fsdp_bytes
+    measured = (comp.fsdp_forward_overhead_s, comp.fsdp_backward_overhead_s, comp.fsdp_backward_no_sync_overhead_s,
+                comp.fsdp_unshard_overhead_s)
+    overhead = None if all(v is None for v in measured) else FsdpOverhead(*(v or 0.0 for v in measured))
+    blocking = cl.backend in BLOCKING_BACKENDS
+    return FsdpSetting(res.micro_batch_s - res.backward_s, res.backward_s, param_bytes, reduce_bytes,
+                            res.memory_bandwidth_gbps, blocking=blocking, reduce_scatter_as_allreduce=blocking,
+                            overhead=overhead,
+                            compute_slowdown=1.0 if blocking else res.gpu.compute_slowdown,
+                            comm_slowdown=1.0 if blocking else comp.comm_slowdown_during_compute)
+
+
+def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> FsdpStep | str:
+    """One FSDP strategy's step (`topoprof.model.fsdp`), or why it does not apply here."""
+    mode, cl, work = MODES[name], res.inputs.cluster, res.inputs.workload
+    if cl.world_size == 1:
+        return ONE_GPU_REASON
+    if mode.hsdp and cl.nodes == 1:
+        return HSDP_ONE_NODE_REASON
+    try:
+        plan = fsdp_plan(work.layout, work.fsdp_unit)
+    except InputError as err:
+        return str(err)
+    setting = fsdp_setting(res)
+    try:
+        if mode.hsdp:
+            shard, replicate = comm.at_shape(1, cl.gpus_per_node), comm.at_shape(cl.nodes, 1)
+        else:
+            shard, replicate = comm, None
+    except LinkUnknown as err:
+        return str(err)
+    coll = collective_times(plan, setting, shard, replicate)
+    shards = shard_degree(mode, cl.world_size, cl.gpus_per_node)
+    comp = res.inputs.compute
+    t_opt = comp.fsdp_optimizer_time_s if comp.fsdp_optimizer_time_s is not None else res.optimizer_s / shards
+    return fsdp_step(plan, setting, coll, mode, res.inputs.accumulation_steps, t_opt)
+
+
+def fsdp_wait_s(res: Resolved, comm: CommModel) -> float:
+    """What an FSDP step waits for its slowest rank beyond its collectives' own: every micro-batch
+    meets the others at its all-gathers, synced or not (W_k). On a blocking backend whose FSDP
+    collectives validate measured between stretches of compute, the wait is in them already."""
+    measured = bool(getattr(comm, "curve", lambda _: ())("all_gather"))
+    if res.inputs.cluster.backend in BLOCKING_BACKENDS and measured:
+        return 0.0
+    return straggler_s(res, res.inputs.accumulation_steps)
+
+
+def fsdp_step_times(res: Resolved, comm: CommModel) -> dict[str, tuple[float, float] | str]:
+    """(step_time_s, comm_exposed_s) per FSDP strategy, with the slowest rank's wait (fsdp_wait_s)."""
+    out: dict[str, tuple[float, float] | str] = {}
+    wait = fsdp_wait_s(res, comm)
+    for name in FSDP_STRATEGIES:
+        step = fsdp_strategy_step(res, comm, name)
+        out[name] = step if isinstance(step, str) else (step.step_s + wait, step.exposed_comm_s)
+    return out
+
+
+def dp_comm_s(res: Resolved, comm: CommModel) -> float:
+    work = res.inputs.workload
+    return dataparallel_comm_s(comm, [t.numel for t in work.layout.tensors], work.param_bytes,
+                               work.grad_bytes, work.dp_output_bytes)
+
+
+def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
+               ) -> dict[str, tuple[float, float] | str]:
+    """(step_time_s, comm_exposed_s) per strategy, or why it does not apply."""
+    k, c, t_opt = res.inputs.accumulation_steps, res.micro_batch_s, res.optimizer_s
+    if res.inputs.cluster.world_size == 1:
+        return {name: (k * c + t_opt, 0.0) if name == "single" else ONE_GPU_REASON
+                for name in STRATEGIES}
+    e = ddp_exposed_s(res, buckets, comm)
+    e16 = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+    cd = c + res.inputs.compute.ddp_overhead_s  # a micro-batch through DDP's hooks
+    # the slowest rank: waited for at every sync, k per step synced, once with no_sync
+    w_synced, w_once = straggler_s(res, k), straggler_s(res, 1)
+    out: dict[str, tuple[float, float] | str] = {
+        "single": (k * c + t_opt, 0.0),
+        "ddp_synced": (k * (cd + e) + w_synced + t_opt, k * e),
+        "ddp_no_sync": (k * cd + e + w_once + t_opt, e),
+        # _post_forward calls reducer.prepare_for_backward whenever require_backward_grad_sync
+        # is True during forward; no_sync() around backward alone then changes nothing.
+        "ddp_no_sync_backward_only": (k * (cd + e) + w_synced + t_opt, k * e),
+        "ddp_fp16_compress": (k * (cd + e16) + w_synced + t_opt, k * e16),
+    }
+    if res.inputs.cluster.nodes > 1:
+        out["dp"] = "DataParallel is single-process, single-node"
+    else:  # DataParallel's reduce onto GPU 0 waits for every GPU's backward, every micro-batch
+        d = dp_comm_s(res, comm)
+        out["dp"] = (k * (c + d + res.inputs.compute.dp_thread_overhead_s) + w_synced + t_opt, k * d)
+    out.update(fsdp_step_times(res, comm))
+    return out
+
+
+FORMULAS = {
+    "single": "k*c + T_opt (one GPU)",
+    "dp": "k*(c + broadcast(params) + gather(outputs) + reduce(grads) + thread_overhead) + W_k + T_opt",
+    "ddp_synced": "k*(c + o + E) + W_k + T_opt",
+    "ddp_no_sync": "k*(c + o) + E + W_1 + T_opt",
+    "ddp_no_sync_backward_only": "k*(c + o + E) + W_k + T_opt, the same as ddp_synced",
+    "ddp_fp16_compress": "k*(c + o + E_fp16) + W_k + T_opt",
+    # FSDP: F = one micro-batch's timeline (topoprof.model.fsdp): forward and backward compute,
+    # FSDP's own work per group, the collectives it leaves exposed
+    "fsdp_full_shard": "k*F_sync(all-gather in forward and again in backward, reduce-scatter per group) + W_k + T_opt/n",
+    "fsdp_full_shard_no_sync": "(k-1)*F_nosync + F_sync: no reduce-scatter until the last micro-batch; + W_k + T_opt/n",
+    "fsdp_shard_grad_op": "k*F_sync(all-gather in forward only, reduce-scatter per group) + W_k + T_opt/n",
+    "fsdp_shard_grad_op_no_sync": "(k-1)*F_nosync + F_sync, no backward all-gather; + W_k + T_opt/n",
+    "hsdp": "k*F_sync(shard in a node; + all-reduce across nodes per group) + W_k + T_opt/gpus_per_node",
+    "hsdp_no_sync": "(k-1)*F_nosync + F_sync, HSDP; + W_k + T_opt/gpus_per_node",
+}
+
+ASSUMPTIONS = (
+    "gradients become ready in reverse forward order; a tensor's share of backward is its "
+    "matmul FLOPs (embedding lookups, norms, biases ~0; attention score FLOPs left out)",
+    "DDP buckets are the ones rebuilt after the first iteration (gradient-ready order); the "
+    "first iteration (one bucket per dtype) and buffer broadcasts are not modelled",
+    "bucket all-reduces run one at a time in bucket order: start_j = max(ready_j, end_{j-1})",
+    "bucket copy traffic (4G bytes, 2G with gradient_as_bucket_view) and DDP's kernels (2 per gradient, 1 with "
+    "gradient_as_bucket_view, 1 per bucket) are fully exposed",
+    "W_s: a step with s syncs waits for its slowest rank at each (topoprof.model.ddp.gpu_costs.straggler_wait_s)",
+    "DDP's optimizer step on each GPU takes T_opt, as on one GPU",
+    "DataParallel: input scatter and the flatten/unflatten copies of broadcast_coalesced and "
+    "reduce_add_coalesced not modelled; output gather = dp_output_bytes per GPU; "
+    "Python-thread/GIL cost = dp_thread_overhead_s (both 0 unless given)",
+    "FSDP: one group per block and the root with the rest (topoprof.model.fsdp); all-gathers and "
+    "reduce-scatters one at a time in issue order on one process group, all-gathers prefetched one group "
+    "ahead, HSDP's all-reduce on a stream of its own; the root not resharded after forward (torch's default)",
+    "FSDP: the host issues work ahead of the GPU (its hooks' CPU time is not on the GPU's path) unless "
+    "validate measured FSDP's own work per group; buffer copies (all-gather copy-out, reduce-scatter "
+    "copy-in) at memory bandwidth otherwise; per-parameter padding to a multiple of the shard count, the "
+    "no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not modelled",
+    "FSDP on gloo: every collective blocks the host thread and a reduce-scatter is an all-reduce of the "
+    "whole buffer (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced)",
+)
+
+# What DDP adds to one synced micro-batch, part by part: (what it scales with, where it comes from).
+DDP_COST_PARTS = {
+    "allreduce_tail": ("bytes of the buckets ready last, over the link's bus bandwidth",
+                       "the bucket all-reduces not hidden behind backward (reducer.cpp launches buckets in order)"),
+    "backward_slowed": ("the time the all-reduces overlap backward",
+                        "compute slowed while an all-reduce runs: on GPUs NCCL's kernels hold 2 SMs per ring "
+                        "(src/enqueue.cc, src/graph/connect.cc), on CPU ranks gloo's threads share the cores"),
+    "ddp_kernels": ("gradient tensors and buckets",
+                    "a copy into and out of its bucket per gradient, an all-reduce launch per bucket (reducer.cpp)"),
+    "copy_traffic": ("gradient bytes over memory bandwidth", "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),
+    "ddp_hooks": ("micro-batches", "DDP's forward and autograd hooks, measured by validate (0 unless measured)"),
+    "slowest_rank": ("ranks (the expected maximum of that many) and compute per micro-batch",
+                     "every sync waits for the slowest rank (topoprof.model.ddp.gpu_costs.straggler_wait_s)"),
+}
+
+
+def ddp_cost_parts(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel) -> dict[str, float]:
+    """What DDP adds to one synced micro-batch over one GPU's compute, in DDP_COST_PARTS."""
+    setting = ddp_setting(res, buckets)
+    overlap = ddp_timeline(setting, buckets, comm).overlap
+    return {"allreduce_tail": max(0.0, overlap.comm_end_s - overlap.backward_end_s),
+            "backward_slowed": overlap.backward_end_s - res.backward_s,
+            "ddp_kernels": setting.kernels_s, "copy_traffic": copies_traffic_s(setting),
+            "ddp_hooks": res.inputs.compute.ddp_overhead_s,
+            "slowest_rank": straggler_s(res, res.inputs.accumulation_steps) / res.inputs.accumulation_steps}
+
+
+def ddp_one_gpu_s(inputs: ModelInputs, end: str | None = None) -> float:
+    """A micro-batch through DDP on one rank (torch runs its reducer and a one-rank all-reduce
+    there too): compute plus DDP's hooks, kernels and copy traffic, no link and no other rank.
+    `end` as for `resolve`: the what-if's middle, or its slow or fast end."""
+    res = resolve(inputs, end)
+    buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes, inputs.workload.bucket_cap_mb)
+    setting = ddp_setting(res, buckets)
+    return res.micro_batch_s + inputs.compute.ddp_overhead_s + setting.kernels_s + copies_traffic_s(setting)
+
+
+def ddp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved], buckets: tuple[Bucket, ...],
+               comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, DdpCost]:
+    middle = ddp_cost_parts(nominal, buckets, comms[0])
+    slow = ddp_cost_parts(ends[0], buckets, comms[1])
+    fast = ddp_cost_parts(ends[1], buckets, comms[2])
+    out = {}
+    for name, value in middle.items():
+        lo, hi = sorted((fast[name], slow[name]))
+        rng = None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi)
+        out[name] = DdpCost(value, rng, *DDP_COST_PARTS[name])
+    return out

@@ -1,0 +1,131 @@
+"""What a one-GPU node's model would do on more GPUs of the same kind: predictions from nominal
+links, never from a measurement, so each is a range and is labelled a what-if.
+
+The compute per micro-batch is this GPU's, as measured (`--model`, `--micro-batch-time`); the
+links are those a user could buy or rent around it:
+- 2, 4 and 8 such GPUs on NVSwitch: every GPU's NVLinks, from NCCL's per-link figure (what its
+  model assumes) to the datasheet's raw rate (`constants.NVLINK_DATASHEET_BY_SM`);
+- 2, 4 and 8 such GPUs over PCIe at this GPU's generation and width, peer to peer: from NCCL's
+  figure to the raw rate after line encoding;
+- 2 to 4 nodes of one such GPU over 25, 100, 200 and 400 Gbit/s networks: from NCCL's NET_BW
+  share (12 GB/s for 100 Gbit/s, topo.h) to the raw rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topoprof.topology import constants
+
+GPU_COUNTS = (2, 4, 8)
+NODE_COUNTS = (2, 3, 4)
+NETWORK_GBIT = (25, 100, 200, 400)
+# NCCL topo.h: NET_BW 12.0 GB/s for a 100 Gbit/s NIC, whose raw rate is 12.5 GB/s.
+NCCL_NET_SHARE = 12.0 / 12.5
+STRATEGIES = ("ddp_synced", "ddp_no_sync")
+
+
+@dataclass(frozen=True)
+class Link:
+    kind: str                        # "NVLink", "PCIe", "network"
+    bandwidth_gbps: tuple[float, float]
+    hop_latency_us: float
+    basis: str
+
+
+def sxm_part(name: str | None) -> bool:
+    """Whether the datasheet table knows this GPU as an SXM part, the form that sits on an
+    NVSwitch baseboard (V100 SXM2, A100 SXM4, H100/H200 SXM5): PCIe cards of the same
+    generation (L4, L40S, A10, RTX) have no NVLink, or only a bridge to one peer."""
+    import warnings
+
+    from topoprof.model.compute.datasheet import lookup_gpu
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown name: not known to be SXM
+        spec = lookup_gpu(name) if name else None
+    return spec is not None and "sxm" in spec.name
+
+
+def nvlink(gpu) -> Link | None:
+    if not sxm_part(gpu.name):
+        return None
+    sheet = constants.nvlink_datasheet(gpu.compute_capability)
+    nccl = constants.nvlink_gbps_per_link(gpu.compute_capability)
+    if sheet is None or nccl is None:
+        return None
+    links, raw = sheet
+    return Link("NVLink", (links * nccl, links * raw), constants.HOP_LATENCY_US["NV"],
+                f"{links} NVLinks x {nccl:g}..{raw:g} GB/s (NCCL topo.h .. datasheet), sm{gpu.compute_capability[0]}"
+                f"{gpu.compute_capability[1]} SXM on NVSwitch")
+
+
+def pcie(gpu) -> Link | None:
+    gen, width = gpu.pcie_gen_max, gpu.pcie_width_max
+    nccl, raw = constants.pcie_gbps(gen, width), constants.pcie_raw_gbps(gen, width)
+    if nccl is None:
+        return None
+    return Link("PCIe", (nccl, raw or nccl), constants.HOP_LATENCY_US["PCIE"],
+                f"PCIe Gen{gen} x{width} peer to peer, {nccl:g}..{(raw or nccl):.1f} GB/s (NCCL topo.cc .. raw after encoding)")
+
+
+def network(gbit: float) -> Link:
+    raw = gbit / constants.BITS_PER_BYTE
+    return Link("network", (raw * NCCL_NET_SHARE, raw), constants.HOP_LATENCY_US["NET"],
+                f"{gbit:g} Gbit/s per node, {raw * NCCL_NET_SHARE:.2f}..{raw:.2f} GB/s (NCCL NET_BW share .. raw)")
+
+
+def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link, bandwidth: float) -> dict:
+    from topoprof.model.comm import links
+    from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.strategies.job import Cluster, ModelInputs
+    from topoprof.model.strategies.predict import predict
+
+    if nodes == 1:
+        comm = RingComm(link_bandwidth_gbps=bandwidth, hop_latency_us=link.hop_latency_us,
+                        world_size=gpus_per_node, source=link.basis)
+    else:
+        comm = links.across_nodes(None, nodes, 1, bandwidth, link.hop_latency_us)
+    result = predict(ModelInputs(workload, compute, Cluster(comm, nodes=nodes, gpus_per_node=gpus_per_node),
+                                 accumulation_steps=accum))
+    return {name: result.strategies[name].step_time_s for name in STRATEGIES}
+
+
+def _case(label: str, workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link) -> dict:
+    slow = _steps(workload, compute, accum, nodes, gpus_per_node, link, link.bandwidth_gbps[0])
+    fast = _steps(workload, compute, accum, nodes, gpus_per_node, link, link.bandwidth_gbps[1])
+    return {"label": label, "kind": link.kind, "nodes": nodes, "gpus_per_node": gpus_per_node,
+            "world_size": nodes * gpus_per_node, "basis": link.basis, "bandwidth_gbps": list(link.bandwidth_gbps),
+            "step_time_s": {name: [fast[name], slow[name]] for name in STRATEGIES},
+            # what no_sync saves over syncing every micro-batch, at the slow and the fast end
+            "no_sync_saving": [1 - slow["ddp_no_sync"] / slow["ddp_synced"], 1 - fast["ddp_no_sync"] / fast["ddp_synced"]]}
+
+
+def what_ifs(workload, compute, gpu, accum: int) -> dict:
+    """Every case for this GPU, and the links that could not be priced with the reason."""
+    cases, missing = [], []
+    name = gpu.name or "GPU"
+    for make in (nvlink, pcie):
+        link = make(gpu)
+        if link is None:
+            why = ("not an SXM part on NVSwitch in the datasheet table, or its compute capability unknown"
+                   if make is nvlink else "PCIe generation and width unknown")
+            missing.append(f"{make.__name__}: no nominal figure for {name} ({why})")
+            continue
+        cases += [_case(f"{n} x {name} over {link.kind}", workload, compute, accum, 1, n, link) for n in GPU_COUNTS]
+    for gbit in NETWORK_GBIT:
+        link = network(gbit)
+        cases += [_case(f"{nodes} nodes x 1 {name}, {gbit:g} Gbit/s", workload, compute, accum, nodes, 1, link)
+                  for nodes in NODE_COUNTS]
+    single = _single_step(workload, compute, accum)
+    return {"label": workload.layout.name, "accum": accum, "single_step_s": single, "cases": cases,
+            "missing": missing,
+            "note": "what-if from nominal figures, not measured: ranges span the links' nominal low and high"}
+
+
+def _single_step(workload, compute, accum: int) -> float:
+    from topoprof.model.comm.collectives import SingleGpuComm
+    from topoprof.model.strategies.job import Cluster, ModelInputs
+    from topoprof.model.strategies.predict import predict
+
+    result = predict(ModelInputs(workload, compute, Cluster(SingleGpuComm(), 1, 1), accumulation_steps=accum))
+    return result.strategies["single"].step_time_s
