@@ -156,16 +156,17 @@ def test_what_does_not_fit_is_neither_swept_nor_offered():
 
 def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
     from topoprof.model.inputs import options
+    from topoprof.model.inputs.request import ComputeRequest, MemoryRequest
 
     timed = {"device_name": "NVIDIA H100 80GB HBM3", "device_memory_bytes": 85.5e9}
     origins: list = []
-    opts = options._memory_of_the_timed_gpu({"gpu_memory": None, "gpu": None}, timed, origins)
-    assert opts["gpu_memory"] == 85.5 and origins == [("gpu_memory_gb", "NVIDIA H100 80GB HBM3's memory as CUDA "
-                                                                          "reported it where the compute was timed")]
-    for given, record in (({"gpu_memory": 40.0, "gpu": None}, timed),                # --gpu-memory wins
-                          ({"gpu_memory": None, "gpu": "h100-sxm"}, timed),           # another GPU named: its datasheet
-                          ({"gpu_memory": None, "gpu": None}, {"device_memory_bytes": None})):  # timed on a CPU
-        assert options._memory_of_the_timed_gpu(given, record, origins) == given
+    memory = options._memory_of_the_timed_gpu(MemoryRequest(), ComputeRequest(), timed, origins)
+    assert memory.gpu_memory_gb == 85.5 and origins == [("gpu_memory_gb", "NVIDIA H100 80GB HBM3's memory as CUDA "
+                                                                         "reported it where the compute was timed")]
+    for memory, compute, record in ((MemoryRequest(gpu_memory_gb=40.0), ComputeRequest(), timed),  # --gpu-memory wins
+                                    (MemoryRequest(), ComputeRequest(gpu="h100-sxm"), timed),  # another GPU named
+                                    (MemoryRequest(), ComputeRequest(), {"device_memory_bytes": None})):  # a CPU
+        assert options._memory_of_the_timed_gpu(memory, compute, record, origins) is memory
     assert len(origins) == 1
 
 

@@ -88,7 +88,7 @@ def test_topo_json_round_trips_as_a_topology_source(tmp_path):
     (["--params", "1B", "--link-bandwidth", "1", "--world-size", "2", "--micro-batch-time", "1", "--accum", "0"],
      "accumulation steps K must be >= 1"),
     (["--params", "1B", "--link-bandwidth", "1", "--world-size", "2", "--micro-batch-time", "-1",
-      "--optimizer-time", "0.1"], "micro_batch_time_s must be > 0"),
+      "--optimizer-time", "0.1"], "--micro-batch-time -1: must be > 0 seconds"),
     (["--preset", "gpt5", "--link-bandwidth", "1", "--world-size", "2", "--micro-batch-time", "1"], "valid names"),
     (["--params", "12Q", "--link-bandwidth", "1", "--world-size", "2", "--micro-batch-time", "1"], "--params"),
     (["--preset", "gpt2", "--topology", H100_TOPO, "--gpus", "0,9", "--micro-batch-time", "1"], "GPU(s) [9]"),
@@ -196,7 +196,7 @@ def test_unknown_optimizer_time_is_assumed_zero_and_said():
 
 def test_negative_optimizer_time_is_refused():
     proc = _cli("model", *OPTIMIZER_UNKNOWN, "--optimizer-time", "-0.01")
-    assert proc.returncode == 2 and "optimizer_time_s must be >= 0, got -0.01" in proc.stderr
+    assert proc.returncode == 2 and "--optimizer-time -0.01: must be >= 0 seconds" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -44,10 +44,10 @@ def model_inputs(args: list[str]):
     """ModelInputs exactly as `topoprof model ARGS` builds them."""
     from topoprof.commands.model import model as command
     from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.inputs.request import ModelRequest
 
     opts = dict(command.make_context("model", list(args)).params)
-    opts["grad_bytes"] = int(opts["grad_bytes"])
-    inputs, _ = build_inputs(opts)
+    inputs, _ = build_inputs(ModelRequest.from_options(opts))
     return inputs
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import click
 
-from topoprof.errors import InputError
 
 
 @click.command()
@@ -63,15 +62,13 @@ def model(**opts):
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
     from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.inputs.request import ModelRequest
     from topoprof.model.strategies.payload import model_payload
     from topoprof.report.text_model import render_model
 
-    opts["grad_bytes"] = int(opts["grad_bytes"])
-    if opts["accum"] < 1:
-        raise InputError(f"--accum {opts['accum']}: accumulation steps K must be >= 1 "
-                         "(K micro-batches per optimizer step)")
-    inputs, described = build_inputs(opts)
-    payload = model_payload(inputs, described, sweep=opts["sweep"])
+    request = ModelRequest.from_options(opts)
+    inputs, described = build_inputs(request)
+    payload = model_payload(inputs, described, sweep=request.sweep)
     if opts["as_json"]:
         from topoprof.jsonio import dumps, envelope
 

@@ -37,7 +37,7 @@ class ScanOptions:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
         # Bad input is refused before anything runs; a model that fails later is a report note.
         if self.params:
-            from topoprof.model.inputs.options import parse_count
+            from topoprof.model.inputs.request import parse_count
 
             parse_count(self.params)
         if self.preset:
@@ -45,7 +45,7 @@ class ScanOptions:
 
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
-        from topoprof.model.inputs.options import check_image_options
+        from topoprof.model.inputs.request import check_image_options
 
         check_image_options(self.preset, self.image_size, self.tokens)
 

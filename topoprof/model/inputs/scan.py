@@ -29,7 +29,7 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 
 def _workload(opts, size: str | None):
-    from topoprof.model.inputs.options import parse_count
+    from topoprof.model.inputs.request import parse_count
     from topoprof.model.workload.presets import is_vision
     from topoprof.model.strategies.job import Workload
 
@@ -119,7 +119,7 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     """Nothing measured this model on this GPU: its compute priced from its own ops (a what-if
     range), or where they cannot be priced the datasheet peak x a utilization range, saying why."""
     from topoprof.model.compute.timing import Compute
-    from topoprof.model.inputs.options import parse_count
+    from topoprof.model.inputs.request import parse_count
     from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request
 
     preset = opts.preset or SIZE_PRESETS.get(size or "")

@@ -411,7 +411,7 @@ def spec_from_options(params: str | None, preset: str | None, scale: float, seq_
         raise InputError("give --params or --preset, not both")
     if preset:
         return spec_for_preset(preset, scale, seq_len=seq_len), f"{preset} x{scale:g}"
-    from topoprof.model.inputs.options import parse_count
+    from topoprof.model.inputs.request import parse_count
 
     n = parse_count(params or "2M")
     return spec_for_params(n, seq_len=seq_len), f"synthetic {n / 1e6:g}M"
