@@ -24,10 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-# A GPU point's block: about this much device time, at most MAX_CALLS calls (the CUDA launch queue
-# holds about a thousand pending launches; past it the host blocks, which is harmless but slow).
-GPU_BLOCK_S = 1e-3
-CPU_BLOCK_S = 5e-3
+# A device point's block: at most MAX_CALLS calls (the CUDA launch queue holds about a thousand
+# pending launches; past it the host blocks, which is harmless but slow). Its length is the plan's
+# (probes/profile_plan.py); a host block lasts about HOST_BLOCK_S.
 HOST_BLOCK_S = 20e-3
 MAX_CALLS = 200
 ROUNDS = 3

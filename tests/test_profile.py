@@ -268,6 +268,8 @@ def test_the_quick_cpu_profile_measures_every_section_and_loads(cpu_profile):
     assert p.cpu.fresh_page_min_bytes == 32 << 20 and p.cpu.fresh_page_s_per_byte >= 0
     g = p.gemm[0]
     assert p.gemm_flops_per_s(g.m, g.n, g.k).value == pytest.approx(g.flops_per_s)
+    for m in p.memory:
+        assert p.memory_bytes_per_s(m.kind, m.bytes_moved).basis.startswith(f"{m.kind} (float32): measured")
     assert "3.5 x" in p.conventions["sdpa"] and "fastest block" in p.conventions["timing"]
 
 
@@ -301,8 +303,10 @@ def test_profile_command_refuses_a_gpu_that_is_not_there_and_a_folder_it_cannot_
     assert proc.returncode == 1 and "torch sees no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_profile_help_imports_no_torch():
+def test_profile_help_and_the_profile_model_import_no_torch():
     code = ("import sys\nimport topoprof.cli as c\n"
+            "import topoprof.model.profile, topoprof.model.profile_scale, topoprof.model.profile_facts\n"
+            "import topoprof.report.text_profile, topoprof.measure.profile, probes.profile, probes.clock\n"
             "try:\n    c.main(['profile', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'matplotlib', 'pynvml') if m in sys.modules]\n"
             "assert not heavy, heavy")
