@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -144,6 +145,10 @@ def test_scaling_gives_a_range_spanning_the_ratios_that_could_bind():
     base = _power(1024, 768, 768)
     assert (gemm.low, gemm.high) == (pytest.approx(base * 1.5), pytest.approx(base * 2.0))
     assert "peak per SM x1.6" in gemm.basis
+    memory = scale_to(profile_from_dict(_doc(memory=[(("add", 1 << 26), 3e12)]), "mem"), 2.0, 1.5, 1.25)
+    add = memory.memory_bytes_per_s("add", 1 << 26)
+    assert (add.low, add.high) == (pytest.approx(3e12 * 1.2), pytest.approx(3e12 * 1.5))   # bandwidth per SM, bandwidth
+    assert memory.optimizer_bytes_per_s() is None
     host = scaled.host_seconds("op")
     assert host.low == host.high == 6e-6 and "same class of host CPU" in host.basis
     ratios = datasheet_ratios(p, "H200 SXM")   # the profile's GPU is an H100 SXM: same peak and SMs
@@ -275,14 +280,18 @@ def test_the_quick_cpu_profile_measures_every_section_and_loads(cpu_profile):
 
 @pytest.mark.slow
 def test_profile_command_end_to_end_on_the_cpu_without_torch_in_the_cli(tmp_path):
-    out = tmp_path / "cpu.json"
     code = ("import sys\nimport topoprof.cli as c\ncode = 0\n"
-            f"try:\n    c.main(['profile', '--device', 'cpu', '--quick', '--out', {str(out)!r}])\n"
+            "try:\n    c.main(['profile', '--device', 'cpu', '--quick'])\n"
             "except SystemExit as e:\n    code = e.code\n"
             "assert 'torch' not in sys.modules, 'torch imported by the CLI'\nsys.exit(code)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("topoprof profile: ") and f"wrote {out}" in proc.stdout
+    written = [f.name for f in tmp_path.iterdir()]   # the default name, in the current folder
+    assert len(written) == 1 and re.fullmatch(r"profile-cpu-[\w.-]+-\d{8}T\d{6}Z\.json", written[0]), written
+    out = tmp_path / written[0]
+    assert proc.stdout.startswith("topoprof profile: ") and proc.stdout.endswith(f"wrote {written[0]}\n")
     for what in ("host per op:", "GEMM (float32", "memory-bound:", "attention (SDPA", "optimizer: AdamW"):
         assert what in proc.stdout, what
     assert "gemm: " in proc.stderr and "s in all)" in proc.stderr   # a progress line per section

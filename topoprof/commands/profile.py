@@ -14,7 +14,7 @@ def default_path(profile) -> str:
     """profile-<device>-<host>-<UTC time>.json in the current folder."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "_", profile.machine.hostname or "host")
     stamp = re.sub(r"[-:]", "", profile.machine.created_utc or "unknown")
-    return os.path.join(os.getcwd(), f"profile-{profile.machine.kind}-{host}-{stamp}.json")
+    return f"profile-{profile.machine.kind}-{host}-{stamp}.json"
 
 
 @click.command()
