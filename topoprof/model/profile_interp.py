@@ -58,8 +58,16 @@ class Grid:
         self.logs = {c: sum(math.log(r) for r in rs) / len(rs) for c, rs in by_coords.items()}
         self.counts = {c: len(rs) for c, rs in by_coords.items()}
         self.axes = [sorted({c[i] for c in self.logs}) for i in range(len(self.names))]
+        self._read: dict[tuple[float, ...], Read] = {}   # a trace asks for the same shapes many times
 
     def read(self, *query: float) -> Read:
+        if len(query) != len(self.names):
+            raise ValueError(f"{len(query)} coordinates for the axes {self.names}")
+        if query not in self._read:
+            self._read[query] = self._look_up(query)
+        return self._read[query]
+
+    def _look_up(self, query: tuple[float, ...]) -> Read:
         clamped, notes = [], []
         for name, q, axis in zip(self.names, query, self.axes):
             c = min(max(float(q), axis[0]), axis[-1])
