@@ -63,6 +63,41 @@ def _copy_s(src, dst) -> float:
     return fastest(lambda: dst.copy_(src), 2)
 
 
+def fresh_page_cost(repeats: int) -> dict:
+    """fresh_page_s_per_byte and fresh_page_min_bytes (see the module's docstring), with how."""
+    n = STREAM_BYTES // 4
+    existing = torch.ones(n)
+    fresh_s = fastest(lambda: torch.empty(n).fill_(1.0), repeats) - fastest(lambda: existing.fill_(1.0), repeats)
+    return {"fresh_page_s_per_byte": max(0.0, fresh_s / STREAM_BYTES), "fresh_page_min_bytes": FRESH_PAGE_MIN_BYTES,
+            "how": {"fresh_page_s_per_byte": f"measured: filling a new {STREAM_BYTES >> 20} MiB tensor (the pages the "
+                                             f"one before freed) less an existing one, fastest of {repeats}"}}
+
+
+def conv_host_costs(repeats: int) -> dict:
+    """host_conv_forward_s and host_conv_backward_s (see the module's docstring), with how."""
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+    image = torch.randn(1, 8, 8, 8, requires_grad=True)
+
+    def conv_forward():
+        for _ in range(CONV_OPS):
+            conv(image)
+
+    def conv_chain_backward():
+        z = image
+        for _ in range(CONV_OPS):
+            z = conv(z)
+        t0 = time.perf_counter()
+        z.sum().backward()
+        return time.perf_counter() - t0
+
+    conv_forward_s = fastest(conv_forward, repeats) / CONV_OPS
+    conv_chain_backward()
+    conv_backward_s = min(conv_chain_backward() for _ in range(repeats)) / CONV_OPS
+    return {"host_conv_forward_s": conv_forward_s, "host_conv_backward_s": conv_backward_s,
+            "how": {"host_conv_forward_s": f"measured: a 3x3 convolution of one 8x8x8 image, {CONV_OPS} in a loop",
+                    "host_conv_backward_s": f"measured: a node of a {CONV_OPS}-convolution chain's backward"}}
+
+
 def measure_cpu_costs(repeats: int = 5) -> dict:
     a, b = torch.randn(GEMM_N, GEMM_N), torch.randn(GEMM_N, GEMM_N)
     out = torch.empty(GEMM_N, GEMM_N)
@@ -70,8 +105,7 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
     n = STREAM_BYTES // 4
     # each pair of buffers where the allocator places it, freed before the next pair
     copy_s = statistics.median(_copy_s(torch.ones(n), torch.empty(n)) for _ in range(repeats))
-    existing = torch.ones(n)
-    fresh_s = fastest(lambda: torch.empty(n).fill_(1.0), repeats) - fastest(lambda: existing.fill_(1.0), repeats)
+    pages = fresh_page_cost(repeats)
     x = torch.ones(1, requires_grad=True)
 
     def forward_ops():
@@ -91,42 +125,22 @@ def measure_cpu_costs(repeats: int = 5) -> dict:
     forward_s = fastest(forward_ops, repeats) / HOST_OPS
     chain_backward()
     backward_s = min(chain_backward() for _ in range(repeats)) / HOST_OPS
-    conv = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
-    image = torch.randn(1, 8, 8, 8, requires_grad=True)
-
-    def conv_forward():
-        for _ in range(CONV_OPS):
-            conv(image)
-
-    def conv_chain_backward():
-        z = image
-        for _ in range(CONV_OPS):
-            z = conv(z)
-        t0 = time.perf_counter()
-        z.sum().backward()
-        return time.perf_counter() - t0
-
-    conv_forward_s = fastest(conv_forward, repeats) / CONV_OPS
-    conv_chain_backward()
-    conv_backward_s = min(conv_chain_backward() for _ in range(repeats)) / CONV_OPS
+    convs = conv_host_costs(repeats)
     threads = torch.get_num_threads()
     return {
         "peak_flops": 2 * GEMM_N ** 3 / gemm_s,
         "bandwidth_bps": 2 * STREAM_BYTES / copy_s,
-        "fresh_page_s_per_byte": max(0.0, fresh_s / STREAM_BYTES),
-        "fresh_page_min_bytes": FRESH_PAGE_MIN_BYTES,
+        "fresh_page_s_per_byte": pages["fresh_page_s_per_byte"],
+        "fresh_page_min_bytes": pages["fresh_page_min_bytes"],
         "host_forward_s": forward_s, "host_backward_s": backward_s, "threads": threads,
-        "host_conv_forward_s": conv_forward_s, "host_conv_backward_s": conv_backward_s,
+        "host_conv_forward_s": convs["host_conv_forward_s"], "host_conv_backward_s": convs["host_conv_backward_s"],
         "how": {
             "peak_flops": f"measured: {GEMM_N}^3 fp32 matmul on {threads} thread(s), fastest of {repeats}",
             "bandwidth_bps": f"measured: copy of {STREAM_BYTES >> 20} MiB, read + write, median of {repeats} "
                              "buffer pairs",
-            "fresh_page_s_per_byte": f"measured: filling a new {STREAM_BYTES >> 20} MiB tensor (the pages the one "
-                                     f"before freed) less an existing one, fastest of {repeats}",
             "host_forward_s": f"measured: an autograd-recorded op from Python, {HOST_OPS} in a loop",
             "host_backward_s": f"measured: a node of a {HOST_OPS}-op autograd chain's backward",
-            "host_conv_forward_s": f"measured: a 3x3 convolution of one 8x8x8 image, {CONV_OPS} in a loop",
-            "host_conv_backward_s": f"measured: a node of a {CONV_OPS}-convolution chain's backward",
+            **pages["how"], **convs["how"],
         },
     }
 

@@ -391,6 +391,26 @@ def query_nvml(lib: Any = None) -> NvmlSnapshot:
             pass  # the snapshot is already read; a failed shutdown changes nothing in it
 
 
+def query_driver_version(lib: Any = None) -> tuple[str | None, str | None]:
+    """(the driver's version, None), or (None, why): the "Driver Version" of `nvidia-smi`'s header,
+    read alone (no per-GPU or per-link queries). Never raises."""
+    try:
+        lib = _load_pynvml() if lib is None else lib
+        _init(lib)
+    except NothingMeasured as err:
+        return None, str(err)
+    try:
+        missing: dict[str, str] = {}
+        version = _Query(lib)(missing, "driver_version", "nvmlSystemGetDriverVersion", convert=_text,
+                              lost_raises=False)
+        return version, missing.get("driver_version")
+    finally:
+        try:
+            lib.nvmlShutdown()
+        except lib.NVMLError:
+            pass
+
+
 def _gpu_buses(snapshot: NvmlSnapshot) -> dict[str, int]:
     return {gpu.pci_bus_id: gpu.index for gpu in snapshot.gpus if gpu.pci_bus_id is not None}
 

@@ -23,6 +23,7 @@ WORKERS = {
     "nodes": "probes.nodes:run_rank",
     "user_model": "probes.user_model:run_rank",
     "op_trace": "probes.op_trace:run_rank",
+    "profile": "probes.profile:run_rank",
 }
 
 

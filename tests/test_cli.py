@@ -15,7 +15,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 def test_command_list_is_deliberate():
     from topoprof.cli import main
 
-    assert sorted(main.commands) == ["bench", "model", "report", "scan", "topo", "validate"]
+    assert sorted(main.commands) == ["bench", "model", "profile", "report", "scan", "topo", "validate"]
 
 
 def test_version_and_help():

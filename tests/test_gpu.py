@@ -267,3 +267,39 @@ def test_validate_with_nccl(record_property):
     for mode, check in (doc.get("numerics") or {}).items():
         if mode.startswith("ddp"):
             assert check["allclose"] is True, (mode, check)
+
+
+def test_profile_measures_this_gpu_within_its_time(tmp_path, record_property):
+    """`topoprof profile` quick and full: under 20 s and 60 s from the command's start, every
+    section measured, nothing skipped but for the time budget, the file loads; and two of its GEMM
+    points against torch.utils.benchmark timing the same product (whose time includes the host's
+    issue of each call, which the profile's device time leaves out: never slower than it, and
+    within 15 % where the product is large enough for the issue not to matter)."""
+    from torch.utils.benchmark import Timer
+
+    from topoprof.model.profile import load_profile
+
+    for args, limit_s in ((("--quick",), 20.0), ((), 60.0)):
+        out = _out_dir(tmp_path, "profile") / f"profile{'-quick' if args else ''}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        proc = _cli("profile", "--device", "cuda", *args, "--out", str(out), timeout=300)
+        took = time.perf_counter() - started
+        assert proc.returncode == 0, proc.stderr
+        p = load_profile(str(out))
+        record_property(f"profile{args and ' --quick' or ''}", f"{took:.1f} s; " + proc.stdout.replace("\n", " | "))
+        assert took < limit_s, proc.stderr
+        assert p.gemm and p.memory and p.sdpa and p.optimizer is not None
+        assert {"op", "autograd_forward", "autograd_backward_node", "autocast_op", "optimizer_per_tensor"} \
+            <= set(p.host_seconds_per_op)
+        assert [s for s in p.skipped if not s.reason.startswith("time budget")] == []
+    for (m, n, k), slack in (((512, 768, 768), None), ((8192, 4096, 4096), 0.15)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        reference = 2 * m * n * k / Timer("a @ b", globals={"a": a, "b": b}).blocked_autorange(min_run_time=0.5).median
+        profiled = p.gemm_flops_per_s(m, n, k).value
+        record_property(f"gemm {m}x{n}x{k}", f"profile {profiled / 1e12:.1f} TFLOP/s, torch.utils.benchmark "
+                                             f"{reference / 1e12:.1f}")
+        assert profiled >= 0.9 * reference
+        if slack is not None:
+            assert abs(profiled / reference - 1) < slack

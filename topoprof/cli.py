@@ -42,7 +42,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from topoprof.commands import bench, model, report, scan, topo, validate
+    from topoprof.commands import bench, model, profile, report, scan, topo, validate
 
     main.add_command(topo.topo)
     main.add_command(bench.bench)
@@ -50,6 +50,7 @@ def _register() -> None:
     main.add_command(validate.validate)
     main.add_command(scan.scan)
     main.add_command(report.report)
+    main.add_command(profile.profile)
 
 
 _register()

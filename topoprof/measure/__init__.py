@@ -11,4 +11,5 @@ t(S) = alpha + S/beta, slow ranks, the transports NCCL chose, the nodes of a mul
   nccl_log        NCCL_DEBUG=INFO logs: transports and channels per peer pair
   user_model      the user's own model (`--model`) read and timed in a process of its own
   op_trace        a model's pass on the meta device, in a process of its own
+  profile         this machine's device profile (`topoprof profile`), in a process of its own
 """

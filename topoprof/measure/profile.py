@@ -1,0 +1,29 @@
+"""Measure this machine's device profile (`probes/profile.py`) in a process of its own (the
+`profile` worker), so that the CLI never imports torch and a hang ends at the timeout."""
+from __future__ import annotations
+
+from typing import Callable
+
+from topoprof.errors import NothingMeasured, RunFailed
+from topoprof.measure.launch import JobSpec, launch_local
+
+
+def measure_device_profile(device: str | None = None, quick: bool = False, timeout_s: float = 300.0,
+                           budget_s: float | None = None,
+                           on_progress: Callable[[str], None] | None = None) -> dict:
+    """The worker's profile document. NothingMeasured (exit 1) when the device asked for is not
+    there; RunFailed (exit 3) when the worker died, hung for `timeout_s` without a word, or sent
+    nothing. Each section's progress line goes to `on_progress` as it comes."""
+    def on_message(rank: int, msg: dict) -> None:
+        if msg.get("type") == "profile_progress" and on_progress is not None:
+            on_progress(msg["line"])
+
+    job = JobSpec("profile", {"device": device, "quick": quick, "budget_s": budget_s}, 1, "gloo", timeout_s)
+    run = launch_local(job, on_message)
+    found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("profile", "profile_error")}
+    if "profile_error" in found:
+        raise NothingMeasured(found["profile_error"]["message"])
+    if run.failure is not None or "profile" not in found:
+        why = run.failure.describe() if run.failure else "the worker reported nothing"
+        raise RunFailed(f"profiling the {device or 'default'} device failed: {why}")
+    return found["profile"]["profile"]
