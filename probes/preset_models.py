@@ -2,7 +2,7 @@
 `(module, example_batch, loss_fn)` like a user's `--model` callable, so the same worker
 (`probes/user_model.py`) times them.
 
-The modules follow the Hugging Face architectures that `topoprof/model/presets.py` lists tensor
+The modules follow the Hugging Face architectures that `topoprof/model/workload/presets.py` lists tensor
 by tensor (GPT2LMHeadModel, BertModel with its pooler, LlamaForCausalLM): the same parameter
 names, shapes and registration order, so the measured buckets and the preset's layout agree
 (`tests/test_preset_models.py` checks it on the meta device). Attention is PyTorch's fused

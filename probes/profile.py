@@ -1,5 +1,5 @@
 """The device in front of it, measured for the what-if compute model: the device profile
-(`topoprof.model.profile` reads it; `probes/profile_plan.py` says which points,
+(`topoprof.model.compute.profile` reads it; `probes/profile_plan.py` says which points,
 `probes/profile_sections.py` measures each section, this module runs them in a time budget).
 
 - host_costs: seconds per op from Python on tiny tensors, ops issued back to back so that the host
@@ -137,7 +137,7 @@ def machine_facts(torch, device: str) -> dict:
 
 
 def conventions(run: _Run) -> dict:
-    from topoprof.model.profile_facts import SDPA_CONVENTION
+    from topoprof.model.compute.profile_facts import SDPA_CONVENTION
 
     device_time = ("CUDA events on the current stream around n calls queued behind a sleep kernel, so that the "
                    "host's cost of issuing them is not in it" if run.cuda else "the wall clock around n calls")
@@ -169,7 +169,7 @@ def measure_profile(device: str | None = None, quick: bool = False, budget_s: fl
     import torch
 
     from topoprof import __version__
-    from topoprof.model.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION
+    from topoprof.model.compute.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

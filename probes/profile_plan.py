@@ -36,7 +36,7 @@ KB, MB = 1 << 10, 1 << 20
 # (d_out, d_in, T). So the grid is two full products, tokens x widths x widths (m = tokens) and
 # widths x widths x tokens (k = tokens), plus a vocabulary V beside a model width d: (T, V, d),
 # (T, d, V), (V, d, T). Full products keep every cell of the interpolation measured
-# (topoprof.model.profile_interp): a shape between grid values reads from its cell's corners.
+# (topoprof.model.compute.profile_interp): a shape between grid values reads from its cell's corners.
 # - tokens 128 .. 32768 in steps of 4: one BERT sequence of 128 to a Llama micro-batch of 8 x 4096;
 #   larger token counts saturate the GPU and read as the largest (clamped);
 # - widths: GPT-2/BERT-base 768, GPT-2-medium/BERT-large 1024, GPT-3 XL 2048, GPT-2's FFN 3072,

@@ -277,7 +277,7 @@ def test_profile_measures_this_gpu_within_its_time(tmp_path, record_property):
     within 15 % where the product is large enough for the issue not to matter)."""
     from torch.utils.benchmark import Timer
 
-    from topoprof.model.profile import load_profile
+    from topoprof.model.compute.profile import load_profile
 
     for args, limit_s in ((("--quick",), 20.0), ((), 60.0)):
         out = _out_dir(tmp_path, "profile") / f"profile{'-quick' if args else ''}.json"

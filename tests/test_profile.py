@@ -14,10 +14,10 @@ import pytest
 
 from tests.helpers.cli import topoprof as _cli
 from topoprof.errors import InputError
-from topoprof.model.profile import (HOST_KINDS, MEMORY_KINDS, PROFILE_SCHEMA_VERSION, load_profile,
+from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, PROFILE_SCHEMA_VERSION, load_profile,
                                     profile_from_dict, profile_to_json)
-from topoprof.model.profile_facts import profile_from_gpu_facts
-from topoprof.model.profile_scale import datasheet_ratios, scale_to
+from topoprof.model.compute.profile_facts import profile_from_gpu_facts
+from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_FACTS = os.path.join(ROOT, "..", "shared", "gpu-facts", "h200-2026-11-26.jsonl")
@@ -314,7 +314,7 @@ def test_profile_command_refuses_a_gpu_that_is_not_there_and_a_folder_it_cannot_
 
 def test_profile_help_and_the_profile_model_import_no_torch():
     code = ("import sys\nimport topoprof.cli as c\n"
-            "import topoprof.model.profile, topoprof.model.profile_scale, topoprof.model.profile_facts\n"
+            "import topoprof.model.compute.profile, topoprof.model.compute.profile_scale, topoprof.model.compute.profile_facts\n"
             "import topoprof.report.text_profile, topoprof.measure.profile, probes.profile, probes.clock\n"
             "try:\n    c.main(['profile', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'matplotlib', 'pynvml') if m in sys.modules]\n"

@@ -32,7 +32,7 @@ def profile(device, quick, out_path, as_json, timeout_s):
     FLOP/s, the optimizer's bytes/s. Writes a versioned JSON profile and prints a summary."""
     from topoprof.jsonio import check_writable, check_writable_folder, dumps, write_text
     from topoprof.measure.profile import measure_device_profile
-    from topoprof.model.profile import profile_from_dict, profile_to_json
+    from topoprof.model.compute.profile import profile_from_dict, profile_to_json
     from topoprof.report.text_profile import render_profile
 
     if out_path:

@@ -1,10 +1,10 @@
-"""`topoprof profile`'s summary: a device profile (`topoprof.model.profile`) in a few lines."""
+"""`topoprof profile`'s summary: a device profile (`topoprof.model.compute.profile`) in a few lines."""
 from __future__ import annotations
 
 import warnings
 from collections import Counter
 
-from topoprof.model.profile import HOST_KINDS, DeviceProfile
+from topoprof.model.compute.profile import HOST_KINDS, DeviceProfile
 
 
 def _si(value: float, unit: str) -> str:
@@ -24,7 +24,7 @@ def _size(nbytes: float) -> str:
 def datasheet(profile: DeviceProfile) -> tuple[float | None, float | None]:
     """(peak FLOP/s at the profile's dtype, memory bytes/s) of its GPU in the datasheet table
     (`topoprof.model.compute`); (None, None) for a CPU or a GPU not in it."""
-    from topoprof.model.compute import lookup_gpu
+    from topoprof.model.compute.datasheet import lookup_gpu
 
     if profile.machine.kind != "cuda":
         return None, None

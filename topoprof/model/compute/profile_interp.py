@@ -1,4 +1,4 @@
-"""Interpolation over a device profile's measured points (`topoprof.model.profile`), in log space.
+"""Interpolation over a device profile's measured points (`topoprof.model.compute.profile`), in log space.
 
 A rate measured at points of one to three positive coordinates (a GEMM's m, n, k; a memory op's
 bytes; an attention's sequence length) is read at any coordinates:

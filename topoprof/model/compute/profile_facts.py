@@ -1,5 +1,5 @@
 """shared/gpu-facts' measurements (one JSON line each, written by its opbench.py) as a device
-profile (`topoprof.model.profile`), so that they can be read and cited as measured data until a
+profile (`topoprof.model.compute.profile`), so that they can be read and cited as measured data until a
 profile measured by `topoprof profile` on that GPU is committed.
 
 What opbench measured maps onto the profile's sections:
@@ -22,7 +22,7 @@ import re
 from typing import Iterable
 
 from topoprof.errors import InputError
-from topoprof.model.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION
+from topoprof.model.compute.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION
 
 # opbench.py's memory(): (op name there, passes over the input's bytes, the profile's kind)
 _MEMORY_PASSES = {"copy": (2, "copy"), "add": (3, "add"), "gelu": (2, "gelu"), "layer_norm": (2, "layer_norm"),
@@ -51,7 +51,7 @@ def _rows(lines: Iterable[str], source: str) -> list[dict]:
 
 
 def profile_from_gpu_facts(jsonl_lines: Iterable[str], source: str = "shared/gpu-facts/h200-2026-11-26.jsonl") -> dict:
-    """The device profile document (load it with `topoprof.model.profile.profile_from_dict`)."""
+    """The device profile document (load it with `topoprof.model.compute.profile.profile_from_dict`)."""
     rows = _rows(jsonl_lines, source)
     machine = next(r for r in rows if r["kind"] == "machine")
     dated = re.search(r"\d{4}-\d{2}-\d{2}", source)

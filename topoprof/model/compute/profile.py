@@ -13,8 +13,8 @@ Sections (JSON keys; units in the names):
 - conventions (how each figure is counted), skipped (points not measured, with why), notes.
 
 The lookups return the value and a short basis (`Read`): measured, interpolated (log scale) or
-clamped at the edge of what was measured (`topoprof.model.profile_interp`). Another GPU is priced
-from a profile by `topoprof.model.profile_scale`. No torch here.
+clamped at the edge of what was measured (`topoprof.model.compute.profile_interp`). Another GPU is priced
+from a profile by `topoprof.model.compute.profile_scale`. No torch here.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from topoprof import __version__
 from topoprof.errors import InputError
-from topoprof.model.profile_interp import Grid, Read
+from topoprof.model.compute.profile_interp import Grid, Read
 
 PROFILE_KIND = "device_profile"
 PROFILE_SCHEMA_VERSION = 1       # what this topoprof writes

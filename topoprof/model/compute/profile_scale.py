@@ -24,8 +24,8 @@ import warnings
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.profile import DeviceProfile
-from topoprof.model.profile_interp import Read
+from topoprof.model.compute.profile import DeviceProfile
+from topoprof.model.compute.profile_interp import Read
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,11 @@ def scale_to(profile: DeviceProfile, peak_ratio: float, bandwidth_ratio: float, 
 
 
 def datasheet_ratios(profile: DeviceProfile, target_gpu: str) -> Ratios:
-    """Target / profiled GPU from the datasheet table (`topoprof.model.compute`) and the SM counts
-    (`topoprof.model.ddp_gpu.SM_COUNT`), at the profile's dtype; InputError where either GPU or a
+    """Target / profiled GPU from the datasheet table (`topoprof.model.compute.datasheet`) and the SM counts
+    (`topoprof.model.compute.datasheet.SM_COUNT`), at the profile's dtype; InputError where either GPU or a
     figure is not in the tables (never a borrowed number)."""
-    from topoprof.model.compute import lookup_gpu
-    from topoprof.model.ddp_gpu import SM_COUNT
+    from topoprof.model.compute.datasheet import lookup_gpu
+    from topoprof.model.compute.datasheet import SM_COUNT
 
     precision = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(profile.dtype)
     specs = []
