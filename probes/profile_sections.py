@@ -3,15 +3,10 @@ document on the profile's run (device, plan, clock, budget) and returns a line o
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
 from probes.clock import HOST_BLOCK_S, autorange
 from probes.profile_plan import gemm_shapes, sdpa_cases
+from probes.profile_run import HOST_MAX_CALLS, ProfileRun
 
-if TYPE_CHECKING:
-    from probes.profile import _Run
-
-HOST_MAX_CALLS = 5000
 ADAMW_WORDS = 7   # fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written
 # bytes read + written per call over the input's bytes (as shared/gpu-facts/opbench.py counts);
 # the upcast reads bf16 (2 B) and writes fp32 (4 B) per element: see _memory_ops
@@ -29,7 +24,7 @@ def _span(rates: list[float], unit: str) -> str:
     return si(lo) if lo == hi else f"{si(lo)} .. {si(hi)}"
 
 
-def _host_costs(run: _Run, out: dict) -> str:
+def _host_costs(run: ProfileRun, out: dict) -> str:
     torch, seconds, how = run.torch, {}, {}
     x, w = run.randn(64, dtype=torch.float32), run.randn(64, dtype=torch.float32, grad=True)
     measured = {
@@ -51,7 +46,7 @@ def _host_costs(run: _Run, out: dict) -> str:
     return ", ".join(f"{k} {v * 1e6:.3g} us" for k, v in seconds.items())
 
 
-def _backward_node_s(run: _Run) -> float:
+def _backward_node_s(run: ProfileRun) -> float:
     torch = run.torch
     leaf = run.randn(1, dtype=torch.float32, grad=True)
 
@@ -69,14 +64,14 @@ def _backward_node_s(run: _Run) -> float:
         return run.pick(autorange(chain_backward, HOST_BLOCK_S, 10 * HOST_BLOCK_S, max_calls=HOST_MAX_CALLS))
 
 
-def _autocast_op_s(run: _Run) -> float:
+def _autocast_op_s(run: ProfileRun) -> float:
     torch = run.torch
     a, weight = run.randn(1, 8, dtype=torch.float32), run.randn(8, 8, dtype=torch.float32, grad=True)
     with torch.autocast(device_type="cuda" if run.cuda else "cpu", dtype=torch.bfloat16):
         return run.host_time(lambda: torch.mm(a, weight))
 
 
-def _optimizer_per_tensor_s(run: _Run) -> float:
+def _optimizer_per_tensor_s(run: ProfileRun) -> float:
     torch, count = run.torch, run.plan.optimizer_tensors
     params = [torch.zeros(64, device=run.device, requires_grad=True) for _ in range(count)]
     for p in params:
@@ -85,12 +80,12 @@ def _optimizer_per_tensor_s(run: _Run) -> float:
     return run.host_time(opt.step) / count
 
 
-def _adamw(run: _Run, params):
+def _adamw(run: ProfileRun, params):
     kind = {"fused": True} if run.cuda else {"foreach": True}
     return run.torch.optim.AdamW(params, lr=1e-4, **kind)
 
 
-def _gemm(run: _Run, out: dict) -> str:
+def _gemm(run: ProfileRun, out: dict) -> str:
     torch, points = run.torch, []
     dtype = str(run.dtype).split(".")[-1]
     for m, n, k in gemm_shapes(run.plan):
@@ -105,7 +100,7 @@ def _gemm(run: _Run, out: dict) -> str:
     return f"{len(points)} shapes, {_span(rates, 'FLOP/s')}" if rates else "nothing"
 
 
-def _memory_ops(run: _Run, x, y, xb, g) -> dict:
+def _memory_ops(run: ProfileRun, x, y, xb, g) -> dict:
     """kind -> (call, bytes read + written per call)."""
     torch, F = run.torch, run.torch.nn.functional
     nbytes = x.numel() * x.element_size()
@@ -118,7 +113,7 @@ def _memory_ops(run: _Run, x, y, xb, g) -> dict:
     return ops
 
 
-def _memory(run: _Run, out: dict) -> str:
+def _memory(run: ProfileRun, out: dict) -> str:
     torch, points = run.torch, []
     dtype = str(run.dtype).split(".")[-1]
     for size in run.plan.memory_bytes:
@@ -143,7 +138,7 @@ def _memory(run: _Run, out: dict) -> str:
     return f"{len(points)} points, {_span(rates, 'B/s')}" if rates else "nothing"
 
 
-def _sdpa(run: _Run, out: dict) -> str:
+def _sdpa(run: ProfileRun, out: dict) -> str:
     torch, points = run.torch, []
     dtype = str(run.dtype).split(".")[-1]
     for b, h, t, d, causal in sdpa_cases(run.plan):
@@ -165,7 +160,7 @@ def _sdpa(run: _Run, out: dict) -> str:
     return f"{len(points)} points, {_span(rates, 'FLOP/s')}" if rates else "nothing"
 
 
-def _optimizer(run: _Run, out: dict) -> str:
+def _optimizer(run: ProfileRun, out: dict) -> str:
     torch, numel = run.torch, run.plan.optimizer_params
 
     def measure():
@@ -180,7 +175,7 @@ def _optimizer(run: _Run, out: dict) -> str:
     return _span([moved / s], "B/s") if s else "nothing"
 
 
-def _cpu(run: _Run, out: dict) -> str:
+def _cpu(run: ProfileRun, out: dict) -> str:
     """What probes/device_costs.py measures beyond this profile: fresh pages, convolutions."""
     from probes import device_costs
 
