@@ -12,6 +12,11 @@ EXPECTED_PARAMS = {
     "gpt2-medium": 354_823_168,
     "bert-base": 109_482_240,  # bert-base-uncased BertModel, pooler included
     "llama-7b": 6_738_415_616,
+    # Meta's models as Hugging Face counts them (LlamaForCausalLM, lm_head untied)
+    "llama3-8b": 8_030_261_248,     # Llama 3.1 8B
+    "llama3-70b": 70_553_706_496,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
     # GPT-3 XL (no published HF checkpoint): GPT-2's blocks at d 2048, 24 layers, 2048 positions,
     # counted by hand: 24 x (12 d^2 + 13 d) + 50257 d + 2048 d + 2 d
     "gpt3-xl": 24 * (12 * 2048 ** 2 + 13 * 2048) + 50257 * 2048 + 2048 * 2048 + 2 * 2048,
@@ -242,3 +247,13 @@ def test_an_image_models_workload_counts_its_micro_batchs_images():
     with pytest.raises(InputError, match="tokens_per_micro_batch\\(2048\\) of an image model"):
         Workload.from_preset("resnet50", micro_batch_size=32, tokens_per_micro_batch=2048)
     assert Workload.from_preset("gpt2", micro_batch_size=4).tokens_per_micro_batch is None  # text: as given
+
+
+def test_grouped_query_attention_shrinks_k_and_v_only():
+    """Llama 3 8B: 32 heads of 128 over 8 KV heads: k_proj and v_proj write 8 x 128 = 1024
+    features, q_proj and o_proj the full 4096."""
+    shapes = {t.name: t.shape for t in get_preset("llama3-8b").tensors if t.name.startswith("model.layers.0.self_attn")}
+    assert shapes == {"model.layers.0.self_attn.q_proj.weight": (4096, 4096),
+                      "model.layers.0.self_attn.k_proj.weight": (1024, 4096),
+                      "model.layers.0.self_attn.v_proj.weight": (1024, 4096),
+                      "model.layers.0.self_attn.o_proj.weight": (4096, 4096)}

@@ -7,8 +7,9 @@ import click
 
 @click.command()
 @click.option("--params", help="Model size: 124439808, 125M, 1.3B, 7B (a synthetic even layout).")
-@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, gpt3-xl, llama-7b; "
-                                "image models resnet50, resnet101, resnext50_32x4d, resnext101_32x8d.")
+@click.option("--preset", help="A real architecture's layout: bert-base, gpt2, gpt2-medium, gpt3-xl, llama-7b, "
+                                "llama3-8b, llama3-70b, llama2-13b, llama2-70b; image models resnet50, resnet101, "
+                                "resnext50_32x4d, resnext101_32x8d.")
 @click.option("--image-size", type=click.IntRange(min=1),
               help="Square image side in pixels for an image --preset (default 224); its FLOPs count "
                    "--micro-batch-size images per micro-batch.")

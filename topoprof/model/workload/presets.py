@@ -3,7 +3,8 @@ compute each one's use costs. The layout decides DDP's buckets and when each bec
 
 Shapes come from the Hugging Face configs named in each preset's `source`; the totals are
 checked in tests (gpt2 124,439,808; gpt2-medium 354,823,168; bert-base-uncased 109,482,240
-with pooler; llama-7b 6,738,415,616).
+with pooler; llama-7b 6,738,415,616; llama3-8b 8,030,261,248, llama3-70b 70,553,706,496,
+llama2-13b 13,015,864,320, llama2-70b 68,976,648,192).
 
 The vision presets (VISION_PRESETS: torchvision's ResNet and ResNeXt, `topoprof.model.workload.vision`)
 count per image instead of per token (`Layout.unit`): a micro-batch of B images is B "tokens".
@@ -85,17 +86,21 @@ def bert_layout(n_layer: int = 12, hidden: int = 768, intermediate: int = 3072,
 
 def llama_layout(n_layer: int = 32, hidden: int = 4096, intermediate: int = 11008,
                  vocab_size: int = 32000, name: str = "llama-7b",
-                 source: str = "https://huggingface.co/huggyllama/llama-7b/blob/main/config.json"
-                 ) -> Layout:
+                 source: str = "https://huggingface.co/huggyllama/llama-7b/blob/main/config.json",
+                 heads: int = 32, kv_heads: int | None = None) -> Layout:
     """HF LlamaForCausalLM: no biases, RMSNorm weights only, untied lm_head. A decoder layer
-    registers self_attn, mlp, then its two norms, but uses input_layernorm first."""
+    registers self_attn, mlp, then its two norms, but uses input_layernorm first. With grouped-
+    query attention (`kv_heads` < `heads`, Ainslie et al. 2023) k_proj and v_proj produce
+    kv_heads x head_dim = kv_heads x hidden / heads features."""
+    kv = hidden if kv_heads is None else kv_heads * (hidden // heads)
     b = LayoutBuilder()
     emb = b.param("model.embed_tokens.weight", vocab_size, hidden)
     b.use(emb)
     for i in range(n_layer):
         p = f"model.layers.{i}"
-        attn = [b.linear(f"{p}.self_attn.{x}_proj", hidden, hidden, bias=False)[0]
-                for x in ("q", "k", "v", "o")]
+        attn = [b.linear(f"{p}.self_attn.{x}_proj", hidden, hidden if x in ("q", "o") else kv, bias=False)[0]
+                for x in ("q", "k", "v")]
+        attn.append(b.linear(f"{p}.self_attn.o_proj", hidden, hidden, bias=False)[0])
         gate = b.linear(f"{p}.mlp.gate_proj", hidden, intermediate, bias=False)[0]
         up = b.linear(f"{p}.mlp.up_proj", hidden, intermediate, bias=False)[0]
         down = b.linear(f"{p}.mlp.down_proj", intermediate, hidden, bias=False)[0]
@@ -110,6 +115,27 @@ def llama_layout(n_layer: int = 32, hidden: int = 4096, intermediate: int = 1100
     b.use(*b.norm("model.norm", hidden, bias=False))
     b.matmul(b.linear("lm_head", hidden, vocab_size, bias=False)[0])
     return b.build(name, source)
+
+
+# Today's Llama shapes: (layers, hidden, FFN, vocabulary, heads, KV heads, context) from the
+# published configs: Meta's params.json / Hugging Face config.json (hidden_size,
+# intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size,
+# max_position_embeddings as torchtitan trains them: 8192 for Llama 3, 4096 for Llama 2).
+LLAMA_CONFIGS = {
+    "llama3-8b": (32, 4096, 14336, 128256, 32, 8, 8192,
+                  "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"),
+    "llama3-70b": (80, 8192, 28672, 128256, 64, 8, 8192,
+                   "https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json"),
+    "llama2-13b": (40, 5120, 13824, 32000, 40, 40, 4096,
+                   "https://huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json"),
+    "llama2-70b": (80, 8192, 28672, 32000, 64, 8, 4096,
+                   "https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json"),
+}
+
+
+def _llama(name: str) -> Callable[[], Layout]:
+    layers, hidden, ffn, vocab, heads, kv, _, source = LLAMA_CONFIGS[name]
+    return lambda: llama_layout(layers, hidden, ffn, vocab, name, source, heads, kv)
 
 
 SYNTHETIC_CHUNKS = 100  # an explicit modelling choice, explained in synthetic_layout
@@ -146,6 +172,7 @@ PRESETS: dict[str, Callable[[], Layout]] = {
         n_layer=24, n_embd=2048, n_positions=2048, name="gpt3-xl",
         source="Brown et al. 2020, Table 2.1 (GPT-3 XL), GPT-2 architecture"),
     "llama-7b": llama_layout,
+    **{name: _llama(name) for name in LLAMA_CONFIGS},
 }
 
 # Image classifiers, built at an image size (`topoprof.model.workload.vision`, which builds on the
@@ -166,9 +193,10 @@ PRESETS.update({name: _vision(name) for name in VISION_PRESETS})
 # Blocks and the longest sequence of each text preset (the configs cited in the layouts above: learned
 # position embeddings; LLaMA's context length), for timing them as torch modules without importing torch.
 # The vision presets have neither: they are timed whole (the largest, 88.8M parameters, fits any GPU).
-PRESET_DEPTH = {"gpt2": 12, "gpt2-medium": 24, "bert-base": 12, "gpt3-xl": 24, "llama-7b": 32}
-
-MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl": 2048, "llama-7b": 2048}
+PRESET_DEPTH = {"gpt2": 12, "gpt2-medium": 24, "bert-base": 12, "gpt3-xl": 24, "llama-7b": 32,
+                **{name: config[0] for name, config in LLAMA_CONFIGS.items()}}
+MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl": 2048, "llama-7b": 2048,
+               **{name: config[6] for name, config in LLAMA_CONFIGS.items()}}
 
 
 def is_vision(name: str | None) -> bool:
