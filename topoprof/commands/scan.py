@@ -13,7 +13,8 @@ from topoprof.errors import RunFailed, SavedElsewhere
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None)
 @click.option("--nproc", type=click.IntRange(min=1), default=None)
 @click.option("--params", help="Your model's size (125M, 1.3B, 7B); default: those three.")
-@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b; "
+@click.option("--preset", help="Your model's architecture: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b, llama3-8b, "
+                                "llama3-70b, llama2-13b, llama2-70b; "
                                 "image models resnet50, resnet101, resnext50_32x4d, resnext101_32x8d.")
 @click.option("--image-size", type=click.IntRange(min=1),
               help="Square image side in pixels for an image --preset (default 224).")
