@@ -257,3 +257,19 @@ def test_grouped_query_attention_shrinks_k_and_v_only():
                       "model.layers.0.self_attn.k_proj.weight": (1024, 4096),
                       "model.layers.0.self_attn.v_proj.weight": (1024, 4096),
                       "model.layers.0.self_attn.o_proj.weight": (4096, 4096)}
+
+
+def test_activation_checkpointing_modes_parse_as_torchtitan_names_them():
+    from topoprof.model.workload.checkpointing import Checkpointing, parse_checkpointing
+
+    assert parse_checkpointing(None) == Checkpointing("none")
+    assert parse_checkpointing("layer:1") == Checkpointing("full")          # every block: full
+    every_other = parse_checkpointing("layer:2")
+    assert every_other.text == "layer:2"
+    # torchtitan counts blocks from 1 and wraps when the count divides by N: the 2nd, 4th, ...
+    assert [every_other.wraps(i) for i in range(4)] == [False, True, False, True]
+    assert all(parse_checkpointing("full").wraps(i) for i in range(3))
+    assert not parse_checkpointing("op").wraps(0) and not parse_checkpointing("none").wraps(0)
+    for bad in ("layer:0", "layer:x", "some", "selective"):
+        with pytest.raises(InputError, match="activation-checkpointing"):
+            parse_checkpointing(bad)
