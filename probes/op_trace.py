@@ -71,6 +71,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from probes.user_callable import call_user_callable, load_callable, parameter_list, to_device, user_loss
+
 aten = torch.ops.aten
 
 # What a user's callable may take to build its model and batch at the stated shape.
@@ -310,8 +312,6 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
     `check_target`) runs it as that device would (`_TargetLens`); None: as meta runs it."""
     import contextlib
 
-    from probes.user_model import user_loss
-
     target = check_target(target)
     lens = None if target is None else _TargetLens(target["device"], AUTOCAST_DTYPES.get(target["precision"]))
     tracer = OpTracer()
@@ -397,8 +397,6 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for."""
-    from probes.user_model import call_user_callable, load_callable, parameter_list, to_device
-
     def one_pass(for_target):
         shape = shape_kwargs(load_callable(spec), stated)
         with torch.device("meta"):

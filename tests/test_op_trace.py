@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from probes.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
-from probes.user_model import call_user_callable, parameter_list  # noqa: E402
+from probes.user_callable import call_user_callable, parameter_list  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
 TIED = os.path.join(FIXTURES, "tied.py")
@@ -99,7 +99,7 @@ def test_the_ops_add_up_to_the_totals_and_the_aggregate():
 def test_flops_equal_flop_counter_modes_own_count():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from probes.user_model import user_loss
+    from probes.user_callable import user_loss
 
     kwargs = {"preset": "gpt2", "n_layer": 1}
     traced = trace_user_model("probes.preset_models:build", {"micro_batch": 2, "seq_len": 16}, kwargs)
