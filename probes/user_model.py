@@ -126,7 +126,12 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     gradients comes from the last warm-up pass, so that no timed pass carries a hook per tensor."""
     import torch
 
+    from probes.meta_device import has_meta_tensors
+
     module, batch, loss_fn = call_user_callable(spec, kwargs)
+    if has_meta_tensors(module, batch):
+        raise UserModelError("meta", f"{spec}() built its model or batch on the meta device: there is no data "
+                             "to time here; it can only be traced (topoprof.measure.op_trace.trace_model)")
     module, batch = module.to(device), to_device(batch, device)
     params = list(module.parameters())
     trainable = [p for p in params if p.requires_grad]
