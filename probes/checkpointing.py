@@ -24,9 +24,10 @@ import torch
 
 VALID_MODES = "none, full, layer:N (N a positive integer) or op"
 
-# torchtitan's `_save_list` (parallelize_llama.py; the cuDNN attention added in its later
-# `_op_sac_save_list`): matmuls, the fused attention kernels, the reduce-scatter of tensor
-# parallelism, and `max` (kept for float8's scales).
+# torchtitan's `_save_list` (torchtitan/models/llama3/parallelize_llama.py; the cuDNN attention
+# as in its later `_op_sac_save_list`, torchtitan/models/llama3/infra/parallelize.py): matmuls,
+# the fused attention kernels, the reduce-scatter of tensor parallelism, and `max` (kept for
+# float8's scales).
 SAVE_LIST = frozenset({
     torch.ops.aten.mm.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
