@@ -28,21 +28,10 @@ expanded size, an upper bound on what the kernel fetches. The trace runs in each
 dtype: autocast has no meta backend, so a bf16 run's bytes are not what this counts.
 
 The device the trace stands for (`target`: {"device": "cuda" or "cpu", "precision": "bf16",
-"fp16" or "fp32"}) decides two things the meta device cannot (`_TargetLens`, a TorchFunctionMode
-above autograd, so that the backward follows):
-- attention: `scaled_dot_product_attention` on meta takes torch's math path (`_fused_sdp_choice_meta`
-  in aten/src/ATen/native/transformers/attention.cpp answers "math" without a CUDA key), which
-  materializes the scores; on the device torch runs one fused kernel forward and one backward.
-  The lens calls the one that device runs: on CUDA `_scaled_dot_product_flash_attention` (16-bit,
-  no mask) or `_scaled_dot_product_efficient_attention` (fp32 or a mask), on the CPU
-  `_scaled_dot_product_flash_attention_for_cpu`;
-- precision: on CUDA with bf16/fp16 the forward runs under autocast, which has no meta kernel;
-  the lens applies CUDA autocast's cast policy (aten/src/ATen/autocast_mode.cpp, its
-  `KERNEL_CUDA` lists: lower_precision_fp, fp32, fp32_set_opt_dtype) by function name, with
-  autocast's cache of casted leaf weights, so the trace holds the casts and the 16-bit bytes a
-  bf16 step moves. A CPU target runs in fp32, as CPU ranks train. Where a 16-bit pass fails (a
-  composite the policy by name does not reach), the pass runs again in fp32 and says why
-  (`autocast_failure`): its FLOPs still order the gradients; its bytes are not a 16-bit step's.
+"fp16" or "fp32"}) decides the attention kernel and, on CUDA in 16-bit, autocast's casts
+(`probes/target_lens.py`). Where a 16-bit pass fails (a composite the policy by name does not
+reach), the pass runs again in fp32 and says why (`autocast_failure`): its FLOPs still order the
+gradients; its bytes are not a 16-bit step's.
 Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
 by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
 whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.compute.roofline`).
@@ -54,22 +43,45 @@ output: 2 x C_in x C_out x ..., where the weight gradient is 2 x C_in/groups x C
 the CPU's fused attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward) counts
 as the CUDA flash kernels' formulas do (the same attention, which `flop_registry` leaves out).
 
+Activation checkpointing runs as torch runs it (`torch.utils.checkpoint`, reentrant or not, with
+or without `create_selective_checkpoint_contexts`; `probes/checkpointing.py` applies the modes
+the tool names): the forward keeps what checkpointing keeps, and the backward recomputes inside
+the engine. Recomputed ops stay in the backward phase (they take backward time, and they come
+before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
+
+Memory (`memory`): `activations_bytes` is what stays in memory from the end of the forward to
+the start of the backward, of what the pass itself allocated: autograd's saved tensors, the
+outputs checkpointing keeps (its saved inputs; selective checkpointing's cache), and the loss;
+each storage once, a view counted as the storage it looks at; not the parameters, not the
+batch (both there before the forward and after the backward), and not autocast's copies of the
+weights (`param_copies_bytes`: they scale with the parameters, not the batch). That is what a
+memory plan adds per micro-batch; on a CPU it equals, within the loss, the bytes
+`probes/activation_bytes.py` hooks as saved for backward (`tests/test_activation_bytes.py`).
+`peak_bytes` is the most the pass held at once, copies included.
+
 The user's model is built under `torch.device("meta")` at the stated micro-batch and sequence
 length when its callable takes `micro_batch` / `seq_len` (as `probes/preset_models.py:build`
-does), else with its example batch as it is. Anything that cannot run on meta (an op without a
+does), else with its example batch as it is; a device its code names stays meta
+(`probes/meta_device.py`), and a module or batch it built on meta itself is used as it is. Nothing
+of the model runs for real: `topoprof/measure/op_trace.py` runs this pass alone in a worker, for a
+model that is never to be timed on this machine. Anything that cannot run on meta (an op without a
 meta kernel, `.item()` or a data-dependent shape) gives a `failure` reason instead of raising:
 the caller then keeps the measured order and says why.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
+from probes.meta_device import on_meta
+from probes.target_lens import AUTOCAST_DTYPES, TargetLens, check_target
+from probes.user_callable import call_user_callable, load_callable, parameter_list, to_device, user_loss
 
 aten = torch.ops.aten
 
@@ -131,6 +143,15 @@ def _is_causal(func, args, kwargs) -> bool:
     return False
 
 
+def _storage_key(t) -> int | None:
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return id(t.untyped_storage())
+    except (RuntimeError, NotImplementedError):  # a tensor without a storage (a subclass): not counted
+        return None
+
+
 class LiveBytes:
     """The bytes of the storages a pass allocated that are still alive, and their peak.
 
@@ -145,17 +166,15 @@ class LiveBytes:
         self.live = self.peak = self.param_copies = 0
         self._held: set[int] = set()
 
-    def allocated(self, out, param_copy: bool = False) -> None:
+    def allocated(self, out, param_copy: bool = False, written=()) -> None:
+        """`out`'s storages, where new: `written` are the inputs a mutating op wrote (its in-place
+        or out= result is one of them: a buffer's `add_` allocates nothing)."""
+        mutated = {key for t in tree_leaves(written) if (key := _storage_key(t)) is not None}
         for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
+            key = _storage_key(t)  # one Python object per live storage, kept while the storage lives
+            if key is None or key in self._held or key in mutated:  # an in-place result, or one already counted
                 continue
-            try:
-                storage = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # a tensor without a storage (a subclass): not counted
-                continue
-            key = id(storage)  # one Python object per live storage, kept while the storage lives
-            if key in self._held:  # an in-place op's output, or one already counted
-                continue
+            storage = t.untyped_storage()
             self._held.add(key)
             size = storage.nbytes()
             self._count(size, param_copy)
@@ -171,18 +190,31 @@ class LiveBytes:
         self._count(size, param_copy)
 
 
-class OpTracer(TorchDispatchMode):
-    """Records each aten op with its phase, FLOPs and bytes; `phase` is set by the caller."""
+def _recomputing() -> bool:
+    """Whether an op in backward is activation checkpointing's recompute: the autograd engine runs
+    backward nodes with grad mode off (a backward that builds no graph), and checkpointing runs
+    its recompute inside the engine with grad mode on (torch/utils/checkpoint.py: `enable_grad`
+    in CheckpointFunction.backward and in the non-reentrant unpack hook). The gradient seed
+    `backward()` makes before the engine starts is not one (no graph task yet)."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
 
-    def __init__(self) -> None:
+
+class OpTracer(TorchDispatchMode):
+    """Records each aten op with its phase, FLOPs and bytes; `phase` is set by the caller. With
+    the target's lens, each op first lets the lens drop casts whose autocast region has ended."""
+
+    def __init__(self, lens: TargetLens | None = None) -> None:
         super().__init__()
         self.phase = "forward"
         self.ops: list[dict] = []
         self.flops = {"forward": 0, "backward": 0}
         self.memory = LiveBytes()
+        self.lens = lens
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.lens is not None:
+            self.lens.leave_ended_region()
         # As FlopCounterMode does: decompose what can be, so that its parts are what is counted.
         if func is not torch.ops.prim.device.default:
             with self:
@@ -199,139 +231,53 @@ class OpTracer(TorchDispatchMode):
             op["shapes"] = [list(t.shape) for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
         if func in _ATTENTION:
             op["causal"] = _is_causal(func, args, kwargs)
+        if self.phase == "backward" and _recomputing():
+            op["recompute"] = True
         if not view:
             op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             op["inplace"] = func._schema.is_mutable
-            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]))
+            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
+                                  written=(args, kwargs) if op["inplace"] else ())
         self.ops.append(op)
         self.flops[self.phase] += flops
         return out
 
 
-# CUDA autocast's policy (aten/src/ATen/autocast_mode.cpp, `TORCH_LIBRARY_IMPL(aten, AutocastCUDA, m)`),
-# by the names torch's Python functions and Tensor methods carry: run in the 16-bit dtype
-# (lower_precision_fp), in fp32 (fp32), or with fp32 as the result dtype (fp32_set_opt_dtype).
-_LOWER_PRECISION = frozenset({
-    "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "convolution", "prelu", "addmm", "addmv", "addr", "matmul", "__matmul__", "__rmatmul__", "einsum", "mm",
-    "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "multi_dot",
-    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "scaled_dot_product_attention"})
-_FP32 = frozenset({
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
-    "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "frobenius_norm",
-    "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
-    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
-    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
-    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    # F.cross_entropy is log_softmax (fp32_set_opt_dtype) then nll_loss (fp32): it runs in fp32
-    "cross_entropy"})
-_FP32_RESULT = frozenset({"prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm",
-                          "linalg_matrix_norm", "sum"})
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class _TargetLens(TorchFunctionMode):
-    """What the target device runs where meta cannot tell (module docstring): the fused attention
-    kernel, and on CUDA in 16-bit, autocast's casts. `autocast` is switched by the caller: on
-    for the forward and the loss, as `torch.autocast` wraps them."""
-
-    def __init__(self, device: str, autocast_dtype=None):
-        super().__init__()
-        self.device, self.dtype, self.autocast = device, autocast_dtype, False
-        self._cache: dict[int, torch.Tensor] = {}
-
-    def clear_cache(self) -> None:
-        """As leaving a `torch.autocast` region clears its cache (autocast_mode.cpp, clear_cache)."""
-        self._cache.clear()
-
-    def _cast(self, values, dtype):
-        def one(t):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype in (dtype, torch.float64):
-                return t
-            # autocast's cached_cast: a leaf fp32 weight that needs its gradient is cast once per region
-            cache = dtype == self.dtype and t.dtype == torch.float32 and t.is_leaf and t.requires_grad
-            if cache and id(t) in self._cache:
-                return self._cache[id(t)]
-            casted = t.to(dtype)
-            if cache:
-                self._cache[id(t)] = casted
-            return casted
-        return tree_map(one, values)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        name = getattr(func, "__name__", "")
-        if self.autocast and self.dtype is not None:
-            if name in _LOWER_PRECISION:
-                args, kwargs = self._cast((args, kwargs), self.dtype)
-            elif name in _FP32:
-                args, kwargs = self._cast((args, kwargs), torch.float32)
-            elif name in _FP32_RESULT and "dtype" not in kwargs and any(
-                    isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16) for t in tree_leaves(args)):
-                kwargs["dtype"] = torch.float32
-        if name == "scaled_dot_product_attention":
-            fused = self._fused_attention(args, kwargs)
-            if fused is not None:
-                return fused
-        return func(*args, **kwargs)
-
-    def _fused_attention(self, args, kwargs):
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-        bound = {**dict(zip(names, args)), **kwargs}
-        q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
-        mask, dropout = bound.get("attn_mask"), bound.get("dropout_p", 0.0)
-        causal, scale = bool(bound.get("is_causal", False)), bound.get("scale")
-        if bound.get("enable_gqa") or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
-            return None
-        try:
-            if self.device == "cpu":
-                return aten._scaled_dot_product_flash_attention_for_cpu(
-                    q, k, v, dropout, causal, attn_mask=mask, scale=scale)[0]
-            if mask is None and q.dtype in (torch.bfloat16, torch.float16):
-                return aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, scale=scale)[0]
-            return aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, dropout, causal, scale=scale)[0]
-        except Exception:  # noqa: BLE001 - a shape or option the kernel refuses: torch's own path stands
-            return None
-
-
-def check_target(target: dict | None) -> dict | None:
-    """{"device": "cuda"|"cpu", "precision": "bf16"|"fp16"|"fp32"}; a CPU trains in fp32."""
-    if target is None:
-        return None
-    device, precision = target.get("device"), target.get("precision", "fp32")
-    if device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"op trace target {target!r}: device cuda or cpu, precision bf16, fp16 or fp32")
-    return {"device": device, "precision": "fp32" if device == "cpu" else precision}
+def backward_with_modes_on(loss) -> None:
+    """`loss.backward()`, with the torch function modes now on (the target's lens, the meta
+    device's) still on in the engine, for checkpointing's recompute, which must build, cast and
+    attend as the forward did. `Tensor.backward` and `torch.autograd.backward` are torch functions:
+    each hands itself to the innermost mode first, and a mode is off while its own handler runs,
+    so either would start the engine without it. The engine is started here as
+    `torch.autograd.backward` starts it (torch/autograd/__init__.py: a seed of ones, then
+    `_engine_run_backward`), past that hand-off."""
+    seed = torch.ones_like(loss)
+    torch.autograd.graph._engine_run_backward((loss,), (seed,), False, False, (),
+                                              allow_unreachable=True, accumulate_grad=True)
 
 
 def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None) -> dict:
     """One forward and backward of `module` under the tracer; `params` is the parameter list
     whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
-    `check_target`) runs it as that device would (`_TargetLens`); None: as meta runs it."""
-    import contextlib
-
-    from probes.user_model import user_loss
-
+    `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it."""
     target = check_target(target)
-    lens = None if target is None else _TargetLens(target["device"], AUTOCAST_DTYPES.get(target["precision"]))
-    tracer = OpTracer()
+    lens = None if target is None else TargetLens(target["device"], AUTOCAST_DTYPES.get(target["precision"]))
+    tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
     handles = [p.register_post_accumulate_grad_hook(
         lambda _p, i=i: ready.append((i, tracer.flops["backward"]))) for i, p in enumerate(params)
         if p.requires_grad]
     try:
         with lens if lens is not None else contextlib.nullcontext(), tracer:
+            with lens.region() if lens is not None else contextlib.nullcontext():
+                loss = user_loss(module, batch, loss_fn)
             if lens is not None:
-                lens.autocast = True
-            loss = user_loss(module, batch, loss_fn)
-            if lens is not None:
-                lens.autocast = False
                 lens.clear_cache()  # autocast's cached casts go when its region ends
-            # what the backward reads (and the loss), less the parameters' copies
+            # what stays for the backward (module docstring), less the parameters' copies
             held = {"activations_bytes": tracer.memory.live - tracer.memory.param_copies,
                     "param_copies_bytes": tracer.memory.param_copies}
             tracer.phase = "backward"
-            loss.backward()
+            backward_with_modes_on(loss)
     finally:
         for h in handles:
             h.remove()
@@ -344,11 +290,16 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
 
 
 def aggregate(ops: list[dict]) -> list[dict]:
-    """The ops summed by name and phase, the most FLOPs first (then the most bytes)."""
-    rows: dict[tuple[str, str], dict] = {}
+    """The ops summed by name and phase (recomputed ones apart), the most FLOPs first (then the
+    most bytes)."""
+    rows: dict[tuple[str, str, bool], dict] = {}
     for op in ops:
-        row = rows.setdefault((op["name"], op["phase"]), {"name": op["name"], "phase": op["phase"], "count": 0,
-                                                          "flops": 0, "bytes_read": 0, "bytes_written": 0})
+        recompute = op.get("recompute", False)
+        row = rows.get((op["name"], op["phase"], recompute))
+        if row is None:
+            row = rows[(op["name"], op["phase"], recompute)] = {
+                "name": op["name"], "phase": op["phase"], "count": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0,
+                **({"recompute": True} if recompute else {})}
         row["count"] += 1
         for key in ("flops", "bytes_read", "bytes_written"):
             row[key] += op[key]
@@ -356,12 +307,15 @@ def aggregate(ops: list[dict]) -> list[dict]:
 
 
 def totals(ops: list[dict]) -> dict:
-    out = {phase: {"ops": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0} for phase in ("forward", "backward")}
+    """Per phase, and for the recompute within the backward."""
+    out = {part: {"ops": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0}
+           for part in ("forward", "backward", "recompute")}
     for op in ops:
-        row = out[op["phase"]]
-        row["ops"] += 1
-        for key in ("flops", "bytes_read", "bytes_written"):
-            row[key] += op[key]
+        for part in (op["phase"], "recompute") if op.get("recompute") else (op["phase"],):
+            row = out[part]
+            row["ops"] += 1
+            for key in ("flops", "bytes_read", "bytes_written"):
+                row[key] += op[key]
     return out
 
 
@@ -392,18 +346,22 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
+def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = None):
+    """(module, batch, loss_fn, the shape kwargs given) of the user's callable, all on meta; to be
+    called, and the pass run, inside `probes.meta_device.on_meta()` (module docstring)."""
+    shape = shape_kwargs(load_callable(spec), stated)
+    module, batch, loss_fn = call_user_callable(spec, {**(kwargs or {}), **shape})
+    return module.to("meta"), to_device(batch, "meta"), loss_fn, shape
+
+
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
                      target: dict | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for."""
-    from probes.user_model import call_user_callable, load_callable, parameter_list, to_device
-
     def one_pass(for_target):
-        shape = shape_kwargs(load_callable(spec), stated)
-        with torch.device("meta"):
-            module, batch, loss_fn = call_user_callable(spec, {**(kwargs or {}), **shape})
-            module, batch = module.to("meta"), to_device(batch, "meta")
+        with on_meta():
+            module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target)
 
     target = check_target(target)
@@ -428,8 +386,9 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
 
 
 def run_rank(ctx, config: dict) -> None:
-    """Worker `op_trace`: the pass alone, for a model nothing times here (a preset or `--params`
-    predicted for a GPU that is not here); emits `op_trace` with the trace or its failure."""
+    """Worker `op_trace`: the pass alone, for a model nothing times here (a preset, `--params` or a
+    user's `--model` predicted for a GPU that is not here, or built on meta); emits `op_trace`
+    with the trace or its failure. Nothing of the model runs for real."""
     import os
 
     if ctx.rank != 0:

@@ -6,8 +6,9 @@ The modules follow the Hugging Face architectures that `topoprof/model/workload/
 by tensor (GPT2LMHeadModel, BertModel with its pooler, LlamaForCausalLM): the same parameter
 names, shapes and registration order, so the measured buckets and the preset's layout agree
 (`tests/test_preset_models.py` checks it on the meta device). Attention is PyTorch's fused
-`scaled_dot_product_attention`, as HF uses by default (`attn_implementation="sdpa"`); LLaMA's
-rotary position embedding has no parameters and a small share of the FLOPs, and is left out.
+`scaled_dot_product_attention`, as HF uses by default (`attn_implementation="sdpa"`). The LLaMA
+family (LLaMA 1 7B, Llama 2 13B and 70B, Llama 3 8B and 70B: grouped-query attention, SwiGLU,
+RMSNorm, rotary embedding, untied head) is `probes/llama_models.py`, from the published configs.
 
 `n_layer` builds fewer blocks: a model too large for one GPU is timed at two depths and
 extrapolated linearly in the block count (`topoprof/model/scaled.py`).
@@ -20,9 +21,14 @@ loss is cross-entropy over 1000 classes, BN in training mode as the module is bu
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from probes.checkpointing import apply_activation_checkpointing, children_of
+from probes.llama_models import LLAMA_CONFIGS, Llama
 
 
 def _causal_attention(q, k, v, heads: int):
@@ -85,6 +91,8 @@ class _Gpt2Body(nn.Module):
 class Gpt2(nn.Module):
     """GPT2LMHeadModel: the LM head is tied to the token embedding (no parameter of its own)."""
 
+    BLOCKS = ("transformer.h",)  # the repeated blocks (`preset_blocks`)
+
     def __init__(self, n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257):
         super().__init__()
         self.transformer = _Gpt2Body(n_layer, n_embd, n_head, n_positions, vocab_size)
@@ -124,6 +132,8 @@ class _BertLayer(nn.Module):
 class Bert(nn.Module):
     """BertModel with its pooler (the pooler reads the [CLS] token only)."""
 
+    BLOCKS = ("encoder.layer",)
+
     def __init__(self, n_layer=12, hidden=768, intermediate=3072, heads=12, vocab_size=30522,
                  max_positions=512, type_vocab=2):
         super().__init__()
@@ -145,53 +155,6 @@ class Bert(nn.Module):
         for layer in self.encoder.layer:
             h = layer(h)
         return h, torch.tanh(self.pooler.dense(h[:, 0]))
-
-
-class _RmsNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
-
-    def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-class _LlamaLayer(nn.Module):
-    """Registers self_attn, mlp, then the two norms (as HF does); uses input_layernorm first."""
-
-    def __init__(self, d: int, inter: int, heads: int):
-        super().__init__()
-        self.self_attn = nn.Module()
-        for name in ("q", "k", "v", "o"):
-            setattr(self.self_attn, f"{name}_proj", nn.Linear(d, d, bias=False))
-        self.mlp = nn.Module()
-        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(d, inter, bias=False), nn.Linear(d, inter, bias=False)
-        self.mlp.down_proj = nn.Linear(inter, d, bias=False)
-        self.input_layernorm, self.post_attention_layernorm = _RmsNorm(d), _RmsNorm(d)
-        self.heads = heads
-
-    def forward(self, x):
-        a, h = self.self_attn, self.input_layernorm(x)
-        x = x + a.o_proj(_causal_attention(a.q_proj(h), a.k_proj(h), a.v_proj(h), self.heads))
-        h, m = self.post_attention_layernorm(x), self.mlp
-        return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
-
-
-class Llama(nn.Module):
-    def __init__(self, n_layer=32, hidden=4096, intermediate=11008, heads=32, vocab_size=32000):
-        super().__init__()
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(vocab_size, hidden)
-        self.model.layers = nn.ModuleList(_LlamaLayer(hidden, intermediate, heads) for _ in range(n_layer))
-        self.model.norm = _RmsNorm(hidden)
-        self.lm_head = nn.Linear(hidden, vocab_size, bias=False)
-
-    def forward(self, tokens):
-        h = self.model.embed_tokens(tokens)
-        for layer in self.model.layers:
-            h = layer(h)
-        return self.lm_head(self.model.norm(h))
 
 
 def _next_token_loss(logits, tokens):
@@ -230,6 +193,8 @@ class _Bottleneck(nn.Module):
 
 class ResNet(nn.Module):
     """torchvision's ResNet with Bottleneck blocks (resnet50/101, resnext50_32x4d, resnext101_32x8d)."""
+
+    BLOCKS = ("layer1", "layer2", "layer3", "layer4")  # the residual blocks, stage by stage
 
     def __init__(self, blocks=(3, 4, 6, 3), groups=1, width_per_group=64, num_classes=1000):
         super().__init__()
@@ -275,7 +240,7 @@ PRESET_MODULES = {
     "bert-base": (Bert, {"n_layer": 12}, 30522, _bert_loss),
     # 2048 / 16 heads = 128 per head, GPT-3's d_head (its table's 24 heads would not divide 2048)
     "gpt3-xl": (Gpt2, {"n_layer": 24, "n_embd": 2048, "n_head": 16, "n_positions": 2048}, 50257, _next_token_loss),
-    "llama-7b": (Llama, {"n_layer": 32}, 32000, _next_token_loss),
+    **{name: (Llama, config.kwargs(), config.vocab_size, _next_token_loss) for name, config in LLAMA_CONFIGS.items()},
     # torchvision's resnet50, resnet101, resnext50_32x4d, resnext101_32x8d
     "resnet50": (ResNet, {"blocks": (3, 4, 6, 3)}, None, _classification_loss),
     "resnet101": (ResNet, {"blocks": (3, 4, 23, 3)}, None, _classification_loss),
@@ -288,24 +253,47 @@ DEFAULT_IMAGE_SIZE = 224  # torchvision's ImageNet training crop, as topoprof/mo
 
 
 
-def build(preset: str, micro_batch: int = 1, seq_len: int = 1024, n_layer: int | None = None, seed: int = 0,
-          image_size: int | None = None):
+# The sequence each text preset was trained at (its position table, or its release's context),
+# read when no seq_len is given: GPT-2's n_positions 1024, BERT's max_position_embeddings 512,
+# GPT-3's context 2048 (Brown et al. 2020, Table 2.1); the LLaMA family's in LLAMA_CONFIGS.
+DEFAULT_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl": 2048,
+                   **{name: config.seq_len for name, config in LLAMA_CONFIGS.items()}}
+
+
+def preset_blocks(module: nn.Module) -> list[str]:
+    """A preset module's repeated blocks (qualified names, in forward order): what activation
+    checkpointing wraps."""
+    return [name for container in type(module).BLOCKS for name in children_of(module, container)]
+
+
+def build(preset: str, micro_batch: int = 1, seq_len: int | None = None, n_layer: int | None = None, seed: int = 0,
+          image_size: int | None = None, ac: str = "none", sizes: dict | None = None):
     """(module, example_batch, loss_fn) of a preset at its real size (or with `n_layer` blocks).
-    A text preset reads `micro_batch` x `seq_len` tokens; an image preset `micro_batch` images of
-    3 x `image_size` x `image_size` (default 224; `seq_len` and `n_layer` do not apply)."""
+    A text preset reads `micro_batch` x `seq_len` tokens (default DEFAULT_SEQ_LEN); an image
+    preset `micro_batch` images of 3 x `image_size` x `image_size` (default 224; `seq_len` and
+    `n_layer` do not apply). `ac`: activation checkpointing of its blocks (`probes/checkpointing.py`);
+    `sizes`: its module's arguments changed (e.g. {"hidden": 256, "vocab_size": 1024}), for a
+    smaller model of the same design."""
     cls, kwargs, vocab, loss = PRESET_MODULES[preset]
+    unknown = set(sizes or {}) - set(inspect.signature(cls).parameters)
+    if unknown:
+        raise ValueError(f"{preset}: sizes {sorted(unknown)} are not arguments of {cls.__name__}")
+    kwargs = {**kwargs, **(sizes or {})}
     torch.manual_seed(seed)
     if vocab is None:
         if n_layer is not None:
             raise ValueError(f"{preset} is timed whole: n_layer does not apply")
         size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
-        return cls(**kwargs), torch.randn(micro_batch, 3, size, size), loss
-    if image_size is not None:
-        raise ValueError(f"{preset} reads tokens: image_size does not apply")
-    if n_layer is not None:
-        kwargs = {**kwargs, "n_layer": n_layer}
-    tokens = torch.randint(0, vocab, (micro_batch, seq_len))
-    return cls(**kwargs), tokens, loss
+        module, batch = cls(**kwargs), torch.randn(micro_batch, 3, size, size)
+    else:
+        if image_size is not None:
+            raise ValueError(f"{preset} reads tokens: image_size does not apply")
+        if n_layer is not None:
+            kwargs = {**kwargs, "n_layer": n_layer}
+        vocab = kwargs.get("vocab_size", vocab)
+        module = cls(**kwargs)
+        batch = torch.randint(0, vocab, (micro_batch, DEFAULT_SEQ_LEN[preset] if seq_len is None else seq_len))
+    return apply_activation_checkpointing(module, ac, preset_blocks(module)), batch, loss
 
 
 def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed: int = 0):

@@ -249,7 +249,7 @@ def _trainee(cfg, user_model: str | None, device: str):
     if user_model is None:
         model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp])
         return model.to(device), None, training.mean_loss
-    from probes.user_model import call_user_callable, to_device, user_loss
+    from probes.user_callable import call_user_callable, to_device, user_loss
 
     module, batch, loss_fn = call_user_callable(user_model)
     return module.to(device), to_device(batch, device), lambda m, b: user_loss(m, b, loss_fn)

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from probes.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
-from probes.user_model import call_user_callable, parameter_list  # noqa: E402
+from probes.user_callable import call_user_callable, parameter_list  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
 TIED = os.path.join(FIXTURES, "tied.py")
@@ -99,7 +99,7 @@ def test_the_ops_add_up_to_the_totals_and_the_aggregate():
 def test_flops_equal_flop_counter_modes_own_count():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from probes.user_model import user_loss
+    from probes.user_callable import user_loss
 
     kwargs = {"preset": "gpt2", "n_layer": 1}
     traced = trace_user_model("probes.preset_models:build", {"micro_batch": 2, "seq_len": 16}, kwargs)
@@ -248,3 +248,67 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
 
     modelled, why = priced(traced, "h100-sxm", "bf16", False)
     assert modelled == {} and "ran in fp32, not bf16" in why and "mixed dtypes" in why
+
+
+# ---- a model that checkpoints its own blocks, and one built on (or moved off) meta ----------
+
+CHECKPOINTED = os.path.join(FIXTURES, "checkpointed.py")
+BF16 = {"device": "cuda", "precision": "bf16"}
+
+
+@pytest.mark.parametrize("name", ["reentrant", "non_reentrant", "selective"])
+@pytest.mark.parametrize("target", [BF16, {"device": "cuda", "precision": "fp32"}, {"device": "cpu"}])
+def test_a_model_that_checkpoints_is_traced_as_it_runs(name, target):
+    # in bf16 the recompute runs in the backward's engine, where the lens was off: non-reentrant
+    # checkpointing refused its fp32 recompute (CheckpointError), reentrant recomputed in fp32
+    traced = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=target)
+    assert "failure" not in traced and "autocast_failure" not in traced and traced["target"]["precision"] == \
+        target.get("precision", "fp32")
+    recomputed = [op for op in traced["ops"] if op.get("recompute")]
+    assert recomputed and all(op["phase"] == "backward" for op in recomputed)
+    assert traced["totals"]["recompute"]["ops"] == len(recomputed)
+    assert traced["totals"]["recompute"]["flops"] == sum(op["flops"] for op in recomputed) > 0
+    assert not any(op["name"] == "aten.ones_like.default" for op in recomputed)  # the gradient seed is none
+    names = {op["name"] for op in recomputed}
+    if target == BF16:  # recomputed as the forward ran: autocast's casts, the fused kernel
+        assert "aten._to_copy.default" in names and "aten._scaled_dot_product_flash_attention.default" in names
+    if name == "selective":  # its policy keeps the matmuls: none is recomputed
+        assert "aten.mm.default" not in names
+    else:
+        assert "aten.mm.default" in names
+
+
+def test_checkpointing_keeps_less_and_recomputes_what_it_dropped():
+    stated = {"micro_batch": 2, "seq_len": 16}
+    plain, full, selective = (trace_user_model(f"{CHECKPOINTED}:{n}", stated, target=BF16)
+                              for n in ("plain", "non_reentrant", "selective"))
+    held = [t["memory"]["activations_bytes"] for t in (full, selective, plain)]
+    assert held == sorted(held) and held[0] < held[2]
+    assert plain["totals"]["recompute"]["ops"] == 0
+    assert plain["totals"]["forward"]["flops"] == full["totals"]["forward"]["flops"]
+    assert [p["name"] for p in plain["params"]] == [p["name"] for p in full["params"]]
+
+
+@pytest.mark.parametrize("name", ["built_on_meta", "moved_to_a_device", "meta_only"])
+def test_a_model_built_on_meta_or_moved_to_a_device_is_traced(name):
+    # `Net().to("cpu")` under the pass's meta device was "Cannot copy out of meta tensor"
+    traced = trace_user_model(f"{META}:{name}", {"micro_batch": 3, "seq_len": 5}, target=BF16)
+    assert "failure" not in traced and traced["shape"] == "3x5 (micro_batch=3, seq_len=5)"
+    assert traced["ready"]
+
+
+def test_a_model_built_on_meta_cannot_be_timed_and_says_so():
+    from probes.user_model import measure
+    from probes.user_callable import UserModelError
+
+    with pytest.raises(UserModelError) as err:
+        measure(f"{META}:built_on_meta", "cpu", 1)
+    assert err.value.kind == "meta" and "meta device" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_trace_worker_never_runs_the_model_here():
+    # the worker a what-if asks for: the model's forward refuses real data, and still traces
+    from topoprof.measure.op_trace import trace_model
+
+    traced = trace_model(f"{META}:meta_only", None, {"micro_batch": 2, "seq_len": 8}, BF16, timeout_s=120)
+    assert "failure" not in traced and traced["device"] == "meta" and traced["ready"]

@@ -28,7 +28,7 @@ def record():
 _TORCH_BUCKETS = """
 import json, sys, tempfile
 import torch, torch.distributed as dist
-from probes.user_model import call_user_callable, user_loss
+from probes.user_callable import call_user_callable, user_loss
 spec, cap = sys.argv[1], json.loads(sys.argv[2])
 module, batch, loss_fn = call_user_callable(spec)
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
@@ -64,7 +64,7 @@ def test_parameters_as_ddp_sees_them(record):
     assert [p["requires_grad"] for p in record["params"] if p["name"].startswith("frozen")] == [False, False]
     layout = user_layout(record)
     assert not any(t.name.startswith("frozen") for t in layout.tensors)
-    from probes.user_model import call_user_callable
+    from probes.user_callable import call_user_callable
 
     module = call_user_callable(f"{FIXTURE}:build")[0]
     assert layout.params == sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -139,7 +139,7 @@ def test_validate_trains_the_user_model_in_every_mode():
     doc = json.loads(proc.stdout)
     assert doc["setup"]["spec"] == {"user_model": f"{FIXTURE}:build"}
     assert doc["label"] == f"user:{FIXTURE}:build"
-    from probes.user_model import call_user_callable
+    from probes.user_callable import call_user_callable
 
     module = call_user_callable(f"{FIXTURE}:build")[0]
     assert doc["setup"]["params"] == sum(p.numel() for p in module.parameters() if p.requires_grad)

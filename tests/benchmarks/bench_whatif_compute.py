@@ -118,7 +118,7 @@ def training_step(preset: str, kwargs: dict, device: str = "cpu"):
 
     from probes.dist import synchronize
     from probes.preset_models import build
-    from probes.user_model import to_device, user_loss
+    from probes.user_callable import to_device, user_loss
 
     module, batch, loss_fn = build(preset, **kwargs)
     module, batch = module.to(device), to_device(batch, device)

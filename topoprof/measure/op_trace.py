@@ -1,7 +1,9 @@
 """A model's pass on the meta device (`probes/op_trace.py`) in a process of its own (the `op_trace`
-worker), so that the CLI imports no torch: for a model nothing times here, a preset or `--params`
-predicted for a GPU that is not here. It never raises: what went wrong comes back as the
-trace's `failure`, and the caller keeps the datasheet range with that reason."""
+worker), so that the CLI imports no torch: for a model nothing times here, a preset, `--params`
+or a user's `--model` predicted for a GPU that is not here (a what-if never runs the model on
+this machine: the worker only traces, and a model the callable builds on meta can only be
+traced). It never raises: what went wrong comes back as the trace's `failure`, and the caller
+keeps the datasheet range with that reason."""
 from __future__ import annotations
 
 import os
