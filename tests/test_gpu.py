@@ -1,7 +1,7 @@
 """On the GPUs that are there: the real driver, NCCL, CUDA copies, bf16 training, a whole scan.
 
 Marked `gpu` and skipped, with the reason, where torch sees no CUDA GPU. `python
-tests/run_gpu_suite.py` runs them and writes one summary (README "GPU checks"); each test
+tests/run_gpu_suite.py` runs them and writes one summary (docs/gpu-checks.md); each test
 records what it measured with `record_property`, which the summary shows.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ the private directory deleted. `unavailable_reason()` says why it cannot run her
 packages, no namespaces); `ensure_packages()` installs the Debian packages where apt can.
 
 The same cluster can be brought up by hand: `python tests/helpers/slurm.py` prints the commands
-and keeps it running until Enter is pressed (README, "Development").
+and keeps it running until Enter is pressed (docs/multi-node.md, "A real SLURM cluster on one machine").
 """
 from __future__ import annotations
 

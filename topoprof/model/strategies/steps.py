@@ -4,7 +4,7 @@ Per micro-batch each GPU computes c = T_fwd + T_bwd; a step is k micro-batches t
 optimizer, T_opt. DDP overlaps all-reduce with backward through buckets (`topoprof.model.ddp.buckets`).
 Build `ModelInputs` from `Workload`, `Compute` and `Cluster`, then call `predict`; `sweep`,
 `hide_threshold` and `fixed_global_batch` answer "what would changing this gain me".
-The README section "How the model works" states each formula with its source.
+docs/model.md states each formula with its source.
 
 Here: each strategy's step from resolved inputs (`step_times`), the formulas,
 the assumptions, and DDP's cost by part.
