@@ -32,6 +32,12 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 from probes import training
 from topoprof.model.fsdp.timeline import FSDP_ONE_NODE, MODES
 
+# torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor to all_gather_single and
+# reduce_scatter_single, keeping the old names as aliases (distributed_c10d.py); FSDP's modes run
+# from torch 2.9 (topoprof.measure.torch_support), and 2.9 to 2.12 have only the old names
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
 # The wrappings the modes need: reshard_after_forward of the blocks.
 WRAPPINGS = {"full_shard": True, "shard_grad_op": False}
 
@@ -78,7 +84,7 @@ class TimedAllGather(AllGather):
                     slots[i].copy_(slots[self.clock.rank])
             self.clock.stand_in()
         else:
-            work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+            work = _all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
         self.clock.events.append(("all_gather", output_tensor.numel(), start, time.perf_counter()))
         return work
 
@@ -97,8 +103,8 @@ class TimedReduceScatter(ReduceScatter):
             output_tensor.copy_(input_tensor.view(self.clock.world_size, -1)[self.clock.rank])
             self.clock.stand_in()
         else:
-            work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
-                                              async_op=async_op)
+            work = _reduce_scatter(output=output_tensor, input=input_tensor, group=group, op=op,
+                                   async_op=async_op)
         self.clock.events.append(("reduce_scatter", input_tensor.numel(), start, time.perf_counter()))
         return work
 
@@ -229,9 +235,9 @@ def shadow_pass(model, tokens, accum: int, loss_of, reshard: bool, world_size: i
         part = torch.empty(numel // world_size, dtype=torch.float32, device=device)
         t0 = time.perf_counter()
         if kind == "all_gather":
-            dist.all_gather_single(whole, part.fill_(0.0))
+            _all_gather(whole, part.fill_(0.0))
         else:
-            dist.reduce_scatter_single(output=part, input=whole.fill_(0.0), op=dist.ReduceOp.AVG)
+            _reduce_scatter(output=part, input=whole.fill_(0.0), op=dist.ReduceOp.AVG)
         synchronize(device)
         events.append([kind, numel, time.perf_counter() - t0])
 

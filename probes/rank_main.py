@@ -2,15 +2,20 @@
 
 The launcher passes the job in TOPOPROF_JOB (a JSON file) and a pipe in TOPOPROF_RESULT_FD; the
 rank writes one JSON message per line to that pipe. stdout/stderr stay free for libraries (NCCL's
-INFO lines) and land in the rank's log file.
+INFO lines) and land in the rank's log file. TOPOPROF_LAUNCHER_PID names the launcher, which this
+rank must not outlive (`die_with_launcher`).
 """
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
+
+# <linux/prctl.h>: the signal a process gets when the thread that started it exits
+_PR_SET_PDEATHSIG = 1
 
 # worker name -> "module:function"; the function takes (ctx: RankContext, config: dict).
 WORKERS = {
@@ -94,7 +99,33 @@ def resolve(worker: str):
     return getattr(importlib.import_module(module), func)
 
 
+def die_with_launcher() -> None:
+    """Be killed when the launcher dies, even by SIGKILL; leave at once if it already has.
+
+    The launcher runs no Python between fork and exec (it may hold a CUDA context and threads), so
+    the rank arms PR_SET_PDEATHSIG itself, first thing, before torch is imported. The launcher may
+    have died before that: the rank then already belongs to init (or a subreaper) and its parent
+    is no longer the pid in TOPOPROF_LAUNCHER_PID. Checking after arming leaves no gap (prctl(2)).
+    """
+    launcher = os.environ.get("TOPOPROF_LAUNCHER_PID")
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            print(f"rank: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+    # Without prctl (not Linux) the launcher kills every rank's process group when it ends in any
+    # way Python sees (launch_local's `finally`, KeyboardInterrupt included). A SIGKILLed launcher
+    # cannot: its ranks then end at their next message, whose write to the result pipe fails
+    # (BrokenPipeError) with no reader left.
+    if launcher is not None and os.getppid() != int(launcher):
+        print(f"rank: the launcher (pid {launcher}) is gone (parent is now pid {os.getppid()}); "
+              "leaving", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
 def main() -> None:
+    die_with_launcher()
     with open(os.environ["TOPOPROF_JOB"]) as f:
         job = json.load(f)
     out = os.fdopen(int(os.environ["TOPOPROF_RESULT_FD"]), "w", buffering=1)

@@ -114,8 +114,63 @@ def test_stopped_rank_is_detected_as_hung_within_the_timeout():
     assert not _alive(stopped[0])
 
 
+def test_ranks_start_in_a_session_of_their_own_with_no_python_before_exec(monkeypatch):
+    """No preexec_fn (unsafe with threads and a CUDA context in the launcher, and it forces fork
+    over vfork/posix_spawn); setsid() comes from start_new_session, so each rank leads its own
+    session and process group, which the launcher kills whole."""
+    from topoprof.measure import launch
+
+    popen_kwargs = []
+    real_popen = subprocess.Popen
+
+    def spy(*args, **kwargs):
+        popen_kwargs.append(kwargs)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", spy)
+    seen = {}
+
+    def on_message(rank, msg):
+        if msg["type"] == "row":
+            seen[msg["pid"]] = (os.getsid(msg["pid"]), os.getpgid(msg["pid"]))
+
+    run = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30), on_message)
+    assert run.failure is None and len(popen_kwargs) == 2
+    assert all(kw.get("preexec_fn") is None and kw.get("start_new_session") is True for kw in popen_kwargs)
+    assert len(seen) == 2 and all(sid == pgid == pid for pid, (sid, pgid) in seen.items())
+    assert os.getsid(0) not in {sid for sid, _ in seen.values()}
+
+
+def _rank_alone(tmp_path, launcher_pid: int):
+    """Start probes.rank_main as a child of this process, naming `launcher_pid` as its launcher;
+    its job file does not exist, so a rank that went on would fail reading it."""
+    import probes.rank_main
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(probes.rank_main.__file__)))
+    env = dict(os.environ, PYTHONPATH=root, TOPOPROF_LAUNCHER_PID=str(launcher_pid),
+               TOPOPROF_JOB=str(tmp_path / "no-job.json"), TOPOPROF_RESULT_FD="1")
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "probes.rank_main"], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+
+def test_a_rank_whose_launcher_is_gone_leaves_at_once(tmp_path):
+    """The launcher died before the rank armed PR_SET_PDEATHSIG: its parent is no longer the pid
+    it was given, and it leaves before reading its job or importing torch."""
+    gone = _rank_alone(tmp_path, launcher_pid=os.getppid())   # anyone but its real parent
+    assert gone.returncode == 1
+    assert f"the launcher (pid {os.getppid()}) is gone" in gone.stderr and "Traceback" not in gone.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in gone.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "json" in imported and not any(name.split(".")[0] == "torch" for name in imported)
+    # its real parent named: the rank goes on, to the job file that is not there
+    kept = _rank_alone(tmp_path, launcher_pid=os.getpid())
+    assert "is gone" not in kept.stderr and "no-job.json" in kept.stderr
+
+
 def test_ranks_die_with_a_killed_launcher(tmp_path):
-    """Even SIGKILL of the CLI itself leaves no rank behind (PR_SET_PDEATHSIG)."""
+    """Even SIGKILL of the CLI itself leaves no rank behind (each rank's PR_SET_PDEATHSIG). The
+    ranks are silent when it dies, rank 1 asleep for an hour and rank 0 waiting for it in a
+    barrier, so neither notices through its result pipe: only the signal ends them."""
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -124,10 +179,12 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
         def on_message(rank, msg):
             if msg["type"] == "row":
                 print(msg["pid"], flush=True)
-        launch_local(JobSpec("sleep", {{"steps": 1000, "sleep_s": 0.05}}, 2, "gloo", timeout_s=60), on_message)
+        launch_local(JobSpec("sleep", {{"steps": 3, "sleep_s": 0.0, "fail_rank": 1, "how": "hang"}}, 2,
+                             "gloo", timeout_s=600), on_message)
     """))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    pids = {int(parent.stdout.readline()) for _ in range(4)}
+    pids = {int(parent.stdout.readline()) for _ in range(2)}   # step 0 of each rank
+    time.sleep(1)                                               # rank 1 into its sleep
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 10

@@ -8,11 +8,15 @@ import sys
 
 import pytest
 
-from topoprof.errors import InputError
+from topoprof.errors import InputError, NothingMeasured
+from topoprof.measure import torch_support
+from topoprof.measure.torch_support import FSDP2_VALIDATE
 from topoprof.model.validate.run import ALL_MODES, DDP_MODES, parse_modes
 from tests.helpers.cli import topoprof as _cli
 
 FSDP = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync")
+NO_FSDP = torch_support.missing(FSDP2_VALIDATE)  # why this torch cannot run them, or None
+needs_fsdp = pytest.mark.skipif(NO_FSDP is not None, reason=str(NO_FSDP))
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +29,7 @@ def fsdp_run(tmp_path_factory):
     return json.loads(proc.stdout), cal
 
 
+@needs_fsdp
 @pytest.mark.slow
 def test_every_fsdp_mode_is_measured_and_predicted(fsdp_run):
     doc, _ = fsdp_run
@@ -44,6 +49,7 @@ def test_every_fsdp_mode_is_measured_and_predicted(fsdp_run):
         assert all(x < y for x, y in zip(a, b))
 
 
+@needs_fsdp
 @pytest.mark.slow
 def test_each_fsdp_step_has_its_timeline_and_the_inputs_it_needs(fsdp_run):
     doc, _ = fsdp_run
@@ -70,6 +76,7 @@ def test_each_fsdp_step_has_its_timeline_and_the_inputs_it_needs(fsdp_run):
     assert any(k.startswith("fsdp_reduce_scatter_at_") for k in spread)
 
 
+@needs_fsdp
 @pytest.mark.slow
 def test_fsdp_numerics_equal_one_process_accumulating(fsdp_run):
     doc, _ = fsdp_run
@@ -79,6 +86,7 @@ def test_fsdp_numerics_equal_one_process_accumulating(fsdp_run):
     assert not num["control_single_not_divided_by_k"]["allclose"]
 
 
+@needs_fsdp
 @pytest.mark.slow
 def test_fsdp_calibration_feeds_model(fsdp_run):
     _, cal = fsdp_run
@@ -143,3 +151,47 @@ def test_fsdp_is_validated_on_gloo_only():
         ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x", modes=("fsdp_full_shard",))
     assert ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x").modes == DDP_MODES
     assert parse_modes("all", "nccl") == DDP_MODES and parse_modes("all", "gloo") == ALL_MODES
+
+
+def test_which_torch_runs_fsdps_modes():
+    assert torch_support.missing(FSDP2_VALIDATE, "2.9.0") is None
+    assert torch_support.missing(FSDP2_VALIDATE, "2.10.0+cu126") is None      # 10 > 9, not "1" < "9"
+    assert torch_support.missing(FSDP2_VALIDATE, "2.9.0.dev20250601+cpu") is None
+    why = torch_support.missing(FSDP2_VALIDATE, "2.8.0+cu128")
+    assert why.startswith("validate's FSDP2 modes need torch >= 2.9 (") and why.endswith("; this is torch 2.8.0+cu128")
+    assert "set_custom_all_gather" in why
+
+
+def test_fsdp_modes_on_a_torch_too_old_are_refused_and_all_leaves_them_out():
+    why = torch_support.missing(FSDP2_VALIDATE, "2.5.1")
+    assert parse_modes("all", "gloo", why) == DDP_MODES
+    assert parse_modes("ddp_synced", "gloo", why) == ("ddp_synced",)
+    with pytest.raises(NothingMeasured, match=r"^--modes fsdp_full_shard,fsdp_shard_grad_op: validate's FSDP2 "
+                                              r"modes need torch >= 2\.9 .*; this is torch 2\.5\.1$"):
+        parse_modes("ddp_synced,fsdp_full_shard,fsdp_shard_grad_op", "gloo", why)
+
+
+def test_the_command_says_so_in_one_line_on_a_torch_too_old(monkeypatch):
+    """As `topoprof validate` answers with torch 2.5 installed (its version read from the package
+    metadata, replaced here): one line, exit 1, before any rank starts."""
+    from click.testing import CliRunner
+
+    from topoprof.cli import main
+
+    monkeypatch.setattr(torch_support, "torch_version_text", lambda: "2.5.1")
+    refused = CliRunner().invoke(main, ["validate", "--backend", "gloo", "--modes", "fsdp_full_shard"])
+    assert refused.exit_code == 1
+    lines = refused.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("topoprof: error: --modes fsdp_full_shard: validate's FSDP2")
+    assert "this is torch 2.5.1" in lines[0]
+    # `all` goes on without them and says so (here it stops next, at a --params it cannot read)
+    noted = CliRunner().invoke(main, ["validate", "--backend", "gloo", "--modes", "all", "--params", "lots"])
+    assert "topoprof: note: --modes all runs the DDP modes only: validate's FSDP2 modes need torch >= 2.9" \
+        in noted.output
+
+
+@pytest.mark.skipif(NO_FSDP is None, reason="this torch runs FSDP's modes")
+def test_this_torch_is_too_old_for_fsdp_and_the_command_says_so():
+    proc = _cli("validate", "--backend", "gloo", "--modes", "fsdp_full_shard")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"topoprof: error: --modes fsdp_full_shard: {NO_FSDP}"

@@ -24,8 +24,8 @@ from topoprof.errors import InputError, RunFailed, SavedElsewhere
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True, help="Rotations run first, untimed.")
 @click.option("--modes", default="ddp_synced,ddp_no_sync,ddp_no_sync_backward_only", show_default=True,
               help="Comma list of ddp_synced, ddp_no_sync, ddp_no_sync_backward_only, fsdp_full_shard, "
-                   "fsdp_full_shard_no_sync, fsdp_shard_grad_op, fsdp_shard_grad_op_no_sync, or all (every one of "
-                   "them); add dp where >= 2 GPUs exist.")
+                   "fsdp_full_shard_no_sync, fsdp_shard_grad_op, fsdp_shard_grad_op_no_sync (torch >= 2.9), or all "
+                   "(every one of them this torch runs); add dp where >= 2 GPUs exist.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per CPU rank (default: the cores divided among the ranks).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True)
@@ -37,9 +37,11 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
              threads, numerics, timeout_s, save_calibration_to, as_json, out_path):
     """Run short real training loops for each strategy and compare with the model's prediction."""
     from topoprof.jsonio import dumps, envelope, write_text
+    from topoprof.measure.launch import is_reporting_rank
     from topoprof.measure.runner import default_backend_and_nproc
-    from topoprof.model.validate.run import (ValidateOptions, cpu_threads_per_rank, parse_modes, run_validate,
-                                             save_calibration, spec_from_options, validate_payload)
+    from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
+    from topoprof.model.validate.run import (FSDP_BACKENDS, ValidateOptions, cpu_threads_per_rank, parse_modes,
+                                             run_validate, save_calibration, spec_from_options, validate_payload)
     from topoprof.report.text_validate import render_validate
 
     from topoprof.jsonio import check_writable
@@ -47,6 +49,11 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     check_writable(out_path, "--out")
     check_writable(save_calibration_to, "--save-calibration")
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
+    fsdp_missing = missing(FSDP2_VALIDATE)
+    mode_list = parse_modes(modes, backend, fsdp_missing)
+    asked_all = "all" in (m.strip() for m in modes.split(","))
+    if fsdp_missing and backend in FSDP_BACKENDS and asked_all and is_reporting_rank():
+        click.echo(f"topoprof: note: --modes all runs the DDP modes only: {fsdp_missing}", err=True)
     spec, label = spec_from_options(params, preset, scale, seq_len)
     layout = None
     if user_model:
@@ -60,7 +67,7 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
         threads = cpu_threads_per_rank(nproc)
     opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch,
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
-                           modes=parse_modes(modes, backend), threads=threads,
+                           modes=mode_list, threads=threads,
                            numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout)
     progress = None
     if not as_json and sys.stderr.isatty():
@@ -68,8 +75,6 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     result = run_validate(opts, on_progress=progress)
     if progress:
         sys.stderr.write("\r\033[K")
-    from topoprof.measure.launch import is_reporting_rank
-
     if not is_reporting_rank():
         if result.status != "ok":
             raise RunFailed(f"{result.error}")

@@ -12,4 +12,5 @@ t(S) = alpha + S/beta, slow ranks, the transports NCCL chose, the nodes of a mul
   user_model      the user's own model (`--model`) read and timed in a process of its own
   op_trace        a model's pass on the meta device, in a process of its own
   profile         this machine's device profile (`topoprof profile`), in a process of its own
+  torch_support   the oldest torch topoprof runs on, and the features that need a newer one
 """

@@ -9,14 +9,18 @@ Two ways to run rank work:
 
 Watching local ranks: a rank that exits non-zero, or makes no progress for `timeout_s`, ends the
 run: every rank is killed (its whole process group), the failure names the rank and what it was
-doing, and the messages received before are kept. Rank processes also die with this one
-(PR_SET_PDEATHSIG), so nothing is orphaned even if the CLI itself is killed.
+doing, and the messages received before are kept. Each rank starts in a session (and process
+group) of its own, which the launcher kills whole. Rank processes also die with this one, so
+nothing is orphaned even if the CLI itself is killed: no Python runs in a child between fork and
+exec (this process may hold a CUDA context and other threads, and subprocess can then use vfork or
+posix_spawn), so each rank arms PR_SET_PDEATHSIG itself as the first thing it does
+(`probes.rank_main.die_with_launcher`), checking that the launcher named in TOPOPROF_LAUNCHER_PID
+is still its parent.
 
 No torch here: this module only starts and watches processes.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import selectors
@@ -136,15 +140,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed when the launcher dies
-    except OSError:
-        pass
-
-
 @dataclass
 class _Rank:
     rank: int
@@ -170,6 +165,7 @@ def _rank_env(spec: JobSpec, rank: int, port: int, job_file: str, result_fd: int
         "RANK": str(rank), "WORLD_SIZE": str(spec.nproc),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(spec.nproc),
         "TOPOPROF_JOB": job_file, "TOPOPROF_RESULT_FD": str(result_fd),
+        "TOPOPROF_LAUNCHER_PID": str(os.getpid()),
         "PYTHONUNBUFFERED": "1",
     })
     # Gloo would otherwise resolve the hostname, which may not be loopback; keep ranks on lo.
@@ -197,7 +193,7 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "probes.rank_main"], env=env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
-                preexec_fn=_die_with_parent,
+                start_new_session=True,  # setsid() in subprocess's C code: no preexec_fn
             )
         os.close(write_fd)
         ranks.append(_Rank(rank, proc, os.fdopen(read_fd, "rb", buffering=0), log_path,

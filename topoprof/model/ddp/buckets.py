@@ -20,7 +20,9 @@ What DDP (torch 2.13, `torch/nn/parallel/distributed.py`) actually reduces with:
   reverse registration order.
 - `first_bucket_bytes_cap` is `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB) only when
   `bucket_cap_mb` is left at its default (None -> 25 MiB); an explicit `bucket_cap_mb` sets
-  both limits to it (`_BucketCapacityConfig.create`).
+  both limits to it (`_BucketCapacityConfig.create`; torch 2.5 to 2.11 apply the same rule in
+  `DistributedDataParallel.__init__`, `bucket_bytes_cap_default`. torch 2.1 still gave the first
+  bucket 1 MiB whatever the cap.)
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from topoprof.errors import InputError
+from topoprof.errors import InputError, NothingMeasured
 from topoprof.model.fsdp.timeline import FSDP_ONE_NODE, FSDP_STRATEGIES
 from topoprof.model.workload.layout import Layout
 from topoprof.model.workload.synthetic import SyntheticSpec
@@ -87,15 +87,20 @@ class ValidateOptions:
             raise InputError("--modes: give at least one mode")
 
 
-def parse_modes(text: str, backend: str = "gloo") -> tuple[str, ...]:
+def parse_modes(text: str, backend: str = "gloo", fsdp_missing: str | None = None) -> tuple[str, ...]:
     """`--modes`: a comma list; `all` stands for ALL_MODES on gloo, and for the DDP modes on a
-    backend FSDP is not validated on (ValidateOptions refuses FSDP there)."""
-    every = ALL_MODES if backend in FSDP_BACKENDS else DDP_MODES
+    backend FSDP is not validated on (ValidateOptions refuses FSDP there) or where the torch
+    installed cannot run FSDP's modes: `fsdp_missing` says why (topoprof.measure.torch_support),
+    and an FSDP mode named there is refused with that reason."""
+    every = ALL_MODES if backend in FSDP_BACKENDS and fsdp_missing is None else DDP_MODES
     out: list[str] = []
     for mode in (m.strip() for m in text.split(",")):
         for m in (every if mode == "all" else (mode,) if mode else ()):
             if m not in out:
                 out.append(m)
+    fsdp = [m for m in out if m in FSDP_ONE_NODE]
+    if fsdp and fsdp_missing is not None:
+        raise NothingMeasured(f"--modes {','.join(fsdp)}: {fsdp_missing}")
     return tuple(out)
 
 
