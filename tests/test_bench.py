@@ -144,7 +144,13 @@ def test_uneven_nodes_get_rows_from_their_own_group_sizes(tmp_path):
                                        "--collectives", "all_reduce,all_gather,sendrecv", "-b", "1K", "-e", "4K",
                                        "-n", "2", "-w", "1", "--json"], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=240) for p in procs]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:  # a rank that timed out must not outlive the test
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     assert not outs[1][0].strip() and not outs[2][0].strip()  # only rank 0 prints
     doc = json.loads(outs[0][0])
