@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tests.helpers.profiles import GRID, HOST, h100_profile, power, profile_doc
+from tests.helpers.profiles import GRID, HOST, MEMORY, SDPA, h100_profile, power, profile_doc
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.host_costs import eager_host_seconds, host_costs_from
@@ -225,3 +225,23 @@ def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
         pricer_for("h100-sxm", "fp16", False, h100_profile())
     result = roofline(_trace(), pricer_for("h100-sxm", "bf16", False, h100_profile(), "given")[0])
     assert result.kernels == 6 and result.views == 1 and any("device profile" in b for b in result.basis)
+
+
+def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
+    from topoprof.model.compute.timing import Compute, compute_times
+    from topoprof.model.compute.traced import modelled_fields
+
+    doc = profile_doc(gemm=GRID, host={**HOST, "optimizer_per_tensor": 4e-6}, memory=MEMORY, sdpa=SDPA)
+    doc["optimizer"] = {"name": "AdamW (fused)", "params": 1 << 24, "bytes_per_step": 28 << 24, "seconds": 1e-3,
+                        "bytes_per_s": (28 << 24) / 1e-3}
+    profile = profile_from_dict(doc, "with an optimizer")
+    trace = {**_trace(), "params": [{"name": "w", "shape": [1000, 100], "requires_grad": True},
+                                    {"name": "b", "shape": [1000], "requires_grad": True},
+                                    {"name": "frozen", "shape": [10], "requires_grad": False}]}
+    fields = modelled_fields(trace, "h100-sxm", "bf16", False, profile=profile)
+    assert fields["modelled_detail"]["optimizer"]["tensors"] == 2
+    times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,
+                          grad_bytes=4)
+    rate = (28 << 24) / 1e-3
+    assert times.optimizer_s == pytest.approx(2 * 4e-6 + 28 * 101_000 / rate)   # AdamW: 7 words of 4 B a parameter
+    assert "from the device profile" in times.echo["optimizer_time_s"][1]

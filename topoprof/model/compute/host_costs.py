@@ -55,7 +55,8 @@ def host_costs_from(profile) -> HostCosts:
     """The profile's host kinds as ranges (`DeviceProfile.host_range`), with the fallbacks (module
     docstring) where it lacks one."""
     kinds: dict[str, Span] = {}
-    for kind in ("op", "autograd_forward", "autograd_backward_node", "autocast_op", "conv_forward", "conv_backward"):
+    for kind in ("op", "autograd_forward", "autograd_backward_node", "autocast_op", "conv_forward", "conv_backward",
+                 "optimizer_per_tensor"):
         got = profile.host_range(kind)
         if got is not None:
             kinds[kind] = Span(got[0], got[1], got[2])

@@ -160,6 +160,23 @@ class ProfiledDevice:
             t += sum(b for b in op.get("outputs", ()) if b >= pages.fresh_page_min_bytes) * pages.fresh_page_s_per_byte
         return t, kind
 
+    def optimizer_rates(self, params: list[dict] | None) -> dict | None:
+        """The optimizer step's figures from the profile, for `timing` to price a what-if's step:
+        its rate over the optimizer's bytes (scaled by bandwidth to another GPU) and its host cost
+        per parameter tensor (`params`: the trace's parameter list); None where the profile has no
+        optimizer rate or the trace no parameters."""
+        trainable = [p for p in params or () if p.get("requires_grad", True)]
+        read = self.profile.optimizer_bytes_per_s()
+        if read is None or not trainable:
+            return None
+        scaled = self._scaled()
+        rate = (read.value, read.value) if scaled is None else _pair(scaled.optimizer_bytes_per_s())
+        host = self.host.get("optimizer_per_tensor")
+        return {"tensors": len(trainable), "bytes_per_s": list(rate),
+                "host_per_tensor_s": [host.low, host.high] if host else [0.0, 0.0],
+                "basis": f"{read.basis}; host per tensor " + (f"{host.text(1e6, ' us')}: {host.basis}" if host else
+                                                             "not in the profile: 0")}
+
     def host_seconds(self, trace: dict, end: str) -> list[float]:
         return (compiled_host_seconds if self.compiled else eager_host_seconds)(trace, self.host, end)
 

@@ -100,6 +100,9 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
               "summary": result.summary(), "basis": list(result.basis),
               "notes": list(dict.fromkeys([*result.notes, *chosen_notes, *([note] if note else [])])),
               **({"memory": trace["memory"]} if trace.get("memory") else {})}
+    optimizer = pricer.optimizer_rates(trace.get("params")) if hasattr(pricer, "optimizer_rates") else None
+    if optimizer is not None:
+        detail["optimizer"] = optimizer
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 
