@@ -34,7 +34,13 @@ reach), the pass runs again in fp32 and says why (`autocast_failure`): its FLOPs
 gradients; its bytes are not a 16-bit step's.
 Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
 by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
-whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.compute.roofline`).
+whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.compute.roofline`),
+and the storages it reads and writes (`reads`, `writes`: [key, bytes], a key per storage for as
+long as it lives), which tell a chain of ops whose intermediates never leave it (what
+torch.compile fuses, `topoprof.model.compute.fusion`). The pass also counts the nodes of the
+autograd graph its backward runs (`autograd_nodes`: each costs the engine's host time, whether
+or not it launches a kernel; a view's backward launches none) and, among them, the parameters'
+AccumulateGrad nodes (`autograd_leaves`).
 
 Two FLOP rules differ from FlopCounterMode's, where it is wrong or silent: a grouped convolution's
 weight gradient counts once, not `groups` times (its backward formula passes the transposed
@@ -199,6 +205,50 @@ def _recomputing() -> bool:
     return torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
 
 
+class StorageKeys:
+    """A small integer per storage, the same for as long as the storage lives (a view shares its
+    base's): a weak reference tells a live storage from a new one that got a freed one's id()."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, tuple[weakref.ref, int]] = {}
+        self._next = 0
+
+    def key(self, t) -> int | None:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage (a subclass)
+            return None
+        held = self._keys.get(id(storage))
+        if held is not None and held[0]() is storage:
+            return held[1]
+        self._next += 1
+        self._keys[id(storage)] = (weakref.ref(storage), self._next)
+        return self._next
+
+    def touched(self, values) -> list[list[int]]:
+        """[key, bytes] of each storage among `values`' tensors, once each (the most bytes read of it)."""
+        out: dict[int, int] = {}
+        for t in tree_leaves(values):
+            if isinstance(t, torch.Tensor):
+                key = self.key(t)
+                if key is not None:
+                    out[key] = max(out.get(key, 0), t.numel() * t.element_size())
+        return [[k, b] for k, b in out.items()]
+
+
+def autograd_nodes(root) -> tuple[int, int]:
+    """(nodes, leaves) of the autograd graph below `root` (a grad_fn): what the engine runs in
+    backward, views' included; leaves: its AccumulateGrad nodes, one per parameter it reaches."""
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return len(seen), sum(1 for node in seen if type(node).__name__ == "AccumulateGrad")
+
+
 class OpTracer(TorchDispatchMode):
     """Records each aten op with its phase, FLOPs and bytes; `phase` is set by the caller. With
     the target's lens, each op first lets the lens drop casts whose autocast region has ended."""
@@ -210,6 +260,7 @@ class OpTracer(TorchDispatchMode):
         self.flops = {"forward": 0, "backward": 0}
         self.memory = LiveBytes()
         self.lens = lens
+        self.storages = StorageKeys()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -236,6 +287,8 @@ class OpTracer(TorchDispatchMode):
         if not view:
             op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             op["inplace"] = func._schema.is_mutable
+            op["reads"] = self.storages.touched((args, kwargs))
+            op["writes"] = [] if func in _UNINITIALIZED and not op["inplace"] else self.storages.touched(out)
             self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
                                   written=(args, kwargs) if op["inplace"] else ())
         self.ops.append(op)
@@ -276,6 +329,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
             # what stays for the backward (module docstring), less the parameters' copies
             held = {"activations_bytes": tracer.memory.live - tracer.memory.param_copies,
                     "param_copies_bytes": tracer.memory.param_copies}
+            nodes, leaves = autograd_nodes(loss.grad_fn)
             tracer.phase = "backward"
             backward_with_modes_on(loss)
     finally:
@@ -286,6 +340,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
             "memory": {**held, "peak_bytes": tracer.memory.peak},
             "ready_flops": [[i, f] for i, f in ready],
             "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
+            "autograd_nodes": nodes, "autograd_leaves": leaves,
             **({"target": target} if target is not None else {})}
 
 

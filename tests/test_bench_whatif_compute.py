@@ -1,5 +1,7 @@
-"""The what-if compute benchmark's fresh-page check: which traced outputs it counts as fresh pages."""
+"""The what-if compute benchmark: which traced outputs it counts as fresh pages, and the committed GPU rows it reads."""
 from __future__ import annotations
+
+import pytest
 
 from tests.benchmarks.bench_whatif_compute import fresh_bytes
 
@@ -12,3 +14,19 @@ def test_fresh_bytes_count_large_outputs_written_anew_only():
         {"view": False, "outputs": [32]},                        # exactly at the threshold
     ]}
     assert fresh_bytes(trace, 32) == 64 + 32
+
+
+def test_the_committed_gpu_rows_are_read_from_the_file(tmp_path):
+    from tests.benchmarks.bench_whatif_compute import GPU_SHAPES, describe
+    from tests.benchmarks.whatif_gpu import COMMITTED, committed_rows
+
+    names = [describe(p, kw) for p, kw in GPU_SHAPES]
+    gpu, measured = committed_rows(COMMITTED, names)
+    assert gpu == "h200-sxm" and sorted(measured) == sorted(names)
+    assert measured["gpt3-xl L4 4x512"] == pytest.approx(20.05e-3)
+    made = tmp_path / "out.txt"
+    made.write_text("# torch 2.11, CUDA 13.0, NVIDIA H100 80GB HBM3 as h100-sxm; bf16\n"
+                    "shape   kernels   GFLOP  measured ms  predicted ms\n"
+                    "gpt2 L6 2x512                      333   531.9         7.50          5.50        2.47-12.46\n"
+                    "unknown L1 1x1                       1     1.0         1.00          1.00        1.00-1.00\n")
+    assert committed_rows(str(made), names) == ("h100-sxm", {"gpt2 L6 2x512": pytest.approx(7.5e-3)})

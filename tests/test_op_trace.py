@@ -312,3 +312,20 @@ def test_the_trace_worker_never_runs_the_model_here():
 
     traced = trace_model(f"{META}:meta_only", None, {"micro_batch": 2, "seq_len": 8}, BF16, timeout_s=120)
     assert "failure" not in traced and traced["device"] == "meta" and traced["ready"]
+
+
+def test_the_backward_graph_nodes_and_each_ops_storages():
+    # the MLP's backward runs MeanBackward, 3 AddmmBackward, 3 TBackward (the weights' t() in
+    # linear), 2 ReluBackward and an AccumulateGrad per parameter (6): 15 nodes
+    traced = _mlp_trace()
+    assert (traced["autograd_nodes"], traced["autograd_leaves"]) == (15, 6)
+    ops = [op for op in traced["ops"] if not op["view"]]
+    first_mm, first_relu = ops[0], ops[1]
+    assert first_mm["name"] == "aten.addmm.default" and first_relu["name"] == "aten.relu.default"
+    (out_key, out_bytes), = first_mm["writes"]
+    assert first_relu["reads"] == [[out_key, out_bytes]] and out_bytes == 4 * BATCH * WIDTHS[1]
+    # the second layer's weight is read by its forward addmm and, the same storage, by the
+    # backward's input-gradient mm
+    weight = {key for key, nbytes in ops[2]["reads"] if nbytes == 4 * WIDTHS[1] * WIDTHS[2]}
+    backward_reads = {key for op in ops if op["phase"] == "backward" for key, _ in op["reads"]}
+    assert len(weight) == 1 and weight <= backward_reads

@@ -16,7 +16,7 @@ from tests.helpers.cli import topoprof as _cli
 from topoprof.errors import InputError
 from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, PROFILE_SCHEMA_VERSION, load_profile,
                                     profile_from_dict, profile_to_json)
-from topoprof.model.compute.profile_facts import profile_from_gpu_facts
+from topoprof.model.compute.profile_facts import SHIPPED, profile_from_gpu_facts
 from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,6 +96,7 @@ def test_scattered_points_blend_the_nearest_and_say_so():
                           "scattered")
     read = p.gemm_flops_per_s(2048, 1024, 1024)
     assert "inverse-distance blend" in read.basis and 1e13 < read.value < 6e14
+    assert read.spread > 0 and p.gemm_flops_per_s(128, 768, 768).spread == 0   # how far the blended points disagree
 
 
 def test_misaligned_shapes_read_only_misaligned_points():
@@ -168,6 +169,8 @@ def test_scaling_gives_a_range_spanning_the_ratios_that_could_bind():
     (lambda d: d["gemm"][0].pop("flops_per_s"), "gemm[0]: missing 'flops_per_s'"),
     (lambda d: d["memory"][0].update(bytes_per_s=-1), "memory[0]: bytes_per_s must be a positive number"),
     (lambda d: d["sdpa"][0].update(causal="yes"), "sdpa[0]: causal must be true or false"),
+    (lambda d: d["host_costs"].update(ranges={"autocast_op": [3e-5, 1e-5]}),
+     "host_costs.ranges.autocast_op: must be [low, high] with 0 < low <= high"),
 ])
 def test_a_bad_profile_is_one_line_naming_the_file_and_what_is_wrong(tmp_path, change, message):
     doc = _doc(gemm=[((128, 768, 768), 1e13)], memory=[(("add", 1 << 20), 4e11)], sdpa=[((128, 64, True), 1e13)])
@@ -222,6 +225,30 @@ def test_gpu_facts_read_back_as_measured():
     assert p.host_seconds("op").value == pytest.approx(op["us_per_op"] * 1e-6)
     assert p.host_seconds("autograd_backward_node") is None and p.optimizer is None
     assert any("absent" in note for note in p.notes) and p.machine.missing["sm_count"]
+
+
+def test_gpu_facts_bound_the_host_kinds_they_lack_from_their_calls():
+    rows = [json.loads(line) for line in _facts_lines() if line.strip()]
+    p = profile_from_dict(profile_from_gpu_facts(_facts_lines()), GPU_FACTS)
+    host = {r["what"]: r.get("us_per_op", r.get("us_per_call")) * 1e-6 for r in rows if r["kind"] == "host"}
+    op, recorded = host["torch.add of 64 floats, no grad"], host["torch.mul recorded by autograd"]
+    call = host["tiny Linear forward+sum+backward (about 8 kernels)"]
+    # the call less its forward's 2 kernels as recorded ops leaves the backward's 5 nodes of 5 kernels
+    low, high, how = p.host_range("autograd_backward_node")
+    assert (low, high) == (pytest.approx(op), pytest.approx((call - 2 * recorded - 5 * op) / 5 + op))
+    assert how.startswith("derived: ") and "5 backward nodes" in how
+    low, high, _ = p.host_range("autocast_op")
+    assert (low, high) == (pytest.approx(2 * recorded), pytest.approx(host["tiny Linear under bf16 autocast forward"]))
+    assert p.host_range("op") == (pytest.approx(op), pytest.approx(op), p.host_how["op"])
+
+
+def test_the_shipped_h200_profile_is_the_conversion_of_the_shared_facts():
+    shipped = SHIPPED["h200-2026-11-26.jsonl"]
+    path = os.path.join(ROOT, "topoprof", "model", "compute", "profiles", shipped["out"])
+    converted = profile_from_gpu_facts(_facts_lines(), "shared/gpu-facts/h200-2026-11-26.jsonl", shipped["citation"],
+                                       shipped["machine"])
+    assert load_profile(path) == profile_from_dict(converted, "converted")
+    assert load_profile(path).citation == "measured on an NVIDIA H200 SXM, torch 2.11, 2026-11-26 (shared/gpu-facts)"
 
 
 def test_gpu_facts_that_are_not_opbench_lines_are_refused():

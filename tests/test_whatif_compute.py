@@ -1,8 +1,9 @@
 """The what-if compute from the model's own operations, end to end: `topoprof model --gpu` for a
-preset, `--params` and `--model` priced from their op trace (a worker traces on the meta device),
-eager vs `--compiled`, the datasheet range where the ops cannot be priced, and a GPU that is here
-(its timing replaced: this project's test machine has none) showing the modelled range beside the
-measured time, in `model` and in a scan."""
+preset, `--params` and `--model` priced from their op trace (a worker traces on the meta device)
+with the nearest device profile shipped, or one given by `--gpu-profile`; eager vs `--compiled`;
+the datasheet where no profile can be had; and a GPU that is here (its timing replaced: this
+project's test machine has none) showing the modelled range beside the measured time, in `model`
+and in a scan."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,11 @@ import os
 
 import pytest
 from tests.helpers.cli import topoprof as _cli
+from tests.helpers.profiles import GRID, HOST, profile_doc
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+SHIPPED_H200 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topoprof", "model", "compute", "profiles",
+                            "nvidia-h200-sxm-gpu-facts-20261126.json")
 USER_MODELS = os.path.join(FIX, "user_models")
 H100 = "NVIDIA H100 80GB HBM3"
 GPT2 = ["--preset", "gpt2", "--tokens", "1024", "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep"]
@@ -40,9 +44,11 @@ def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
     assert model["flops"] > 6 * 85_000_000 * 1024
     assert inputs["backward_fraction"]["value"] == pytest.approx(model["backward_fraction"])
     basis = " ".join(model["basis"])
-    for source in ("datasheet", "FlashAttention-2", "FastIceFlo", "pytorch/pytorch#41383", "sam2#768",
-                   "Matrix Multiplication Background"):
+    for source in ("device profile: measured on an NVIDIA H200 SXM, torch 2.11, 2026-11-26 (shared/gpu-facts)",
+                   "as a profile of another GPU of the same compute capability", "scaled by h100-sxm / h200-sxm",
+                   "Matrix Multiplication Background", "halved when causal", "derived: opbench's tiny Linear"):
         assert source in basis, source
+    assert model["device"] == "h100-sxm (bf16, eager, scaled from the h200-sxm profile)"
     single = gpt2_eager["strategies"]["single"]
     lo, hi = single["range"]["step_time_s"]
     assert lo < single["step_time_s"] < hi
@@ -52,20 +58,76 @@ def test_the_text_says_what_the_compute_rests_on():
     text = _cli("model", *GPT2).stdout
     assert "a what-if from the model's own ops" in text
     (line,) = [ln for ln in text.splitlines() if ln.startswith("compute model: ")]
-    assert "h100-sxm (bf16, eager)" in line and "kernels" in line
+    assert "h100-sxm (bf16, eager, scaled from the h200-sxm profile)" in line and "kernels" in line
 
 
-def test_compiled_drops_the_per_op_host_cost(gpt2_eager):
+def test_compiled_fuses_chains_and_pays_per_graph(gpt2_eager):
     compiled = _json(*GPT2, "--compiled")["inputs"]
     eager = gpt2_eager["inputs"]
-    assert compiled["compute_model"]["value"]["kernels"] == eager["compute_model"]["value"]["kernels"]
+    assert compiled["compute_model"]["value"]["kernels"] < eager["compute_model"]["value"]["kernels"]
     for c, e in zip(compiled["compute_model"]["value"]["seconds"], eager["compute_model"]["value"]["seconds"]):
         assert c < e
     assert "compiled" in compiled["compute_model"]["value"]["device"]
-    assert any("fusion" in n for n in compiled["compute_model"]["value"]["notes"])
+    assert any("chains of memory-bound ops fused" in b for b in compiled["compute_model"]["value"]["basis"])
     measured = _json("--preset", "gpt2", "--tokens", "1024", "--world-size", "1", "--no-sweep", "--micro-batch-time",
                      "0.02", "--compiled")
     assert any("--compiled applies to compute modelled" in w for w in measured["warnings"])
+
+
+def test_gpu_profile_prices_with_the_file_as_measured_or_scaled():
+    same = _json(*GPT2[:4], "--gpu", "h200-sxm", "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")
+    chosen = _json(*GPT2[:4], "--gpu", "h200-sxm", "--world-size", "1", "--no-sweep")   # the shipped one, chosen
+    model = same["inputs"]["compute_model"]["value"]
+    assert model["device"] == "h200-sxm (bf16, eager, profile)" and model["seconds"] == \
+        chosen["inputs"]["compute_model"]["value"]["seconds"]
+    assert any("its rates as measured" in b for b in model["basis"])
+    assert any(f"given ({SHIPPED_H200})" in b for b in model["basis"])
+    scaled = _json(*GPT2, "--gpu-profile", SHIPPED_H200)["inputs"]["compute_model"]["value"]
+    assert scaled["device"] == "h100-sxm (bf16, eager, scaled from the h200-sxm profile)"
+    alone = _json(*GPT2[:4], "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")["inputs"]
+    assert alone["compute_model"]["value"]["seconds"] == model["seconds"]   # without --gpu: the profile's own GPU
+    assert "h200-sxm" in alone["gpu_memory_gb"]["source"]
+
+
+def test_gpu_profile_of_a_cpu_prices_the_model_on_that_cpu(tmp_path):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(profile_doc(device="AMD EPYC 7B13", kind="cpu", dtype="float32", gemm=GRID,
+                                           memory=[(("add", 1 << 20), 1e10), (("add", 1 << 26), 2e10)],
+                                           sdpa=[((64, 64, True), 1e10), ((1024, 64, True), 5e10),
+                                                 ((64, 64, False), 1e10), ((1024, 64, False), 5e10)],
+                                           host=HOST)))
+    doc = _json("--preset", "gpt2", "--tokens", "128", "--gpu-profile", str(path), "--world-size", "1", "--no-sweep")
+    model = doc["inputs"]["compute_model"]["value"]
+    assert model["device"] == "AMD EPYC 7B13 (float32, eager, profile)"
+    assert any("ops run inline on the host" in b for b in model["basis"])
+    fast, middle, slow = model["seconds"]
+    assert 0 < fast <= middle <= slow
+    refused = _cli("model", "--preset", "gpt2", "--tokens", "128", "--gpu-profile", str(path), "--gpu", "h100-sxm",
+                   "--world-size", "1", "--no-sweep")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "a CPU's: it cannot be scaled to GPU 'h100-sxm'" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"kind": "bench"}', "not a device profile (kind 'bench'"),
+    ("{oops", "not JSON"),
+])
+def test_a_bad_gpu_profile_file_is_one_line_and_exit_2(tmp_path, content, message):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    proc = _cli("model", *GPT2, "--gpu-profile", str(path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert str(path) in proc.stderr and "Traceback" not in proc.stderr
+    fp16 = _cli("model", *GPT2, "--gpu-profile", SHIPPED_H200, "--precision", "fp16")
+    assert fp16.returncode == 2 and "measured in bfloat16: it cannot price --precision fp16" in fp16.stderr
+
+
+def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
+    doc = _json("--preset", "gpt2", "--tokens", "256", "--gpu", "v100-sxm2", "--precision", "fp16", "--world-size",
+                "1", "--no-sweep")
+    model = doc["inputs"]["compute_model"]["value"]
+    assert model["device"] == "v100-sxm2 (fp16, eager, datasheet)"
+    assert any("no device profile can be scaled to v100-sxm2 in fp16" in n for n in model["notes"])
 
 
 def test_params_n_is_priced_as_the_synthetic_model():
@@ -179,3 +241,27 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
     fell_back, status = _what_ifs(opts, topology)
     assert fell_back["timing_failed"] and "compute_check" not in fell_back
     assert status.status == "partial" and "timing gpt2 on GPU0 failed (RuntimeError: CUDA error" in status.detail
+
+
+def test_a_gpu_scan_prices_its_what_if_with_the_profile_it_measured(monkeypatch):
+    """A scan on a GPU measures the GPU's quick profile first and prices its what-if compute with
+    it, as that GPU; a profile that cannot be measured is a status, and the shipped ones price it."""
+    from types import SimpleNamespace
+
+    from topoprof.errors import NothingMeasured
+    from topoprof.scan import job
+    from topoprof.scan.options import ScanOptions
+
+    gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
+    doc = profile_doc(device=H100, gemm=GRID, host=HOST, memory=[(("add", 1 << 20), 4e11), (("add", 1 << 26), 3e12)],
+                      sdpa=[((128, 64, True), 1e13), ((8192, 64, True), 5e14)])
+    opts = ScanOptions(backend="nccl", nproc=1, note="", preset="gpt2", tokens=1024, device_profile=doc)
+    _fake_timing(monkeypatch)
+    timed, status = job._what_ifs(opts, SimpleNamespace(gpus=[gpu]))
+    check = timed["compute_check"]
+    assert status.status == "ok" and f"on {H100} (bf16, eager, profile)" in check["basis"]
+    monkeypatch.setattr("topoprof.measure.profile.measure_device_profile",
+                        lambda *a, **k: (_ for _ in ()).throw(NothingMeasured("torch sees no CUDA device")))
+    none, failed = job._device_profile(opts)
+    assert none is None and failed.status != "ok" and "profiles shipped with topoprof" in failed.detail
+    assert job._device_profile(ScanOptions(backend="gloo", nproc=2, note="")) == (None, None)

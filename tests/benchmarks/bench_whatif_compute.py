@@ -2,22 +2,23 @@
 of the presets at small shapes, in the same run (CPU only, fp32, torch's default threads).
 
 - predicted: the preset's op trace on the meta device for a CPU target (`probes/op_trace.py`),
-  priced by `topoprof.model.compute.roofline` on this CPU's peak, memory bandwidth, fresh-page cost and
-  per-op host costs, measured by `probes/device_costs.py` just before and just after each shape
-  is timed (`best_of` the two: a machine shared with other work slows the device figures and
-  the model alike, so they are taken together);
+  priced from this CPU's own device profile (`topoprof.model.compute.profiled`: GEMM FLOP/s by
+  shape, memory-bound bytes/s by kind and size, attention by sequence, the host's cost per op by
+  kind, a convolution's per call, fresh pages), measured by `topoprof profile`'s probe
+  (`probes/profile.py`, the full CPU plan) at the start of each round (a machine shared with
+  other work slows the profile and the timings alike, so they are taken together);
 - measured: the same module built at that shape (`probes/preset_models.py`), one forward and
   backward after `zero_grad(set_to_none=True)` as a training step runs it, the fastest of
-  REPEATS after a warm-up (as the device figures: the timing the machine's other work disturbed
-  least). The shapes are taken ROUNDS times in turn, each row keeping its fastest round with the
-  device figures measured around it, so that a burst of other work on a shared machine spoils
-  one round, not the row.
+  REPEATS after a warm-up (the timing the machine's other work disturbed least). The shapes are
+  taken ROUNDS times in turn, each row keeping its fastest round with that round's profile, so
+  that a burst of other work on a shared machine spoils one round, not the row.
 The last column checks the fresh-page term: the bytes the trace prices as written to fresh pages
 (outputs of at least glibc's mmap threshold) beside the pages one more step first touched
 (minor faults x the page size, getrusage(2)), which also counts smaller allocations that grew
 the heap.
 Target: every measured time within 25 % of the predicted middle. The range printed beside it
-is the roofline's (compute and memory overlapped per op .. not overlapped).
+is the profiled pricing's (readings blended from scattered points, kernels below the smallest
+measured size, host kinds the profile gives as ranges).
 
 Below the target rows, ResNet-50 at 32 and 64 px is printed as outside the method, not in the
 target: there its last stage runs on 1x1 and 2x2 pixels, where this CPU's convolution backward
@@ -25,8 +26,10 @@ target: there its last stage runs on 1x1 and 2x2 pixels, where this CPU's convol
 4 ms for 17 MFLOPs) - a per-call cost of the library at degenerate shapes that no roofline term
 prices. At 96 px and up every stage has at least 3x3 pixels.
 
-What the convolution rows rest on: the model prices every convolution at the CPU's one peak, a
-large matmul's rate (MKL). The convolution library is not that matmul: timed alone here (3x3,
+What the convolution rows rest on: the model prices every convolution as its implicit GEMM,
+read from the profile's GEMM grid (MKL's matmuls), and a convolution's host cost per call from the
+profile. Before the profile, every convolution was priced at the CPU's one peak, a 2048^3
+matmul's rate; what follows was measured then. The convolution library is not that matmul: timed alone here (3x3,
 256 -> 256 channels, 2 images), its forward reached 525-541 GFLOP/s at 1,152-4,608 output rows
 (2.3x the 234-239 GFLOP/s matmul), and its forward + backward at 8 and 18 rows 49-104 GFLOP/s.
 What is slow is the weight gradient: for a 1x1 1024 -> 1024 convolution on 2 images of 2x2
@@ -34,8 +37,7 @@ pixels it took 3.05 ms (its input gradient 0.19 ms) for 17 MFLOP, writing 4 MB. 
 miss in opposite directions and nearly cancel; at 96 px the small late stages weigh more and the
 prediction is low by a fifth to two fifths, from run to run. A rate curve by output rows,
 measured on that one 3x3 family, priced ResNet-50's 1x1 and strided convolutions no better
-(backward 25 ms predicted vs 38 ms profiled at 96 px, against 28 ms with the one peak), so the
-model keeps the one peak and this benchmark shows where it stands.
+(backward 25 ms predicted vs 38 ms profiled at 96 px, against 28 ms with the one peak).
 
 Why no one rate prices this CPU's convolutions: the matmuls and the convolutions run in two
 libraries. The matmuls go to MKL's sgemm, which on this AMD CPU does not take its AVX-512 path
@@ -53,19 +55,20 @@ for weights of 4 and 8 MB, past the caches; at 16x16 px the excess was within -0
 - that rate plus a cost per weight byte, measured on a 1x1 1024 -> 1024 convolution on 2 images
   of 4x4 px (forward 0.03, backward 0.27-0.31 ns/B): 16-35 % above, every row.
 With the matmul's one peak they spread from -26 to +46 %: too slow a rate for the large
-convolutions, no price for the small ones' per-call costs. The model keeps the one peak, and this
-table shows both misses: ResNet-50 8x128 px and 2x224 px are measured 23-26 % under the
-prediction, ResNet-50 2x96 px and ResNeXt-50 2x128 px above it.
+convolutions, no price for the small ones' per-call costs (ResNet-50 8x128 px and 2x224 px were
+measured 23-26 % under the prediction, ResNet-50 2x96 px and ResNeXt-50 2x128 px above it). The
+profile's GEMM grid, read at each convolution's implicit GEMM, is MKL's rate at shapes near it,
+not oneDNN's: the same two libraries, now read shape by shape.
 
     python tests/benchmarks/bench_whatif_compute.py
 
 On a machine with a CUDA GPU, `--device cuda` checks the what-if itself: GPU_SHAPES (widths,
 depths, sequence lengths and micro-batches other than the presets' defaults) traced for the GPU
-in bf16 and priced by the roofline on its datasheet (`roofline.gpu_device`, the GPU found by its
-CUDA name), beside the same modules timed on it under bf16 autocast (forward + backward, the
-fastest of REPEATS after a warm-up, with the device synchronized). Printed per shape: the
-modelled range and middle, the measured time, the error against the middle and whether the
-measurement falls inside the range; there the target is the range, not the CPU's 25 %.
+in bf16 and priced from the GPU's own profile, measured first in the same run (quick), beside the
+same modules timed on it. `--committed [FILE]` prices the same shapes with the profile shipped
+for the GPU a committed `--device cuda` output ran on, against the times that file measured
+(`tests/benchmarks/whatif_gpu.py`). There the targets: every shape within 25 %, the median within
+12 %, the range holding every measurement.
 """
 from __future__ import annotations
 
@@ -172,32 +175,38 @@ def describe(preset: str, kwargs: dict) -> str:
     return f"{preset} L{kwargs['n_layer']} {kwargs['micro_batch']}x{kwargs['seq_len']}"
 
 
-def _timed(preset: str, kwargs: dict) -> tuple[float, int, dict]:
-    from probes.device_costs import best_of, measure_cpu_costs
+def cpu_profile():
+    """This CPU's device profile, measured now (the full CPU plan; `topoprof profile --device cpu`)."""
+    from probes.profile import measure_profile
+    from topoprof.model.compute.profile import profile_from_dict
 
-    before = measure_cpu_costs(REPEATS)
-    measured, faulted = measured_s(preset, kwargs)
-    return measured, faulted, best_of(before, measure_cpu_costs(REPEATS))
+    return profile_from_dict(measure_profile("cpu", quick=False), "this CPU's profile")
 
 
-def _rows(shapes) -> list[tuple[str, float, object, dict, tuple[int, int]]]:
-    """Every shape timed ROUNDS times in turn: its fastest round, with the device figures
-    measured around that round; and its fresh bytes, traced vs faulted."""
-    from topoprof.model.compute.roofline import measured_device, roofline
+def _rows(shapes, profiles: list) -> list[tuple[str, float, object, object, tuple[int, int]]]:
+    """Every shape timed ROUNDS times in turn, each round after its own profile of this CPU (the
+    round's in `profiles` where one is there already): its fastest round, priced with that round's
+    profile; and its fresh bytes, traced vs faulted."""
+    from topoprof.model.compute.profile_choice import pricer_for
+    from topoprof.model.compute.roofline import roofline
 
-    best: dict[int, tuple[float, int, dict]] = {}
-    for _ in range(ROUNDS):
+    best: dict[int, tuple[float, int, object]] = {}
+    for r in range(ROUNDS):
+        if r == len(profiles):
+            profiles.append(cpu_profile())
+        profile = profiles[r]
         for i, (preset, kwargs) in enumerate(shapes):
-            timed = _timed(preset, kwargs)
-            if i not in best or timed[0] < best[i][0]:
-                best[i] = timed
+            measured, faulted = measured_s(preset, kwargs)
+            if i not in best or measured < best[i][0]:
+                best[i] = (measured, faulted, profile)
     rows = []
     for i, (preset, kwargs) in enumerate(shapes):
-        measured, faulted, costs = best[i]
-        device = measured_device(costs, f"this CPU ({costs['threads']} threads)")
+        measured, faulted, profile = best[i]
+        pricer, _ = pricer_for(None, "fp32", False, profile, "measured in this run")
         trace = traced(preset, kwargs)
-        rows.append((describe(preset, kwargs), measured, roofline(trace, device), costs,
-                     (fresh_bytes(trace, costs["fresh_page_min_bytes"]), faulted)))
+        pages = profile.cpu.fresh_page_min_bytes if profile.cpu else 32 << 20
+        rows.append((describe(preset, kwargs), measured, roofline(trace, pricer), profile,
+                     (fresh_bytes(trace, pages), faulted)))
     return rows
 
 
@@ -223,37 +232,16 @@ def measured_on_gpu_s(preset: str, kwargs: dict) -> float:
     return seconds
 
 
-def main_gpu() -> None:
-    import torch
-
-    from topoprof.model.compute.datasheet import lookup_gpu
-    from topoprof.model.compute.roofline import gpu_device, roofline
-
-    name = torch.cuda.get_device_name(0)
-    spec = lookup_gpu(name)
-    if spec is None:
-        raise SystemExit(f"{name} is not in the datasheet table: nothing to predict it from")
-    device = gpu_device(spec, "bf16")
-    print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {name} as {spec.name}; bf16 autocast, "
-          f"forward + backward, fastest of {REPEATS}")
-    print(f"{'shape':<30}{'kernels':>8}{'GFLOP':>8}{'measured ms':>13}{'predicted ms':>14}{'range ms':>18}"
-          f"{'error':>9}{'in range':>10}   bound")
-    errors, inside = [], 0
-    for preset, kwargs in GPU_SHAPES:
-        result = roofline(traced(preset, kwargs, {"device": "cuda", "precision": "bf16"}), device)
-        measured = measured_on_gpu_s(preset, kwargs)
-        fast, middle, slow = result.seconds
-        error = measured / middle - 1
-        within = fast <= measured <= slow
-        errors.append(abs(error))
-        inside += within
-        print(f"{describe(preset, kwargs):<30}{result.kernels:>8}{result.flops / 1e9:>8.1f}{measured * 1e3:>13.2f}"
-              f"{middle * 1e3:>14.2f}{f'{fast * 1e3:.2f}-{slow * 1e3:.2f}':>18}{100 * error:>+8.1f}%"
-              f"{'yes' if within else 'NO':>10}   {'host' if result.host_bound else 'device'}", flush=True)
-    errors.sort()
-    print(f"RESULT {inside} of {len(errors)} measured inside the modelled range; |measured/middle - 1| median "
-          f"{100 * errors[len(errors) // 2]:.1f} %, worst {100 * errors[-1]:.1f} %: "
-          f"{'PASS' if inside == len(errors) else 'FAIL'}")
+def _figures(profile) -> str:
+    """A CPU profile's figures in one line: its best GEMM rate, its bandwidth at the largest size
+    measured, host us per op (forward recorded / backward node), fresh-page ns/B."""
+    gemm = max(p.flops_per_s for p in profile.gemm)
+    copy = max((p for p in profile.memory if p.kind == "copy"), key=lambda p: p.bytes_moved, default=None)
+    host = profile.host_seconds_per_op
+    pages = profile.cpu.fresh_page_s_per_byte * 1e9 if profile.cpu else float("nan")
+    return (f"{gemm / 1e9:.0f} GFLOP/s, copy {copy.bytes_per_s / 1e9 if copy else float('nan'):.1f} GB/s, "
+            f"{host.get('autograd_forward', float('nan')) * 1e6:.2f}/{host.get('autograd_backward_node', float('nan')) * 1e6:.2f}"
+            f" us, {pages:.3f} ns/B")
 
 
 def main() -> None:
@@ -261,28 +249,33 @@ def main() -> None:
 
     import torch
 
+    from tests.benchmarks import whatif_gpu
+
     ap = argparse.ArgumentParser(description="what-if compute: predicted vs measured")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    if ap.parse_args().device == "cuda":
+    ap.add_argument("--committed", nargs="?", const=whatif_gpu.COMMITTED, metavar="FILE",
+                    help="price a committed `--device cuda` output's shapes with the shipped profile of its GPU")
+    args = ap.parse_args()
+    if args.committed:
+        return whatif_gpu.main_committed(args.committed, GPU_SHAPES, traced, describe)
+    if args.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA GPU here")
-        return main_gpu()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; per shape the CPU's figures measured "
-          f"beside its timing (peak GFLOP/s, memory GB/s, host us/op forward/backward, fresh-page ns/B), "
-          f"best of {ROUNDS} rounds")
+        return whatif_gpu.main_cuda(GPU_SHAPES, traced, describe, measured_on_gpu_s)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; each round measures this CPU's profile "
+          f"(topoprof profile --device cpu), then times every shape; best of {ROUNDS} rounds")
     header = (f"{'shape':<30}{'kernels':>8}{'GFLOP':>8}{'GB':>7}{'measured ms':>13}{'predicted ms':>14}"
               f"{'range ms':>18}{'error':>9}{'25 %':>6}   {'bound':<8}fresh MB traced / faulted")
+    profiles: list = []
+    rows = _rows(SHAPES, profiles)
     print(header)
-    errors, figures = [], []
-    for name, measured, result, costs, fresh in _rows(SHAPES):
+    errors = []
+    for name, measured, result, _profile, fresh in rows:
         errors.append(abs(_print(name, measured, result, fresh)))
-        figures.append(f"{name}: {costs['peak_flops'] / 1e9:.0f}, {costs['bandwidth_bps'] / 1e9:.1f}, "
-                       f"{costs['host_forward_s'] * 1e6:.2f}/{costs['host_backward_s'] * 1e6:.2f}, "
-                       f"{costs['fresh_page_s_per_byte'] * 1e9:.3f}")
     print("# outside the method (see the docstring): the last stage on 1x1 / 2x2 pixels")
-    for name, measured, result, _costs, fresh in _rows(OUTSIDE):
+    for name, measured, result, _profile, fresh in _rows(OUTSIDE, profiles):
         _print(name, measured, result, fresh, judged=False)
-    print("# the CPU's figures per shape: " + "; ".join(figures))
+    print("# the CPU's profile per round: " + "; ".join(f"{i + 1}: {_figures(p)}" for i, p in enumerate(profiles)))
     inside = sum(e <= TARGET for e in errors)
     print(f"RESULT {inside} of {len(errors)} shapes within {100 * TARGET:.0f} % of the predicted middle; worst "
           f"|measured/predicted - 1| {100 * max(errors):.1f} %: {'PASS' if inside == len(errors) else 'FAIL'}")

@@ -39,8 +39,13 @@ import click
 @click.option("--precision", default="bf16", show_default=True)
 @click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu what-if "
                                                 "is priced from the model's own ops (op trace and roofline).")
-@click.option("--compiled", is_flag=True, help="The modelled compute under torch.compile with CUDA graphs: a CUDA "
-                                               "graph's per-kernel cost instead of eager PyTorch's per-op host cost.")
+@click.option("--compiled", is_flag=True, help="The modelled compute under torch.compile: chains of elementwise and "
+                                               "norm ops fused into one memory pass each, a host cost per graph and "
+                                               "per kernel instead of eager PyTorch's per op.")
+@click.option("--gpu-profile", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A device profile (`topoprof profile`) to price the modelled compute with: as measured when it is "
+                   "of the --gpu named (or without --gpu), scaled by datasheet ratios to another GPU (default: the "
+                   "nearest profile shipped with topoprof).")
 @click.option("--optimizer", default="adamw", show_default=True)
 @click.option("--optimizer-time", type=float, help="Measured optimizer step seconds (>= 0). If neither this, --calibration nor --gpu gives it, 0 is assumed and the output says so.")
 @click.option("--bench", type=click.Path(dir_okay=False), help="Use the all_reduce fit of a `bench --json` or scan report.")

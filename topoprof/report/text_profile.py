@@ -51,8 +51,9 @@ def _machine_line(p: DeviceProfile) -> str:
 
 
 def _host_line(p: DeviceProfile) -> str:
-    parts = [f"{kind.replace('_', ' ')} {p.host_seconds_per_op[kind] * 1e6:.3g} us" for kind in HOST_KINDS
-             if kind in p.host_seconds_per_op]
+    parts = [f"{kind.replace('_', ' ')} {p.host_seconds_per_op[kind] * 1e6:.3g} us" if kind in p.host_seconds_per_op
+             else f"{kind.replace('_', ' ')} {p.host_ranges[kind][0] * 1e6:.3g}-{p.host_ranges[kind][1] * 1e6:.3g} us "
+                  "(derived)" for kind in HOST_KINDS if kind in p.host_seconds_per_op or kind in p.host_ranges]
     return "host per op: " + (", ".join(parts) if parts else "not measured")
 
 

@@ -146,6 +146,30 @@ def _predictions(opts, bench, vres, vopts, topology):
     return preds, status, levels
 
 
+PROFILE_FILE = "device-profile.json"
+
+
+def _device_profile(opts):
+    """This GPU's quick device profile (`topoprof profile --quick`, in a worker), for the scan's
+    what-if compute: (document or None, its status). Only where the ranks run on GPUs; a profile
+    that fails is a status, and the profiles shipped with topoprof price the what-ifs instead."""
+    from topoprof.probing import OK, ProbeStatus, attempt
+
+    if opts.backend != "nccl":
+        return None, None
+    from topoprof.measure.profile import measure_device_profile
+
+    doc, status = attempt("device profile", lambda: measure_device_profile("cuda", quick=True, timeout_s=120.0))
+    if doc is None:
+        return None, replace(status, detail=f"{status.detail}; the what-if compute priced from the profiles "
+                                            "shipped with topoprof")
+    if status.status == OK:
+        status = ProbeStatus("device profile", OK, f"{doc['machine']['device']}, quick, {doc['seconds']:.1f} s: "
+                                                   f"{len(doc['gemm'])} GEMM shapes, {len(doc['memory'])} memory "
+                                                   f"points, {len(doc['sdpa'])} attention points ({PROFILE_FILE})")
+    return doc, status
+
+
 def _what_ifs(opts, topology):
     """One GPU, one rank: nothing to all-reduce here, so the report shows what more such GPUs
     or nodes would do instead (from nominal links, labelled as such). (what-if, its status), or
@@ -193,8 +217,6 @@ def run(opts, stages, out_dir: str) -> Written | None:
     topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes
     stages.end()
     if opts.user_model:
-        from dataclasses import replace
-
         from topoprof.model.compute.traced import gpu_target
         from topoprof.model.inputs.user_model import here_device, measure_here, stated_shape
 
@@ -204,6 +226,10 @@ def run(opts, stages, out_dir: str) -> Written | None:
             if device.startswith("cuda") else {}
         opts = replace(opts, user_record=measure_here(opts.user_model, device=device, **traced))  # bad input: exit 2
         stages.end()
+    stages.begin("device profile")  # on a GPU: its what-if compute priced from this GPU's own rates
+    profile_doc, profile_status = _device_profile(opts)
+    opts = replace(opts, device_profile=profile_doc)
+    stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)
     stages.end()
@@ -228,8 +254,8 @@ def run(opts, stages, out_dir: str) -> Written | None:
     stages.begin("what-if for more GPUs")  # on one GPU: its compute timed there, its ops priced
     what_if, what_if_status = _what_ifs(opts, topology)
     stages.end()
-    probes = [*topology.probes, _ranks_status(bench, vres), copies_status, model_status,
-              *([what_if_status] if what_if_status else [])]
+    probes = [*topology.probes, *([profile_status] if profile_status else []), _ranks_status(bench, vres),
+              copies_status, model_status, *([what_if_status] if what_if_status else [])]
     summary, banner = _banner(opts, topology)
     # exit 3 only when rank work failed part-way: a probe that failed, or ranks that never
     # started, leave a report that says so and the scan succeeds with what it could measure
@@ -237,7 +263,7 @@ def run(opts, stages, out_dir: str) -> Written | None:
     report = envelope("scan", {
         "status": "error" if failed_part_way else "ok", "error": bench.error,
         "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
-        "inputs": {k: v for k, v in opts.__dict__.items() if k != "user_record"}, "versions": versions(bench.metadata), "environment": environment(),
+        "inputs": {k: v for k, v in opts.__dict__.items() if k not in ("user_record", "device_profile")}, "versions": versions(bench.metadata), "environment": environment(),
         "probes": probes,
         "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend, bench.metadata.get("ranks") or ())), "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
@@ -257,6 +283,11 @@ def run(opts, stages, out_dir: str) -> Written | None:
     report["timing"] = stages.done()
     # again, with the total wall time in it, where the first one went
     folder, moved_again = save_report(report, folder or out_dir)
+    if folder and profile_doc is not None:  # the profile the what-ifs were priced with, beside the report
+        from topoprof.jsonio import dumps
+
+        with open(os.path.join(folder, PROFILE_FILE), "w") as f:
+            f.write(dumps(profile_doc) + "\n")
     return Written(report, folder, moved_because or moved_again)
 
 

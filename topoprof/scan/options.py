@@ -25,6 +25,9 @@ class ScanOptions:
     user_model: str | None = None  # --model PATH.py:CALLABLE
     # what `probes/user_model.py` measured of it (set by the scan before its ranks start)
     user_record: dict | None = field(default=None, repr=False, compare=False)
+    # this GPU's quick device profile (`topoprof profile --quick`), measured by the scan, which its
+    # what-if compute is priced with (None: the profiles shipped with topoprof)
+    device_profile: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if sum(bool(x) for x in (self.params, self.preset, self.user_model)) > 1:

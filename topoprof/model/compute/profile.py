@@ -5,6 +5,8 @@ read from it for any shape.
 Sections (JSON keys; units in the names):
 - machine: device, SMs, memory, driver, CUDA, torch, Python, host CPU, when;
 - host_costs: seconds per op from Python by kind (`HOST_KINDS`), each with how it was measured;
+  where a kind was not measured but could be bounded from what was (shared/gpu-facts' calls of
+  several ops, `profile_facts`), its range (`ranges`: [low, high]) with how it was derived;
 - gemm: achieved FLOP/s of `a @ b` (a: m x k, b: k x n) at points of a grid, by dtype;
 - memory: bytes read + written per second of memory-bound kinds (`MEMORY_KINDS`) by size;
 - sdpa: scaled_dot_product_attention forward + backward FLOP/s by sequence, head dim, causal;
@@ -26,6 +28,9 @@ from typing import Any
 from topoprof import __version__
 from topoprof.errors import InputError
 from topoprof.model.compute.profile_interp import Grid, Read
+from topoprof.model.compute.profile_reader import Reader
+from topoprof.model.compute.profile_records import (FreshPages, GemmPoint, Machine, MemoryPoint,  # noqa: F401
+                                                     OptimizerRate, SdpaPoint, Skipped)
 
 PROFILE_KIND = "device_profile"
 PROFILE_SCHEMA_VERSION = 1       # what this topoprof writes
@@ -61,78 +66,6 @@ ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
 @dataclass(frozen=True)
-class Machine:
-    kind: str                         # "cuda" or "cpu"
-    device: str                       # the GPU's name (torch.cuda.get_device_name) or the CPU's model
-    sm_count: int | None = None
-    memory_bytes: int | None = None
-    driver: str | None = None
-    cuda: str | None = None
-    torch: str | None = None
-    python: str | None = None
-    cpu_model: str | None = None
-    threads: int | None = None
-    hostname: str | None = None
-    created_utc: str | None = None
-    missing: dict[str, str] = field(default_factory=dict)   # field -> why it is None
-
-
-@dataclass(frozen=True)
-class GemmPoint:
-    m: int
-    n: int
-    k: int
-    dtype: str
-    seconds: float
-    flops_per_s: float
-
-
-@dataclass(frozen=True)
-class MemoryPoint:
-    kind: str
-    dtype: str
-    tensor_bytes: int                 # the input tensor's size
-    bytes_moved: int                  # bytes read + written per call
-    seconds: float
-    bytes_per_s: float
-
-
-@dataclass(frozen=True)
-class SdpaPoint:
-    seq: int
-    head_dim: int
-    causal: bool
-    batch: int
-    heads: int
-    dtype: str
-    seconds: float
-    flops_per_s: float
-
-
-@dataclass(frozen=True)
-class OptimizerRate:
-    name: str
-    params: int
-    bytes_per_step: int
-    seconds: float
-    bytes_per_s: float
-
-
-@dataclass(frozen=True)
-class FreshPages:
-    fresh_page_s_per_byte: float
-    fresh_page_min_bytes: int
-    how: str
-
-
-@dataclass(frozen=True)
-class Skipped:
-    section: str
-    what: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class DeviceProfile:
     source: str                       # who made it: measured by `topoprof profile`, or converted from what
     citation: str                     # how to cite its figures
@@ -152,6 +85,8 @@ class DeviceProfile:
     seconds: float | None = None      # how long measuring it took
     section_seconds: dict[str, float] = field(default_factory=dict)
     schema_version: int = PROFILE_SCHEMA_VERSION
+    # kinds not measured, bounded from what was (low, high) seconds; `host_how` says how
+    host_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     # ---- lookups ------------------------------------------------------------------------------
 
@@ -160,14 +95,24 @@ class DeviceProfile:
         (every dimension a multiple of 16 bytes, or not: the two run at different rates)."""
         dtype = dtype or self.dtype
         aligned = _aligned((m, n, k), dtype)
-        points = [p for p in self.gemm if p.dtype == dtype]
-        if not points:
-            raise InputError(f"device profile of {self.machine.device}: no GEMM measured at {dtype}")
-        same = [p for p in points if _aligned((p.m, p.n, p.k), dtype) == aligned]
+        same = self._gemm_class(m, n, k, dtype)
         note = [] if same else [f"no {'aligned' if aligned else 'misaligned'} shape measured: read from the others"]
         read = self._grid("gemm", dtype, aligned if same else None).read(m, n, k)
         cls = "aligned" if aligned else f"misaligned (a dimension not a multiple of {ALIGN_BYTES} bytes)"
-        return Read(read.value, "; ".join([f"{dtype} {cls}: {read.basis}"] + note))
+        return Read(read.value, "; ".join([f"{dtype} {cls}: {read.basis}"] + note), read.spread)
+
+    def gemm_points_read(self, m: int, n: int, k: int, dtype: str | None = None) -> tuple[GemmPoint, ...]:
+        """The measured points `gemm_flops_per_s(m, n, k)` reads from: those of its dtype and
+        alignment class, or all of its dtype where its class has none."""
+        dtype = dtype or self.dtype
+        return self._gemm_class(m, n, k, dtype) or tuple(p for p in self.gemm if p.dtype == dtype)
+
+    def _gemm_class(self, m: int, n: int, k: int, dtype: str) -> tuple[GemmPoint, ...]:
+        points = [p for p in self.gemm if p.dtype == dtype]
+        if not points:
+            raise InputError(f"device profile of {self.machine.device}: no GEMM measured at {dtype}")
+        aligned = _aligned((m, n, k), dtype)
+        return tuple(p for p in points if _aligned((p.m, p.n, p.k), dtype) == aligned)
 
     def memory_bytes_per_s(self, kind: str, nbytes: int, dtype: str | None = None) -> Read:
         """Bytes read + written per second of a memory-bound `kind` moving `nbytes` (read + written)."""
@@ -184,7 +129,7 @@ class DeviceProfile:
             what = "a generic elementwise op" if generic else "the nearest kind"
             note = [f"{kind!r} not measured: read as {use} ({what})"]
         read = self._grid("memory", dtype, use).read(nbytes)
-        return Read(read.value, "; ".join([f"{use} ({dtype}): {read.basis}"] + note))
+        return Read(read.value, "; ".join([f"{use} ({dtype}): {read.basis}"] + note), read.spread)
 
     def sdpa_flops_per_s(self, seq: int, head_dim: int, causal: bool) -> Read:
         """Forward + backward FLOP/s of fused attention (counted as `conventions["sdpa"]` says)."""
@@ -197,7 +142,7 @@ class DeviceProfile:
         note = [] if dim == head_dim else [f"head dim {head_dim} not measured: read at {dim}"]
         read = self._grid("sdpa", causal, dim).read(seq)
         what = f"{'causal' if causal else 'full'} attention, head dim {dim}"
-        return Read(read.value, "; ".join([f"{what}: {read.basis}"] + note))
+        return Read(read.value, "; ".join([f"{what}: {read.basis}"] + note), read.spread)
 
     def host_seconds(self, kind: str) -> Read | None:
         """Seconds of host time per op of `kind` (HOST_KINDS); None where this profile lacks it."""
@@ -206,6 +151,17 @@ class DeviceProfile:
         if kind not in self.host_seconds_per_op:
             return None
         return Read(self.host_seconds_per_op[kind], self.host_how.get(kind, "measured"))
+
+    def host_range(self, kind: str) -> tuple[float, float, str] | None:
+        """(low, high, basis) seconds per op of `kind`: a measured one as (value, value), else the
+        range derived from what was measured; None where the profile has neither."""
+        read = self.host_seconds(kind)
+        if read is not None:
+            return read.value, read.value, read.basis
+        if kind in self.host_ranges:
+            low, high = self.host_ranges[kind]
+            return low, high, self.host_how.get(kind, "derived")
+        return None
 
     def optimizer_bytes_per_s(self) -> Read | None:
         if self.optimizer is None:
@@ -258,6 +214,9 @@ def profile_to_json(profile: DeviceProfile) -> dict:
     body = to_jsonable(profile)
     body.pop("schema_version")
     host_costs = {"seconds_per_op": body.pop("host_seconds_per_op"), "how": body.pop("host_how")}
+    ranges = body.pop("host_ranges")
+    if ranges:
+        host_costs["ranges"] = ranges
     return {"schema_version": profile.schema_version, "kind": PROFILE_KIND,
             "tool": {"name": "topoprof", "version": __version__},
             "host": profile.machine.hostname, "created_utc": profile.machine.created_utc,
@@ -289,7 +248,7 @@ def profile_from_dict(doc: Any, where: str) -> DeviceProfile:
     missing = [s for s in SECTIONS if s not in doc]
     if missing:
         raise InputError(f"{where}: device profile without section(s) {', '.join(missing)}")
-    r = _Reader(where)
+    r = Reader(where)
     host = r.obj(doc["host_costs"], "host_costs")
     seconds_per_op = r.obj(host.get("seconds_per_op", {}), "host_costs.seconds_per_op")
     return DeviceProfile(
@@ -297,6 +256,8 @@ def profile_from_dict(doc: Any, where: str) -> DeviceProfile:
         machine=r.machine(doc["machine"]), dtype=r.text(doc, "dtype", "profile"),
         host_seconds_per_op={k: r.positive(seconds_per_op, k, "host_costs.seconds_per_op") for k in seconds_per_op},
         host_how={str(k): str(v) for k, v in r.obj(host.get("how", {}), "host_costs.how").items()},
+        host_ranges={str(k): r.span(v, f"host_costs.ranges.{k}")
+                     for k, v in r.obj(host.get("ranges", {}), "host_costs.ranges").items()},
         gemm=tuple(GemmPoint(r.count(e, "m", w), r.count(e, "n", w), r.count(e, "k", w), r.text(e, "dtype", w),
                              r.positive(e, "seconds", w), r.positive(e, "flops_per_s", w))
                    for w, e in r.entries(doc["gemm"], "gemm")),
@@ -318,74 +279,3 @@ def profile_from_dict(doc: Any, where: str) -> DeviceProfile:
         section_seconds={str(k): float(v) for k, v in r.obj(doc.get("section_seconds", {}), "section_seconds").items()
                          if isinstance(v, (int, float))},
         schema_version=version)
-
-
-class _Reader:
-    """Field checks with one-line errors: FILE: SECTION[i]: what is wrong."""
-
-    def __init__(self, where: str):
-        self.where = where
-
-    def fail(self, what: str) -> InputError:
-        return InputError(f"{self.where}: {what}")
-
-    def obj(self, value: Any, name: str) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(f"{name} must be an object")
-        return value
-
-    def entries(self, value: Any, name: str):
-        if not isinstance(value, list):
-            raise self.fail(f"{name} must be a list")
-        for i, entry in enumerate(value):
-            yield f"{name}[{i}]", self.obj(entry, f"{name}[{i}]")
-
-    def _get(self, entry: dict, key: str, where: str) -> Any:
-        if key not in entry:
-            raise self.fail(f"{where}: missing {key!r}")
-        return entry[key]
-
-    def positive(self, entry: dict, key: str, where: str) -> float:
-        value = self._get(entry, key, where)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-            raise self.fail(f"{where}: {key} must be a positive number, got {value!r}")
-        return float(value)
-
-    def count(self, entry: dict, key: str, where: str) -> int:
-        value = self._get(entry, key, where)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(f"{where}: {key} must be a positive integer, got {value!r}")
-        return value
-
-    def text(self, entry: dict, key: str, where: str) -> str:
-        value = self._get(entry, key, where)
-        if not isinstance(value, str) or not value:
-            raise self.fail(f"{where}: {key} must be a non-empty string, got {value!r}")
-        return value
-
-    def flag(self, entry: dict, key: str, where: str) -> bool:
-        value = self._get(entry, key, where)
-        if not isinstance(value, bool):
-            raise self.fail(f"{where}: {key} must be true or false, got {value!r}")
-        return value
-
-    def machine(self, value: Any) -> Machine:
-        m = self.obj(value, "machine")
-        known = {f for f in Machine.__dataclass_fields__}
-        fields = {k: v for k, v in m.items() if k in known}
-        self.text(m, "kind", "machine")
-        self.text(m, "device", "machine")
-        fields["missing"] = {str(k): str(v) for k, v in self.obj(m.get("missing", {}), "machine.missing").items()}
-        return Machine(**fields)
-
-    def optimizer(self, value: Any) -> OptimizerRate:
-        o, w = self.obj(value, "optimizer"), "optimizer"
-        return OptimizerRate(self.text(o, "name", w), self.count(o, "params", w), self.count(o, "bytes_per_step", w),
-                             self.positive(o, "seconds", w), self.positive(o, "bytes_per_s", w))
-
-    def pages(self, value: Any) -> FreshPages:
-        c, w = self.obj(value, "cpu"), "cpu"
-        rate = self._get(c, "fresh_page_s_per_byte", w)
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0:
-            raise self.fail(f"cpu: fresh_page_s_per_byte must be a number >= 0, got {rate!r}")
-        return FreshPages(float(rate), self.count(c, "fresh_page_min_bytes", w), str(c.get("how", "")))

@@ -10,7 +10,9 @@ bytes; an attention's sequence length) is read at any coordinates:
    the grid cell) gives the rate by multilinear interpolation of log(rate) over log(coordinate),
    i.e. a power law between neighbours: exact at every corner and monotone between two;
 4. points that form no such box (a scattered set, such as shared/gpu-facts' shapes) give the
-   inverse-distance blend of log(rate) over the NEAREST measured points in log coordinates.
+   inverse-distance blend of log(rate) over the NEAREST measured points in log coordinates; how
+   far those points disagree (the weighted standard deviation of their log rates, `spread`) is
+   how uncertain such a reading is, which a caller may carry as a range.
 Several measurements at the same coordinates count as their geometric mean.
 
 Pure Python, no torch: the model reads a profile on any machine.
@@ -33,6 +35,7 @@ MAX_BOXES = 4096     # boxes tried before the blend
 class Read:
     value: float
     basis: str
+    spread: float = 0.0   # a blend's uncertainty: its points' weighted std of log(rate); 0 where measured or boxed
 
 
 def _fmt(x: float) -> str:
@@ -83,8 +86,8 @@ class Grid:
             box = self._box(key)
             if box is not None:
                 return Read(math.exp(self._multilinear(key, box)), "; ".join([self._box_text(box)] + notes))
-            value, how = self._blend(key)
-            return Read(math.exp(value), "; ".join([how] + notes))
+            value, spread, how = self._blend(key)
+            return Read(math.exp(value), "; ".join([how] + notes), spread)
         return Read(math.exp(self.logs[key]), "; ".join([how] + notes))
 
     # ---- a measured box around the query --------------------------------------------------
@@ -140,13 +143,15 @@ class Grid:
 
     # ---- no box: the nearest points -------------------------------------------------------
 
-    def _blend(self, q: tuple[float, ...]) -> tuple[float, str]:
+    def _blend(self, q: tuple[float, ...]) -> tuple[float, float, str]:
         def distance(c: tuple[float, ...]) -> float:
             return math.sqrt(sum(math.log2(a / b) ** 2 for a, b in zip(c, q)))
 
         nearest = sorted(self.logs, key=lambda c: (distance(c), c))[:NEAREST]
         weights = [1 / distance(c) ** 2 for c in nearest]
         value = sum(w * self.logs[c] for w, c in zip(weights, nearest)) / sum(weights)
+        spread = math.sqrt(sum(w * (self.logs[c] - value) ** 2 for w, c in zip(weights, nearest)) / sum(weights))
         first = nearest[0]
-        return value, (f"no measured box around {_where(self.names, q)}: inverse-distance blend (log scale) of the "
-                       f"{len(nearest)} nearest measured, the nearest {_where(self.names, first)}")
+        return value, spread, (f"no measured box around {_where(self.names, q)}: inverse-distance blend (log scale) "
+                               f"of the {len(nearest)} nearest measured, the nearest {_where(self.names, first)}, "
+                               f"x/{math.exp(spread):.3g} across them")

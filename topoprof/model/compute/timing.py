@@ -281,6 +281,15 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
         source = f"measured ({comp.origin('optimizer_time_s')})"
         echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
         return comp.optimizer_time_s
+    profiled = (comp.modelled_detail or {}).get("optimizer") if uses_modelled(comp) else None
+    if profiled:  # a what-if priced from a device profile: its optimizer's rate and host cost per tensor
+        per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
+        rate, host = math.sqrt(math.prod(profiled["bytes_per_s"])), math.sqrt(math.prod(profiled["host_per_tensor_s"]))
+        seconds = profiled["tensors"] * host + per_param * params / rate
+        echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {profiled['tensors']} tensors x {host * 1e6:.3g} us + "
+                                             f"{per_param} B/param x {params} params / {rate / 1e9:.4g} GB/s, from the "
+                                             f"device profile ({profiled['basis']})")
+        return seconds
     if bandwidth is None:  # nothing to estimate it from: assume 0 and say so (echo, warning)
         echo["optimizer_time_s"] = (0.0, OPTIMIZER_UNKNOWN_SOURCE)
         notes.append(OPTIMIZER_UNKNOWN_NOTE)

@@ -13,11 +13,15 @@ The pass runs on the meta device for the GPU's precision (`probes/op_trace.py`, 
 in a worker, so the CLI imports no torch. Where it cannot run (a text model without --tokens,
 an op without a meta kernel, a worker that fails), the caller keeps the datasheet range and
 says why (`fallback_note`).
+
+The ops are priced from a device profile (`profile_choice.pricer_for`): the one given
+(`--gpu-profile`, a scan's own), else the nearest shipped one, as measured or scaled to the GPU
+named; where no profile can be had, on the datasheet (`roofline.gpu_device`), and the notes say so.
+A CPU's profile prices the model on that CPU: traced for a CPU target (fp32).
 """
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
@@ -66,64 +70,70 @@ def gpu_target(precision: str) -> dict:
     return {"device": "cuda", "precision": precision}
 
 
-def _gpu_spec(name: str):
-    from topoprof.model.compute.datasheet import lookup_gpu
+def target_for(precision: str, profile=None) -> dict:
+    """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`."""
+    if profile is not None and profile.machine.kind != "cuda":
+        return {"device": "cpu", "precision": "fp32"}
+    return gpu_target(precision)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unknown name is said once, by the compute's own lookup
-        return lookup_gpu(name)
 
+def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool, note: str | None = None,
+                    profile=None, profile_path: str | None = None) -> dict:
+    """A `Compute`'s modelled_* fields from a trace on the GPU named (or the profile's own device);
+    InputError where the GPU, its precision or the profile cannot price it, ValueError where the
+    trace cannot be priced."""
+    from topoprof.model.compute.profile_choice import pricer_for
+    from topoprof.model.compute.roofline import roofline
 
-def modelled_fields(trace: dict, gpu: str, precision: str, compiled: bool, note: str | None = None) -> dict:
-    """A `Compute`'s modelled_* fields from a trace on the GPU named; InputError where the GPU or
-    its precision is unknown, ValueError where the trace cannot be priced."""
-    from topoprof.model.compute.roofline import gpu_device, roofline
-
-    spec = _gpu_spec(gpu)
-    if spec is None:
-        raise InputError(f"GPU {gpu!r} is not in the datasheet table")
-    result = roofline(trace, gpu_device(spec, precision, compiled))
+    pricer, chosen_notes = pricer_for(gpu, precision, compiled, profile, profile_path)
+    result = roofline(trace, pricer)
     fast, middle, slow = result.seconds
     shape = trace.get("shape", "its example batch")
-    basis = (f"{result.kernels} kernels of its op trace at {shape} on {result.device}, per op the larger of "
-             "FLOPs over peak x efficiency and bytes over bandwidth, after a host cost per op")
+    how = ("per op the rate a device profile measured for its kind and size" if hasattr(pricer, "profile") else
+           "per op the larger of FLOPs over peak x efficiency and bytes over bandwidth")
+    basis = f"{result.kernels} kernels of its op trace at {shape} on {result.device}, {how}, and a host cost per op"
     detail = {"seconds": [fast, middle, slow], "device": result.device, "shape": shape,
               "kernels": result.kernels, "views": result.views, "flops": result.flops,
               "bytes_moved": result.bytes_moved, "backward_fraction": result.backward_fraction,
               "host_s": result.middle.host_s, "device_s": result.middle.device_s,
               "device_s_by_kind": result.middle.by_kind, "host_bound": result.host_bound,
               "summary": result.summary(), "basis": list(result.basis),
-              "notes": [*result.notes, *([note] if note else [])],
+              "notes": list(dict.fromkeys([*result.notes, *chosen_notes, *([note] if note else [])])),
               **({"memory": trace["memory"]} if trace.get("memory") else {})}
+    optimizer = pricer.optimizer_rates(trace.get("params")) if hasattr(pricer, "optimizer_rates") else None
+    if optimizer is not None:
+        detail["optimizer"] = optimizer
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 
 
-def trace_for_gpu(request: TraceRequest, precision: str) -> dict:
+def trace_for_gpu(request: TraceRequest, precision: str, profile=None) -> dict:
     from topoprof.measure.op_trace import trace_model
 
-    return trace_model(request.spec, request.kwargs, request.stated, gpu_target(precision))
+    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile))
 
 
-def model_on_gpu(request: TraceRequest | str, gpu: str, precision: str, compiled: bool) -> tuple[dict, str | None]:
+def model_on_gpu(request: TraceRequest | str, gpu: str | None, precision: str, compiled: bool, profile=None,
+                 profile_path: str | None = None) -> tuple[dict, str | None]:
     """(modelled fields, None), or ({}, why not) where no trace or no price could be had."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, precision)
-    return priced(trace, gpu, precision, compiled, request.note)
+    trace = trace_for_gpu(request, precision, profile)
+    return priced(trace, gpu, precision, compiled, request.note, profile, profile_path)
 
 
-def priced(trace: dict | None, gpu: str, precision: str, compiled: bool, note: str | None = None
-           ) -> tuple[dict, str | None]:
+def priced(trace: dict | None, gpu: str | None, precision: str, compiled: bool, note: str | None = None,
+           profile=None, profile_path: str | None = None) -> tuple[dict, str | None]:
     if not trace or trace.get("failure"):
         return {}, (trace or {}).get("failure") or "no pass on the meta device was run"
-    if trace.get("target", {}).get("device") != "cuda":
-        return {}, "the pass on the meta device was not run for a GPU"
-    if trace["target"].get("precision") != precision:
-        return {}, f"the pass on the meta device ran in {trace['target'].get('precision')}, not {precision} " \
-                   f"({trace.get('autocast_failure', 'another precision')})"
+    want = target_for(precision, profile)
+    if trace.get("target", {}).get("device") != want["device"]:
+        return {}, f"the pass on the meta device was not run for a {'GPU' if want['device'] == 'cuda' else 'CPU'}"
+    if trace["target"].get("precision") != want["precision"]:
+        return {}, (f"the pass on the meta device ran in {trace['target'].get('precision')}, not {want['precision']} "
+                    f"({trace.get('autocast_failure', 'another precision')})")
     try:
-        return modelled_fields(trace, gpu, precision, compiled, note), None
+        return modelled_fields(trace, gpu, precision, compiled, note, profile, profile_path), None
     except (InputError, ValueError, KeyError) as err:
         return {}, f"pricing its ops failed ({err})"
 

@@ -131,6 +131,9 @@ def _workload_and_compute(request: ModelRequest):
     from topoprof.model.strategies.job import Workload
 
     w, compute, memory = request.workload, request.compute, request.memory
+    if compute.gpu is None and compute.gpu_profile is not None:  # the profile's GPU: its memory, its optimizer
+        profiled = _lookup_quietly(_gpu_profile(compute).machine.device)
+        compute = replace(compute, gpu=profiled.name) if profiled is not None else compute
     work_kw = _workload_options(w, memory)
     origins: list = []
     notes: list[str] = []
@@ -152,7 +155,7 @@ def _workload_and_compute(request: ModelRequest):
             from topoprof.model.compute.traced import priced
 
             modelled, why = priced(record.get("op_trace"), compute.gpu or record.get("device_name") or "GPU0",
-                                   compute.precision, compute.compiled)
+                                   compute.precision, compute.compiled, None, _gpu_profile(compute), compute.gpu_profile)
             if why is not None:
                 notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     else:
@@ -181,12 +184,13 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest):
     the timed one on this GPU, else the backward FLOPs per tensor from a pass on the meta device
     at the stated shape. The same pass, for the GPU predicted (or timed), prices its ops: one pass
     in the same worker, run where either may be needed."""
-    from topoprof.model.compute.traced import gpu_target
+    from topoprof.model.compute.traced import target_for
     from topoprof.model.inputs.user_model import (choose_ready_order, here_device, measure_here, stated_shape,
                                                   trace_wanted)
 
     device = here_device()
-    target = gpu_target(compute.precision) if compute.gpu or device.startswith("cuda") else None
+    priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
+    target = target_for(compute.precision, _gpu_profile(compute)) if priced_for else None
     wanted = trace_wanted(device, compute.gpu, compute.micro_batch_time_s) or target is not None
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
                           trace=stated_shape(w.micro_batch_size, w.tokens) if wanted else None, target=target)
@@ -200,11 +204,13 @@ def _user_model_modelled(record: dict, compute: ComputeRequest) -> tuple[dict, s
     from topoprof.model.compute.traced import priced
     from topoprof.model.inputs.user_model import flop_order_reason
 
-    if compute.gpu is None or compute.given or compute.utilization is not None:
+    if (compute.gpu is None and compute.gpu_profile is None) or compute.given or compute.utilization is not None:
         return {}, None
-    if flop_order_reason(record["device"], record.get("device_name"), compute.gpu, None) is None:
+    if compute.gpu is not None and flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
+                                                     None) is None:
         return {}, None  # timed on the GPU predicted
-    return priced(record.get("op_trace"), compute.gpu, compute.precision, compute.compiled)
+    return priced(record.get("op_trace"), compute.gpu, compute.precision, compute.compiled, None,
+                  _gpu_profile(compute), compute.gpu_profile)
 
 
 def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str | None) -> tuple[dict, str | None]:
@@ -214,14 +220,25 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
     from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request
 
     gpu = compute.gpu or timed_gpu
-    what_if = not compute.given and compute.utilization is None and compute.gpu is not None
-    if gpu is None or not (what_if or timed_gpu is not None):
+    profile = _gpu_profile(compute)
+    what_if = (not compute.given and compute.utilization is None
+               and (compute.gpu is not None or compute.gpu_profile is not None))
+    if (gpu is None and profile is None) or not (what_if or timed_gpu is not None):
         return {}, None
-    if timed_gpu is not None and _lookup_quietly(timed_gpu) is None:
+    if timed_gpu is not None and profile is None and _lookup_quietly(timed_gpu) is None:
         return {}, f"{timed_gpu} is not in the datasheet table"
     request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size) if w.preset
                else params_request(w.param_count, w.micro_batch_size, w.tokens))
-    return model_on_gpu(request, gpu, compute.precision, compute.compiled)
+    return model_on_gpu(request, gpu, compute.precision, compute.compiled, profile, compute.gpu_profile)
+
+
+def _gpu_profile(compute: ComputeRequest):
+    """The --gpu-profile's profile (checked when the request was built), or None."""
+    if compute.gpu_profile is None:
+        return None
+    from topoprof.model.compute.profile import load_profile
+
+    return load_profile(compute.gpu_profile)
 
 
 def _lookup_quietly(name: str):

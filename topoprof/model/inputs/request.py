@@ -85,6 +85,15 @@ def check_gpu_name(name: str | None) -> None:
         raise InputError(f"--gpu: {why.split(' (known')[0]}; known: {', '.join(known_gpus())}")
 
 
+def check_gpu_profile(path: str, gpu: str | None, precision: str) -> None:
+    """A --gpu-profile must load (`load_profile`: one line naming the file and what is wrong) and be
+    able to price the what-if: in its precision, of the --gpu named or scalable to it."""
+    from topoprof.model.compute.profile import load_profile
+    from topoprof.model.compute.profile_choice import check_pricable
+
+    check_pricable(load_profile(path), gpu, precision, f"--gpu-profile {path}")
+
+
 def _positive(option: str, value: float | None, unit: str = "") -> None:
     if value is not None and not value > 0:
         raise InputError(f"{option} {value:g}: must be > 0{unit}")
@@ -174,10 +183,13 @@ class ComputeRequest:
     compiled: bool = False
     optimizer: str = "adamw"
     optimizer_time_s: float | None = None
+    gpu_profile: str | None = None         # a device profile file (`topoprof profile`) to price the what-if with
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise InputError(f"--precision {self.precision}: valid: {', '.join(PRECISIONS)}")
+        if self.gpu_profile is not None:
+            check_gpu_profile(self.gpu_profile, self.gpu, self.precision)
         _positive("--micro-batch-time", self.micro_batch_time_s, " seconds")
         if self.backward_fraction is not None and not 0 < self.backward_fraction < 1:
             raise InputError(f"--backward-fraction {self.backward_fraction:g}: the share of a micro-batch in "
@@ -277,9 +289,10 @@ class ModelRequest:
         from topoprof.model.workload.presets import is_vision
 
         w, c = self.workload, self.compute
-        if (c.gpu is None or w.tokens is not None or c.given or w.user_model or is_vision(w.preset)):
+        if ((c.gpu is None and c.gpu_profile is None) or w.tokens is not None or c.given or w.user_model
+                or is_vision(w.preset)):
             return
-        raise InputError(f"--tokens: a --gpu what-if of {w.what()} needs the tokens per GPU per micro-batch (e.g. "
+        raise InputError(f"--tokens: a {'--gpu' if c.gpu else '--gpu-profile'} what-if of {w.what()} needs the tokens per GPU per micro-batch (e.g. "
                          f"--tokens 1024 for one sequence of 1024), or give --micro-batch-time SECONDS (measured)")
 
     @classmethod
@@ -296,7 +309,7 @@ class ModelRequest:
                 gpu=opts["gpu"], precision=opts["precision"], micro_batch_time_s=opts["micro_batch_time"],
                 backward_fraction=opts["backward_fraction"], calibration=opts["calibration"],
                 utilization=opts["utilization"], compiled=bool(opts["compiled"]), optimizer=opts["optimizer"],
-                optimizer_time_s=opts["optimizer_time"]),
+                optimizer_time_s=opts["optimizer_time"], gpu_profile=opts.get("gpu_profile")),
             cluster=ClusterRequest(
                 bench=opts["bench"], topology=opts["topology"], gpus=parse_gpus(opts["gpus"]),
                 link_bandwidth_gbps=opts["link_bandwidth"], link_latency_us=opts["link_latency"],

@@ -7,7 +7,9 @@ architecture of that size) built and timed on GPU0; from the scan's own calibrat
 rate this device reached on the synthetic model applied to the model's FLOPs; or from the GPU's
 datasheet figures as a what-if range: priced from the model's own ops (`topoprof.model.compute.traced`),
 or where they cannot be, the datasheet peak x a utilization range. A compute timed on GPU0 has the
-range priced from its ops beside it, so that every GPU scan also checks the what-if.
+range priced from its ops beside it, so that every GPU scan also checks the what-if. On a GPU the
+scan measures the GPU's own quick device profile first (`ScanOptions.device_profile`), and the
+ops are priced with it, as that GPU; elsewhere with the profiles shipped with topoprof.
 """
 from __future__ import annotations
 
@@ -18,6 +20,32 @@ DEFAULT_TOKENS = 2048                     # tokens per GPU per micro-batch when 
 # On a GPU the default sizes are real architectures, built and timed there: GPT-3 Small's 125M
 # has GPT-2's shape, GPT-3 XL is the 1.3B (topoprof.model.workload.presets), LLaMA the 7B.
 SIZE_PRESETS = {"125M": "gpt2", "1.3B": "gpt3-xl", "7B": "llama-7b"}
+
+
+PROFILE_WHERE = "this scan's device profile (topoprof profile --quick on this GPU)"
+
+
+def scan_profile(opts):
+    """The device profile this scan measured on its GPU, or None."""
+    doc = getattr(opts, "device_profile", None)
+    if not doc:
+        return None
+    from topoprof.model.compute.profile import profile_from_dict
+
+    return profile_from_dict(doc, PROFILE_WHERE)
+
+
+def _with_profile(opts, gpu_name: str | None, note: str | None) -> tuple:
+    """`priced`'s arguments after the trace: (gpu, precision, compiled, note, profile, where)."""
+    gpu, profile, where = _priced_as(opts, gpu_name)
+    return gpu, "bf16", False, note, profile, where
+
+
+def _priced_as(opts, gpu_name: str | None) -> tuple:
+    """(GPU to price for, profile, where it came from): this scan's GPU as its own profile measured
+    it, or the GPU named with the shipped profiles."""
+    profile = scan_profile(opts)
+    return (None, profile, PROFILE_WHERE) if profile is not None else (gpu_name, None, None)
 
 
 def timed_preset(opts, size: str | None) -> str | None:
@@ -91,7 +119,7 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         measured = user_compute(opts.user_record)
         beside, why = {}, None
         if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
-            beside, why = priced(opts.user_record.get("op_trace"), gpu_name, "bf16", False)
+            beside, why = priced(opts.user_record.get("op_trace"), *_with_profile(opts, gpu_name, None))
         return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:
@@ -126,10 +154,12 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     tokens = workload.tokens_per_micro_batch
     request = (preset_request(preset, opts.micro_batch_size, tokens, opts.image_size) if preset else
                params_request(parse_count(size or opts.params), opts.micro_batch_size, tokens))
-    modelled, why = model_on_gpu(request, gpu_name, "bf16", False)
+    gpu, profile, where = _priced_as(opts, gpu_name)
+    modelled, why = model_on_gpu(request, gpu, "bf16", False, profile, where)
     if modelled:
+        on = where or f"{modelled['modelled_detail']['device']}"
         return (Compute(gpu=gpu_name, **modelled, **extra),
-                f"modelled from its own ops on the datasheet figures of {gpu_name}: a what-if, nothing measured")
+                f"modelled from its own ops on {on}: a what-if, nothing measured")
     return (Compute(gpu=gpu_name, **extra),
             f"datasheet peak of {gpu_name} x a utilization range: a what-if, nothing measured (its ops: {why})")
 
@@ -162,7 +192,9 @@ def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None
 
     if not gpu_name:
         return {}, "this GPU's name is unknown"
-    return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size), gpu_name, "bf16", False)
+    gpu, profile, where = _priced_as(opts, gpu_name)
+    return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size), gpu, "bf16", False,
+                        profile, where)
 
 
 def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None,
