@@ -14,10 +14,13 @@ def hsdp_line(payload: dict) -> list[str]:
     h = payload.get("hsdp")
     if not h:
         return []
-    return [f"hsdp: all-gathers and reduce-scatters over the {h['shard_gpus']} GPUs of a node "
-            f"({h['shard_bus_bandwidth_gbps']:g} GB/s ring), then each group's reduced shard all-reduced across "
-            f"the {h['replicas']} nodes, the node's {h['shard_gpus']} shard ranks at once through its NICs "
-            f"({h['replicate_bus_bandwidth_gbps']:g} GB/s per node): {h['all_reduces']} all-reduces taking "
+    if h["shard_bus_bandwidth_gbps"] is None:  # one GPU per node: nothing sharded, every group replicated
+        inside = "one GPU per node, so nothing is sharded inside a node; each group's gradients all-reduced across"
+    else:
+        inside = (f"all-gathers and reduce-scatters over the {h['shard_gpus']} GPUs of a node "
+                  f"({h['shard_bus_bandwidth_gbps']:g} GB/s ring), then each group's reduced shard all-reduced across")
+    return [f"hsdp: {inside} the {h['replicas']} nodes, the node's {h['shard_gpus']} shard rank(s) at once through its "
+            f"NICs ({h['replicate_bus_bandwidth_gbps']:g} GB/s per node): {h['all_reduces']} all-reduces taking "
             f"{_ms(h['all_reduce_s'])} ms alone per synced micro-batch on a stream of their own (all-gathers "
             f"{_ms(h['all_gather_s'])} ms, reduce-scatters {_ms(h['reduce_scatter_s'])} ms); "
             f"{_ms(h['exposed_s'])} ms left exposed"]

@@ -99,17 +99,19 @@ def modelled_fields(trace: dict, gpu: str, precision: str, compiled: bool, note:
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 
 
-def trace_for_gpu(request: TraceRequest, precision: str) -> dict:
+def trace_for_gpu(request: TraceRequest, precision: str, progress=None) -> dict:
     from topoprof.measure.op_trace import trace_model
 
-    return trace_model(request.spec, request.kwargs, request.stated, gpu_target(precision))
+    return trace_model(request.spec, request.kwargs, request.stated, gpu_target(precision), progress=progress)
 
 
-def model_on_gpu(request: TraceRequest | str, gpu: str, precision: str, compiled: bool) -> tuple[dict, str | None]:
-    """(modelled fields, None), or ({}, why not) where no trace or no price could be had."""
+def model_on_gpu(request: TraceRequest | str, gpu: str, precision: str, compiled: bool,
+                 progress=None) -> tuple[dict, str | None]:
+    """(modelled fields, None), or ({}, why not) where no trace or no price could be had;
+    `progress` hears the trace's stages."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, precision)
+    trace = trace_for_gpu(request, precision, progress)
     return priced(trace, gpu, precision, compiled, request.note)
 
 

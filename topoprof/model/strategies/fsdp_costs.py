@@ -89,6 +89,7 @@ def hsdp_levels(res: Resolved, comm: CommModel) -> HsdpLevels | None:
              "all_reduce": job.coll.all_reduce_s}
     total = {kind: sum(times[op.group] for op in mb.ops if op.kind == kind) for kind, times in alone.items()}
     cl = res.inputs.cluster
-    return HsdpLevels(cl.gpus_per_node, job.shard.bus_bandwidth_gbps, cl.nodes, job.replicate.bus_bandwidth_gbps,
+    shard_bw = job.shard.bus_bandwidth_gbps if cl.gpus_per_node > 1 else None
+    return HsdpLevels(cl.gpus_per_node, shard_bw, cl.nodes, job.replicate.bus_bandwidth_gbps,
                       total["all_gather"], total["reduce_scatter"], total["all_reduce"],
                       sum(1 for op in mb.ops if op.kind == "all_reduce"), mb.exposed_s, HSDP_FORMULA)

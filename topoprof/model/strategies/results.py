@@ -102,7 +102,7 @@ class HsdpLevels:
     """HSDP's collectives per synced micro-batch at each level, alone, and what stays exposed."""
 
     shard_gpus: int                       # the shard group: the GPUs of a node
-    shard_bus_bandwidth_gbps: float
+    shard_bus_bandwidth_gbps: float | None  # None: one GPU per node, no link inside it
     replicas: int                         # the replicate group: one rank per node
     replicate_bus_bandwidth_gbps: float   # the node's NICs together, which its shard ranks' all-reduces share
     all_gather_s: float
