@@ -112,14 +112,32 @@ def test_a_gpu_what_if_prices_fsdps_own_work_part_by_part_with_cited_ranges():
     costs = predict(_gpu_inputs()).fsdp_costs
     assert set(costs) == {"exposed_comm", "compute_slowed", "all_gather_copy_in", "all_gather_copy_out",
                           "reduce_scatter_copy_in", "fsdp_hooks", "slowest_rank"}
-    low, high = costs["fsdp_hooks"].range_s
-    # measured compute: nothing says how far the host runs ahead, so every step counts, at each end
-    assert low == pytest.approx((2 * BLOCK_STEPS + ROOT_STEPS) * HOST_STEP_COST_RANGE_S[0])
-    assert high == pytest.approx((2 * BLOCK_STEPS + ROOT_STEPS) * HOST_STEP_COST_RANGE_S[1])
+    hooks = costs["fsdp_hooks"]
+    # measured compute: nothing says how far the host runs ahead, so every step counts, at the
+    # cited cost's middle and slow end; at the fast end the host is ahead throughout
+    steps = 2 * BLOCK_STEPS + ROOT_STEPS
+    assert hooks.seconds == pytest.approx(steps * (HOST_STEP_COST_RANGE_S[0] * HOST_STEP_COST_RANGE_S[1]) ** 0.5)
+    assert hooks.range_s == (0.0, pytest.approx(steps * HOST_STEP_COST_RANGE_S[1]))
     # NCCL's SMs: not slowed at the fast end, slowed at the slow end
     assert costs["compute_slowed"].range_s[0] == 0.0 < costs["compute_slowed"].range_s[1]
     copies = costs["all_gather_copy_out"]
     assert copies.range_s[0] < copies.seconds < copies.range_s[1]
+
+
+def test_hooks_priced_from_the_model_s_ops_count_only_what_the_device_does_not_hide():
+    from topoprof.model.strategies.resolve import resolve
+    from topoprof.model.strategies.steps import fsdp_setting
+
+    detail = {"host_s": 0.002, "device_s": 0.008}  # device-bound: 3/4 of the micro-batch hides host work
+    inputs = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012), modelled_detail=detail)
+    for end, seconds in ((None, 0.01), ("slow", 0.012), ("fast", 0.008)):
+        setting = fsdp_setting(resolve(inputs, end))
+        assert setting.host_hidden_s == pytest.approx(seconds * 0.75)
+    host_bound = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012),
+                             modelled_detail={"host_s": 0.01, "device_s": 0.004})
+    assert fsdp_setting(resolve(host_bound)).host_hidden_s == 0.0
+    measured = fsdp_setting(resolve(_gpu_inputs()))
+    assert measured.host_hidden_s is None  # all counted
 
 
 def test_without_a_gpu_the_hooks_stay_unpriced_and_a_calibration_replaces_the_parts():

@@ -37,8 +37,9 @@ and the hooks priced here. `topoprof.model.fsdp.timeline` places each part where
    parameter; each costs HOST_STEP_COST_RANGE_S. That is host time: on a GPU the host runs ahead
    of the device, so it reaches the step only where the host is the bound. Where the compute is
    priced from the model's own ops, the device's time beyond the host's hides as much of it; where
-   the compute is measured or given, nothing says how far the host runs ahead, so all of it counts
-   (as DDP's kernels do, `topoprof.model.ddp.gpu_costs`). Scales with groups and parameters.
+   it is not (measured, given, or the datasheet's), nothing says how far the host runs ahead, so
+   all of it counts (as DDP's kernels do, `topoprof.model.ddp.gpu_costs`), and none at the fast
+   end of the what-if's range (the host ahead throughout). Scales with groups and parameters.
 5. NCCL's kernels beside compute (`compute_slowed`). An all-gather or reduce-scatter holds NCCL's
    channels' SMs as an all-reduce does (one thread block per channel, src/enqueue.cc; channels
    doubled, src/graph/connect.cc `ncclTopoPostset`): compute beside it runs at worst

@@ -35,6 +35,7 @@ class GpuCosts:
     spread_basis: int = 1           # ranks whose slowest the compute already is
     fsdp_host_step_s: float = 0.0   # one step of FSDP's hooks on the host (topoprof.model.fsdp.gpu_costs)
     fsdp_copy_share: float = 1.0    # of the memory bandwidth, FSDP's buffer copies (a datasheet's: a range)
+    fsdp_hooks_hidden: bool = False # the host ahead of the device throughout: FSDP's hooks cost the step nothing
 
 
 # Which end of a what-if range each resolution takes: the nominal middle, or the end that makes
@@ -88,11 +89,14 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
                                      f"{ranges['rank_speed_spread'][1]:.2%} per GPU: {GPU_SPEED_SPREAD_BASIS}")
     if not on_gpu and n > 1 and (comp.ddp_kernel_s is None or spread is None) and comp.ddp_copy_bandwidth_gbps is None:
         notes.append(DDP_GPU_UNPRICED_NOTE)
-    host_step, copy_share = 0.0, 1.0
+    host_step, copy_share, hidden = 0.0, 1.0, False
     if on_gpu and n > 1 and not fsdp_own_work_measured(comp):  # measured, it holds the hooks and copies
         ranges["fsdp_host_step_s"] = HOST_STEP_COST_RANGE_S
         host_step = _pick(HOST_STEP_COST_RANGE_S, end)
         echo["fsdp_host_step_s"] = (host_step, f"what-if range {HOST_STEP_COST_BASIS}")
+        # measured or given compute says nothing of how far the host runs ahead: the hooks count
+        # whole, but at the fast end the host is ahead throughout (none of them on the step)
+        hidden = end == "fast" and not uses_modelled(comp)
         if comp.memory_bandwidth_gbps is None:  # the datasheet's figure, not a measured one
             ranges["fsdp_copy_bandwidth_share"] = COPY_BANDWIDTH_SHARE_RANGE
             copy_share = {None: geometric_middle(*COPY_BANDWIDTH_SHARE_RANGE), "slow": COPY_BANDWIDTH_SHARE_RANGE[0],
@@ -102,7 +106,7 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
         echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()},
                                   "what-if ranges (topoprof.model.ddp.gpu_costs, topoprof.model.fsdp.gpu_costs)")
     return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter, comp.rank_spread_world_size, host_step,
-                    copy_share)
+                    copy_share, hidden)
 
 
 def fsdp_own_work_measured(comp) -> bool:

@@ -11,6 +11,7 @@ the assumptions, and DDP's cost by part.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
@@ -108,7 +109,8 @@ def fsdp_setting(res: Resolved) -> FsdpSetting:
                             compute_slowdown=1.0 if blocking else res.gpu.compute_slowdown,
                             comm_slowdown=1.0 if blocking else comp.comm_slowdown_during_compute,
                             own_param_bytes=work.param_bytes, host_step_s=res.gpu.fsdp_host_step_s,
-                            host_hidden_s=None if blocking else host_hidden_s(res))
+                            host_hidden_s=None if blocking else math.inf if res.gpu.fsdp_hooks_hidden
+                            else host_hidden_s(res))
 
 
 def host_hidden_s(res: Resolved) -> float | None:
@@ -262,8 +264,9 @@ ASSUMPTIONS = (
     "FSDP's own work per group (topoprof.model.fsdp.gpu_costs), unless validate measured it: its buffer copies "
     "(the all-gather's copy-in on its own stream, its copy-out and the reduce-scatter's chunk-cat on the compute "
     "stream) at the memory bandwidth, 73-86 % of a datasheet's; its hooks' host steps at 6.2-10.7 us each on a GPU, "
-    "counted where the device's time (from the model's ops) does not hide them, all of them where the compute is "
-    "measured or given; compute slowed by NCCL's SMs while any collective runs; each parameter padded to a multiple "
+    "counted where the device's time (from the model's ops) does not hide them; where the compute is not priced "
+    "from its ops, all of them, and none at the range's fast end (the host ahead throughout); compute slowed by NCCL's SMs "
+    "while any collective runs; each parameter padded to a multiple "
     "of the shard count; the no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not "
     "modelled",
     "HSDP: per group an all-gather and a reduce-scatter over the GPUs of a node, then its reduced shard all-reduced "
