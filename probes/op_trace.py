@@ -71,8 +71,10 @@ does), else with its example batch as it is; a device its code names stays meta
 (`probes/meta_device.py`), and a module or batch it built on meta itself is used as it is. Nothing
 of the model runs for real: `topoprof/measure/op_trace.py` runs this pass alone in a worker, for a
 model that is never to be timed on this machine. Anything that cannot run on meta (an op without a
-meta kernel, `.item()` or a data-dependent shape) gives a `failure` reason instead of raising:
-the caller then keeps the measured order and says why.
+meta kernel, `.item()` or a data-dependent shape) gives a `failure` reason instead of raising,
+with the parameter list where the model was built: the caller then keeps the measured order, or
+for a model it never times, the datasheet's range, and says why. A callable that is itself wrong
+(its import, its return value, its loss) says so (`user_error`): that is the user's to fix.
 """
 from __future__ import annotations
 
@@ -87,7 +89,8 @@ from torch.utils.flop_counter import flop_registry
 
 from probes.meta_device import on_meta
 from probes.target_lens import AUTOCAST_DTYPES, TargetLens, check_target
-from probes.user_callable import call_user_callable, load_callable, parameter_list, to_device, user_loss
+from probes.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, to_device,
+                                  user_loss)
 
 aten = torch.ops.aten
 
@@ -409,14 +412,28 @@ def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = N
     return module.to("meta"), to_device(batch, "meta"), loss_fn, shape
 
 
+# What is wrong with the callable itself (probes/user_callable.py's stages): the user's to fix,
+# whichever device it is read on.
+USER_ERRORS = ("import", "callable", "return", "loss")
+
+
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
-                     target: dict | None = None) -> dict:
+                     target: dict | None = None, progress=None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
-    as they are (a preset's name, as `measure` takes them); `target`: the device it stands for."""
+    as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
+    `progress`: called with each stage's text. A failure says where: `user_error` (the stage, in
+    USER_ERRORS, and its `traceback`) when the callable itself is wrong; `params` (its parameter
+    list, read on meta) when the model was built and only its pass failed."""
+    built: dict = {}
+    say = progress or (lambda text: None)
+
     def one_pass(for_target):
         with on_meta():
+            say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
+            built["params"] = parameter_list(module)
+            say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target)
 
     target = check_target(target)
@@ -424,13 +441,19 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     try:
         try:
             shape, module, batch, traced = one_pass(target)
+        except UserModelError:
+            raise
         except Exception as err:  # noqa: BLE001 - autocast's casts may be what fails: the pass in fp32 still orders
             if target is None or target["precision"] == "fp32":
                 raise
             autocast_failure = f"in {target['precision']}, {_first_line(err)}"
             shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
+    except UserModelError as err:
+        if err.kind in USER_ERRORS:
+            return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
+        return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
-        return {"failure": f"on meta, {_first_line(err)}"}
+        return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
     if not traced["ready"]:
         return {"failure": "FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution "
                            "or attention to weigh the gradients by)"}
@@ -452,4 +475,4 @@ def run_rank(ctx, config: dict) -> None:
         os.chdir(config["cwd"])
     ctx.progress(f"tracing {config['spec']} on meta")
     ctx.emit("op_trace", **trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"),
-                                            config.get("target")))
+                                            config.get("target"), ctx.progress))

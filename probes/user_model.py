@@ -119,15 +119,18 @@ MAX_PASSES_PER_REPEAT = 10
 
 
 def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw",
-            kwargs: dict | None = None) -> dict:
+            kwargs: dict | None = None, progress=None) -> dict:
     """Forward, backward and optimizer times of the user's model on `device`. On a GPU, warm-up
     and timed passes each run for a minimum time (GPU_WARMUP_S, GPU_TIMED_S); on a CPU, where a
     pass is long and steady, one warm-up and `repeats` timed passes. The ready order of the
-    gradients comes from the last warm-up pass, so that no timed pass carries a hook per tensor."""
+    gradients comes from the last warm-up pass, so that no timed pass carries a hook per tensor.
+    `progress` is called with each stage's text."""
     import torch
 
     from probes.meta_device import has_meta_tensors
 
+    say = progress or (lambda text: None)
+    say(f"building {spec}")
     module, batch, loss_fn = call_user_callable(spec, kwargs)
     if has_meta_tensors(module, batch):
         raise UserModelError("meta", f"{spec}() built its model or batch on the meta device: there is no data "
@@ -159,8 +162,10 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
         return one, time.perf_counter() - t0
 
     try:
+        say(f"warm-up pass of {spec} on {device}")
         ready = _warm_up(step, cuda)
-        passes, optimizer_s = _timed_passes(step, cuda, repeats)
+        say(f"timed passes of {spec} on {device}")
+        passes, optimizer_s = _timed_passes(step, cuda, repeats, say)
     except UserModelError:
         raise
     except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
@@ -183,7 +188,7 @@ def _warm_up(step, cuda: bool) -> list:
     return step(hooks=True)[0]["ready"]
 
 
-def _timed_passes(step, cuda: bool, repeats: int) -> tuple[list[dict], list[float]]:
+def _timed_passes(step, cuda: bool, repeats: int, say=lambda text: None) -> tuple[list[dict], list[float]]:
     """At least `repeats` timed passes; on a GPU on until GPU_TIMED_S have passed, within
     MAX_PASSES_PER_REPEAT x repeats. The first also reads the memory by phase (the warm-up
     left the optimizer's state and the allocator's blocks in place)."""
@@ -193,6 +198,7 @@ def _timed_passes(step, cuda: bool, repeats: int) -> tuple[list[dict], list[floa
     while len(passes) < limit and (len(passes) < repeats or (cuda and time.perf_counter() - start < GPU_TIMED_S)):
         one, opt_s = step(memory_phases=not passes)
         passes.append(one)
+        say(f"timed pass {len(passes)} done")
         optimizer_s.append(opt_s)
     return passes, optimizer_s
 
@@ -258,7 +264,8 @@ def run_rank(ctx, config: dict) -> None:
         os.chdir(config["cwd"])
     try:
         record = measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
-                         config.get("precision", "bf16"), config.get("optimizer", "adamw"), config.get("kwargs"))
+                         config.get("precision", "bf16"), config.get("optimizer", "adamw"), config.get("kwargs"),
+                         ctx.progress)
     except UserModelError as err:
         ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)
         return
@@ -267,5 +274,5 @@ def run_rank(ctx, config: dict) -> None:
 
         ctx.progress(f"tracing {config['spec']} on meta")
         record["op_trace"] = trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
-                                              config.get("target"))
+                                              config.get("target"), ctx.progress)
     ctx.emit("user_model", **record)

@@ -215,6 +215,11 @@ def test_flops_mode_hand_computed():
     assert "A100" in res.echo["peak_tflops"][1] or "a100" in res.echo["peak_tflops"][1]
 
 
+# FSDP's own work per group as `validate --modes` measures it: without it, its hooks are a range
+FSDP_MEASURED = {"fsdp_forward_overhead_s": 1e-4, "fsdp_backward_overhead_s": 1e-4,
+                 "fsdp_backward_no_sync_overhead_s": 1e-4, "fsdp_unshard_overhead_s": 1e-4}
+
+
 def test_a_datasheet_what_if_is_a_range_never_one_number():
     from topoprof.model.compute.timing import UTILIZATION_RANGE
 
@@ -241,9 +246,9 @@ def test_a_datasheet_what_if_is_a_range_never_one_number():
     assert single.range.step_time_s[0] == single.step_time_s == single.range.step_time_s[1]
     lo, hi = measured.strategies["ddp_synced"].range.step_time_s
     assert lo < measured.strategies["ddp_synced"].step_time_s < hi
-    # ... and one number again once a calibration measured those too
+    # ... and one number again once a calibration measured those too, and FSDP's own work
     calibrated = replace(measured_compute, ddp_kernel_s=5e-6, rank_speed_spread=0.01,
-                         compute_slowdown_during_comm=1.05)
+                         compute_slowdown_during_comm=1.05, **FSDP_MEASURED)
     again = predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=1000), calibrated, cluster))
     assert all(s.range is None for s in again.strategies.values() if not isinstance(s, Unavailable))
 

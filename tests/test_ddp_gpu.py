@@ -93,7 +93,13 @@ def test_a_gpu_what_if_is_a_range_and_a_calibration_makes_it_one_number():
     measured = replace(V100, ddp_kernel_s=6e-6, rank_speed_spread=0.01, compute_slowdown_during_comm=1.02)
     again = predict(_inputs(measured))
     assert all(c.range_s is None for c in again.ddp_costs.values())
-    assert again.strategies["ddp_synced"].range is None
+    # FSDP's hooks, which nothing measured, still make the prediction a what-if; DDP's rows are
+    # one number within it
+    lo, hi = again.strategies["ddp_synced"].range.step_time_s
+    assert lo == again.strategies["ddp_synced"].step_time_s == hi
+    fsdp = {"fsdp_forward_overhead_s": 1e-4, "fsdp_backward_overhead_s": 1e-4,
+            "fsdp_backward_no_sync_overhead_s": 1e-4, "fsdp_unshard_overhead_s": 1e-4}
+    assert predict(_inputs(replace(measured, **fsdp))).strategies["ddp_synced"].range is None
 
 
 def test_gradient_as_bucket_view_halves_the_copy_kernels():

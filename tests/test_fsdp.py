@@ -225,10 +225,12 @@ def test_model_refuses_an_fsdp_unit_that_wraps_nothing():
     assert proc.returncode == 2 and "--fsdp-unit" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_the_model_text_says_fsdps_own_work_is_unpriced_until_measured():
+def test_the_model_text_says_fsdps_own_work_is_unpriced_only_without_a_gpu_or_a_measurement():
     from topoprof.report.text_model import _fsdp_heading
 
     plain = {"inputs": {"fsdp_groups": {"value": {"grouping": "2 groups"}}}}
-    assert "not priced unless `validate --modes` measured it" in _fsdp_heading(plain)
+    assert "is not priced: no GPU named and nothing measured it" in _fsdp_heading(plain)
     measured = {"inputs": {**plain["inputs"], "fsdp_forward_overhead_s": {"value": 1e-4, "source": "calibration"}}}
     assert "not priced" not in _fsdp_heading(measured)
+    priced = {"inputs": {**plain["inputs"], "fsdp_host_step_s": {"value": 8e-6, "source": "what-if range"}}}
+    assert "not priced" not in _fsdp_heading(priced)

@@ -241,14 +241,17 @@ def test_a_given_utilization_keeps_the_datasheet_formula():
 
 
 def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
-    """With a GPU here, the preset is timed (measure_preset replaced: what it was asked is checked)."""
+    """With the GPU named here, the preset is timed (measure_preset replaced: what it was asked is
+    checked)."""
     from click.testing import CliRunner
 
     from topoprof.cli import main
 
     asked = []
+    monkeypatch.setattr("topoprof.model.inputs.user_model.here_gpu_name", lambda device: "Tesla V100-SXM2-32GB")
 
-    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None,
+             progress=None):
         asked.append((preset, micro_batch, seq_len, device, precision, image_size))
         return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None}
@@ -259,6 +262,12 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
     assert result.exit_code == 0, result.output
     assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]
     assert json.loads(result.output)["inputs"]["micro_batch_time_s"]["value"] == 0.2
+    # another GPU here: a what-if of the V100 never times the preset on it, nor takes its time
+    monkeypatch.setattr("topoprof.model.inputs.user_model.here_gpu_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    asked.clear()
+    result = CliRunner().invoke(main, ["model", *VISION, "--image-size", "160", "--json"])
+    assert result.exit_code == 0, result.output
+    assert asked == [] and "model's own ops" in json.loads(result.output)["inputs"]["micro_batch_time_s"]["source"]
 
 
 USER_MODELS = os.path.join(FIX, "user_models")

@@ -130,15 +130,23 @@ def test_the_stated_shape_reaches_a_callable_that_takes_it():
     assert shape_kwargs(lambda **anything: None, stated) == {}  # only parameters named so
 
 
-@pytest.mark.parametrize("name, says", [
-    ("reads_a_value", "on meta, RuntimeError: Tensor.item() cannot be called on meta tensors"),
-    ("no_matmul", "count no backward FLOPs"),
-    ("raises", "on meta, UserModelError"),
+@pytest.mark.parametrize("name, says, keys", [
+    # built, then its pass failed: the parameters read on meta come back with the reason
+    ("reads_a_value", "on meta, RuntimeError: Tensor.item() cannot be called on meta tensors", {"failure", "params"}),
+    ("no_matmul", "count no backward FLOPs", {"failure"}),
+    ("raises", "on meta, UserModelError", {"failure"}),  # raised while building: nothing built
+    ("reads_a_value_to_build", "on meta, UserModelError", {"failure"}),
 ])
-def test_what_cannot_be_traced_gives_a_reason(name, says):
+def test_what_cannot_be_traced_gives_a_reason(name, says, keys):
     spec = f"{TIED if name == 'raises' else META}:{name}"
     traced = trace_user_model(spec)
-    assert set(traced) == {"failure"} and says in traced["failure"]
+    assert set(traced) == keys and says in traced["failure"]
+
+
+@pytest.mark.parametrize("name, kind", [("wrong_shape", "return"), ("absent", "callable")])
+def test_a_callable_that_is_itself_wrong_says_so(name, kind):
+    traced = trace_user_model(f"{TIED}:{name}")
+    assert traced["user_error"] == kind and "params" not in traced
 
 
 # ---- what the roofline reads: the target device, grouped convolutions, shapes ---------------

@@ -97,7 +97,7 @@ def test_a_preset_whose_training_state_cannot_fit_is_timed_scaled_at_once(monkey
     assert not user_model._cannot_fit("llama-7b", "adamw", None)       # unknown: try, and scale on OOM
     depths = []
 
-    def fake_measure(spec, device, precision, optimizer, kwargs):
+    def fake_measure(spec, device, precision, optimizer, kwargs, progress=None):
         depths.append(kwargs.get("n_layer"))
         blocks = kwargs.get("n_layer") or 32
         return {"passes": [{"total_s": 0.01 * blocks, "backward_s": 0.006 * blocks}] * 3,

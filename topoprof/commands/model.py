@@ -15,7 +15,11 @@ import click
                    "--micro-batch-size images per micro-batch.")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Your own model: a function returning (module, example_batch[, loss_fn]); its parameters, "
-                   "gradient-ready order and compute are measured here (also as package.module:CALLABLE).")
+                   "gradient-ready order and compute are measured here, or for a --gpu what-if read from its pass "
+                   "on the meta device without running it (also as package.module:CALLABLE).")
+@click.option("--time-here", is_flag=True,
+              help="Also time your --model on this machine for a --gpu what-if of another GPU (a what-if otherwise "
+                   "only traces it on the meta device); the time is shown, never used as that GPU's.")
 @click.option("--grad-bytes", type=click.Choice(["2", "4"]), default="4", show_default=True,
               help="Bytes per gradient element: 4 under autocast (fp32 params), 2 for pure bf16/fp16.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per GPU per micro-batch.")
@@ -67,14 +71,17 @@ def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
+    from topoprof.commands.progress import LiveProgress
     from topoprof.model.inputs.options import build_inputs
     from topoprof.model.inputs.request import ModelRequest
     from topoprof.model.strategies.payload import model_payload
     from topoprof.report.text_model import render_model
 
     request = ModelRequest.from_options(opts)
-    inputs, described = build_inputs(request)
-    payload = model_payload(inputs, described, sweep=request.sweep)
+    with LiveProgress() as progress:  # on stderr, when it is a terminal (topoprof.commands.progress)
+        inputs, described = build_inputs(request, progress)
+        progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
+        payload = model_payload(inputs, described, sweep=request.sweep)
     if opts["as_json"]:
         from topoprof.jsonio import dumps, envelope
 

@@ -127,6 +127,17 @@ def external_job(environ: dict | None = None) -> ExternalJob | None:
     return None
 
 
+def progress_messages(progress: Callable[[str], None] | None) -> OnMessage | None:
+    """An `on_message` that hands each progress message's step to `progress` (None: none)."""
+    if progress is None:
+        return None
+
+    def on_message(rank: int, msg: dict) -> None:
+        if msg.get("type") == "progress" and msg.get("step"):
+            progress(msg["step"])
+    return on_message
+
+
 def is_reporting_rank() -> bool:
     """True unless this process is a non-zero rank of a torchrun/SLURM job (only rank 0 reports)."""
     job = external_job()

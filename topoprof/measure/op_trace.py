@@ -7,20 +7,22 @@ keeps the datasheet range with that reason."""
 from __future__ import annotations
 
 import os
+from typing import Callable
 
-from topoprof.measure.launch import JobSpec, launch_local
+from topoprof.measure.launch import JobSpec, launch_local, progress_messages
 
 TRACE_TIMEOUT_S = 300.0
 
 
 def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = None, target: dict | None = None,
-                timeout_s: float = TRACE_TIMEOUT_S) -> dict:
+                timeout_s: float = TRACE_TIMEOUT_S, progress: Callable[[str], None] | None = None) -> dict:
     """The worker's trace of `spec` (a `module:callable` returning (module, batch[, loss_fn])),
-    built with `kwargs` and the `stated` shape for the `target` device, or {"failure": reason}."""
+    built with `kwargs` and the `stated` shape for the `target` device, or {"failure": reason};
+    `progress` hears each stage the worker reports."""
     job = JobSpec("op_trace", {"spec": spec, "kwargs": kwargs, "stated": stated, "target": target,
                                "cwd": os.getcwd()}, 1, "gloo", timeout_s)
     try:
-        run = launch_local(job)
+        run = launch_local(job, progress_messages(progress))
     except Exception as err:  # noqa: BLE001 - no worker at all: the datasheet range stands, with the reason
         return {"failure": f"the trace worker did not start ({type(err).__name__}: {err})"}
     found = [msg for _, msg in run.messages if msg.get("type") == "op_trace"]

@@ -178,7 +178,7 @@ def _predictions(report: dict) -> list[str]:
         fsdp_rows = any(name.startswith("fsdp_") and s.get("step_time_s") for name, s in p["strategies"].items())
         notes = [f"Note: {line}." for line in dp_note(p) + (fsdp_note(p) if fsdp_rows else [])]
         out += [line for note in notes for line in (note, "")]
-        out += (_memory_basis(p) if sized else []) + _ddp_costs(p)
+        out += (_memory_basis(p) if sized else []) + _ddp_costs(p) + _fsdp_costs(p)
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")
     return out
@@ -230,6 +230,24 @@ def _ddp_costs(p: dict) -> list[str]:
         out += ["DDP options with a predicted gain on `ddp_synced`: " + "; ".join(
             f"`{o['knob']}` {o['gain_s'] * 1e3:.1f} ms ({o['gain_pct']:.1f} %, on {o['part']})" for o in knobs) + ".", ""]
     return out
+
+
+def _fsdp_costs(p: dict) -> list[str]:
+    """Where FSDP's cost goes per synced micro-batch of fsdp_full_shard, and HSDP's levels."""
+    from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
+
+    share = fsdp_cost_share(p)
+    out = [f"{line[0].upper()}{line[1:]}.\n" for line in hsdp_line(p)]
+    if share is None:
+        return out
+    rows = [[f"`{name}`", _ms(c["seconds"]), "–" if c["range_s"] is None else _span_ms(c["range_s"]),
+             c["scales_with"], c["source"]] for name, c in p["fsdp_costs"].items()]
+    nominal, low, high = share
+    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}–{high:.1f} %)"
+    out += [f"Where FSDP's cost goes in `{COST_STRATEGY}`, per synced micro-batch (a range where nothing measured "
+            "the part):", ""]
+    out += _table(["part", "ms", "range ms", "scales with", "from"], rows)
+    return out + ["", f"FSDP takes {nominal:.1f} % of an `{COST_STRATEGY}` step{span}.", ""]
 
 
 def _span_ms(pair: list) -> str:

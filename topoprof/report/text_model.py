@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from topoprof.model.compute.timing import OPTIMIZER_UNKNOWN_SOURCE
+from topoprof.report.text_fsdp import fsdp_cost_rows, hsdp_line
 
 
 def describe_links(links: dict) -> str:
@@ -89,15 +90,18 @@ def _fsdp_heading(payload: dict) -> str:
     reduce = (inputs.get("fsdp_reduce_bytes") or {}).get("value")
     dtypes = f"; all-gather {param} B per parameter, reduce-scatter {reduce} B per gradient" if param else ""
     heading = f"FSDP2 (fully_shard: {groups.get('grouping', 'groups unknown')}{dtypes}):"
-    return "\n".join([heading, *(f"  ({line})" for line in fsdp_note(payload))])
+    return "\n".join([heading, *(f"  ({line})" for line in fsdp_note(payload) + hsdp_line(payload))])
 
 
 def fsdp_note(payload: dict) -> list[str]:
-    """FSDP's rows leave out its own work unless validate measured it; DDP's rows price theirs."""
-    if "fsdp_forward_overhead_s" in payload["inputs"]:
+    """FSDP's rows price its own work on a GPU the datasheet knows, or as validate measured it;
+    without either, its hooks (and, with no memory bandwidth, its copies) are left out."""
+    inputs = payload["inputs"]
+    if "fsdp_forward_overhead_s" in inputs or "fsdp_host_step_s" in inputs:
         return []
-    return ["FSDP's own work per group beyond its buffer copies - its hooks, its kernel launches - is not priced "
-            "unless `validate --modes` measured it; DDP's own costs are, so these rows favour FSDP"]
+    return ["FSDP's own work per group - its hooks, and its buffer copies where no memory bandwidth is known - is not "
+            "priced: no GPU named and nothing measured it (give --gpu NAME, or --calibration FILE from "
+            "`validate --modes`)"]
 
 
 def _memory_text(s: dict) -> str:
@@ -292,7 +296,8 @@ def render_model(payload: dict) -> str:
     ddp_fits = ((payload["strategies"].get("ddp_synced") or {}).get("memory") or {}).get("fits") is not False
     ddp = (_hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload) if ddp_fits
            else ["", "DDP does not fit on these GPUs: where its cost goes is left out."])
-    out = _header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _no_sync_rows(payload) + ddp
+    out = (_header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _no_sync_rows(payload) + ddp
+           + fsdp_cost_rows(payload))
     if "sweep" in payload:
         out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
     if payload["warnings"]:

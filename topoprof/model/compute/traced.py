@@ -107,18 +107,19 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 
 
-def trace_for_gpu(request: TraceRequest, precision: str, profile=None) -> dict:
+def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None) -> dict:
     from topoprof.measure.op_trace import trace_model
 
-    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile))
+    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile), progress=progress)
 
 
 def model_on_gpu(request: TraceRequest | str, gpu: str | None, precision: str, compiled: bool, profile=None,
-                 profile_path: str | None = None) -> tuple[dict, str | None]:
-    """(modelled fields, None), or ({}, why not) where no trace or no price could be had."""
+                 profile_path: str | None = None, progress=None) -> tuple[dict, str | None]:
+    """(modelled fields, None), or ({}, why not) where no trace or no price could be had;
+    `progress` hears the trace's stages."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, precision, profile)
+    trace = trace_for_gpu(request, precision, profile, progress)
     return priced(trace, gpu, precision, compiled, request.note, profile, profile_path)
 
 

@@ -43,6 +43,13 @@ No sync. `set_requires_gradient_sync(False)` sets `reduce_grads` (and `all_reduc
 Parameters are still resharded after backward (`reshard_after_backward`, default True,
 `_fsdp_param_group.py:223`), so every micro-batch all-gathers again in forward.
 
+FSDP's own work (`topoprof.model.fsdp.gpu_costs`). The all-gather's copy-in runs on the copy-in
+stream, before the all-gather that waits for it; its copy-out and the reduce-scatter's chunk-cat
+run on the compute stream; each group's hooks are host work, placed on the compute stream at the
+hook (pre-forward, with its post-forward's reshard; the unshard in backward; post-backward) as
+far as the device's time does not hide them. Where `validate` measured FSDP's own work per group
+(`FsdpOverhead`), that stands in for the copies and the hooks.
+
 Bytes. `MixedPrecisionPolicy` (`_fsdp_api.py:13-51`): the all-gather moves `param_dtype`
 elements, the reduce-scatter `reduce_dtype` ones (the compute dtype when None).
 
@@ -66,6 +73,7 @@ from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import GB, CommModel
+from topoprof.model.fsdp.gpu_costs import group_copies_s, hook_seconds
 from topoprof.model.fsdp.plan import FsdpPlan
 
 FSDP_STRATEGIES = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op",
@@ -125,6 +133,9 @@ class FsdpSetting:
     overhead: FsdpOverhead | None = None  # measured per-group costs (replace the copies' estimate)
     compute_slowdown: float = 1.0         # compute runs 1/x as fast while a collective runs
     comm_slowdown: float = 1.0            # a collective runs 1/x as fast beside compute
+    own_param_bytes: int | None = None    # the parameters' own element (the copy-in casts); None: param_bytes
+    host_step_s: float = 0.0              # one step of FSDP's hooks on the host (fsdp.gpu_costs); 0: unpriced
+    host_hidden_s: float | None = None    # host time the device hides per micro-batch; None: unknown, none
 
     def __post_init__(self) -> None:
         if self.compute_slowdown < 1 or self.comm_slowdown < 1:
@@ -134,11 +145,16 @@ class FsdpSetting:
 
 @dataclass(frozen=True)
 class Collectives:
-    """Seconds of each group's collectives running alone."""
+    """Seconds of each group's collectives running alone, and of FSDP's buffer copies around them
+    at the memory bandwidth (`topoprof.model.fsdp.gpu_costs`; 0 where validate measured FSDP's own
+    work, which holds them, or where the bandwidth is unknown)."""
 
     all_gather_s: tuple[float, ...]
     reduce_scatter_s: tuple[float, ...]
     all_reduce_s: tuple[float, ...] = ()  # HSDP's across replicas; empty for FSDP
+    copy_in_s: tuple[float, ...] = ()     # the all-gather's copy-in, on its stream before it
+    copy_out_s: tuple[float, ...] = ()    # the all-gather's copy-out, on the compute stream
+    chunk_cat_s: tuple[float, ...] = ()   # the reduce-scatter's copy-in, on the compute stream
 
 
 def collective_times(plan: FsdpPlan, setting: FsdpSetting, shard: CommModel,
@@ -163,7 +179,10 @@ def collective_times(plan: FsdpPlan, setting: FsdpSetting, shard: CommModel,
             rs.append(shard.reduce_scatter_s(size))
     ar = () if replicate is None else tuple(replicate.allreduce_s(g.padded_numel(n) * setting.reduce_bytes)
                                            if g.numel else 0.0 for g in plan.groups)
-    return Collectives(tuple(ag), tuple(rs), ar)
+    if setting.overhead is not None:  # validate measured FSDP's own work: the copies are in it
+        return Collectives(tuple(ag), tuple(rs), ar)
+    return Collectives(tuple(ag), tuple(rs), ar, *group_copies_s(plan, n, setting.param_bytes, setting.reduce_bytes,
+                                                                  setting.own_param_bytes, setting.memory_bandwidth_gbps))
 
 
 def _memory_s(setting: FsdpSetting, traffic_bytes: float) -> float:
@@ -189,6 +208,7 @@ class _Op:
 class Work:
     seconds: float
     kind: str  # "compute" (the model's) or "fsdp" (FSDP's own work on the compute stream)
+    part: str = ""  # FSDP's own: which (`fsdp_parts`)
 
 
 @dataclass(frozen=True)
@@ -218,6 +238,7 @@ class MicroBatch:
     compute_busy_s: float        # the compute stream working (the model's compute and FSDP's own)
     fsdp_work_s: float           # FSDP's own share of that, alone
     ops: tuple[OpTime, ...]
+    fsdp_parts: dict[str, float] = field(default_factory=dict)  # fsdp_work_s by part, alone
 
     @property
     def exposed_s(self) -> float:
@@ -238,9 +259,9 @@ class _Builder:
         self.items.append(Mark(name))
         return name
 
-    def work(self, seconds: float, kind: str = "compute") -> None:
+    def work(self, seconds: float, kind: str = "compute", part: str = "") -> None:
         if seconds > 0:
-            self.items.append(Work(seconds, kind))
+            self.items.append(Work(seconds, kind, part))
 
     def issue(self, op: _Op) -> int:
         """An op issued at this point of the compute stream's program. Blocking: it starts here
@@ -268,13 +289,18 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
     groups = plan.groups
     live = [g.numel > 0 for g in groups]
     over = setting.overhead
-    pb, rb = setting.param_bytes, setting.reduce_bytes
+    resharded = [live[g] and mode.reshard_after_forward and g != root for g in range(len(groups))]
+    hooks = hook_seconds(plan, resharded, synced, live, 0.0 if over is not None else setting.host_step_s,
+                         setting.host_hidden_s)
 
     def copy_out_s(g: int) -> float:  # all-gather output split into the parameters (compute stream)
-        return 0.0 if over is not None else _memory_s(setting, 2 * groups[g].numel * pb)
+        return coll.copy_out_s[g] if coll.copy_out_s else 0.0
 
-    def copy_in_s(g: int) -> float:  # gradients chunk-cat into the reduce-scatter input
-        return 0.0 if over is not None else _memory_s(setting, groups[g].numel * (pb + rb))
+    def chunk_cat_s(g: int) -> float:  # gradients chunk-cat into the reduce-scatter input
+        return coll.chunk_cat_s[g] if coll.chunk_cat_s else 0.0
+
+    def ag_s(g: int) -> float:  # the all-gather, after its copy-in on the copy-in stream
+        return coll.all_gather_s[g] + (coll.copy_in_s[g] if coll.copy_in_s else 0.0)
 
     def own(kind: str) -> float:
         if over is None:
@@ -290,12 +316,13 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
         first_seg.setdefault(seg.group, s)
 
     def pre_forward(g: int, j: int) -> None:
-        b.work(own("forward"), "fsdp")
+        b.work(own("forward"), "fsdp", "measured")
+        b.work(hooks[g]["forward"], "fsdp", "fsdp_hooks")  # its post-forward's reshard counted with it
         if live[g]:
             gates = [] if j < 2 or order[j - 2] not in compute_start else [compute_start[order[j - 2]]]
-            ag[g] = b.issue(_Op("all_gather", g, "shard", coll.all_gather_s[g], gates))
+            ag[g] = b.issue(_Op("all_gather", g, "shard", ag_s(g), gates))
             b.wait(ag[g])
-            b.work(copy_out_s(g), "fsdp")
+            b.work(copy_out_s(g), "fsdp", "all_gather_copy_out")
         compute_start[g] = b.mark()
 
     pre_forward(root, 0)
@@ -306,7 +333,6 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
         b.work(seg.forward_share * setting.forward_s)
     forward_end = b.mark()
     # backward: walk the segments in reverse
-    resharded = [live[g] and mode.reshard_after_forward and g != root for g in range(len(groups))]
     post_order = plan.post_forward_order()
     prefetched: dict[int, int] = {}
     last_copy_out = compute_start[order[-1]]  # the forward's last copy-out: the streams' last wait
@@ -316,15 +342,16 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
 
     def prefetch(target: int, gate: str) -> None:
         if resharded[target] and target not in prefetched:
-            prefetched[target] = b.issue(_Op("all_gather", target, "shard", coll.all_gather_s[target], [gate]))
+            prefetched[target] = b.issue(_Op("all_gather", target, "shard", ag_s(target), [gate]))
 
     def post_backward(g: int) -> None:
         nonlocal last_rs
-        b.work(own("backward"), "fsdp")
+        b.work(own("backward"), "fsdp", "measured")
+        b.work(hooks[g]["backward"], "fsdp", "fsdp_hooks")
         if not synced or not live[g]:
             return
         b.wait(last_rs)  # the previous reduce-scatter's buffer released first
-        b.work(copy_in_s(g), "fsdp")
+        b.work(chunk_cat_s(g), "fsdp", "reduce_scatter_copy_in")
         rs = b.issue(_Op("reduce_scatter", g, "shard", coll.reduce_scatter_s[g], [b.mark()]))
         reductions.append(rs)
         last_rs = rs
@@ -340,10 +367,11 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
             seen.add(g)
             if resharded[g]:
                 if g not in prefetched:
-                    prefetched[g] = b.issue(_Op("all_gather", g, "shard", coll.all_gather_s[g], [b.mark()]))
+                    prefetched[g] = b.issue(_Op("all_gather", g, "shard", ag_s(g), [b.mark()]))
                 b.wait(prefetched[g])
-                b.work(copy_out_s(g), "fsdp")
-                b.work(over.unshard_s if over is not None else 0.0, "fsdp")
+                b.work(copy_out_s(g), "fsdp", "all_gather_copy_out")
+                b.work(over.unshard_s if over is not None else 0.0, "fsdp", "measured")
+                b.work(hooks[g]["unshard"], "fsdp", "fsdp_hooks")
             gate = b.mark()
             i = post_order.index(g)
             if i > 0:
@@ -366,6 +394,7 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str) -> MicroBatc
     t, ci = 0.0, 0
     left = items[0].seconds if items and isinstance(items[0], Work) else 0.0
     busy = fsdp = 0.0
+    parts: dict[str, float] = {}
     channels = sorted({op.channel for op in ops})
     eps = 1e-15
 
@@ -416,6 +445,7 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str) -> MicroBatc
             busy += dt
             if items[ci].kind == "fsdp":
                 fsdp += dt * c_rate
+                parts[items[ci].part] = parts.get(items[ci].part, 0.0) + dt * c_rate
             left -= dt * c_rate
             if left <= eps:
                 ci += 1
@@ -424,7 +454,7 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str) -> MicroBatc
     else:  # pragma: no cover - the loop ends when every item and op is done
         raise InputError("FSDP timeline did not finish")
     times = tuple(OpTime(op.kind, op.group, op.start, op.end) for op in ops)
-    return MicroBatch(t, reached[forward_mark], busy, fsdp, times)
+    return MicroBatch(t, reached[forward_mark], busy, fsdp, times, parts)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ or a GPU name. `build_inputs` measures or traces only what the request leaves op
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from topoprof.errors import InputError
 from topoprof.model.compute.traced import fallback_note
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, MemoryRequest, ModelRequest, WorkloadRequest
+
+Progress = Callable[[str], None]  # hears what a long stage waits for (`topoprof model` shows it on a terminal)
 
 
 def _load_topology(path: str):
@@ -36,9 +39,10 @@ def _no_link(cluster: ClusterRequest) -> tuple[None, int, dict]:
     return None, 1, described
 
 
-def build_comm(cluster: ClusterRequest, gpu: str | None = None):
+def build_comm(cluster: ClusterRequest, gpu: str | None = None, progress: Progress | None = None):
     """(CommModel for one node or None when none is needed, gpus_per_node, description) from
-    the first source given; `gpu` (--gpu) pins a topology's NVLink generation."""
+    the first source given; `gpu` (--gpu) pins a topology's NVLink generation; `progress` hears
+    when this machine's topology is read."""
     from topoprof.model.comm import links
 
     gpn, chosen = cluster.given_gpus_per_node(), list(cluster.gpus) if cluster.gpus else None
@@ -62,6 +66,8 @@ def build_comm(cluster: ClusterRequest, gpu: str | None = None):
     else:
         from topoprof.topology.collect import collect_topology
 
+        if progress is not None:
+            progress("reading this machine's topology (NVML, nvidia-smi)")
         topology = collect_topology()
         if not topology.gpus:
             raise InputError("no link information: this machine has no GPU; give --bench FILE, "
@@ -93,19 +99,20 @@ def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
                 bucket_cap_mb=w.bucket_cap_mb, activation_memory_gb=memory.activation_memory_gb, **w.fsdp_bytes())
 
 
-def build_inputs(request: ModelRequest):
-    """(ModelInputs, what was described of the links and the sources) for the request."""
+def build_inputs(request: ModelRequest, progress: Progress | None = None):
+    """(ModelInputs, what was described of the links and the sources) for the request;
+    `progress` hears what it waits for (a model traced or timed, this machine's topology read)."""
     from topoprof.model.comm import links
     from topoprof.model.comm.collectives import HierarchicalComm
     from topoprof.model.strategies.job import Cluster, ModelInputs
 
-    workload, compute, memory, origins, notes, modelled = _workload_and_compute(request)
+    workload, compute, memory, origins, notes, modelled = _workload_and_compute(request, progress)
     if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
         from topoprof.model.fsdp.plan import fsdp_plan
 
         fsdp_plan(workload.layout, workload.fsdp_unit)
     cl = request.cluster
-    comm, gpn, described = build_comm(cl, request.compute.gpu)
+    comm, gpn, described = build_comm(cl, request.compute.gpu, progress)
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]
     if cl.world_size is not None and cl.world_size != cl.nodes * gpn:
@@ -125,7 +132,7 @@ def build_inputs(request: ModelRequest):
     return ModelInputs(workload, resolved, cluster, accumulation_steps=request.accum), described
 
 
-def _workload_and_compute(request: ModelRequest):
+def _workload_and_compute(request: ModelRequest, progress: Progress | None = None):
     """The workload, and the compute and memory requests completed with what was measured here:
     (workload, compute, memory, origins of measured values, notes, modelled fields)."""
     from topoprof.model.strategies.job import Workload
@@ -141,17 +148,22 @@ def _workload_and_compute(request: ModelRequest):
     if w.user_model:
         from topoprof.model.inputs.user_model import user_compute, user_layout
 
-        record, order = _user_model_here(w, compute)
-        workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory"))
+        record, order = _user_model_here(w, compute, progress)
+        timed = "passes" in record  # else traced on meta only
+        stands = timed and _timing_stands(record, compute)
+        workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory") if stands else None)
         notes += [order.note] if order.note else []
         modelled, why = _user_model_modelled(record, compute)
-        if why is not None:  # timed on another device than the GPU predicted, and its ops not priced
-            notes.append(f"compute: the model's own ops could not be priced for {compute.gpu} ({why}); "
-                         f"the compute is the time measured on {record['device']}, another device")
-        if not modelled:
-            compute, origins = _measured(compute, user_compute(record))
+        if why is not None:  # a what-if whose own ops could not be priced: the datasheet's range stands in
+            _need_tokens_for_the_datasheet(w, compute, why)
+            notes.append(fallback_note(why))
+        if stands:
+            if not modelled and why is None:
+                compute, origins = _measured(compute, user_compute(record))
+        elif timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
+            notes.append(_timed_elsewhere_note(user_compute(record), record, compute.gpu))
         memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
-        if not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
+        if timed and not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
             from topoprof.model.compute.traced import priced
 
             modelled, why = priced(record.get("op_trace"), compute.gpu or record.get("device_name") or "GPU0",
@@ -161,15 +173,15 @@ def _workload_and_compute(request: ModelRequest):
     else:
         workload = (Workload.from_preset(w.preset, w.image_size, **work_kw) if w.preset
                     else Workload.from_params(w.param_count, **work_kw))
-        if w.preset and not compute.given:
-            measured = _preset_on_this_gpu(w, compute)
+        if w.preset and not compute.given and _this_gpu_predicted(compute):
+            measured = _preset_on_this_gpu(w, compute, progress)
             if measured is not None:
                 compute, origins = _measured(compute, measured)
                 if measured.get("memory"):  # timed whole on this GPU: its memory too
                     workload = replace(workload, measured_memory=measured["memory"])
                 timed_gpu = measured.get("device_name")
                 memory = _memory_of_the_timed_gpu(memory, compute, measured, origins)
-        modelled, why = _traced_modelled(w, compute, timed_gpu)
+        modelled, why = _traced_modelled(w, compute, timed_gpu, progress)
         if why is not None:
             notes.append(fallback_note(why) if timed_gpu is None else
                          f"compute: the model's own ops could not be priced beside the measured time ({why})")
@@ -179,22 +191,62 @@ def _workload_and_compute(request: ModelRequest):
     return workload, compute, memory, origins, notes, modelled
 
 
-def _user_model_here(w: WorkloadRequest, compute: ComputeRequest):
-    """The user's model timed here, and the gradient-ready order that fits the device predicted:
-    the timed one on this GPU, else the backward FLOPs per tensor from a pass on the meta device
-    at the stated shape. The same pass, for the GPU predicted (or timed), prices its ops: one pass
-    in the same worker, run where either may be needed."""
+def _this_gpu_predicted(compute: ComputeRequest) -> bool:
+    """No --gpu, or --gpu naming this machine's GPU: what is timed here is the device predicted.
+    A --gpu of another GPU (or any --gpu on a machine without one) is a what-if, which never runs
+    the model here."""
+    if compute.gpu is None:
+        return True
+    from topoprof.model.inputs.user_model import names_this_gpu
+
+    return names_this_gpu(compute.gpu)
+
+
+def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Progress | None = None):
+    """The user's model and the gradient-ready order that fits the device predicted. A what-if
+    (`_this_gpu_predicted` false) traces it on the meta device only, unless --time-here asks for
+    a timing here too: its order is the backward FLOPs per tensor. Otherwise it is timed here, and
+    its order is the timed one on this GPU, else the backward FLOPs per tensor from a pass on the
+    meta device at the stated shape. The same pass, for the GPU predicted (or timed), prices its
+    ops: one pass in the same worker, run where either may be needed."""
     from topoprof.model.compute.traced import target_for
     from topoprof.model.inputs.user_model import (choose_ready_order, here_device, measure_here, stated_shape,
-                                                  trace_wanted)
+                                                  trace_only, trace_wanted)
 
+    say = progress or (lambda text: None)
+    if not (w.time_here or _this_gpu_predicted(compute)):
+        say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
+        return trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, progress)
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
     target = target_for(compute.precision, _gpu_profile(compute)) if priced_for else None
     wanted = trace_wanted(device, compute.gpu, compute.micro_batch_time_s) or target is not None
+    say(f"timing {w.user_model} on {device} (starting its worker: importing torch)")
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
-                          trace=stated_shape(w.micro_batch_size, w.tokens) if wanted else None, target=target)
+                          trace=stated_shape(w.micro_batch_size, w.tokens) if wanted else None, target=target,
+                          progress=progress)
     return record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s)
+
+
+def _timing_stands(record: dict, compute: ComputeRequest) -> bool:
+    """A timing here is the compute predicted where no --gpu is named, or the --gpu is the GPU it
+    was timed on; never another device's."""
+    from topoprof.model.inputs.user_model import flop_order_reason
+
+    return compute.gpu is None or flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
+                                                    None) is None
+
+
+def _timed_elsewhere_note(measured: dict, record: dict, gpu: str) -> str:
+    return (f"timed here (--time-here): {measured['micro_batch_time_s'] * 1e3:,.1f} ms per micro-batch on "
+            f"{record.get('device_name') or record['device']}, this machine, not the {gpu} predicted: not used")
+
+
+def _need_tokens_for_the_datasheet(w: WorkloadRequest, compute: ComputeRequest, why: str) -> None:
+    """The datasheet's range prices tokens: a text model's what-if without them cannot stand in."""
+    if w.tokens is None and not compute.given and compute.utilization is None:
+        raise InputError(f"--model {w.user_model}: its own ops could not be priced ({why}), and the datasheet range "
+                         "that stands in needs --tokens N (tokens per GPU per micro-batch); or give --micro-batch-time")
 
 
 def _user_model_modelled(record: dict, compute: ComputeRequest) -> tuple[dict, str | None]:
@@ -213,7 +265,8 @@ def _user_model_modelled(record: dict, compute: ComputeRequest) -> tuple[dict, s
                   _gpu_profile(compute), compute.gpu_profile)
 
 
-def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str | None) -> tuple[dict, str | None]:
+def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str | None,
+                     progress: Progress | None = None) -> tuple[dict, str | None]:
     """A preset's or `--params` compute from its own ops: as the compute where nothing measured it
     on a --gpu what-if, or beside the time measured on this GPU. ({}, None) where neither
     applies (compute given, calibrated, or a utilization given); ({}, why) where it failed."""
@@ -229,7 +282,9 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
         return {}, f"{timed_gpu} is not in the datasheet table"
     request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size) if w.preset
                else params_request(w.param_count, w.micro_batch_size, w.tokens))
-    return model_on_gpu(request, gpu, compute.precision, compute.compiled, profile, compute.gpu_profile)
+    if progress is not None and not isinstance(request, str):
+        progress(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
+    return model_on_gpu(request, gpu, compute.precision, compute.compiled, profile, compute.gpu_profile, progress)
 
 
 def _gpu_profile(compute: ComputeRequest):
@@ -274,7 +329,7 @@ def _memory_of_the_timed_gpu(memory: MemoryRequest, compute: ComputeRequest, tim
     return replace(memory, gpu_memory_gb=total / 1e9)
 
 
-def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest) -> dict | None:
+def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: Progress | None = None) -> dict | None:
     """A preset timed at its real size on this machine's first GPU; None without a GPU (the
     datasheet estimate, or the user's own figures, then stand in)."""
     from topoprof.measure.runner import visible_gpus
@@ -285,11 +340,14 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest) -> dict | N
     from topoprof.model.workload.presets import is_vision
 
     batch, preset = w.micro_batch_size, w.preset_name
+    if progress is not None:
+        progress(f"timing {preset} on cuda:0 (starting its worker: importing torch)")
+    more = {"progress": progress} if progress is not None else {}
     if is_vision(preset):
         return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,
-                              image_size=w.image_size)
+                              image_size=w.image_size, **more)
     seq_len = max(1, w.tokens // batch) if w.tokens else None
-    return measure_preset(preset, batch, seq_len, "cuda:0", compute.precision, compute.optimizer)
+    return measure_preset(preset, batch, seq_len, "cuda:0", compute.precision, compute.optimizer, **more)
 
 
 def _compute(compute: ComputeRequest, memory: MemoryRequest, modelled: dict | None = None):

@@ -115,10 +115,13 @@ class WorkloadRequest:
     fsdp_param_dtype: str | None = None
     fsdp_reduce_dtype: str | None = None
     fsdp_unit: str | None = None
+    time_here: bool = False                # --model timed on this machine even for a --gpu what-if
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.params, self.preset, self.user_model)) != 1:
             raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
+        if self.time_here and self.user_model is None:
+            raise InputError("--time-here times your --model on this machine; it does not apply to a preset or --params")
         if self.params is not None:
             parse_count(self.params)
         if self.preset is not None:
@@ -304,7 +307,7 @@ class ModelRequest:
                 image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"], tokens=opts["tokens"],
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],
-                fsdp_unit=opts["fsdp_unit"]),
+                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here"))),
             compute=ComputeRequest(
                 gpu=opts["gpu"], precision=opts["precision"], micro_batch_time_s=opts["micro_batch_time"],
                 backward_fraction=opts["backward_fraction"], calibration=opts["calibration"],

@@ -15,13 +15,19 @@
   spreads its work unlike the GPU's, so the order then comes from the backward FLOPs per tensor,
   counted on the meta device at the stated shape (`probes/op_trace.py`); where that pass fails,
   the timed order stands in and a note says why.
+- A what-if (--gpu naming a GPU that is not here) is never timed here unless asked
+  (`trace_only`): the meta pass alone gives the parameters, the order and the ops to price;
+  where it fails after the model was built, the parameters stand in reverse registration order
+  (`registration_order`).
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 from topoprof.errors import InputError
 from topoprof.model.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
@@ -45,18 +51,75 @@ def here_device() -> str:
     return "cuda:0" if visible_gpus() else "cpu"
 
 
+def here_gpu_name(device: str) -> str | None:
+    """The name NVML gives the GPU `device` (cuda:i) is, e.g. 'NVIDIA H100 80GB HBM3', read without
+    torch or a CUDA context (`job_gpu`); None on the CPU or when unknown."""
+    gpu = job_gpu(device)
+    return None if gpu is None else gpu.name
+
+
+def names_this_gpu(gpu: str) -> bool:
+    """Whether `gpu` (--gpu) names the GPU this machine times on (`here_device`): a prediction
+    for it is no what-if. False without a GPU here, or where its name cannot be read."""
+    device = here_device()
+    name = here_gpu_name(device) if device.startswith("cuda") else None
+    return name is not None and _gpu_key(gpu) == _gpu_key(name)
+
+
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
-                 device: str | None = None, target: dict | None = None) -> dict:
+                 device: str | None = None, target: dict | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict:
     """The user's model read and timed on this machine: its first GPU when it has one (under
     `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
     `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
-    `target` device (`probes/op_trace.py`) when one is given."""
+    `target` device (`probes/op_trace.py`) when one is given. `progress` hears each stage."""
     from topoprof.measure.user_model import measure_user_model
 
     if optimizer not in ("adamw", "sgd"):
         raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
     return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
-                              optimizer=optimizer, trace=trace, target=target)
+                              optimizer=optimizer, trace=trace, target=target, progress=progress)
+
+
+def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
+               progress: Callable[[str], None] | None = None) -> tuple[dict, ReadyOrder]:
+    """The user's model read for a what-if without running it here: its pass on the meta device
+    for a GPU in `precision` (`topoprof.measure.op_trace.trace_model`), whatever its size. (record,
+    ready order): the record as `user_layout` reads it, with the trace as "op_trace". Where only
+    the pass failed, the parameters built on meta stand, in reverse registration order
+    (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
+    InputError (exit 2) says so: a what-if never runs the model here to find out."""
+    from topoprof.measure.op_trace import trace_model
+
+    shape = stated_shape(micro_batch, tokens)
+    trace = trace_model(check_spec(spec), None, shape, {"device": "cuda", "precision": precision}, progress=progress)
+    if trace.get("user_error"):
+        error = InputError(f"--model {spec}: {trace['failure']}")
+        error.detail_text = trace.get("traceback") or ""
+        raise error
+    if trace.get("failure") and not trace.get("params"):
+        raise InputError(f"--model {spec}: it could not be built on the meta device ({trace['failure']}); a --gpu "
+                         "what-if never runs it on this machine: give --time-here to time it here")
+    record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace}
+    if trace.get("failure"):
+        return record, registration_order(record, trace["failure"])
+    return record, ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "
+                                              f"meta at {trace['shape']}); a what-if traces the model, never runs it here")
+
+
+def registration_order(record: dict, why: str) -> ReadyOrder:
+    """Gradients ready in reverse registration order, each after its share of the parameters: what
+    stands in where the pass on meta failed and nothing weighs them by their backward FLOPs."""
+    params = record["params"]
+    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
+    sizes = [math.prod(params[i]["shape"]) for i in reversed(trainable)]
+    total, done, ready = max(1, sum(sizes)), 0, []
+    for i, size in zip(reversed(trainable), sizes):
+        done += size
+        ready.append([i, done / total])
+    text = "gradient-ready order: reverse registration order, each tensor after its share of the parameters"
+    return ReadyOrder(ready, f"{text}, since the pass on the meta device failed",
+                      f"{text}: the pass on the meta device failed ({why})")
 
 
 def stated_shape(micro_batch: int, tokens: int | None) -> dict:
@@ -184,10 +247,10 @@ SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is
 TRAIN_STATE_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
 
 
-def gpu_memory_bytes(device: str) -> int | None:
-    """The total memory of the GPU that `device` (cuda:i) is, from NVML (no torch, no CUDA context
-    in this process): cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES gives the job, not NVML's GPU i.
-    None when unknown, and for a MIG device (a slice of its GPU's memory)."""
+def job_gpu(device: str):
+    """NVML's record of the GPU that `device` (cuda:i) is (no torch, no CUDA context in this
+    process): cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES gives the job, not NVML's GPU i. None
+    when unknown, and for a MIG device (a slice of its GPU)."""
     if not device.startswith("cuda"):
         return None
     try:
@@ -200,9 +263,16 @@ def gpu_memory_bytes(device: str) -> int | None:
         seen = devices[ordinal] if ordinal < len(devices) else None
         if seen is None or seen.gpu is None or seen.mig:
             return None
-        return next(g.memory_total_bytes for g in gpus if g.index == seen.gpu)
-    except Exception:  # noqa: BLE001 - unknown: the whole model is tried, and an OOM then scales it
+        return next(g for g in gpus if g.index == seen.gpu)
+    except Exception:  # noqa: BLE001 - unknown: callers say what that means for them
         return None
+
+
+def gpu_memory_bytes(device: str) -> int | None:
+    """The total memory of the GPU that `device` (cuda:i) is, from NVML (`job_gpu`); None when
+    unknown (the whole model is then tried, and an OOM scales it)."""
+    gpu = job_gpu(device)
+    return None if gpu is None else gpu.memory_total_bytes
 
 
 def _cannot_fit(preset: str, optimizer: str, memory_bytes: int | None) -> bool:
@@ -220,7 +290,8 @@ def _out_of_memory(err: Exception) -> bool:
 
 
 def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
-                   optimizer: str = "adamw", image_size: int | None = None) -> dict:
+                   optimizer: str = "adamw", image_size: int | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict:
     """A preset built at its real size and timed on `device`; when it does not fit, timed at
     SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.compute.scaled`), and said so.
     A vision preset reads `micro_batch` images of `image_size` (default 224) and no sequence; it
@@ -231,7 +302,7 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
 
     def timed(**more):
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
-                                    kwargs={**kwargs, **more})
+                                    kwargs={**kwargs, **more}, progress=progress)
         return user_compute({**record, "spec": preset})
 
     if is_vision(preset):

@@ -34,7 +34,8 @@ def model_payload(inputs, described: dict, sweep: bool = True) -> dict:
                "buckets": to_jsonable(prediction.buckets), "assumptions": list(prediction.assumptions),
                "warnings": [*prediction.warnings, *described.get("notes", [])],
                "hide_threshold": to_jsonable(hide_threshold(inputs)),
-               "ddp_costs": to_jsonable(prediction.ddp_costs), "ddp_knobs": ddp_knobs(inputs, prediction)}
+               "ddp_costs": to_jsonable(prediction.ddp_costs), "ddp_knobs": ddp_knobs(inputs, prediction),
+               "fsdp_costs": to_jsonable(prediction.fsdp_costs), "hsdp": to_jsonable(prediction.hsdp)}
     if sweep:
         points = sweep_k(inputs, SWEEP_K)
         payload["sweep"] = {

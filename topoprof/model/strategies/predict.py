@@ -10,6 +10,7 @@ from topoprof.errors import InputError
 from topoprof.model.comm.collectives import LinkUnknown
 from topoprof.model.ddp.buckets import ddp_bucket_limits, ddp_buckets
 from topoprof.model.ddp.timeline import hiding_threshold
+from topoprof.model.strategies.fsdp_costs import fsdp_costs_by_part, hsdp_levels
 from topoprof.model.strategies.job import Cluster, ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
 from topoprof.model.strategies.resolve import Resolved, resolve
@@ -74,11 +75,13 @@ def predict(inputs: ModelInputs) -> Prediction:
     if inputs.cluster.world_size > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
-    costs = {}
+    costs, fsdp, hsdp = {}, {}, None
     if inputs.cluster.world_size > 1:
         costs = ddp_costs_by_part(res, (slow_res, fast_res), buckets, (comm, slow_comm, fast_comm))
+        fsdp = fsdp_costs_by_part(res, (slow_res, fast_res), (comm, slow_comm, fast_comm))
+        hsdp = hsdp_levels(res, comm)
     return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
-                      res.warnings, costs)
+                      res.warnings, costs, fsdp, hsdp)
 
 
 def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,

@@ -16,6 +16,8 @@ from topoprof.model.ddp.buckets import ddp_bucket_limits
 from topoprof.model.ddp.gpu_costs import (GPU_SPEED_SPREAD_BASIS, KERNEL_COST_BASIS, KERNEL_COST_RANGE_S,
                                           NCCL_MAX_CHANNELS, geometric_middle, gpu_speed_spread_range,
                                           nccl_sm_slowdown_range)
+from topoprof.model.fsdp.gpu_costs import (COPY_BANDWIDTH_BASIS, COPY_BANDWIDTH_SHARE_RANGE, HOST_STEP_COST_BASIS,
+                                           HOST_STEP_COST_RANGE_S)
 from topoprof.model.fsdp.plan import describe_plan, fsdp_plan
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.memory import memory_echo
@@ -31,6 +33,9 @@ class GpuCosts:
     speed_spread: float = 0.0       # the ranks' persistent speed spread, share of compute
     jitter: float = 0.0             # one micro-batch's spread around its rank's level, share of compute
     spread_basis: int = 1           # ranks whose slowest the compute already is
+    fsdp_host_step_s: float = 0.0   # one step of FSDP's hooks on the host (topoprof.model.fsdp.gpu_costs)
+    fsdp_copy_share: float = 1.0    # of the memory bandwidth, FSDP's buffer copies (a datasheet's: a range)
+    fsdp_hooks_hidden: bool = False # the host ahead of the device throughout: FSDP's hooks cost the step nothing
 
 
 # Which end of a what-if range each resolution takes: the nominal middle, or the end that makes
@@ -84,9 +89,33 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
                                      f"{ranges['rank_speed_spread'][1]:.2%} per GPU: {GPU_SPEED_SPREAD_BASIS}")
     if not on_gpu and n > 1 and (comp.ddp_kernel_s is None or spread is None) and comp.ddp_copy_bandwidth_gbps is None:
         notes.append(DDP_GPU_UNPRICED_NOTE)
+    host_step, copy_share, hidden = 0.0, 1.0, False
+    if on_gpu and n > 1 and not fsdp_own_work_measured(comp):  # measured, it holds the hooks and copies
+        ranges["fsdp_host_step_s"] = HOST_STEP_COST_RANGE_S
+        host_step = _pick(HOST_STEP_COST_RANGE_S, end)
+        echo["fsdp_host_step_s"] = (host_step, f"what-if range {HOST_STEP_COST_BASIS}")
+        # measured or given compute says nothing of how far the host runs ahead: the hooks count
+        # whole, but at the fast end the host is ahead throughout (none of them on the step)
+        hidden = end == "fast" and not uses_modelled(comp)
+        if comp.memory_bandwidth_gbps is None:  # the datasheet's figure, not a measured one
+            ranges["fsdp_copy_bandwidth_share"] = COPY_BANDWIDTH_SHARE_RANGE
+            copy_share = {None: geometric_middle(*COPY_BANDWIDTH_SHARE_RANGE), "slow": COPY_BANDWIDTH_SHARE_RANGE[0],
+                          "fast": COPY_BANDWIDTH_SHARE_RANGE[1]}[end]
+            echo["fsdp_copy_bandwidth_share"] = (copy_share, f"what-if range {COPY_BANDWIDTH_BASIS}")
     if ranges:
-        echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()}, "what-if ranges (topoprof.model.ddp.gpu_costs)")
-    return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter, comp.rank_spread_world_size)
+        echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()},
+                                  "what-if ranges (topoprof.model.ddp.gpu_costs, topoprof.model.fsdp.gpu_costs)")
+    return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter, comp.rank_spread_world_size, host_step,
+                    copy_share, hidden)
+
+
+def fsdp_own_work_measured(comp) -> bool:
+    """Whether validate measured FSDP's own work per group (the calibration's fsdp_*_overhead_s)."""
+    return any(getattr(comp, key) is not None for key in FSDP_OVERHEAD_KEYS)
+
+
+FSDP_OVERHEAD_KEYS = ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_backward_no_sync_overhead_s",
+                      "fsdp_unshard_overhead_s")
 
 
 DDP_GPU_UNPRICED_NOTE = ("DDP's per-kernel cost and the slowest rank's wait are not priced: no GPU named and no "

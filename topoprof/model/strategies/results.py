@@ -71,6 +71,10 @@ class Prediction:
     warnings: tuple[str, ...]
     # what DDP adds per synced micro-batch, part by part (`strategies.DDP_COST_PARTS`); empty on one GPU
     ddp_costs: dict[str, DdpCost] = field(default_factory=dict)
+    # what FSDP adds per synced micro-batch of fsdp_full_shard (`fsdp_costs.FSDP_COST_PARTS`); empty
+    # where it does not apply
+    fsdp_costs: dict[str, FsdpCost] = field(default_factory=dict)
+    hsdp: HsdpLevels | None = None  # HSDP's levels, where it applies (several nodes)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,32 @@ class DdpCost:
     range_s: tuple[float, float] | None  # (fast end, slow end)
     scales_with: str
     source: str
+
+
+@dataclass(frozen=True)
+class FsdpCost:
+    """One part of what FSDP adds to a synced micro-batch, with its what-if range when it has one."""
+
+    seconds: float
+    range_s: tuple[float, float] | None  # (fast end, slow end)
+    scales_with: str
+    source: str
+
+
+@dataclass(frozen=True)
+class HsdpLevels:
+    """HSDP's collectives per synced micro-batch at each level, alone, and what stays exposed."""
+
+    shard_gpus: int                       # the shard group: the GPUs of a node
+    shard_bus_bandwidth_gbps: float | None  # None: one GPU per node, no link inside it
+    replicas: int                         # the replicate group: one rank per node
+    replicate_bus_bandwidth_gbps: float   # the node's NICs together, which its shard ranks' all-reduces share
+    all_gather_s: float
+    reduce_scatter_s: float
+    all_reduce_s: float
+    all_reduces: int
+    exposed_s: float                      # the compute stream waiting for any of them
+    formula: str
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,23 @@ the assumptions, and DDP's cost by part.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, LinkUnknown
 from topoprof.model.ddp.buckets import Bucket, ddp_buckets
 from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
 from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
-from topoprof.model.fsdp.plan import fsdp_plan
-from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpOverhead, FsdpSetting,
-                                          FsdpStep, collective_times, fsdp_step, shard_degree)
+from topoprof.model.compute.timing import uses_modelled
+from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
+from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan
+from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, Collectives, FsdpMode,
+                                          FsdpOverhead, FsdpSetting, FsdpStep, collective_times, fsdp_step,
+                                          shard_degree)
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
-from topoprof.model.strategies.resolve import Resolved, resolve
+from topoprof.model.strategies.resolve import FSDP_OVERHEAD_KEYS, Resolved, resolve
 from topoprof.model.strategies.results import DdpCost
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
@@ -93,19 +99,46 @@ def fsdp_setting(res: Resolved) -> FsdpSetting:
     bytes, the backend's blocking and reduce-scatter behaviour, FSDP's measured own work."""
     work, comp, cl = res.inputs.workload, res.inputs.compute, res.inputs.cluster
     param_bytes, reduce_bytes = work.fsdp_bytes
-    measured = (comp.fsdp_forward_overhead_s, comp.fsdp_backward_overhead_s, comp.fsdp_backward_no_sync_overhead_s,
-                comp.fsdp_unshard_overhead_s)
+    measured = [getattr(comp, key) for key in FSDP_OVERHEAD_KEYS]
     overhead = None if all(v is None for v in measured) else FsdpOverhead(*(v or 0.0 for v in measured))
     blocking = cl.backend in BLOCKING_BACKENDS
+    bandwidth = None if res.memory_bandwidth_gbps is None else res.memory_bandwidth_gbps * res.gpu.fsdp_copy_share
     return FsdpSetting(res.micro_batch_s - res.backward_s, res.backward_s, param_bytes, reduce_bytes,
-                            res.memory_bandwidth_gbps, blocking=blocking, reduce_scatter_as_allreduce=blocking,
+                            bandwidth, blocking=blocking, reduce_scatter_as_allreduce=blocking,
                             overhead=overhead,
                             compute_slowdown=1.0 if blocking else res.gpu.compute_slowdown,
-                            comm_slowdown=1.0 if blocking else comp.comm_slowdown_during_compute)
+                            comm_slowdown=1.0 if blocking else comp.comm_slowdown_during_compute,
+                            own_param_bytes=work.param_bytes, host_step_s=res.gpu.fsdp_host_step_s,
+                            host_hidden_s=None if blocking else math.inf if res.gpu.fsdp_hooks_hidden
+                            else host_hidden_s(res))
 
 
-def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> FsdpStep | str:
-    """One FSDP strategy's step (`topoprof.model.fsdp`), or why it does not apply here."""
+def host_hidden_s(res: Resolved) -> float | None:
+    """Host time per micro-batch the device hides, where the compute is priced from the model's
+    own ops (their device time beyond their host time); None where the compute is measured or
+    given (nothing says how far the host runs ahead)."""
+    comp = res.inputs.compute
+    detail = comp.modelled_detail or {}
+    if not uses_modelled(comp) or detail.get("host_s") is None or detail.get("device_s") is None:
+        return None
+    return hidden_by_device_s(res.micro_batch_s, detail["host_s"], detail["device_s"])
+
+
+@dataclass(frozen=True)
+class FsdpJob:
+    """What an FSDP strategy's timeline takes: its groups, setting, mode and collectives, and the
+    comm models of its levels (HSDP: the shard ring inside a node, the replicas across nodes)."""
+
+    plan: FsdpPlan
+    setting: FsdpSetting
+    mode: FsdpMode
+    coll: Collectives
+    shard: CommModel
+    replicate: CommModel | None
+
+
+def fsdp_job(res: Resolved, comm: CommModel, name: str) -> FsdpJob | str:
+    """An FSDP strategy's timeline inputs (`topoprof.model.fsdp`), or why it does not apply here."""
     mode, cl, work = MODES[name], res.inputs.cluster, res.inputs.workload
     if cl.world_size == 1:
         return ONE_GPU_REASON
@@ -123,11 +156,19 @@ def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> FsdpStep | 
             shard, replicate = comm, None
     except LinkUnknown as err:
         return str(err)
-    coll = collective_times(plan, setting, shard, replicate)
-    shards = shard_degree(mode, cl.world_size, cl.gpus_per_node)
+    return FsdpJob(plan, setting, mode, collective_times(plan, setting, shard, replicate), shard, replicate)
+
+
+def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> FsdpStep | str:
+    """One FSDP strategy's step (`topoprof.model.fsdp`), or why it does not apply here."""
+    job = fsdp_job(res, comm, name)
+    if isinstance(job, str):
+        return job
+    cl = res.inputs.cluster
+    shards = shard_degree(job.mode, cl.world_size, cl.gpus_per_node)
     comp = res.inputs.compute
     t_opt = comp.fsdp_optimizer_time_s if comp.fsdp_optimizer_time_s is not None else res.optimizer_s / shards
-    return fsdp_step(plan, setting, coll, mode, res.inputs.accumulation_steps, t_opt)
+    return fsdp_step(job.plan, job.setting, job.coll, job.mode, res.inputs.accumulation_steps, t_opt)
 
 
 def fsdp_wait_s(res: Resolved, comm: CommModel) -> float:
@@ -199,7 +240,8 @@ FORMULAS = {
     "fsdp_full_shard_no_sync": "(k-1)*F_nosync + F_sync: no reduce-scatter until the last micro-batch; + W_k + T_opt/n",
     "fsdp_shard_grad_op": "k*F_sync(all-gather in forward only, reduce-scatter per group) + W_k + T_opt/n",
     "fsdp_shard_grad_op_no_sync": "(k-1)*F_nosync + F_sync, no backward all-gather; + W_k + T_opt/n",
-    "hsdp": "k*F_sync(shard in a node; + all-reduce across nodes per group) + W_k + T_opt/gpus_per_node",
+    "hsdp": "k*F_sync(all-gather, reduce-scatter over a node's g GPUs; + per group an all-reduce of its shard across "
+            "the m nodes, the node's NICs shared by its g ranks) + W_k + T_opt/g",
     "hsdp_no_sync": "(k-1)*F_nosync + F_sync, HSDP; + W_k + T_opt/gpus_per_node",
 }
 
@@ -219,10 +261,17 @@ ASSUMPTIONS = (
     "FSDP: one group per block and the root with the rest (topoprof.model.fsdp); all-gathers and "
     "reduce-scatters one at a time in issue order on one process group, all-gathers prefetched one group "
     "ahead, HSDP's all-reduce on a stream of its own; the root not resharded after forward (torch's default)",
-    "FSDP: the host issues work ahead of the GPU (its hooks' CPU time is not on the GPU's path) unless "
-    "validate measured FSDP's own work per group; buffer copies (all-gather copy-out, reduce-scatter "
-    "copy-in) at memory bandwidth otherwise; per-parameter padding to a multiple of the shard count, the "
-    "no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not modelled",
+    "FSDP's own work per group (topoprof.model.fsdp.gpu_costs), unless validate measured it: its buffer copies "
+    "(the all-gather's copy-in on its own stream, its copy-out and the reduce-scatter's chunk-cat on the compute "
+    "stream) at the memory bandwidth, 73-86 % of a datasheet's; its hooks' host steps at 6.2-10.7 us each on a GPU, "
+    "counted where the device's time (from the model's ops) does not hide them; where the compute is not priced "
+    "from its ops, all of them, and none at the range's fast end (the host ahead throughout); compute slowed by NCCL's SMs "
+    "while any collective runs; each parameter padded to a multiple "
+    "of the shard count; the no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not "
+    "modelled",
+    "HSDP: per group an all-gather and a reduce-scatter over the GPUs of a node, then its reduced shard all-reduced "
+    "across the nodes by every shard rank at once through the node's NICs: priced as one all-reduce of the group's "
+    "bytes at the NICs' total bandwidth, 2(m-1) network hops of latency, on a stream of its own",
     "FSDP on gloo: every collective blocks the host thread and a reduce-scatter is an all-reduce of the "
     "whole buffer (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced)",
 )

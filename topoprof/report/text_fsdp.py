@@ -1,0 +1,62 @@
+"""FSDP2's lines of the `topoprof model` text: how HSDP's two levels are priced, and where FSDP's
+own cost goes per synced micro-batch of `fsdp_full_shard` (its JSON: `fsdp_costs`, `hsdp`)."""
+from __future__ import annotations
+
+from topoprof.model.strategies.fsdp_costs import COST_STRATEGY, INSIDE_ANOTHER
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f}"
+
+
+def hsdp_line(payload: dict) -> list[str]:
+    """HSDP's levels: the shard group inside a node, the all-reduce across the replicas."""
+    h = payload.get("hsdp")
+    if not h:
+        return []
+    if h["shard_bus_bandwidth_gbps"] is None:  # one GPU per node: nothing sharded, every group replicated
+        inside = "one GPU per node, so nothing is sharded inside a node; each group's gradients all-reduced across"
+    else:
+        inside = (f"all-gathers and reduce-scatters over the {h['shard_gpus']} GPUs of a node "
+                  f"({h['shard_bus_bandwidth_gbps']:g} GB/s ring), then each group's reduced shard all-reduced across")
+    return [f"hsdp: {inside} the {h['replicas']} nodes, the node's {h['shard_gpus']} shard rank(s) at once through its "
+            f"NICs ({h['replicate_bus_bandwidth_gbps']:g} GB/s per node): {h['all_reduces']} all-reduces taking "
+            f"{_ms(h['all_reduce_s'])} ms alone per synced micro-batch on a stream of their own (all-gathers "
+            f"{_ms(h['all_gather_s'])} ms, reduce-scatters {_ms(h['reduce_scatter_s'])} ms); "
+            f"{_ms(h['exposed_s'])} ms left exposed"]
+
+
+def fsdp_cost_share(payload: dict) -> tuple[float, float, float] | None:
+    """(nominal, low, high) % of an fsdp_full_shard step that FSDP's parts take; None where none."""
+    costs = payload.get("fsdp_costs") or {}
+    strategy = payload["strategies"].get(COST_STRATEGY) or {}
+    step, k = strategy.get("step_time_s"), payload["inputs"]["accumulation_steps"]["value"]
+    if not costs or not step:
+        return None
+    counted = [c for name, c in costs.items() if name not in INSIDE_ANOTHER]
+    total = sum(c["seconds"] for c in counted)
+    low = sum((c["range_s"] or [c["seconds"]] * 2)[0] for c in counted)
+    high = sum((c["range_s"] or [c["seconds"]] * 2)[1] for c in counted)
+    steps = (strategy.get("range") or {}).get("step_time_s") or [step, step]
+    shares = (100 * k * low / steps[0], 100 * k * high / steps[1])
+    return 100 * k * total / step, min(shares), max(shares)
+
+
+def fsdp_cost_rows(payload: dict) -> list[str]:
+    """Where FSDP's cost goes, per synced micro-batch of fsdp_full_shard, part by part."""
+    share = fsdp_cost_share(payload)
+    if share is None:
+        return []
+    fits = ((payload["strategies"][COST_STRATEGY].get("memory") or {}).get("fits")) is not False
+    out = ["", f"Where FSDP's cost goes in {COST_STRATEGY}, per synced micro-batch (a range where nothing measured "
+               "the part)" + ("" if fits else f"; {COST_STRATEGY} does not fit in memory as asked: its parts as priced")
+           + ":", f"  {'part':<24}{'ms':>8}  {'range ms':<14}scales with"]
+    for name, c in payload["fsdp_costs"].items():
+        rng = "-" if c["range_s"] is None else f"{_ms(c['range_s'][0])}-{_ms(c['range_s'][1])}"
+        out.append(f"  {name:<24}{_ms(c['seconds']):>8}  {rng:<14}{c['scales_with']}")
+    nominal, low, high = share
+    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}-{high:.1f} %)"
+    inside = ", ".join(INSIDE_ANOTHER)
+    out.append(f"  FSDP takes {nominal:.1f} % of an {COST_STRATEGY} step{span}; {inside} runs on the all-gather's "
+               "stream and counts inside exposed_comm.")
+    return out
