@@ -56,6 +56,8 @@ class _Block(nn.Module):
 class SyntheticLM(nn.Module):
     """The module `topoprof.model.workload.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
 
+    BLOCKS = ("blocks",)  # its repeated blocks, what activation checkpointing wraps
+
     def __init__(self, spec: SyntheticSpec, autocast_dtype=None):
         super().__init__()
         self.embed = nn.Embedding(spec.vocab, spec.d_model)
