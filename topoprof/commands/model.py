@@ -31,6 +31,10 @@ import click
 @click.option("--fsdp-unit", metavar="MODULE",
               help="FSDP groups: each child of this module, e.g. model.layers (default: one group per block of "
                    "a preset, 4 chunks per group of --params; the root holds the rest).")
+@click.option("--activation-checkpointing", metavar="MODE",
+              help="Activation checkpointing of the blocks, in torchtitan's modes: none (default), full, layer:N "
+                   "(every N-th block) or op (torchtitan's selective op policy); what each keeps and recomputes is "
+                   "counted from the model's own ops.")
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")
 @click.option("--backward-fraction", type=float, help="Share of the micro-batch time spent in backward (default 2/3).")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON written by `topoprof validate`.")
@@ -70,6 +74,11 @@ def model(**opts):
     request = ModelRequest.from_options(opts)
     inputs, described = build_inputs(request)
     payload = model_payload(inputs, described, sweep=request.sweep)
+    from topoprof.model.inputs.search import fits_payload
+
+    applying = [name for name, s in payload["strategies"].items() if s.get("step_time_s") is not None
+                or (s.get("memory") or {}).get("fits") is False]
+    payload = {"fits": fits_payload(inputs, request, applying), **payload}
     if opts["as_json"]:
         from topoprof.jsonio import dumps, envelope
 
