@@ -248,7 +248,7 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
 
     asked = []
 
-    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None, ac="none"):
         asked.append((preset, micro_batch, seq_len, device, precision, image_size))
         return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None}

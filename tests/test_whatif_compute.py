@@ -110,7 +110,7 @@ def test_a_users_model_that_cannot_run_on_meta_keeps_its_measured_time():
 def _fake_timing(monkeypatch, seconds=0.05):
     asked = []
 
-    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None, ac="none"):
         asked.append((preset, micro_batch, seq_len))
         return {"micro_batch_time_s": seconds, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None, "device_name": H100}
