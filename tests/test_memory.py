@@ -215,3 +215,23 @@ def test_a_what_if_counts_the_activations_from_its_op_trace():
     one, two = activations(2), activations(4)
     assert one["source"].startswith("counted from the op trace at 2x3x64x64")
     assert one["value"] > 0 and 1.9 * one["value"] < two["value"] < 2 * one["value"]
+
+
+def test_every_part_is_named_with_its_source_and_cpu_ranks_hold_no_gpu_environment():
+    from topoprof.model.memory import environment as env
+
+    layout_inputs = _llama()
+    ddp = predict(layout_inputs).strategies["ddp_synced"].memory
+    named = {"params", "grads", "optimizer", "buckets", "unsharded", "activations", "logits", "param_copies",
+             "backward_transient", "optimizer_transient", "cuda_context", "driver_reserve", "nccl_buffers", "allocator"}
+    assert named <= set(ddp.parts_gb)
+    assert {"activations", "logits", "param_copies", "backward_transient", "optimizer_transient", "cuda_context",
+            "driver_reserve", "nccl_buffers", "allocator"} <= set(ddp.sources)
+    assert ddp.parts_gb["nccl_buffers"] == pytest.approx(env.nccl_bytes(1)[1] / 1e9)  # one communicator
+    single = predict(layout_inputs).strategies["single"].memory
+    assert single.parts_gb["nccl_buffers"] == 0  # one process alone communicates nothing
+    cpu = ModelInputs(layout_inputs.workload, layout_inputs.compute, Cluster(RingComm(10.0, 30.0, 8), 1, 8, backend="gloo"))
+    mem = predict(cpu).strategies["ddp_synced"].memory
+    assert "cuda_context" not in mem.parts_gb and "CPU ranks" in mem.sources["cuda_context"]
+    largest = max(t.numel for t in layout_inputs.workload.layout.tensors)
+    assert mem.parts_gb["optimizer_transient"] == pytest.approx(4 * largest / 1e9)  # for-loop AdamW: one tensor

@@ -105,7 +105,7 @@ def memory_parts_lines(payload: dict) -> list[str]:
             continue
         out.append("  " + f"{label:<26}" + "".join(f"{_gb(v):>15}" for v in values))
     out.append("  " + f"{'total (range)':<26}" + "".join(f"{_range(mems[n]):>15}" for n in columns))
-    fit_text = {True: "fits", False: "no", None: "maybe"}
+    fit_text = {True: "fits", False: "no", None: "maybe" if gpu is not None else "?"}
     out.append("  " + f"{'fits':<26}" + "".join(f"{fit_text[mems[n]['fits']]:>15}" for n in columns))
     out += ["  (the environment's parts at the top of their ranges; the optimizer step's transient counts at the "
             "step, when the activations are freed: the total is the larger of the two peaks)"]
@@ -116,7 +116,9 @@ def memory_parts_lines(payload: dict) -> list[str]:
             if text not in sources[key]:
                 sources[key].append(text)
     labels = dict(PARTS)
-    out += [f"  {labels.get(k, k)}: {' | '.join(v)}" for k, v in sources.items()]
+    for key, texts in sources.items():  # a text that another one extends is said once, by the longer
+        kept = [t for t in texts if not any(o != t and o.startswith(t) for o in texts)]
+        out.append(f"  {labels.get(key, key)}: {' | '.join(kept)}")
     return out
 
 

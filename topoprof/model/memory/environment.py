@@ -29,7 +29,9 @@ each a figure or a range with its source, so the memory count names every part.
   `_multi_tensor_adam`) makes a list the size of the gradients (`torch._foreach_mul(device_grads,
   1 - beta2)`), frees it, then one the size of exp_avg_sq (`torch._foreach_sqrt(device_exp_avg_sqs)`):
   one parameter-sized list of state at a time, after the backward has freed the activations. SGD's
-  (torch/optim/sgd.py `_multi_tensor_sgd`) updates in place: none.
+  (torch/optim/sgd.py `_multi_tensor_sgd`) updates in place: none. Off CUDA (CPU ranks) the default
+  is the for-loop implementation (`_single_tensor_adam`: `denom = exp_avg_sq.sqrt() / ...` per
+  parameter): one tensor's worth at a time.
 """
 from __future__ import annotations
 

@@ -125,6 +125,9 @@ class MemoryModel:
     # states and the micro-batch alone, as before a count of the environment)
     rings: int = 1
     environment: bool = True
+    # where the optimizer runs its for-loop implementation (torch's default off CUDA: CPU ranks),
+    # its transient is one tensor's: the largest's numel (0: foreach, `environment`)
+    single_tensor_optimizer_numel: int = 0
     extra: tuple[tuple[str, float, float], ...] = field(default=())
 
 
@@ -136,7 +139,9 @@ def _states(m: MemoryModel, shards: int, micro_batch: MicroBatchBytes | None) ->
     optimizer = per_param * m.params
     mb = micro_batch or MicroBatchBytes(0.0)
     activations = m.activations if micro_batch is None or m.activations is None else micro_batch.activations
-    transient = env.OPTIMIZER_TRANSIENT_LISTS.get(m.optimizer, 0) * m.param_bytes * m.params / shards
+    lists = env.OPTIMIZER_TRANSIENT_LISTS.get(m.optimizer, 0)
+    numel = m.single_tensor_optimizer_numel if m.single_tensor_optimizer_numel else m.params / shards
+    transient = lists * m.param_bytes * numel
     return Holding(m.param_bytes * m.params / shards, m.grad_bytes * m.params / shards, optimizer / shards,
                    activations=activations, logits=mb.logits, param_copies=mb.param_copies,
                    backward_transient=mb.backward_transient, optimizer_transient=transient)

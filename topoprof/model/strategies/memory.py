@@ -12,7 +12,7 @@ from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.memory import environment, holding
 from topoprof.model.memory.traced import MicroBatchBytes, from_trace
-from topoprof.model.strategies.job import ModelInputs, Workload
+from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs, Workload
 from topoprof.model.strategies.results import Memory
 
 
@@ -113,7 +113,9 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
         largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
         fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
         activations=count.activations, micro_batch=count.micro_batch, fsdp_micro_batch=count.fsdp_micro_batch,
-        rings=int(getattr(intra, "rings", 1) or 1))
+        rings=int(getattr(intra, "rings", 1) or 1), environment=cl.backend not in BLOCKING_BACKENDS,
+        single_tensor_optimizer_numel=(0 if cl.backend not in BLOCKING_BACKENDS
+                                       else max((t.numel for t in work.layout.tensors), default=0)))
 
 
 def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
@@ -157,8 +159,14 @@ def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryMod
                                     "the forward's autocast region ends, the tensors saved for backward keep theirs)"),
                    "backward_transient": f"{traced}: the most the backward holds above its start, the parameters' "
                                          "gradients apart (the loss's gradient, a recompute, activation gradients)"}
-    sources["optimizer_transient"] = (environment.OPTIMIZER_TRANSIENT_BASIS.get(model.optimizer, "not counted")
-                                      + "; at the optimizer step, when the activations are freed")
+    sources["optimizer_transient"] = (
+        (environment.OPTIMIZER_TRANSIENT_BASIS.get(model.optimizer, "not counted") if model.environment else
+         "the for-loop optimizer, torch's default on CPU ranks: one tensor's state at a time (torch/optim/adam.py "
+         "_single_tensor_adam)") + "; at the optimizer step, when the activations are freed")
+    if not model.environment:
+        cpu = "none: CPU ranks (gloo), no CUDA context, NCCL or CUDA caching allocator"
+        sources.update(cuda_context=cpu, driver_reserve=cpu, nccl_buffers=cpu, allocator=cpu)
+        return sources
     sources.update(cuda_context=environment.CUDA_CONTEXT_BASIS, driver_reserve=environment.DRIVER_RESERVE_BASIS,
                    nccl_buffers=environment.NCCL_BASIS, allocator=environment.ALLOCATOR_BASIS
                    + ("" if mb is not None else "; its rounding not counted without the op trace"))
