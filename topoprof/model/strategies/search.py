@@ -48,8 +48,9 @@ def why_not_searched(inputs: ModelInputs, capacity: float | None) -> str | None:
         return f"the activations were given for micro-batch {work.micro_batch_size} only (--activation-memory)"
     if work.measured_memory:
         return f"the activations were measured at micro-batch {work.micro_batch_size} only"
-    if work.layout.unit == "image" and work.traced_memory is None:
-        return None  # an image model's formula-free count: its own pass, at the size given
+    if work.traced_memory is None and ((inputs.compute.modelled_detail or {}).get("memory") or {}):
+        return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
+                "only (other sizes are counted for a text preset or --params with --tokens)")
     return None
 
 
@@ -157,8 +158,9 @@ def search(inputs: ModelInputs, names: list[str],
     modes = searched_modes(inputs.workload.checkpointing)
     out: dict = {"modes": list(modes), "gpu_memory_gb": capacity, "gpu_memory_source": capacity_source,
                  "micro_batch_now": inputs.workload.micro_batch_size,
-                 "tokens_per_sample": (inputs.workload.tokens_per_micro_batch or 0) // max(1, inputs.workload.micro_batch_size)
-                 or None, "accumulation_steps": inputs.accumulation_steps}
+                 "tokens_per_sample": None if inputs.workload.layout.unit == "image" else
+                 (inputs.workload.tokens_per_micro_batch or 0) // max(1, inputs.workload.micro_batch_size) or None,
+                 "accumulation_steps": inputs.accumulation_steps}
     if why is not None:
         return {**out, "reason": why}
     table = {mode: largest(inputs, names, mode) for mode in modes}
