@@ -4,7 +4,7 @@ the op trace, or by formula), the GPU's memory, and what a timed GPU measured, p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from topoprof.errors import InputError
@@ -50,8 +50,12 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
     if trace and trace.get("activations_bytes") is not None:  # the model's own autograd graph, at the shape priced
         mb = from_trace(trace)
         shape = inputs.compute.modelled_detail.get("shape", "the traced shape")
+        # FSDP's 16-bit param_dtype gathers 16-bit weights: nothing for autocast to copy
+        cast = replace(mb, param_copies=0.0) if work.fsdp_bytes[0] == 2 else None
         return MicroBatchCount(mb.activations, f"counted from the op trace at {shape} ({ac.text}): the tensors "
-                                               "the embedding and the blocks keep for backward", mb)
+                                               "the embedding and the blocks keep for backward", mb, cast,
+                               "FSDP2's MixedPrecisionPolicy (param_dtype) gathers 16-bit weights: no autocast "
+                               "copies; its blocks' activations as the autocast pass keeps them")
     return _formula(inputs)
 
 
@@ -189,8 +193,10 @@ def _measured_memory(work: Workload, counted):
         return None
     n = work.layout.params
     per = lambda key: max(0.0, m[key]) / n  # noqa: E731
+    # the measured activations hold the logits and autocast's copies: nothing of a count beside them
     model = changed(counted, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
-                    optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]))
+                    optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]),
+                    micro_batch=None, fsdp_micro_batch=None)
     return model, (f"measured on {m['device']} (torch.cuda.memory_allocated before and after each phase of a "
                    f"timed step; its peak {m['peak_bytes'] / holding.GB:.1f} GB)")
 
