@@ -234,6 +234,7 @@ def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
     """The pass's memory (module docstring), after its backward."""
     m = tracer.memory
     return {**at_forward_end, "peak_bytes": m.peak, "rounded_peak_bytes": m.rounded_peak,
+            "forward_peak_bytes": m.forward_peak, "forward_transient_bytes": m.forward_peak - m.backward_start,
             "backward_start_bytes": m.backward_start, "backward_peak_bytes": m.backward_peak,
             "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads}
 

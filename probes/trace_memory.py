@@ -12,6 +12,8 @@ In backward the count keeps the parameters' gradients apart too (a storage becom
 post-accumulate-grad hook sees it as `param.grad`): the backward's transient is the most the pass
 holds besides them, above what it held when the backward began (the gradients of activations in
 flight, a checkpointed block's recompute, the activations not yet freed are already in the start).
+The forward's own peak is kept too: above what the forward ends with, its transient (the logits'
+fp32 upcast before the loss keeps only its log-probabilities).
 
 The caching allocator (c10/cuda/CUDACachingAllocator.cpp) rounds every block up to 512 bytes
 (`kMinBlockSize`) and gives an allocation of 10 MiB or more (`kMinLargeAlloc`) a segment rounded
@@ -57,6 +59,7 @@ class LiveBytes:
         self.grads = 0
         self.backward = False
         self.backward_start = 0
+        self.forward_peak = 0
         self.backward_peak = 0        # the most held besides the parameters' gradients, in backward
         self._held: set[int] = set()
         self._grads: set[int] = set()
@@ -90,6 +93,7 @@ class LiveBytes:
 
     def start_backward(self) -> None:
         self.backward = True
+        self.forward_peak = self.peak  # the forward's own peak (the loss's upcast, a norm's temporaries)
         self.backward_start = self.backward_peak = self.live
 
     def _count(self, size: int, param_copy: bool) -> None:

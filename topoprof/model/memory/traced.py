@@ -31,7 +31,9 @@ class MicroBatchBytes:
     activations: float          # what the embedding and the blocks keep for backward
     logits: float = 0.0         # what the final norm, the head and the loss keep (the logits' log-softmax)
     param_copies: float = 0.0   # autocast's 16-bit copies of the weights that backward reads
-    backward_transient: float = 0.0  # the most the backward holds above its start, gradients apart
+    # the most the pass holds above what its forward ends with: the backward's transient (gradients
+    # apart) or the forward's own (the loss's upcast), the larger
+    backward_transient: float = 0.0
     rounding: float = 0.0       # the caching allocator's rounding of the pass's peak
     logits_detail: str = ""     # the tensors after the last block, with their dtypes
 
@@ -43,7 +45,7 @@ def from_trace(memory: dict) -> MicroBatchBytes:
     return MicroBatchBytes(
         activations=float(memory["activations_bytes"]) - logits, logits=logits,
         param_copies=float(memory.get("param_copies_bytes", 0)),
-        backward_transient=float(memory.get("backward_transient_bytes", 0)),
+        backward_transient=float(max(memory.get("backward_transient_bytes", 0), memory.get("forward_transient_bytes", 0))),
         rounding=float(max(0, memory.get("rounded_peak_bytes", 0) - memory.get("peak_bytes", 0))),
         logits_detail=describe_tensors(kept.get("after_blocks_tensors") or []))
 
@@ -92,6 +94,15 @@ class TracedMemory:
             return _composed(self._at("none", variant, self.blocks - wrapped, samples),
                              self._at("full", variant, wrapped, samples), self._at("none", variant, 0, samples))
         return self._at(ac.mode, variant, self.blocks, samples)
+
+    def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
+        """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'
+        (and for layer:N, a checkpointed one's beside it)."""
+        def one(mode):
+            return (self._at(mode, variant, 2, samples).activations - self._at(mode, variant, 1, samples).activations) / 1e9
+        if ac.mode == "layer":
+            return f"a block keeps {one('none'):.3g} GB, a checkpointed one {one('full'):.3g} GB"
+        return f"a block keeps {one(ac.mode):.3g} GB"
 
     def _at(self, mode: str, variant: str, blocks: int, samples: int) -> MicroBatchBytes:
         pts = self.points[(variant, mode)]

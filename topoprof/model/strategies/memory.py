@@ -43,9 +43,11 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
         cast = None
         if work.fsdp_bytes[0] == 2 and traced_set.has("cast", ac):
             cast = traced_set.count(ac, samples, "cast")
-        return MicroBatchCount(mb.activations, f"counted from the op trace ({ac.text}): {traced_set.source}", mb, cast,
+        return MicroBatchCount(mb.activations, f"counted from the op trace ({ac.text}: "
+                                               f"{traced_set.per_block(ac, samples)}): {traced_set.source}", mb, cast,
                                "the same passes with the weights cast to 16 bits, as FSDP2's MixedPrecisionPolicy "
-                               "(param_dtype) runs the blocks: no autocast copies")
+                               f"(param_dtype) runs the blocks ({traced_set.per_block(ac, samples, 'cast')}): no "
+                               "autocast copies" if cast is not None else "")
     trace = (inputs.compute.modelled_detail or {}).get("memory")
     if trace and trace.get("activations_bytes") is not None:  # the model's own autograd graph, at the shape priced
         mb = from_trace(trace)
@@ -161,8 +163,9 @@ def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryMod
                    "param_copies": (f"none: {count.fsdp_source}" if fsdp else
                                     f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared when "
                                     "the forward's autocast region ends, the tensors saved for backward keep theirs)"),
-                   "backward_transient": f"{traced}: the most the backward holds above its start, the parameters' "
-                                         "gradients apart (the loss's gradient, a recompute, activation gradients)"}
+                   "backward_transient": f"{traced}: the most the pass holds above what its forward ends with: in "
+                                         "backward, the parameters' gradients apart (the loss's gradient, a recompute, "
+                                         "activation gradients), or in the forward (the loss's fp32 upcast), the larger"}
     sources["optimizer_transient"] = (
         (environment.OPTIMIZER_TRANSIENT_BASIS.get(model.optimizer, "not counted") if model.environment else
          "the for-loop optimizer, torch's default on CPU ranks: one tensor's state at a time (torch/optim/adam.py "
