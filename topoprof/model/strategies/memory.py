@@ -159,7 +159,8 @@ def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryMod
                    "backward_transient": NOT_TRACED}
     else:
         sources = {"activations": count.source + (f"; {count.fsdp_source}" if fsdp else ""),
-                   "logits": f"{traced}: what the final norm, the head and the loss keep ({mb.logits_detail})",
+                   "logits": f"{traced}: what the layers after the last block and the loss keep (a language model's "
+                             f"final norm and the logits' log-probabilities; {mb.logits_detail})",
                    "param_copies": (f"none: {count.fsdp_source}" if fsdp else
                                     f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared when "
                                     "the forward's autocast region ends, the tensors saved for backward keep theirs)"),
