@@ -23,7 +23,8 @@ def compare(got, want, rtol: float, atol: float) -> dict:
             "allclose": bool(torch.allclose(got, want, rtol=rtol, atol=atol))}
 
 def single_reference(cfg, batches_by_rank, divide_by: int, dtype) -> torch.Tensor:
-    """One process, every rank's micro-batches, loss / divide_by, one SGD step (on CPU)."""
+    """One process, every rank's micro-batches, loss / divide_by, one SGD step (on CPU); never
+    checkpointed, so that a checkpointed mode is held to the plain model's step."""
     model = build_model(cfg.spec, cfg.seed, dtype)
     optimizer = make_optimizer(cfg, model)
     optimizer.zero_grad(set_to_none=True)
@@ -45,7 +46,7 @@ def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
     finals = {}
     for mode in DDP_MODES:
         ctx.progress(f"numerics {mode}")
-        model = build_model(cfg.spec, cfg.seed, dtype).to(ctx.device)
+        model = build_model(cfg.spec, cfg.seed, dtype, ac=cfg.ac).to(ctx.device)
         ddp = wrap_ddp(model, ctx.device, cfg)
         optimizer = make_optimizer(cfg, model)
         optimizer.zero_grad(set_to_none=True)
@@ -57,7 +58,7 @@ def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
 
         fsdp.quiet()
         ctx.progress("numerics fsdp")
-        finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype).to(ctx.device), fsdp_modes,
+        finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype, ac=cfg.ac).to(ctx.device), fsdp_modes,
                                     [b.to(ctx.device) for b in batches_by_rank[rank]], cfg.accum,
                                     fsdp.mesh_for(ctx.device, world), lambda m: make_optimizer(cfg, m),
                                     fsdp.full_params))
@@ -71,7 +72,7 @@ def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
     report["control_single_not_divided_by_k"] = compare(wrong, want, rtol, atol)
     ctx.emit("numerics", **report, dtype=cfg.numerics_dtype, rtol=rtol, atol=atol, lr=cfg.lr,
              world_size=world, accum=cfg.accum, micro_batch=cfg.micro_batch,
-             params=cfg.spec.params)
+             params=cfg.spec.params, ac=cfg.ac)
 
 
 def run_rank(ctx, config: dict) -> None:

@@ -89,6 +89,7 @@ from torch.utils.flop_counter import flop_registry
 
 from probes.meta_device import on_meta
 from probes.target_lens import AUTOCAST_DTYPES, TargetLens, check_target
+from probes.trace_memory import LiveBytes
 from probes.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, to_device,
                                   user_loss)
 
@@ -150,53 +151,6 @@ def _is_causal(func, args, kwargs) -> bool:
         if arg.name == "is_causal":
             return bool(kwargs["is_causal"] if "is_causal" in kwargs else args[i] if i < len(args) else False)
     return False
-
-
-def _storage_key(t) -> int | None:
-    if not isinstance(t, torch.Tensor):
-        return None
-    try:
-        return id(t.untyped_storage())
-    except (RuntimeError, NotImplementedError):  # a tensor without a storage (a subclass): not counted
-        return None
-
-
-class LiveBytes:
-    """The bytes of the storages a pass allocated that are still alive, and their peak.
-
-    A meta storage keeps its Python object while anything holds it (a view, autograd's saved
-    tensors), so a weak reference to it ends exactly when the storage is freed: what is alive at
-    the end of the forward is what the backward will read, in the dtypes the target runs, as
-    `torch.cuda.memory_allocated` after a forward counts it (without the caching allocator's
-    rounding). Copies of a parameter (autocast's 16-bit weights) are kept apart: they scale with
-    the parameters, not with the batch."""
-
-    def __init__(self) -> None:
-        self.live = self.peak = self.param_copies = 0
-        self._held: set[int] = set()
-
-    def allocated(self, out, param_copy: bool = False, written=()) -> None:
-        """`out`'s storages, where new: `written` are the inputs a mutating op wrote (its in-place
-        or out= result is one of them: a buffer's `add_` allocates nothing)."""
-        mutated = {key for t in tree_leaves(written) if (key := _storage_key(t)) is not None}
-        for t in tree_leaves(out):
-            key = _storage_key(t)  # one Python object per live storage, kept while the storage lives
-            if key is None or key in self._held or key in mutated:  # an in-place result, or one already counted
-                continue
-            storage = t.untyped_storage()
-            self._held.add(key)
-            size = storage.nbytes()
-            self._count(size, param_copy)
-            weakref.finalize(storage, self._freed, key, -size, param_copy).atexit = False
-
-    def _count(self, size: int, param_copy: bool) -> None:
-        self.live += size
-        self.param_copies += size if param_copy else 0
-        self.peak = max(self.peak, self.live)
-
-    def _freed(self, key: int, size: int, param_copy: bool) -> None:
-        self._held.discard(key)
-        self._count(size, param_copy)
 
 
 def _recomputing() -> bool:
@@ -293,7 +247,8 @@ class OpTracer(TorchDispatchMode):
             op["reads"] = self.storages.touched((args, kwargs))
             op["writes"] = [] if func in _UNINITIALIZED and not op["inplace"] else self.storages.touched(out)
             self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
-                                  written=(args, kwargs) if op["inplace"] else ())
+                                  written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
+                                  op=op["name"])
         self.ops.append(op)
         self.flops[self.phase] += flops
         return out
@@ -312,17 +267,53 @@ def backward_with_modes_on(loss) -> None:
                                               allow_unreachable=True, accumulate_grad=True)
 
 
-def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None) -> dict:
+def _block_marks(module, blocks: list[str] | None, tracer: OpTracer):
+    """Hooks that note, per block (qualified names, in forward order), the forward ops it ran:
+    [first op, end) in the trace; a recompute in backward is not its forward. (marks, handles)."""
+    marks: dict[str, list[int]] = {}
+    handles = []
+    for name in blocks or ():
+        block = module.get_submodule(name)
+
+        def before(_m, _args, name=name):
+            if tracer.phase == "forward" and name not in marks:
+                marks[name] = [len(tracer.ops), len(tracer.ops)]
+
+        def after(_m, _args, _out, name=name):
+            if tracer.phase == "forward" and name in marks:
+                marks[name][1] = len(tracer.ops)
+
+        handles += [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
+    return marks, handles
+
+
+def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
+    """The pass's memory (module docstring), after its backward."""
+    m = tracer.memory
+    return {**at_forward_end, "peak_bytes": m.peak, "rounded_peak_bytes": m.rounded_peak,
+            "forward_peak_bytes": m.forward_peak, "forward_transient_bytes": m.forward_peak - m.backward_start,
+            "backward_start_bytes": m.backward_start, "backward_peak_bytes": m.backward_peak,
+            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads}
+
+
+def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None, blocks: list[str] | None = None) -> dict:
     """One forward and backward of `module` under the tracer; `params` is the parameter list
     whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
-    `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it."""
+    `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it. `blocks`:
+    the repeated blocks' qualified names, to say what each keeps for backward (`memory.kept`)."""
     target = check_target(target)
-    lens = None if target is None else TargetLens(target["device"], AUTOCAST_DTYPES.get(target["precision"]))
+    autocast = None if target is None or target.get("weights") == "cast" else AUTOCAST_DTYPES.get(target["precision"])
+    lens = None if target is None else TargetLens(target["device"], autocast)
     tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
-    handles = [p.register_post_accumulate_grad_hook(
-        lambda _p, i=i: ready.append((i, tracer.flops["backward"]))) for i, p in enumerate(params)
-        if p.requires_grad]
+
+    def grad_ready(p, i):
+        tracer.memory.mark_grad(p.grad)
+        ready.append((i, tracer.flops["backward"]))
+
+    handles = [p.register_post_accumulate_grad_hook(lambda p, i=i: grad_ready(p, i)) for i, p in enumerate(params)
+               if p.requires_grad]
+    marks, block_handles = _block_marks(module, blocks, tracer)
     try:
         with lens if lens is not None else contextlib.nullcontext(), tracer:
             with lens.region() if lens is not None else contextlib.nullcontext():
@@ -331,16 +322,19 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None)
                 lens.clear_cache()  # autocast's cached casts go when its region ends
             # what stays for the backward (module docstring), less the parameters' copies
             held = {"activations_bytes": tracer.memory.live - tracer.memory.param_copies,
-                    "param_copies_bytes": tracer.memory.param_copies}
+                    "param_copies_bytes": tracer.memory.param_copies,
+                    **({"kept": {"blocks": len(marks), **tracer.memory.kept([tuple(marks[b]) for b in blocks])}}
+                       if blocks and len(marks) == len(blocks) else {})}
             nodes, leaves = autograd_nodes(loss.grad_fn)
             tracer.phase = "backward"
+            tracer.memory.start_backward()
             backward_with_modes_on(loss)
     finally:
-        for h in handles:
+        for h in handles + block_handles:
             h.remove()
     total = tracer.flops["backward"]
     return {"ops": tracer.ops, "by_name": aggregate(tracer.ops), "totals": totals(tracer.ops),
-            "memory": {**held, "peak_bytes": tracer.memory.peak},
+            "memory": _memory(tracer, held),
             "ready_flops": [[i, f] for i, f in ready],
             "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
             "autograd_nodes": nodes, "autograd_leaves": leaves,
@@ -417,12 +411,26 @@ def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = N
 USER_ERRORS = ("import", "callable", "return", "loss")
 
 
+def repeated_blocks(module, container: str | None = None) -> list[str] | None:
+    """The qualified names of a model's repeated blocks: the children of `container` (a module
+    name, as --fsdp-unit gives it), else those its class names in `BLOCKS` (the presets, the
+    synthetic model); None where neither says."""
+    from probes.checkpointing import children_of
+
+    containers = [container] if container else list(getattr(type(module), "BLOCKS", ()))
+    try:
+        return [name for c in containers for name in children_of(module, c)] or None
+    except AttributeError:  # no such module: the blocks are not known
+        return None
+
+
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
-                     target: dict | None = None, progress=None) -> dict:
+                     target: dict | None = None, progress=None, blocks: str | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
-    `progress`: called with each stage's text. A failure says where: `user_error` (the stage, in
+    `progress`: called with each stage's text; `blocks`: the module whose children are the
+    repeated blocks (`repeated_blocks`). A failure says where: `user_error` (the stage, in
     USER_ERRORS, and its `traceback`) when the callable itself is wrong; `params` (its parameter
     list, read on meta) when the model was built and only its pass failed."""
     built: dict = {}
@@ -432,9 +440,12 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         with on_meta():
             say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
+            if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
+                module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
             built["params"] = parameter_list(module)
             say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
-            return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target)
+            return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
+                                                    repeated_blocks(module, blocks))
 
     target = check_target(target)
     autocast_failure = None
@@ -473,6 +484,19 @@ def run_rank(ctx, config: dict) -> None:
         return
     if config.get("cwd"):
         os.chdir(config["cwd"])
+    if config.get("variants") is not None:
+        ctx.emit("op_traces", traces=[_variant(ctx, config, v) for v in config["variants"]])
+        return
     ctx.progress(f"tracing {config['spec']} on meta")
     ctx.emit("op_trace", **trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"),
-                                            config.get("target"), ctx.progress))
+                                            config.get("target"), ctx.progress, config.get("blocks")))
+
+
+def _variant(ctx, config: dict, variant: dict) -> dict:
+    """One of several passes of one model (another depth, micro-batch, checkpointing mode or
+    target), without what only the main pass needs (the ops summed by name, the parameters)."""
+    kwargs, stated = {**(config.get("kwargs") or {}), **variant.get("kwargs", {})}, variant.get("stated")
+    ctx.progress(f"tracing {config['spec']} {kwargs} {stated} on meta")
+    traced = trace_user_model(config["spec"], stated, kwargs, variant.get("target", config.get("target")),
+                              blocks=config.get("blocks"))
+    return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

@@ -296,15 +296,22 @@ def build(preset: str, micro_batch: int = 1, seq_len: int | None = None, n_layer
     return apply_activation_checkpointing(module, ac, preset_blocks(module)), batch, loss
 
 
-def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed: int = 0):
+def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed: int = 0, ac: str = "none",
+                    n_layer: int | None = None):
     """(module, tokens, None) of `--params N`: topoprof's synthetic language model of about N
     parameters (`topoprof.model.workload.synthetic.spec_for_params`, the one `validate` trains: embedding,
     MLP blocks, LayerNorm, untied head; no attention), reading `micro_batch` x `seq_len` tokens.
-    Its forward returns the loss."""
+    Its forward returns the loss. `ac` checkpoints its blocks (`probes/checkpointing.py`);
+    `n_layer` builds fewer of them, of the same width."""
+    from dataclasses import replace
+
     from probes.training import SyntheticLM
     from topoprof.model.workload.synthetic import spec_for_params
 
     spec = spec_for_params(int(params), seq_len)
+    if n_layer is not None:
+        spec = replace(spec, n_layers=n_layer)
     torch.manual_seed(seed)
     tokens = torch.randint(0, spec.vocab, (micro_batch, seq_len + 1))
-    return SyntheticLM(spec), tokens, None
+    module = SyntheticLM(spec)
+    return apply_activation_checkpointing(module, ac, children_of(module, "blocks")), tokens, None

@@ -145,10 +145,18 @@ class TargetLens(TorchFunctionMode):
 
 
 def check_target(target: dict | None) -> dict | None:
-    """{"device": "cuda"|"cpu", "precision": "bf16"|"fp16"|"fp32"}; a CPU trains in fp32."""
+    """{"device": "cuda"|"cpu", "precision": "bf16"|"fp16"|"fp32"[, "weights": "cast"]}; a CPU
+    trains in fp32. "weights": "cast" runs a 16-bit CUDA pass with the model's weights cast to that
+    dtype and no autocast, as FSDP2's MixedPrecisionPolicy(param_dtype) runs its blocks (the
+    all-gathered parameters in param_dtype, the inputs cast to it: `cast_forward_inputs`)."""
     if target is None:
         return None
     device, precision = target.get("device"), target.get("precision", "fp32")
-    if device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"op trace target {target!r}: device cuda or cpu, precision bf16, fp16 or fp32")
-    return {"device": device, "precision": "fp32" if device == "cpu" else precision}
+    weights = target.get("weights", "autocast")
+    if device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32") or weights not in ("autocast", "cast"):
+        raise ValueError(f"op trace target {target!r}: device cuda or cpu, precision bf16, fp16 or fp32, "
+                         "weights autocast or cast")
+    checked = {"device": device, "precision": "fp32" if device == "cpu" else precision}
+    if weights == "cast" and checked["precision"] != "fp32":
+        checked["weights"] = "cast"
+    return checked

@@ -19,7 +19,8 @@ time is the median over the timed steps.
 Config (checked by `topoprof.synthetic.parse_config`): spec (asdict of SyntheticSpec), mode,
 micro_batch (samples per rank per micro-batch), accum (K), steps (timed), warmup_steps,
 bucket_cap_mb (null: torch's default), seed, optimizer (adamw|sgd), lr, amp (none|bf16, GPU
-only), threads (null: torch's default), count_comm_hook_calls, numerics_dtype (float64|float32).
+only), threads (null: torch's default), count_comm_hook_calls, numerics_dtype (float64|float32),
+ac (the blocks' activation checkpointing: none, full, layer:N, op; `probes/checkpointing.py`).
 Messages from rank 0: `result` (every timed mode), `calibration` (single).
 """
 from __future__ import annotations
@@ -56,6 +57,8 @@ class _Block(nn.Module):
 class SyntheticLM(nn.Module):
     """The module `topoprof.model.workload.synthetic.SyntheticSpec` describes; forward returns the mean loss."""
 
+    BLOCKS = ("blocks",)  # its repeated blocks, what activation checkpointing wraps
+
     def __init__(self, spec: SyntheticSpec, autocast_dtype=None):
         super().__init__()
         self.embed = nn.Embedding(spec.vocab, spec.d_model)
@@ -77,9 +80,14 @@ class SyntheticLM(nn.Module):
         return loss.unsqueeze(0)  # shape (1,): DataParallel gathers one loss per GPU as a vector
 
 
-def build_model(spec: SyntheticSpec, seed: int, dtype=torch.float32, autocast_dtype=None):
+def build_model(spec: SyntheticSpec, seed: int, dtype=torch.float32, autocast_dtype=None, ac: str = "none"):
+    """The synthetic model, its blocks checkpointed as `ac` says (`probes/checkpointing.py`; the
+    weights drawn before, so a checkpointed model starts from the same ones)."""
+    from probes.checkpointing import apply_activation_checkpointing, children_of
+
     torch.manual_seed(seed)  # every rank draws the same initial weights
-    return SyntheticLM(spec, autocast_dtype).to(dtype)
+    model = SyntheticLM(spec, autocast_dtype).to(dtype)
+    return apply_activation_checkpointing(model, ac, children_of(model, "blocks"))
 
 
 def first_sample(step: int, rank: int, micro: int, world: int, accum: int, micro_batch: int) -> int:
@@ -367,11 +375,11 @@ def _setup(ctx, cfg: TrainConfig):
     autocast = AMP_DTYPES[cfg.amp]
     if cfg.mode == "dp":
         gpus = torch.cuda.device_count()
-        model = build_model(cfg.spec, cfg.seed, autocast_dtype=autocast).to("cuda:0")
+        model = build_model(cfg.spec, cfg.seed, autocast_dtype=autocast, ac=cfg.ac).to("cuda:0")
         wrapped = nn.DataParallel(model, device_ids=list(range(gpus)))
         return (wrapped, make_optimizer(cfg, model), lambda s: _dp_batches(cfg, gpus, s),
                 [f"cuda:{g}" for g in range(gpus)], gpus, None)
-    model = build_model(cfg.spec, cfg.seed, autocast_dtype=autocast).to(ctx.device)
+    model = build_model(cfg.spec, cfg.seed, autocast_dtype=autocast, ac=cfg.ac).to(ctx.device)
     counter = _HookCounter() if cfg.count_comm_hook_calls and cfg.mode in DDP_MODES else None
     wrapped = wrap_ddp(model, ctx.device, cfg, counter) if cfg.mode in DDP_MODES else model
     world = ctx.world_size

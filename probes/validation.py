@@ -247,7 +247,7 @@ def _trainee(cfg, user_model: str | None, device: str):
     """(model, example batch or None, loss_of(module, batch)): the synthetic model with its token
     stream, or the user's model (`--model`) trained on its own example batch every micro-batch."""
     if user_model is None:
-        model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp])
+        model = training.build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp], ac=cfg.ac)
         return model.to(device), None, training.mean_loss
     from probes.user_callable import call_user_callable, to_device, user_loss
 
@@ -278,7 +278,8 @@ def run_rank(ctx, config: dict) -> None:
         fsdp.quiet()
         fsdp_clock = fsdp.CommClock(ctx.rank, ctx.world_size)
         amp = training.AMP_DTYPES[cfg.amp]  # the same precision as the DDP model beside them
-        copies = fsdp.build_copies(lambda: training.build_model(cfg.spec, cfg.seed, autocast_dtype=amp).to(ctx.device),
+        copies = fsdp.build_copies(lambda: training.build_model(cfg.spec, cfg.seed, autocast_dtype=amp,
+                                                                ac=cfg.ac).to(ctx.device),
                                    fsdp_modes, fsdp.mesh_for(ctx.device, ctx.world_size), fsdp_clock,
                                    lambda m: training.make_optimizer(cfg, m))
     rotations = []

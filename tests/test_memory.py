@@ -61,11 +61,16 @@ def test_fit_and_its_reason():
     assert holding.fit(full, 80e9) == holding.Fit(True, None)
 
 
+GIB = 2 ** 30 / 1e9  # NVIDIA's "GB" of memory are GiB: the H200 here, "141 GB", showed 143771 MiB
+
+
 def test_gpu_memory_from_the_name_or_the_datasheet():
-    assert gpu_memory_gb("NVIDIA H100 80GB HBM3")[0] == 80
-    assert gpu_memory_gb("Tesla V100-SXM2-32GB")[0] == 32
-    assert gpu_memory_gb("v100-sxm2")[0] == 16 and "smaller" in gpu_memory_gb("v100-sxm2")[1]
-    assert gpu_memory_gb("h200-sxm")[0] == 141
+    assert gpu_memory_gb("NVIDIA H100 80GB HBM3")[0] == 80 * GIB
+    assert gpu_memory_gb("Tesla V100-SXM2-32GB")[0] == 32 * GIB
+    assert gpu_memory_gb("v100-sxm2")[0] == 16 * GIB and "smaller" in gpu_memory_gb("v100-sxm2")[1]
+    assert gpu_memory_gb("h200-sxm")[0] == 141 * GIB
+    # the H200 of reports/gpu-nvidia-h200-20261126: nvidia-smi's 143771 MiB is within 0.5 % of 141 GiB
+    assert abs(143771 * 2 ** 20 / 1e9 / gpu_memory_gb("h200-sxm")[0] - 1) < 0.005
     assert gpu_memory_gb("no such gpu") is None
 
 
@@ -83,13 +88,24 @@ def _llama(**compute) -> ModelInputs:
 
 
 def test_7b_under_ddp_does_not_fit_on_an_80gb_gpu():
+    from topoprof.model.memory import environment as env
+
     pred = predict(_llama())
     ddp = pred.strategies["ddp_synced"].memory
     params = 6_738_415_616
-    assert ddp.fits is False and ddp.gpu_memory_gb == 80
+    assert ddp.fits is False and ddp.gpu_memory_gb == 80 * GIB
     assert ddp.parts_gb["params"] == pytest.approx(4 * params / 1e9)
-    assert ddp.total_gb == pytest.approx((20 * params + 34 * 4096 * 4096 * 32) / 1e9)
+    # the backward's peak (the states, 20 B per parameter with DDP's buckets, and Korthikanti's
+    # activations) against the foreach AdamW step's (the states and one fp32 list per parameter)
+    backward, step = 20 * params + 34 * 4096 * 4096 * 32, 20 * params + 4 * params
+    allocated = max(backward, step)
+    low = allocated + env.CUDA_CONTEXT_BYTES[0] + env.DRIVER_RESERVE_BYTES + env.nccl_bytes(1)[0]
+    high = (allocated + env.CUDA_CONTEXT_BYTES[1] + env.DRIVER_RESERVE_BYTES + env.nccl_bytes(1)[1]
+            + env.FRAGMENTATION_SHARE[1] * allocated)
+    assert ddp.range_gb == pytest.approx((low / 1e9, high / 1e9))
+    assert ddp.total_gb == pytest.approx(high / 1e9)
     assert "does not fit" in ddp.reason and "buckets 27.0" in ddp.reason
+    assert ddp.parts_gb["logits"] == 0 and "not counted" in ddp.sources["logits"]  # no op trace here
     bigger = predict(_llama(gpu_memory_gb=400.0)).strategies["ddp_synced"].memory
     assert bigger.fits is True
 
@@ -117,7 +133,7 @@ def test_model_cli_says_what_does_not_fit():
                            "--micro-batch-time", "0.4"],  # no op trace: Korthikanti's count
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "ddp_synced" in proc.stdout and "does not fit: needs 153.0 GB of 80.0 GB" in proc.stdout
+    assert "ddp_synced" in proc.stdout and "does not fit: needs 167.5 GB of 85.9 GB" in proc.stdout
     doc = json.loads(subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "gpt2", "--gpu", "h100-sxm",
                                      "--world-size", "2", "--tokens", "1024", "--link-bandwidth", "370", "--no-sweep",
                                      "--json"], capture_output=True, text=True, timeout=120).stdout)
@@ -141,7 +157,11 @@ def test_memory_a_gpu_measured_replaces_the_count():
     assert ddp.parts_gb["activations"] == pytest.approx(3.0)
     assert ddp.parts_gb["optimizer"] == pytest.approx(8 * n / 1e9)
     assert ddp.parts_gb["buckets"] == pytest.approx(4 * n / 1e9)
-    assert ddp.total_gb == pytest.approx((20 * n + 3e9) / 1e9)
+    from topoprof.model.memory import environment as env
+
+    low = 20 * n + 3e9 + env.CUDA_CONTEXT_BYTES[0] + env.DRIVER_RESERVE_BYTES + env.nccl_bytes(1)[0]
+    assert ddp.range_gb[0] == pytest.approx(low / 1e9)  # the measured activations hold the logits and copies
+    assert "measured" in ddp.sources["logits"]
 
 
 def test_what_does_not_fit_is_neither_swept_nor_offered():
@@ -195,3 +215,23 @@ def test_a_what_if_counts_the_activations_from_its_op_trace():
     one, two = activations(2), activations(4)
     assert one["source"].startswith("counted from the op trace at 2x3x64x64")
     assert one["value"] > 0 and 1.9 * one["value"] < two["value"] < 2 * one["value"]
+
+
+def test_every_part_is_named_with_its_source_and_cpu_ranks_hold_no_gpu_environment():
+    from topoprof.model.memory import environment as env
+
+    layout_inputs = _llama()
+    ddp = predict(layout_inputs).strategies["ddp_synced"].memory
+    named = {"params", "grads", "optimizer", "buckets", "unsharded", "activations", "logits", "param_copies",
+             "backward_transient", "optimizer_transient", "cuda_context", "driver_reserve", "nccl_buffers", "allocator"}
+    assert named <= set(ddp.parts_gb)
+    assert {"activations", "logits", "param_copies", "backward_transient", "optimizer_transient", "cuda_context",
+            "driver_reserve", "nccl_buffers", "allocator"} <= set(ddp.sources)
+    assert ddp.parts_gb["nccl_buffers"] == pytest.approx(env.nccl_bytes(1)[1] / 1e9)  # one communicator
+    single = predict(layout_inputs).strategies["single"].memory
+    assert single.parts_gb["nccl_buffers"] == 0  # one process alone communicates nothing
+    cpu = ModelInputs(layout_inputs.workload, layout_inputs.compute, Cluster(RingComm(10.0, 30.0, 8), 1, 8, backend="gloo"))
+    mem = predict(cpu).strategies["ddp_synced"].memory
+    assert "cuda_context" not in mem.parts_gb and "CPU ranks" in mem.sources["cuda_context"]
+    largest = max(t.numel for t in layout_inputs.workload.layout.tensors)
+    assert mem.parts_gb["optimizer_transient"] == pytest.approx(4 * largest / 1e9)  # for-loop AdamW: one tensor

@@ -251,7 +251,7 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
     monkeypatch.setattr("topoprof.model.inputs.user_model.here_gpu_name", lambda device: "Tesla V100-SXM2-32GB")
 
     def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None,
-             progress=None):
+             ac="none", progress=None):
         asked.append((preset, micro_batch, seq_len, device, precision, image_size))
         return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None}

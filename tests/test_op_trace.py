@@ -243,10 +243,10 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
 
     real = op_trace.trace_pass
 
-    def casts_fail(module, batch, loss_fn, params, target=None):
+    def casts_fail(module, batch, loss_fn, params, target=None, blocks=None):
         if target and target["precision"] != "fp32":
             raise RuntimeError("mixed dtypes")
-        return real(module, batch, loss_fn, params, target)
+        return real(module, batch, loss_fn, params, target, blocks)
 
     monkeypatch.setattr(op_trace, "trace_pass", casts_fail)
     traced = _gpt2_block({"device": "cuda", "precision": "bf16"})

@@ -21,7 +21,7 @@ def timed(monkeypatch):
     """measure_preset replaced: records what it was asked, answers like the real one."""
     calls = []
 
-    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None):
+    def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None, ac="none"):
         calls.append((preset, micro_batch, seq_len, device) + ((image_size,) if image_size else ()))
         scaled = [2, 4] if preset == "llama-7b" else None
         return {"micro_batch_time_s": 0.03, "backward_fraction": 0.65, "optimizer_time_s": 0.004,

@@ -106,3 +106,43 @@ def test_one_rank_measures_ddps_own_costs_and_predicts_nothing(tmp_path):
     assert saved["micro_batch_time_s"] > 0 and "ddp_overhead_s" in saved
     proc = _cli("validate", "--nproc", "0")
     assert proc.returncode == 2 and "'--nproc'" in proc.stderr
+
+
+def test_a_checkpointed_model_is_validated_and_its_numerics_are_the_plain_models():
+    """--activation-checkpointing op on 2 gloo ranks: every mode trains the checkpointed model,
+    its step is measured and predicted as the others are, and one optimizer step of each lands
+    where one process with the plain model does (checkpointing changes no result beyond rounding)."""
+    proc = _cli("validate", "--params", "60K", "--seq-len", "16", "--micro-batch", "2", "--accum", "2",
+                "--steps", "2", "--warmup-steps", "1", "--modes", "ddp_synced,fsdp_full_shard",
+                "--activation-checkpointing", "op", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["setup"]["activation_checkpointing"] == "op"
+    for mode in ("ddp_synced", "fsdp_full_shard"):
+        assert doc["modes"][mode]["measured_step_s"] > 0 and doc["modes"][mode]["predicted_step_s"] > 0, mode
+    num = doc["numerics"]
+    assert num["ac"] == "op"
+    for mode in ("ddp_synced", "ddp_no_sync", "fsdp_full_shard"):
+        assert num[mode]["allclose"] and num[mode]["max_abs_diff_vs_single"] < 1e-9, mode
+    assert not num["control_single_not_divided_by_k"]["allclose"]
+
+
+def test_the_training_config_checks_its_checkpointing_and_the_model_is_wrapped():
+    torch = pytest.importorskip("torch")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from probes.training import build_model
+    from topoprof.errors import InputError
+    from topoprof.model.workload.synthetic import parse_config, spec_for_params
+
+    spec = spec_for_params(60_000, 16)
+    base = {"spec": {"vocab": spec.vocab, "d_model": spec.d_model, "n_layers": spec.n_layers, "d_ff": spec.d_ff,
+                     "seq_len": 16}, "mode": "single", "micro_batch": 2, "steps": 1, "warmup_steps": 0}
+    assert parse_config({**base, "ac": "layer:1"}).ac == "full" and parse_config(base).ac == "none"
+    with pytest.raises(InputError, match="layer:N"):
+        parse_config({**base, "ac": "every other"})
+    model = build_model(spec, 0, ac="layer:2")
+    wrapped = [isinstance(b, CheckpointWrapper) for b in model.blocks]
+    assert wrapped == [i % 2 == 1 for i in range(spec.n_layers)]
+    plain = build_model(spec, 0)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))

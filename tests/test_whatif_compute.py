@@ -223,7 +223,7 @@ def _fake_timing(monkeypatch, seconds=0.05):
     asked = []
 
     def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None,
-             progress=None):
+             ac="none", progress=None):
         asked.append((preset, micro_batch, seq_len))
         return {"micro_batch_time_s": seconds, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None, "device_name": H100}

@@ -35,6 +35,10 @@ import click
 @click.option("--fsdp-unit", metavar="MODULE",
               help="FSDP groups: each child of this module, e.g. model.layers (default: one group per block of "
                    "a preset, 4 chunks per group of --params; the root holds the rest).")
+@click.option("--activation-checkpointing", metavar="MODE",
+              help="Activation checkpointing of the blocks, in torchtitan's modes: none (default), full, layer:N "
+                   "(every N-th block) or op (torchtitan's selective op policy); what each keeps and recomputes is "
+                   "counted from the model's own ops.")
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")
 @click.option("--backward-fraction", type=float, help="Share of the micro-batch time spent in backward (default 2/3).")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="Calibration JSON written by `topoprof validate`.")
@@ -74,6 +78,7 @@ def model(**opts):
     from topoprof.commands.progress import LiveProgress
     from topoprof.model.inputs.options import build_inputs
     from topoprof.model.inputs.request import ModelRequest
+    from topoprof.model.inputs.search import applying_strategies, fits_payload
     from topoprof.model.strategies.payload import model_payload
     from topoprof.report.text_model import render_model
 
@@ -82,6 +87,8 @@ def model(**opts):
         inputs, described = build_inputs(request, progress)
         progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
         payload = model_payload(inputs, described, sweep=request.sweep)
+        progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
+        payload = {"fits": fits_payload(inputs, request, applying_strategies(payload), progress), **payload}
     if opts["as_json"]:
         from topoprof.jsonio import dumps, envelope
 

@@ -26,6 +26,9 @@ from topoprof.errors import InputError, RunFailed, SavedElsewhere
               help="Comma list of ddp_synced, ddp_no_sync, ddp_no_sync_backward_only, fsdp_full_shard, "
                    "fsdp_full_shard_no_sync, fsdp_shard_grad_op, fsdp_shard_grad_op_no_sync (torch >= 2.9), or all "
                    "(every one of them this torch runs); add dp where >= 2 GPUs exist.")
+@click.option("--activation-checkpointing", "ac", metavar="MODE", default="none", show_default=True,
+              help="Train the synthetic model with its blocks checkpointed: none, full, layer:N or op (torchtitan's "
+                   "modes); every mode's step and numerics are checked under it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per CPU rank (default: the cores divided among the ranks).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True)
@@ -34,7 +37,7 @@ from topoprof.errors import InputError, RunFailed, SavedElsewhere
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Also write the JSON here.")
 def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_batch, accum, steps, warmup_steps, modes,
-             threads, numerics, timeout_s, save_calibration_to, as_json, out_path):
+             ac, threads, numerics, timeout_s, save_calibration_to, as_json, out_path):
     """Run short real training loops for each strategy and compare with the model's prediction."""
     from topoprof.jsonio import dumps, envelope, write_text
     from topoprof.measure.launch import is_reporting_rank
@@ -68,7 +71,7 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch,
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
                            modes=mode_list, threads=threads,
-                           numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout)
+                           numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout, ac=ac)
     progress = None
     if not as_json and sys.stderr.isatty():
         progress = lambda step: (sys.stderr.write(f"\r\033[K  {step}"), sys.stderr.flush())  # noqa: E731

@@ -30,3 +30,21 @@ def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = Non
         why = run.failure.describe() if run.failure is not None else "it reported nothing"
         return {"failure": f"the trace worker failed: {why}"}
     return {k: v for k, v in found[0].items() if k != "type"}
+
+
+def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: dict | None = None,
+                 timeout_s: float = TRACE_TIMEOUT_S) -> list[dict] | dict:
+    """Several passes of one model in one worker: each variant's `kwargs` (over `kwargs`), `stated`
+    shape and `target` (default `target`). The traces in the variants' order (each may be a
+    {"failure": reason}), or {"failure": reason} where the worker gave nothing."""
+    job = JobSpec("op_trace", {"spec": spec, "kwargs": kwargs, "target": target, "variants": variants,
+                               "cwd": os.getcwd()}, 1, "gloo", timeout_s)
+    try:
+        run = launch_local(job)
+    except Exception as err:  # noqa: BLE001 - no worker at all: the caller says why
+        return {"failure": f"the trace worker did not start ({type(err).__name__}: {err})"}
+    found = [msg for _, msg in run.messages if msg.get("type") == "op_traces"]
+    if not found:
+        why = run.failure.describe() if run.failure is not None else "it reported nothing"
+        return {"failure": f"the trace worker failed: {why}"}
+    return found[0]["traces"]

@@ -143,7 +143,8 @@ def _predictions(report: dict) -> list[str]:
     for p in preds:
         k = p["inputs"]["accumulation_steps"]["value"]
         n = p["inputs"]["world_size"]["value"]
-        out += [f"### {p['label']}: {n} rank(s), K = {k}", "", f"Compute: {p['compute_source']}.", ""]
+        out += [f"### {p['label']}: {n} rank(s), K = {k}", ""] + _fits_block(p)
+        out += [f"Compute: {p['compute_source']}.", ""]
         what_if = p["inputs"].get("micro_batch_time_range_s")
         if what_if:
             fast, slow = what_if["value"]
@@ -182,6 +183,14 @@ def _predictions(report: dict) -> list[str]:
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")
     return out
+
+
+def _fits_block(p: dict) -> list[str]:
+    """What fits, first (`topoprof.report.text_fits`), as a fixed-width block."""
+    from topoprof.report.text_fits import fits_lines
+
+    lines = fits_lines(p.get("fits"))
+    return ["```text", *[line for line in lines if line], "```", ""] if lines else []
 
 
 def _memory_gb(s: dict) -> str:

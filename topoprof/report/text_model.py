@@ -215,8 +215,9 @@ def _memory_rows(payload: dict) -> list[str]:
     if not capacity and not act:
         return []
     activations = "?" if act.get("value") is None else f"{act['value']:.1f}"
+    gpu = "?" if capacity.get("value") is None else f"{capacity['value']:,.1f}"
     out = ["", f"Memory per GPU (counted: weights, gradients, optimizer state, DDP's buckets, FSDP's unsharded "
-               f"groups, activations): GPU {capacity.get('value') or '?'} GB ({capacity.get('source')}); "
+               f"groups, activations): GPU {gpu} GB ({capacity.get('source')}); "
                f"activations {activations} GB ({act.get('source')})."]
     reasons = {s["memory"]["reason"] for s in payload["strategies"].values()
                if (s.get("memory") or {}).get("fits") is False}
@@ -293,11 +294,14 @@ def _fixed_rows(fixed: dict) -> list[str]:
 
 
 def render_model(payload: dict) -> str:
+    from topoprof.report.text_fits import fits_lines, memory_parts_lines
+
     ddp_fits = ((payload["strategies"].get("ddp_synced") or {}).get("memory") or {}).get("fits") is not False
     ddp = (_hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload) if ddp_fits
            else ["", "DDP does not fit on these GPUs: where its cost goes is left out."])
-    out = (_header(payload) + _strategy_rows(payload) + _memory_rows(payload) + _no_sync_rows(payload) + ddp
-           + fsdp_cost_rows(payload))
+    lead = fits_lines(payload.get("fits"))
+    out = (lead + _header(payload) + _strategy_rows(payload) + (memory_parts_lines(payload) or _memory_rows(payload))
+           + _no_sync_rows(payload) + ddp + fsdp_cost_rows(payload))
     if "sweep" in payload:
         out += [""] + _sweep_rows(payload) + _fixed_rows(payload["fixed_global_batch"])
     if payload["warnings"]:

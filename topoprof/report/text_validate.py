@@ -87,8 +87,9 @@ def render_validate(payload: dict) -> str:
     s = payload["setup"]
     user = isinstance(s.get("spec"), dict) and s["spec"].get("user_model")
     batch = "its example batch per micro-batch" if user else f"micro-batch {s['micro_batch']}"
+    ac = f", activation checkpointing {s['activation_checkpointing']}" if s.get("activation_checkpointing") else ""
     out = [f"topoprof validate: {payload['label']} ({s['params']:,} params), {s['nproc']} rank(s) on "
-           f"{s['backend']}, {batch}, K = {s['accum']}, {s['steps']} timed rotation(s)"]
+           f"{s['backend']}, {batch}, K = {s['accum']}, {s['steps']} timed rotation(s){ac}"]
     cal = payload.get("calibration")
     if cal:
         out += calibration_lines(cal)
@@ -99,8 +100,9 @@ def render_validate(payload: dict) -> str:
     out += [ONE_RANK_NOTE] if s["nproc"] == 1 else parts_lines(payload["modes"])
     num = payload.get("numerics")
     if num:
+        plain = f" (every mode checkpointed {num['ac']}, the process not)" if num.get("ac", "none") != "none" else ""
         out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
-                    "vs one process accumulating the whole batch:"]
+                    f"vs one process accumulating the whole batch{plain}:"]
         for mode in [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]:
             if mode in num:
                 ok = "agree" if num[mode]["allclose"] else "DIFFER"

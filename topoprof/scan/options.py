@@ -23,6 +23,7 @@ class ScanOptions:
     accum: int = 8
     timeout_s: float = 120.0
     user_model: str | None = None  # --model PATH.py:CALLABLE
+    activation_checkpointing: str | None = None  # none, full, layer:N, op (a preset's or --params' blocks)
     # what `probes/user_model.py` measured of it (set by the scan before its ranks start)
     user_record: dict | None = field(default=None, repr=False, compare=False)
     # this GPU's quick device profile (`topoprof profile --quick`), measured by the scan, which its
@@ -51,6 +52,15 @@ class ScanOptions:
         from topoprof.model.inputs.request import check_image_options
 
         check_image_options(self.preset, self.image_size, self.tokens)
+        if self.user_model and self.checkpointing.mode != "none":
+            raise InputError(f"--activation-checkpointing {self.activation_checkpointing}: applies to a --preset or "
+                             "--params; your --model checkpoints as its own code does (torch.utils.checkpoint)")
+
+    @property
+    def checkpointing(self):
+        from topoprof.model.workload.checkpointing import parse_checkpointing
+
+        return parse_checkpointing(self.activation_checkpointing)
 
 
 def bench_config(opts: ScanOptions) -> dict:

@@ -110,9 +110,13 @@ _COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
     "rtx-4090": (8, 9), "rtx-3090": (8, 6),
 }
 
-# GPU memory in GB (1e9 B) per row, from the same datasheets: V100 16 or 32 (the name printed by
-# the driver says which; a bare "v100-sxm2" is taken as the smaller), A100 40/80, H100 SXM and
-# PCIe 80, H100 NVL 94, H200 141, L40S 48, A10 24, L4 24, T4 16, RTX 4090 24, RTX 3090 24.
+# GPU memory per row as the datasheets print it: V100 16 or 32 (the name printed by the driver
+# says which; a bare "v100-sxm2" is taken as the smaller), A100 40/80, H100 SXM and PCIe 80, H100
+# NVL 94, H200 141, L40S 48, A10 24, L4 24, T4 16, RTX 4090 24, RTX 3090 24. These "GB" are binary
+# (GiB): the H200 of reports/gpu-nvidia-h200-20261126, sold as 141 GB, showed 143771 MiB in nvidia-smi
+# (140.4 GiB, 150.8e9 B; machine.txt), not 141e9 B. `gpu_memory_gb` gives 1e9 B.
+BINARY_GB = 2 ** 30 / 1e9
+BINARY_BASIS = "GiB as NVIDIA states memory (the H200 here: 141 GB on the sheet, 143771 MiB in nvidia-smi)"
 _MEMORY_GB: dict[str, float] = {
     "v100-sxm2": 16, "v100-pcie": 16, "a100-sxm4-40gb": 40, "a100-sxm4-80gb": 80, "a100-pcie-40gb": 40,
     "a100-pcie-80gb": 80, "h100-sxm": 80, "h100-pcie": 80, "h100-nvl": 94, "h200-sxm": 141, "h200-nvl": 141,
@@ -130,9 +134,10 @@ def gpu_memory_gb(name: str) -> tuple[float, str] | None:
         return None
     sized = re.search(r"(\d+)gb", normalize_gpu_name(name))
     if sized:
-        return float(sized.group(1)), f"{sized.group(1)} GB in the name {name!r}"
+        return float(sized.group(1)) * BINARY_GB, f"{sized.group(1)} GB in the name {name!r}, {BINARY_BASIS}"
     note = " (the smaller of its sizes: give the full name, e.g. V100-SXM2-32GB)" if spec.name.startswith("v100") else ""
-    return float(_MEMORY_GB[spec.name]), f"{spec.name} datasheet{note}"
+    size = _MEMORY_GB[spec.name]
+    return size * BINARY_GB, f"{spec.name} datasheet {size:g} GB{note}, {BINARY_BASIS}"
 
 
 # Normalized `nvidia-smi --query-gpu=name` strings (and common short names) -> table key.

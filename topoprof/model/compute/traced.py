@@ -38,8 +38,15 @@ class TraceRequest:
     note: str | None = None  # how the stated shape was fitted to the model
 
 
-def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size: int | None) -> TraceRequest | str:
-    """What to trace for a preset, or why it cannot be (a text preset needs --tokens)."""
+def _ac(ac: str) -> dict:
+    """The builder's `ac` argument, left out for `none` (the builders' default)."""
+    return {} if ac == "none" else {"ac": ac}
+
+
+def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size: int | None,
+                   ac: str = "none") -> TraceRequest | str:
+    """What to trace for a preset, or why it cannot be (a text preset needs --tokens); `ac`: its
+    blocks' activation checkpointing (`probes/checkpointing.py`), as `Checkpointing.text` spells it."""
     from topoprof.model.workload.presets import MAX_SEQ_LEN, is_vision
 
     name = preset.strip().lower()
@@ -47,20 +54,20 @@ def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size
         from topoprof.model.workload.vision import DEFAULT_IMAGE_SIZE
 
         size = image_size or DEFAULT_IMAGE_SIZE
-        return TraceRequest(PRESET_SPEC, {"preset": name, "image_size": size}, {"micro_batch": micro_batch})
+        return TraceRequest(PRESET_SPEC, {"preset": name, "image_size": size, **_ac(ac)}, {"micro_batch": micro_batch})
     if not tokens:
         return "no --tokens: a text model's sequence length is unknown"
     sequences = max(micro_batch, math.ceil(tokens / MAX_SEQ_LEN[name]))
     note = (None if sequences == micro_batch else
             f"{tokens} tokens exceed {micro_batch} sequence(s) of {name}'s {MAX_SEQ_LEN[name]}: traced as {sequences}")
-    return TraceRequest(PRESET_SPEC, {"preset": name}, {"micro_batch": sequences, "seq_len": max(1, tokens // sequences)},
-                        note)
+    return TraceRequest(PRESET_SPEC, {"preset": name, **_ac(ac)},
+                        {"micro_batch": sequences, "seq_len": max(1, tokens // sequences)}, note)
 
 
-def params_request(params: int, micro_batch: int, tokens: int | None) -> TraceRequest | str:
+def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = "none") -> TraceRequest | str:
     if not tokens:
         return "no --tokens: a text model's sequence length is unknown"
-    return TraceRequest(SYNTHETIC_SPEC, {"params": params},
+    return TraceRequest(SYNTHETIC_SPEC, {"params": params, **_ac(ac)},
                         {"micro_batch": micro_batch, "seq_len": max(1, tokens // micro_batch)},
                         "--params N is traced as topoprof's synthetic model of N parameters (validate's: "
                         "embedding, MLP blocks, LayerNorm, untied head; no attention)")
@@ -92,7 +99,12 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
     how = ("per op the rate a device profile measured for its kind and size" if hasattr(pricer, "profile") else
            "per op the larger of FLOPs over peak x efficiency and bytes over bandwidth")
     basis = f"{result.kernels} kernels of its op trace at {shape} on {result.device}, {how}, and a host cost per op"
+    recompute = recompute_seconds(trace, pricer)
+    if recompute is not None:
+        basis += ("; activation checkpointing's recompute ops are in its backward, priced with it "
+                  f"({recompute[1] * 1e3:.3g} ms of them alone, middle)")
     detail = {"seconds": [fast, middle, slow], "device": result.device, "shape": shape,
+              **({"recompute_s": list(recompute)} if recompute is not None else {}),
               "kernels": result.kernels, "views": result.views, "flops": result.flops,
               "bytes_moved": result.bytes_moved, "backward_fraction": result.backward_fraction,
               "host_s": result.middle.host_s, "device_s": result.middle.device_s,
@@ -105,6 +117,17 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
         detail["optimizer"] = optimizer
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
+
+
+def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
+    """(fast, middle, slow) seconds of the trace's recompute ops (`probes/op_trace.py` marks them
+    in the backward) priced alone by the same pricer; None where nothing is recomputed."""
+    from topoprof.model.compute.roofline import roofline
+
+    ops = [op for op in trace.get("ops", ()) if op.get("recompute")]
+    if not ops:
+        return None
+    return roofline({"ops": ops}, pricer).seconds
 
 
 def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None) -> dict:

@@ -5,7 +5,8 @@ Groups. `fully_shard` on a module makes one group of its parameters not already 
 "should be called bottom-up" (`_fully_shard.py:133-143`): here one group per transformer block
 (or ResNet stage) by tensor-name prefix (`GROUP_PATTERNS`), then the root holding the rest
 (embeddings, final norm, head). A `--params N` layout, whose 100 chunks have no blocks, groups
-`CHUNKS_PER_GROUP` chunks per group. Each group's parameters are all-gathered in one collective
+`CHUNKS_PER_GROUP` chunks per group: there a group stands for a block (of activation
+checkpointing, too: `recompute_shares`). Each group's parameters are all-gathered in one collective
 and its gradients reduce-scattered in one (`_fully_shard.py:139-141`, `_fsdp_collectives.py:
 foreach_all_gather, foreach_reduce`).
 """
@@ -16,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
+from topoprof.model.workload.checkpointing import Checkpointing
 from topoprof.model.workload.layout import Layout
 
 # Blocks by tensor-name prefix: the module each group is `fully_shard` of.
@@ -139,3 +141,25 @@ def describe_plan(plan: FsdpPlan) -> dict:
     return {"grouping": plan.grouping, "groups": len(plan.groups),
             "root_params": plan.groups[plan.root].numel,
             "largest_group_params": max(g.numel for g in plan.groups)}
+
+
+def recompute_shares(plan: FsdpPlan, ac: Checkpointing, blocks: int | None) -> tuple[float, ...]:
+    """Each group's share of activation checkpointing's recompute (by group index, summing to 1;
+    empty when nothing is recomputed). Where the groups are the model's `blocks` (one per block),
+    the blocks `ac` checkpoints share it evenly (`full`, `op`: all; `layer:N`: every N-th); where
+    they are not (a `--params` layout's chunks, grouped `CHUNKS_PER_GROUP` at a time, against the
+    traced synthetic model's MLP blocks), it is spread over the groups by their backward compute."""
+    if ac.mode == "none":
+        return ()
+    inner = [g for g in range(len(plan.groups)) if g != plan.root]
+    if blocks is not None and len(inner) == blocks:
+        chosen = [g for i, g in enumerate(inner) if ac.mode == "op" or ac.wraps(i)]
+        share = {g: 1 / len(chosen) for g in chosen} if chosen else {}
+    else:
+        backward = {g: 0.0 for g in inner}
+        for seg in plan.segments:
+            if seg.group in backward:
+                backward[seg.group] += seg.backward_share
+        total = sum(backward.values()) or 1.0
+        share = {g: b / total for g, b in backward.items()}
+    return tuple(share.get(g, 0.0) for g in range(len(plan.groups)))

@@ -19,7 +19,10 @@ default (`_fsdp_state.py:203-207`), as torch recommends (`_fully_shard.py:183-18
 Backward. A group's pre-backward hook waits for its all-gather (issued again only if it was
 resharded after forward) and prefetches the group run before it in forward
 (`_fsdp_param_group.py:575-585` and `_backward_prefetch` 795-830: `post_forward_order[curr_index
-- 1]`); the root's hook, first in backward, prefetches the last block. After a group's backward
+- 1]`); the root's hook, first in backward, prefetches the last block. A checkpointed block's
+backward begins with its recompute (torch/utils/checkpoint.py: the first saved tensor unpacked
+runs the forward again), on the compute stream after that hook: after its all-gather, whose
+parameters it reads. After a group's backward
 its post-backward hook copies the gradients into the reduce-scatter buffer on the compute stream
 (`_fsdp_collectives.py:603`), then reduce-scatters it on the reduce-scatter stream, which waits
 for that copy (`_fsdp_collectives.py:607-624`); before that, the compute stream waits for the
@@ -136,6 +139,9 @@ class FsdpSetting:
     own_param_bytes: int | None = None    # the parameters' own element (the copy-in casts); None: param_bytes
     host_step_s: float = 0.0              # one step of FSDP's hooks on the host (fsdp.gpu_costs); 0: unpriced
     host_hidden_s: float | None = None    # host time the device hides per micro-batch; None: unknown, none
+    # activation checkpointing's recompute per group (seconds, by group index; empty: none apart
+    # from backward_s): each group's forward run again at the start of its backward
+    recompute_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.compute_slowdown < 1 or self.comm_slowdown < 1:
@@ -239,6 +245,7 @@ class MicroBatch:
     fsdp_work_s: float           # FSDP's own share of that, alone
     ops: tuple[OpTime, ...]
     fsdp_parts: dict[str, float] = field(default_factory=dict)  # fsdp_work_s by part, alone
+    recomputes: tuple[OpTime, ...] = ()  # checkpointing's recompute per group ("recompute", group, start, end)
 
     @property
     def exposed_s(self) -> float:
@@ -339,6 +346,7 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
     reductions: list[int] = []
     last_rs: int | None = None
     seen: set[int] = set()
+    recomputes: dict = {}
 
     def prefetch(target: int, gate: str) -> None:
         if resharded[target] and target not in prefetched:
@@ -376,15 +384,21 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
             i = post_order.index(g)
             if i > 0:
                 prefetch(post_order[i - 1], gate)
+            # checkpointing's recompute: the first thing the block's backward runs (its saved
+            # tensors unpacked), after its pre-backward hook waited for its all-gather
+            if g < len(setting.recompute_s) and setting.recompute_s[g] > 0:
+                recomputes[g] = b.mark()
+                b.work(setting.recompute_s[g])
+                recomputes[g] = (recomputes[g], b.mark())
         b.work(seg.backward_share * setting.backward_s)
         if g != root and s == first_seg[g]:
             post_backward(g)
     post_backward(root)  # the final callback: the root's inputs need no gradient
     b.wait(*reductions)  # finalize_backward waits for every reduction
-    return _simulate(b, setting, forward_end)
+    return _simulate(b, setting, forward_end, recomputes)
 
 
-def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str) -> MicroBatch:
+def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str, recomputes: dict | None = None) -> MicroBatch:
     """Run the compute program beside the channels. While both run, compute progresses at
     1/compute_slowdown and collectives at 1/comm_slowdown of their speed alone."""
     items, ops = b.items, b.ops
@@ -454,7 +468,8 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str) -> MicroBatc
     else:  # pragma: no cover - the loop ends when every item and op is done
         raise InputError("FSDP timeline did not finish")
     times = tuple(OpTime(op.kind, op.group, op.start, op.end) for op in ops)
-    return MicroBatch(t, reached[forward_mark], busy, fsdp, times, parts)
+    spans = tuple(OpTime("recompute", g, reached[a], reached[z]) for g, (a, z) in sorted((recomputes or {}).items()))
+    return MicroBatch(t, reached[forward_mark], busy, fsdp, times, parts, spans)
 
 
 @dataclass(frozen=True)

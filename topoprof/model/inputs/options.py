@@ -96,7 +96,8 @@ def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None)
 
 def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
     return dict(grad_bytes=w.grad_bytes, micro_batch_size=w.micro_batch_size, tokens_per_micro_batch=w.tokens,
-                bucket_cap_mb=w.bucket_cap_mb, activation_memory_gb=memory.activation_memory_gb, **w.fsdp_bytes())
+                bucket_cap_mb=w.bucket_cap_mb, activation_memory_gb=memory.activation_memory_gb, **w.fsdp_bytes(),
+                checkpointing=w.checkpointing)
 
 
 def build_inputs(request: ModelRequest, progress: Progress | None = None):
@@ -188,6 +189,11 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
     if compute.compiled and not modelled.get("modelled_s"):
         notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
                      "measured or given, as it ran")
+    if not w.user_model:  # what a micro-batch holds under each checkpointing mode, from small passes
+        from topoprof.model.inputs.traces import with_traced_memory
+
+        workload, note = with_traced_memory(workload, w, compute.gpu or timed_gpu, compute.precision)
+        notes += [note] if note else []
     return workload, compute, memory, origins, notes, modelled
 
 
@@ -280,8 +286,9 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
         return {}, None
     if timed_gpu is not None and profile is None and _lookup_quietly(timed_gpu) is None:
         return {}, f"{timed_gpu} is not in the datasheet table"
-    request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size) if w.preset
-               else params_request(w.param_count, w.micro_batch_size, w.tokens))
+    ac = w.checkpointing.text
+    request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac) if w.preset
+               else params_request(w.param_count, w.micro_batch_size, w.tokens, ac))
     if progress is not None and not isinstance(request, str):
         progress(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
     return model_on_gpu(request, gpu, compute.precision, compute.compiled, profile, compute.gpu_profile, progress)
@@ -339,15 +346,15 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     from topoprof.model.inputs.user_model import measure_preset
     from topoprof.model.workload.presets import is_vision
 
-    batch, preset = w.micro_batch_size, w.preset_name
+    batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
     if progress is not None:
         progress(f"timing {preset} on cuda:0 (starting its worker: importing torch)")
     more = {"progress": progress} if progress is not None else {}
     if is_vision(preset):
         return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,
-                              image_size=w.image_size, **more)
+                              image_size=w.image_size, ac=ac, **more)
     seq_len = max(1, w.tokens // batch) if w.tokens else None
-    return measure_preset(preset, batch, seq_len, "cuda:0", compute.precision, compute.optimizer, **more)
+    return measure_preset(preset, batch, seq_len, "cuda:0", compute.precision, compute.optimizer, ac=ac, **more)
 
 
 def _compute(compute: ComputeRequest, memory: MemoryRequest, modelled: dict | None = None):

@@ -116,6 +116,7 @@ class WorkloadRequest:
     fsdp_reduce_dtype: str | None = None
     fsdp_unit: str | None = None
     time_here: bool = False                # --model timed on this machine even for a --gpu what-if
+    activation_checkpointing: str | None = None  # none, full, layer:N, op (topoprof.model.workload.checkpointing)
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.params, self.preset, self.user_model)) != 1:
@@ -150,6 +151,17 @@ class WorkloadRequest:
             if not unit or unit.strip(".") != unit:
                 raise InputError(f"--fsdp-unit {self.fsdp_unit!r}: a module name such as model.layers")
             object.__setattr__(self, "fsdp_unit", unit)
+        self.checkpointing  # noqa: B018 - parsed now: a bad mode is refused before anything runs
+        if self.user_model is not None and self.checkpointing.mode != "none":
+            raise InputError(f"--activation-checkpointing {self.activation_checkpointing}: applies to a --preset or "
+                             "--params; your --model checkpoints as its own code does (torch.utils.checkpoint), "
+                             "and its trace counts what that keeps")
+
+    @property
+    def checkpointing(self):
+        from topoprof.model.workload.checkpointing import parse_checkpointing
+
+        return parse_checkpointing(self.activation_checkpointing)
 
     @property
     def param_count(self) -> int | None:
@@ -307,7 +319,8 @@ class ModelRequest:
                 image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"], tokens=opts["tokens"],
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],
-                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here"))),
+                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")),
+                activation_checkpointing=opts.get("activation_checkpointing")),
             compute=ComputeRequest(
                 gpu=opts["gpu"], precision=opts["precision"], micro_batch_time_s=opts["micro_batch_time"],
                 backward_fraction=opts["backward_fraction"], calibration=opts["calibration"],

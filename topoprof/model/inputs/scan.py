@@ -63,7 +63,7 @@ def _workload(opts, size: str | None):
 
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
     tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
-    kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=tokens)
+    kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=tokens, checkpointing=opts.checkpointing)
     if opts.user_record is not None:
         from topoprof.model.inputs.user_model import user_layout
 
@@ -152,8 +152,9 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
 
     preset = opts.preset or SIZE_PRESETS.get(size or "")
     tokens = workload.tokens_per_micro_batch
-    request = (preset_request(preset, opts.micro_batch_size, tokens, opts.image_size) if preset else
-               params_request(parse_count(size or opts.params), opts.micro_batch_size, tokens))
+    ac = opts.checkpointing.text
+    request = (preset_request(preset, opts.micro_batch_size, tokens, opts.image_size, ac) if preset else
+               params_request(parse_count(size or opts.params), opts.micro_batch_size, tokens, ac))
     gpu, profile, where = _priced_as(opts, gpu_name)
     modelled, why = model_on_gpu(request, gpu, "bf16", False, profile, where)
     if modelled:
@@ -174,12 +175,13 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     from topoprof.model.inputs.user_model import measure_preset
 
     if is_vision(preset):
-        measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size)
+        measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size,
+                                  ac=opts.checkpointing.text)
         return _measured_compute(measured, measured["source"], gpu_name, extra,
                                  *_modelled_beside(preset, opts, None, gpu_name))
     tokens = opts.tokens or DEFAULT_TOKENS
     sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
-    measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0")
+    measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0", ac=opts.checkpointing.text)
     source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
                                    "blocks and extended to its depth" if measured.get("scaled") else "")
     return _measured_compute(measured, source, gpu_name, extra, *_modelled_beside(preset, opts, tokens, gpu_name))
@@ -193,8 +195,8 @@ def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None
     if not gpu_name:
         return {}, "this GPU's name is unknown"
     gpu, profile, where = _priced_as(opts, gpu_name)
-    return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size), gpu, "bf16", False,
-                        profile, where)
+    return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size, opts.checkpointing.text),
+                        gpu, "bf16", False, profile, where)
 
 
 def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None,
@@ -280,8 +282,19 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
         payload = model_payload(inputs, {"bench": "this scan"})
         if opts.backend != "nccl":
             _no_dp_without_gpus(payload)
+        payload = {"fits": _fits(inputs, payload), **payload}
         out.append({"label": label, "compute_source": compute_source, **payload})
     return out
+
+
+def _fits(inputs, payload: dict) -> dict:
+    """What fits per strategy and checkpointing mode (`topoprof.model.strategies.search`): the
+    memory alone, the scan's compute being measured at the micro-batch it ran."""
+    from topoprof.jsonio import to_jsonable
+    from topoprof.model.inputs.search import applying_strategies
+    from topoprof.model.strategies.search import search
+
+    return to_jsonable(search(inputs, applying_strategies(payload), None))
 
 
 def composed_check(levels: dict, world_size: int, rows) -> dict | None:

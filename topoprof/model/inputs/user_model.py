@@ -290,7 +290,7 @@ def _out_of_memory(err: Exception) -> bool:
 
 
 def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
-                   optimizer: str = "adamw", image_size: int | None = None,
+                   optimizer: str = "adamw", image_size: int | None = None, ac: str = "none",
                    progress: Callable[[str], None] | None = None) -> dict:
     """A preset built at its real size and timed on `device`; when it does not fit, timed at
     SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.compute.scaled`), and said so.
@@ -300,9 +300,10 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
     from topoprof.model.compute.scaled import scaled_compute
 
-    def timed(**more):
+    def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (probes/checkpointing.py)
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
-                                    kwargs={**kwargs, **more}, progress=progress)
+                                    kwargs={**kwargs, **more, **({"ac": ac} if ac != "none" else {})},
+                                    progress=progress)
         return user_compute({**record, "spec": preset})
 
     if is_vision(preset):

@@ -26,11 +26,24 @@ Counted, and labelled counted, unless a GPU measured it. Bytes per parameter:
   in 16-bit; PyTorch's scaled_dot_product_attention (flash or memory-efficient kernels) stores no
   a·s·s score matrix, so the 5·a·s/h term is left out, and an fp32 step stores twice the bytes.
   Given (`--activation-memory`) beats both; with none of them unknown: then `fits` says whether
-  the states alone fit.
+  the states alone fit. From the trace also (`topoprof.model.memory.traced`): the logits and the
+  loss, autocast's weight copies held for backward, the backward's transient above its start, the
+  allocator's rounding; under FSDP with a 16-bit param_dtype the count of a pass with the weights
+  cast (no autocast copies: the unsharded groups are the 16-bit weights);
+- the optimizer step's transient and what the process holds besides tensors (CUDA context, the
+  driver's reserve, NCCL's buffers, the allocator's stranded blocks): `environment`.
+
+The peak is the larger of the backward's (the states, what the micro-batch keeps, the backward's
+transient) and the optimizer step's (the states and its transient, the activations freed); the
+environment's ranges on top give the total as a range, and `fit` says fits (its top fits), does
+not fit (its bottom does not) or may not fit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from topoprof.model.memory import environment as env
+from topoprof.model.memory.traced import MicroBatchBytes
 
 GB = 1e9
 
@@ -43,7 +56,8 @@ ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34
 
 @dataclass(frozen=True)
 class Holding:
-    """What one GPU holds for one strategy, in bytes; `activations` None when unknown."""
+    """What one GPU holds for one strategy, in bytes; `activations` None when unknown.
+    `environment`: (part, low, high) bytes besides the tensors (module docstring)."""
 
     params: float
     grads: float
@@ -51,14 +65,39 @@ class Holding:
     buckets: float = 0.0
     unsharded: float = 0.0
     activations: float | None = None
+    logits: float = 0.0
+    param_copies: float = 0.0
+    backward_transient: float = 0.0
+    optimizer_transient: float = 0.0
+    environment: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def states(self) -> float:
         return self.params + self.grads + self.optimizer + self.buckets + self.unsharded
 
     @property
+    def backward_peak(self) -> float:
+        """The states and what a micro-batch holds at the backward's peak."""
+        return self.states + (self.activations or 0.0) + self.logits + self.param_copies + self.backward_transient
+
+    @property
+    def step_peak(self) -> float:
+        """The states and the optimizer step's transient (the activations are freed by then)."""
+        return self.states + self.optimizer_transient
+
+    @property
+    def allocated(self) -> float:
+        return max(self.backward_peak, self.step_peak)
+
+    @property
+    def total_range(self) -> tuple[float, float]:
+        return (self.allocated + sum(lo for _, lo, _ in self.environment),
+                self.allocated + sum(hi for _, _, hi in self.environment))
+
+    @property
     def total(self) -> float:
-        return self.states + (self.activations or 0.0)
+        """The top of the range: what must be free for it to fit whatever the environment takes."""
+        return self.total_range[1]
 
 
 @dataclass(frozen=True)
@@ -78,15 +117,47 @@ class MemoryModel:
     activations: float | None = None  # bytes per micro-batch, when known
     # bytes of optimizer state per parameter where a GPU measured them; None: by `optimizer`
     optimizer_state_bytes: float | None = None
+    # the rest of a micro-batch (`traced.MicroBatchBytes`; activations above), and the same under
+    # FSDP's 16-bit param_dtype where a pass counted it (None: as the others)
+    micro_batch: MicroBatchBytes | None = None
+    fsdp_micro_batch: MicroBatchBytes | None = None
+    # the environment (`environment`): NCCL's rings, whether it is counted at all (False: the
+    # states and the micro-batch alone, as before a count of the environment)
+    rings: int = 1
+    environment: bool = True
+    # where the optimizer runs its for-loop implementation (torch's default off CUDA: CPU ranks),
+    # its transient is one tensor's: the largest's numel (0: foreach, `environment`)
+    single_tensor_optimizer_numel: int = 0
+    extra: tuple[tuple[str, float, float], ...] = field(default=())
 
 
-def _states(m: MemoryModel, shards: int) -> Holding:
-    """Weights, gradients and optimizer state, each split over `shards` GPUs."""
+def _states(m: MemoryModel, shards: int, micro_batch: MicroBatchBytes | None) -> Holding:
+    """Weights, gradients and optimizer state, each split over `shards` GPUs; what a micro-batch
+    holds beside them; the optimizer step's transient on this GPU's share."""
     per_param = (m.optimizer_state_bytes if m.optimizer_state_bytes is not None
                  else OPTIMIZER_STATES[m.optimizer] * m.param_bytes)
     optimizer = per_param * m.params
+    mb = micro_batch or MicroBatchBytes(0.0)
+    activations = m.activations if micro_batch is None or m.activations is None else micro_batch.activations
+    lists = env.OPTIMIZER_TRANSIENT_LISTS.get(m.optimizer, 0)
+    numel = m.single_tensor_optimizer_numel if m.single_tensor_optimizer_numel else m.params / shards
+    transient = lists * m.param_bytes * numel
     return Holding(m.param_bytes * m.params / shards, m.grad_bytes * m.params / shards, optimizer / shards,
-                   activations=m.activations)
+                   activations=activations, logits=mb.logits, param_copies=mb.param_copies,
+                   backward_transient=mb.backward_transient, optimizer_transient=transient)
+
+
+def _environment(strategy: str, m: MemoryModel, held: Holding, rounding: float) -> tuple:
+    """(part, low, high) bytes besides the tensors (`environment`), for `held`."""
+    if not m.environment:
+        return ()
+    comms = env.communicators(strategy, m.world_size)
+    nccl_low, nccl_high = env.nccl_bytes(m.rings)
+    stranded = [share * held.allocated for share in env.FRAGMENTATION_SHARE]
+    return (("cuda_context", *map(float, env.CUDA_CONTEXT_BYTES)),
+            ("driver_reserve", float(env.DRIVER_RESERVE_BYTES), float(env.DRIVER_RESERVE_BYTES)),
+            ("nccl_buffers", comms * nccl_low, comms * nccl_high),
+            ("allocator", rounding + stranded[0], rounding + stranded[1]), *m.extra)
 
 
 def holding(strategy: str, m: MemoryModel) -> Holding | None:
@@ -94,15 +165,31 @@ def holding(strategy: str, m: MemoryModel) -> Holding | None:
     a strategy whose memory this module does not count."""
     from dataclasses import replace
 
+    held = _tensors(strategy, m)
+    if held is None:
+        return None
+    mb = _micro_batch_of(strategy, m)
+    return replace(held, environment=_environment(strategy, m, held, mb.rounding if mb else 0.0))
+
+
+def _micro_batch_of(strategy: str, m: MemoryModel) -> MicroBatchBytes | None:
+    if strategy.startswith(("fsdp_", "hsdp")) and m.fsdp_micro_batch is not None:
+        return m.fsdp_micro_batch
+    return m.micro_batch
+
+
+def _tensors(strategy: str, m: MemoryModel) -> Holding | None:
+    from dataclasses import replace
+
     if strategy in ("single", "dp") or strategy.startswith("ddp_"):
-        states = _states(m, 1)
+        states = _states(m, 1, m.micro_batch)
         if strategy.startswith("ddp_") and not m.gradient_as_bucket_view:
             states = replace(states, buckets=m.grad_bytes * m.params)
         return states
     if not strategy.startswith(("fsdp_", "hsdp")):
         return None
     shards = m.gpus_per_node if strategy.startswith("hsdp") else m.world_size
-    states = _states(m, shards)
+    states = _states(m, shards, _micro_batch_of(strategy, m))
     group = m.largest_group_params
     if "shard_grad_op" in strategy:  # every group unsharded from its forward to its backward
         working = m.fsdp_param_bytes * m.params + m.fsdp_reduce_bytes * group
@@ -119,6 +206,17 @@ def transformer_activations(layers: int, hidden: int, tokens: int, precision: st
     return scale * ACTIVATION_BYTES_PER_TOKEN_HIDDEN * tokens * hidden * layers
 
 
+# Korthikanti et al. 2022 §4: full recomputation keeps each layer's input, 2 bytes per token per
+# hidden unit in 16-bit.
+CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN = 2
+
+
+def checkpointed_activations(layers: int, hidden: int, tokens: int, precision: str) -> float:
+    """What `layers` checkpointed layers keep: their inputs (Korthikanti et al. 2022 §4)."""
+    scale = 2 if precision == "fp32" else 1
+    return scale * CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN * tokens * hidden * layers
+
+
 @dataclass(frozen=True)
 class Fit:
     fits: bool | None
@@ -126,22 +224,51 @@ class Fit:
 
 
 def fit(h: Holding, gpu_memory_bytes: float | None) -> Fit:
-    """Whether `h` fits on a GPU of that memory; None when the memory is unknown. With unknown
-    activations, whether the states alone fit (and the reason says so)."""
+    """Whether `h` fits on a GPU of that memory; None when the memory is unknown or when only the
+    top of its range does not fit (`reason` says "may not fit"). With unknown activations,
+    whether the states alone fit (and the reason says so)."""
     if gpu_memory_bytes is None:
         return Fit(None, "GPU memory unknown (give --gpu NAME or --gpu-memory GB)")
-    need, states_only = (h.total, False) if h.activations is not None else (h.states, True)
-    what = "its weights, gradients and optimizer state alone need" if states_only else "needs"
-    if need > gpu_memory_bytes:
-        return Fit(False, f"does not fit: {what} {need / GB:.1f} GB of {gpu_memory_bytes / GB:.1f} GB "
-                          f"({_arithmetic(h)})")
-    if states_only:
-        return Fit(True, f"its states take {need / GB:.1f} GB of {gpu_memory_bytes / GB:.1f} GB; activations unknown "
+    cap = f"{gpu_memory_bytes / GB:.1f} GB"
+    if h.activations is None:
+        need = h.states
+        if need > gpu_memory_bytes:
+            return Fit(False, f"does not fit: its weights, gradients and optimizer state alone need {need / GB:.1f} GB "
+                              f"of {cap} ({_arithmetic(h)})")
+        return Fit(True, f"its states take {need / GB:.1f} GB of {cap}; activations unknown "
                          "(give --activation-memory GB)")
+    low, high = h.total_range
+    if low > gpu_memory_bytes:
+        return Fit(False, f"does not fit: needs {_span(low, high)} GB of {cap} ({_arithmetic(h)})")
+    if high > gpu_memory_bytes:
+        return Fit(None, f"may not fit: needs {_span(low, high)} GB of {cap}, over it at the top of the "
+                         f"environment's range ({_arithmetic(h)})")
     return Fit(True, None)
 
 
+def _span(low: float, high: float) -> str:
+    return f"{low / GB:.1f}" if f"{low / GB:.1f}" == f"{high / GB:.1f}" else f"{low / GB:.1f}-{high / GB:.1f}"
+
+
+def parts(h: Holding) -> dict[str, float | None]:
+    """Every part by name, in bytes (the environment's at the top of its range); `optimizer_transient`
+    only counts at the optimizer step, the rest of a micro-batch only at the backward's peak."""
+    out = {"params": h.params, "grads": h.grads, "optimizer": h.optimizer, "buckets": h.buckets,
+           "unsharded": h.unsharded, "activations": h.activations, "logits": h.logits,
+           "param_copies": h.param_copies, "backward_transient": h.backward_transient,
+           "optimizer_transient": h.optimizer_transient}
+    return {**out, **{name: high for name, _, high in h.environment}}
+
+
 def _arithmetic(h: Holding) -> str:
-    parts = [("params", h.params), ("grads", h.grads), ("optimizer", h.optimizer), ("buckets", h.buckets),
-             ("unsharded", h.unsharded), ("activations", h.activations)]
-    return " + ".join(f"{name} {value / GB:.1f}" for name, value in parts if value)
+    at_step = h.step_peak > h.backward_peak
+    shown = [("params", h.params), ("grads", h.grads), ("optimizer", h.optimizer), ("buckets", h.buckets),
+             ("unsharded", h.unsharded)]
+    if at_step:
+        shown.append(("optimizer step's transient", h.optimizer_transient))
+    else:
+        shown += [("activations", h.activations), ("logits", h.logits), ("autocast copies", h.param_copies),
+                  ("backward transient", h.backward_transient)]
+    text = " + ".join(f"{name} {value / GB:.1f}" for name, value in shown if value)
+    rest = " + ".join(f"{name.replace('_', ' ')} {_span(lo, hi)}" for name, lo, hi in h.environment if hi)
+    return text + (f" + {rest}" if rest else "")

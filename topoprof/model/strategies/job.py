@@ -10,6 +10,8 @@ from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, HierarchicalComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.ddp.buckets import ddp_bucket_limits
+from topoprof.model.memory.traced import TracedMemory
+from topoprof.model.workload.checkpointing import Checkpointing
 from topoprof.model.workload.layout import Layout
 from topoprof.model.workload.presets import get_preset, synthetic_layout
 
@@ -47,6 +49,10 @@ class Workload:
     fsdp_param_bytes: int | None = None
     fsdp_reduce_bytes: int | None = None
     fsdp_unit: str | None = None  # the module whose children are FSDP's groups (None: by block name)
+    # activation checkpointing of the repeated blocks (torchtitan's modes), and what a micro-batch
+    # holds under each mode, counted from passes of the model on meta (None: not traced so)
+    checkpointing: Checkpointing = Checkpointing()
+    traced_memory: TracedMemory | None = None
 
     def __post_init__(self) -> None:
         _need(self.grad_bytes in (2, 4), f"grad_bytes must be 2 or 4, got {self.grad_bytes}")
@@ -65,6 +71,8 @@ class Workload:
                   f"micro_batch_size({self.micro_batch_size}) images")
             object.__setattr__(self, "tokens_per_micro_batch", self.micro_batch_size)
         ddp_bucket_limits(self.bucket_cap_mb)  # validates
+        _need(isinstance(self.checkpointing, Checkpointing),
+              f"checkpointing must be a Checkpointing (parse_checkpointing), got {self.checkpointing!r}")
         for name in ("fsdp_param_bytes", "fsdp_reduce_bytes"):
             value = getattr(self, name)
             _need(value is None or value in (2, 4), f"{name} must be 2 or 4, got {value}")

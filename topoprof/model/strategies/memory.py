@@ -4,36 +4,91 @@ the op trace, or by formula), the GPU's memory, and what a timed GPU measured, p
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan
-from topoprof.model.memory import holding
-from topoprof.model.strategies.job import ModelInputs, Workload
+from topoprof.model.memory import environment, holding
+from topoprof.model.memory.traced import MicroBatchBytes, from_trace
+from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs, Workload
 from topoprof.model.strategies.results import Memory
 
 
-def _activations(inputs: ModelInputs) -> tuple[float | None, str]:
-    """Activation bytes per micro-batch on one GPU, and where the figure comes from."""
+@dataclass(frozen=True)
+class MicroBatchCount:
+    """What one micro-batch adds per GPU, and where each figure comes from."""
+
+    activations: float | None
+    source: str
+    micro_batch: MicroBatchBytes | None = None       # the rest of it, where a trace counted it
+    fsdp_micro_batch: MicroBatchBytes | None = None  # the same under FSDP's 16-bit param_dtype
+    fsdp_source: str = ""
+
+
+NOT_TRACED = "not counted: only the op trace counts it (a --gpu what-if with --tokens, or a --model)"
+
+
+def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
+    """Activation bytes per micro-batch on one GPU (and the rest a trace counts), and the source."""
+    work = inputs.workload
+    ac = work.checkpointing
+    if work.activation_memory_gb is not None:
+        return MicroBatchCount(work.activation_memory_gb * holding.GB, "given (--activation-memory)")
+    traced_set = work.traced_memory
+    samples = _samples(inputs)
+    if traced_set is not None and samples is not None and traced_set.has("autocast", ac):
+        mb = traced_set.count(ac, samples, "autocast")
+        cast = None
+        if work.fsdp_bytes[0] == 2 and traced_set.has("cast", ac):
+            cast = traced_set.count(ac, samples, "cast")
+        return MicroBatchCount(mb.activations, f"counted from the op trace ({ac.text}: "
+                                               f"{traced_set.per_block(ac, samples)}): {traced_set.source}", mb, cast,
+                               "the same passes with the weights cast to 16 bits, as FSDP2's MixedPrecisionPolicy "
+                               f"(param_dtype) runs the blocks ({traced_set.per_block(ac, samples, 'cast')}): no "
+                               "autocast copies" if cast is not None else "")
+    trace = (inputs.compute.modelled_detail or {}).get("memory")
+    if trace and trace.get("activations_bytes") is not None:  # the model's own autograd graph, at the shape priced
+        mb = from_trace(trace)
+        shape = inputs.compute.modelled_detail.get("shape", "the traced shape")
+        # FSDP's 16-bit param_dtype gathers 16-bit weights: nothing for autocast to copy
+        cast = replace(mb, param_copies=0.0) if work.fsdp_bytes[0] == 2 else None
+        return MicroBatchCount(mb.activations, f"counted from the op trace at {shape} ({ac.text}): the tensors "
+                                               "the embedding and the blocks keep for backward", mb, cast,
+                               "FSDP2's MixedPrecisionPolicy (param_dtype) gathers 16-bit weights: no autocast "
+                               "copies; its blocks' activations as the autocast pass keeps them")
+    return _formula(inputs)
+
+
+def _samples(inputs: ModelInputs) -> int | None:
+    return inputs.workload.micro_batch_size
+
+
+def _formula(inputs: ModelInputs) -> MicroBatchCount:
+    """Korthikanti et al. 2022 for the transformer presets: Eq. 1 per layer without AC, the layer's
+    input (2 bytes per token per hidden unit, §4's full recomputation) for a checkpointed one."""
     from topoprof.model.workload.presets import PRESET_DEPTH
 
     work = inputs.workload
-    if work.activation_memory_gb is not None:
-        return work.activation_memory_gb * holding.GB, "given (--activation-memory)"
-    traced = ((inputs.compute.modelled_detail or {}).get("memory") or {}).get("activations_bytes")
-    if traced is not None:  # the model's own autograd graph, at the shape and dtypes priced
-        shape = inputs.compute.modelled_detail.get("shape", "the traced shape")
-        return traced, (f"counted from the op trace at {shape}: the tensors alive after its forward, "
-                        "which the backward reads (autocast's weight copies not included)")
+    ac = work.checkpointing
     layers = PRESET_DEPTH.get(work.layout.name)
-    if layers and work.tokens_per_micro_batch:
-        hidden = work.layout.tensors[0].shape[-1]  # the token embedding's width
-        counted = holding.transformer_activations(layers, hidden, work.tokens_per_micro_batch,
-                                                 inputs.compute.precision)
-        return counted, (f"counted: 34 B x {work.tokens_per_micro_batch} tokens x {hidden} hidden x {layers} layers"
-                         " (Korthikanti et al. 2022 Eq. 1, no stored attention scores)")
-    return None, "unknown: give --activation-memory GB"
+    if not (layers and work.tokens_per_micro_batch):
+        return MicroBatchCount(None, "unknown: give --activation-memory GB")
+    if ac.mode == "op":
+        return MicroBatchCount(None, "unknown: torchtitan's op policy is counted from the op trace only (give --gpu "
+                                     "NAME with --tokens), or give --activation-memory GB")
+    hidden = work.layout.tensors[0].shape[-1]  # the token embedding's width
+    wrapped = layers if ac.mode == "full" else layers // ac.every if ac.mode == "layer" else 0
+    tokens, precision = work.tokens_per_micro_batch, inputs.compute.precision
+    counted = (holding.transformer_activations(layers - wrapped, hidden, tokens, precision)
+               + holding.checkpointed_activations(wrapped, hidden, tokens, precision))
+    how = (f"34 B x {tokens} tokens x {hidden} hidden x {layers} layers" if not wrapped else
+           f"{layers - wrapped} layers x 34 B and {wrapped} checkpointed x 2 B (their input) x {tokens} tokens x "
+           f"{hidden} hidden")
+    return MicroBatchCount(counted, f"counted: {how} (Korthikanti et al. 2022 Eq. 1 and §4, no stored attention "
+                                    "scores); the logits, autocast's copies and the backward's transient not counted "
+                                    "without the op trace")
 
 
 def _gpu_memory(comp: Compute) -> tuple[float | None, str]:
@@ -47,25 +102,34 @@ def _gpu_memory(comp: Compute) -> tuple[float | None, str]:
 
 def memory_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
     """The memory inputs (activations, the GPU's memory) as every input is echoed."""
-    activations, act_source = _activations(inputs)
-    return {"activation_memory_gb": (None if activations is None else activations / 1e9, act_source),
+    count = micro_batch_count(inputs)
+    return {"activation_memory_gb": (None if count.activations is None else count.activations / 1e9, count.source),
             "gpu_memory_gb": _gpu_memory(inputs.compute)}
+
+
+def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> holding.MemoryModel:
+    """What `topoprof.model.memory.holding` counts for this job."""
+    work, cl = inputs.workload, inputs.cluster
+    count = count or micro_batch_count(inputs)
+    intra = getattr(cl.comm, "intra", None) or cl.comm
+    return holding.MemoryModel(
+        work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes,
+        optimizer=_optimizer_name(inputs.compute.optimizer), world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
+        gradient_as_bucket_view=work.gradient_as_bucket_view,
+        largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
+        fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
+        activations=count.activations, micro_batch=count.micro_batch, fsdp_micro_batch=count.fsdp_micro_batch,
+        rings=int(getattr(intra, "rings", 1) or 1), environment=cl.backend not in BLOCKING_BACKENDS,
+        single_tensor_optimizer_numel=(0 if cl.backend not in BLOCKING_BACKENDS
+                                       else max((t.numel for t in work.layout.tensors), default=0)))
 
 
 def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
     """Each strategy's memory per GPU, counted (topoprof.model.memory.holding), and whether it fits."""
-
-    work, cl = inputs.workload, inputs.cluster
-    activations, _ = _activations(inputs)
+    count = micro_batch_count(inputs)
     capacity, _ = _gpu_memory(inputs.compute)
-    model = holding.MemoryModel(
-        work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes, optimizer=_optimizer_name(inputs.compute.optimizer),
-        world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
-        gradient_as_bucket_view=work.gradient_as_bucket_view,
-        largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
-        fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
-        activations=activations)
-    measured, basis = _measured_memory(work, model), "counted"
+    model = memory_model(inputs, count)
+    measured, basis = _measured_memory(inputs.workload, model), "counted"
     if measured is not None:
         model, basis = measured
     out = {}
@@ -74,11 +138,51 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
         if held is None:
             continue
         f = holding.fit(held, None if capacity is None else capacity * holding.GB)
-        parts = {"params": held.params, "grads": held.grads, "optimizer": held.optimizer, "buckets": held.buckets,
-                 "unsharded": held.unsharded, "activations": held.activations}
-        out[name] = Memory({k: None if v is None else v / holding.GB for k, v in parts.items()},
-                           held.total / holding.GB, basis, capacity, f.fits, f.reason)
+        low, high = held.total_range
+        out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
+                           held.total / holding.GB, basis, capacity, f.fits, f.reason, (low / holding.GB, high / holding.GB),
+                           part_sources(name, count, model, measured is not None))
     return out
+
+
+def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryModel, measured: bool) -> dict[str, str]:
+    """Where each part beyond the states comes from, or why it is not counted."""
+    fsdp = strategy.startswith(("fsdp_", "hsdp")) and count.fsdp_micro_batch is not None
+    mb = count.fsdp_micro_batch if fsdp else count.micro_batch
+    traced = "counted from the op trace"
+    if measured:
+        rest = "measured with the activations (memory_allocated after the forward)"
+        sources = {"activations": model_source(measured), "logits": rest, "param_copies": rest,
+                   "backward_transient": "measured in the step's peak, not apart"}
+    elif mb is None:
+        sources = {"activations": count.source, "logits": NOT_TRACED, "param_copies": NOT_TRACED,
+                   "backward_transient": NOT_TRACED}
+    else:
+        sources = {"activations": count.source + (f"; {count.fsdp_source}" if fsdp else ""),
+                   "logits": f"{traced}: what the layers after the last block and the loss keep (a language model's "
+                             f"final norm and the logits' log-probabilities; {mb.logits_detail})",
+                   "param_copies": (f"none: {count.fsdp_source}" if fsdp else
+                                    f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared when "
+                                    "the forward's autocast region ends, the tensors saved for backward keep theirs)"),
+                   "backward_transient": f"{traced}: the most the pass holds above what its forward ends with: in "
+                                         "backward, the parameters' gradients apart (the loss's gradient, a recompute, "
+                                         "activation gradients), or in the forward (the loss's fp32 upcast), the larger"}
+    sources["optimizer_transient"] = (
+        (environment.OPTIMIZER_TRANSIENT_BASIS.get(model.optimizer, "not counted") if model.environment else
+         "the for-loop optimizer, torch's default on CPU ranks: one tensor's state at a time (torch/optim/adam.py "
+         "_single_tensor_adam)") + "; at the optimizer step, when the activations are freed")
+    if not model.environment:
+        cpu = "none: CPU ranks (gloo), no CUDA context, NCCL or CUDA caching allocator"
+        sources.update(cuda_context=cpu, driver_reserve=cpu, nccl_buffers=cpu, allocator=cpu)
+        return sources
+    sources.update(cuda_context=environment.CUDA_CONTEXT_BASIS, driver_reserve=environment.DRIVER_RESERVE_BASIS,
+                   nccl_buffers=environment.NCCL_BASIS, allocator=environment.ALLOCATOR_BASIS
+                   + ("" if mb is not None else "; its rounding not counted without the op trace"))
+    return sources
+
+
+def model_source(measured: bool) -> str:
+    return "measured on the GPU (torch.cuda.memory_allocated after the forward)" if measured else "counted"
 
 
 def _measured_memory(work: Workload, counted):
@@ -93,8 +197,10 @@ def _measured_memory(work: Workload, counted):
         return None
     n = work.layout.params
     per = lambda key: max(0.0, m[key]) / n  # noqa: E731
+    # the measured activations hold the logits and autocast's copies: nothing of a count beside them
     model = changed(counted, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
-                    optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]))
+                    optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]),
+                    micro_batch=None, fsdp_micro_batch=None)
     return model, (f"measured on {m['device']} (torch.cuda.memory_allocated before and after each phase of a "
                    f"timed step; its peak {m['peak_bytes'] / holding.GB:.1f} GB)")
 

@@ -33,12 +33,14 @@ class StrategyResult:
 class Memory:
     """One GPU's memory under a strategy, in GB (1e9 B), part by part (topoprof.model.memory.holding)."""
 
-    parts_gb: dict[str, float | None]  # params, grads, optimizer, buckets, unsharded, activations
-    total_gb: float                    # the parts; without activations when they are unknown
+    parts_gb: dict[str, float | None]  # every part by name (topoprof.model.memory.holding.parts)
+    total_gb: float                    # the top of range_gb; without activations when they are unknown
     basis: str                         # "counted" or where it was measured
     gpu_memory_gb: float | None
-    fits: bool | None                  # None: the GPU's memory is unknown
+    fits: bool | None                  # None: the GPU's memory is unknown, or only the range's top does not fit
     reason: str | None                 # why not, with the arithmetic (or what is unknown)
+    range_gb: tuple[float, float] | None = None  # the environment's parts at the ends of their ranges
+    sources: dict[str, str] = field(default_factory=dict)  # where each part beyond the states comes from
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
 from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
 from topoprof.model.compute.timing import uses_modelled
 from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
-from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan
+from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan, recompute_shares
 from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, Collectives, FsdpMode,
                                           FsdpOverhead, FsdpSetting, FsdpStep, collective_times, fsdp_step,
                                           shard_degree)
@@ -113,6 +113,32 @@ def fsdp_setting(res: Resolved) -> FsdpSetting:
                             else host_hidden_s(res))
 
 
+def recompute_total_s(res: Resolved) -> float:
+    """Activation checkpointing's recompute in a micro-batch's backward, where the compute is
+    modelled from the model's ops (its recompute ops priced alone, `compute.traced`) at the end of
+    the range `res` resolved; 0 where it is measured or given (the recompute is inside it)."""
+    comp = res.inputs.compute
+    detail = comp.modelled_detail or {}
+    if not uses_modelled(comp) or not detail.get("recompute_s") or not comp.modelled_s:
+        return 0.0
+    return res.micro_batch_s * detail["recompute_s"][1] / comp.modelled_s[1]
+
+
+def with_recompute(setting: FsdpSetting, res: Resolved, plan) -> FsdpSetting:
+    """The setting with the recompute taken out of backward and placed at each checkpointed
+    group's backward start (`fsdp.timeline`), shared as `fsdp.plan.recompute_shares` says."""
+    from dataclasses import replace
+
+    from topoprof.model.workload.presets import PRESET_DEPTH
+
+    total = recompute_total_s(res)
+    work = res.inputs.workload
+    shares = recompute_shares(plan, work.checkpointing, PRESET_DEPTH.get(work.layout.name))
+    if total <= 0 or not shares:
+        return setting
+    return replace(setting, backward_s=setting.backward_s - total, recompute_s=tuple(total * s for s in shares))
+
+
 def host_hidden_s(res: Resolved) -> float | None:
     """Host time per micro-batch the device hides, where the compute is priced from the model's
     own ops (their device time beyond their host time); None where the compute is measured or
@@ -148,7 +174,7 @@ def fsdp_job(res: Resolved, comm: CommModel, name: str) -> FsdpJob | str:
         plan = fsdp_plan(work.layout, work.fsdp_unit)
     except InputError as err:
         return str(err)
-    setting = fsdp_setting(res)
+    setting = with_recompute(fsdp_setting(res), res, plan)
     try:
         if mode.hsdp:
             shard, replicate = comm.at_shape(1, cl.gpus_per_node), comm.at_shape(cl.nodes, 1)

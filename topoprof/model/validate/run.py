@@ -54,6 +54,7 @@ class ValidateOptions:
     # measured (`topoprof.model.inputs.user_model.user_layout`)
     user_model: str | None = None
     user_layout: Layout | None = None
+    ac: str = "none"  # the blocks' activation checkpointing (topoprof.model.workload.checkpointing)
 
     @property
     def layout(self) -> Layout:
@@ -85,6 +86,12 @@ class ValidateOptions:
                              "--model's modules is not supported")
         if not self.modes:
             raise InputError("--modes: give at least one mode")
+        from topoprof.model.workload.checkpointing import parse_checkpointing
+
+        object.__setattr__(self, "ac", parse_checkpointing(self.ac).text)
+        if self.user_model and self.ac != "none":
+            raise InputError(f"--activation-checkpointing {self.ac}: checkpoints the synthetic model's blocks; a "
+                             "--model checkpoints as its own code does")
 
 
 def parse_modes(text: str, backend: str = "gloo", fsdp_missing: str | None = None) -> tuple[str, ...]:
@@ -113,7 +120,7 @@ def cpu_threads_per_rank(nproc: int) -> int:
 def _train(opts: ValidateOptions, mode: str) -> dict:
     return {"spec": dataclasses.asdict(opts.spec), "mode": mode, "micro_batch": opts.micro_batch,
             "accum": opts.accum, "steps": opts.steps, "warmup_steps": opts.warmup_steps,
-            "threads": opts.threads, "optimizer": "adamw", "seed": 0, "user_model": opts.user_model}
+            "threads": opts.threads, "optimizer": "adamw", "seed": 0, "user_model": opts.user_model, "ac": opts.ac}
 
 
 def phases(opts: ValidateOptions) -> list[dict]:
@@ -312,8 +319,10 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     else:
         comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
                              "all-reduce measured on these ranks (bucket sizes in the rotations)")
+    from topoprof.model.workload.checkpointing import parse_checkpointing
+
     workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
-                        tokens_per_micro_batch=opts.tokens_per_micro_batch)
+                        tokens_per_micro_batch=opts.tokens_per_micro_batch, checkpointing=parse_checkpointing(opts.ac))
     return ModelInputs(workload, compute, Cluster(comm, nodes=1, gpus_per_node=opts.nproc, backend=opts.backend),
                        accumulation_steps=opts.accum)
 
@@ -435,7 +444,8 @@ def validate_payload(result, opts) -> dict:
                       "spec": {"user_model": opts.user_model} if opts.user_model else opts.spec,
                       "params": opts.layout.params, "micro_batch": opts.micro_batch, "accum": opts.accum,
                       "steps": opts.steps, "warmup_steps": opts.warmup_steps, "threads": opts.threads,
-                      "step_rule": "a step's time is the max over ranks; the median over timed steps"},
+                      "step_rule": "a step's time is the max over ranks; the median over timed steps",
+                      **({"activation_checkpointing": opts.ac} if opts.ac != "none" else {})},
             "wall_s": result.wall_s,
             # every rank's raw timelines and samples, rotation by rotation (probes/validation.py)
             "rotations": result.rotations}

@@ -192,6 +192,7 @@ class TrainConfig:
     threads: int | None
     count_comm_hook_calls: bool  # wrap DDP's all-reduce in a counting comm hook
     numerics_dtype: str
+    ac: str = "none"  # activation checkpointing of the blocks (topoprof.model.workload.checkpointing)
 
 
 def _int(config: dict, key: str, default=None, low: int = 1, high: int = 1 << 62) -> int:
@@ -238,7 +239,16 @@ def parse_config(config: dict) -> TrainConfig:
         lr=float(lr), amp=_choice(config, "amp", "none", AMP_MODES),
         threads=None if threads is None else _int(config, "threads"),
         count_comm_hook_calls=bool(config.get("count_comm_hook_calls", False)),
-        numerics_dtype=_choice(config, "numerics_dtype", "float64", tuple(NUMERICS_TOLERANCE)))
+        numerics_dtype=_choice(config, "numerics_dtype", "float64", tuple(NUMERICS_TOLERANCE)),
+        ac=_checkpointing(config.get("ac")))
+
+
+def _checkpointing(value) -> str:
+    from topoprof.model.workload.checkpointing import parse_checkpointing
+
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"training config: ac must be none, full, layer:N or op, got {value!r}")
+    return parse_checkpointing(value).text
 
 
 def check_supported(cfg: TrainConfig, device: str, world_size: int, cuda_gpus: int) -> None:

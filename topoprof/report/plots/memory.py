@@ -7,7 +7,12 @@ from topoprof.report.plots.matrix import footnote
 # The parts of topoprof.model.memory.holding, bottom to top, each with one colour in every chart.
 PARTS = (("params", "weights", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
          ("optimizer", "optimizer state", "#2ca02c"), ("buckets", "DDP buckets", "#9467bd"),
-         ("unsharded", "FSDP unsharded", "#8c564b"), ("activations", "activations", "#7f7f7f"))
+         ("unsharded", "FSDP unsharded", "#8c564b"), ("activations", "activations", "#7f7f7f"),
+         ("logits", "logits and loss", "#bcbd22"), ("param_copies", "autocast copies", "#17becf"),
+         ("backward_transient", "backward transient", "#e377c2"))
+# What the parts above leave of the total: the environment at the top of its range (CUDA context,
+# NCCL, the allocator), or the optimizer step's transient where that peak is the larger.
+REST = ("the rest: CUDA context, NCCL, allocator (top of range)", "#c7c7c7")
 
 
 def _rows(strategies: dict) -> list[tuple[str, dict]]:
@@ -41,12 +46,16 @@ def plot_memory(strategies: dict, path, title: str) -> str:
         if any(widths):
             ax.barh(labels, widths, left=left, color=color, label=label, height=0.6)
             left = [a + b for a, b in zip(left, widths)]
+    rest = [max(0.0, m["total_gb"] - a) for (_, m), a in zip(rows, left)]
+    if any(r > 1e-9 for r in rest):
+        ax.barh(labels, rest, left=left, color=REST[1], label=REST[0], height=0.6)
+        left = [a + b for a, b in zip(left, rest)]
     for y, (_, m) in enumerate(rows):
         unknown = " + activations?" if m["parts_gb"].get("activations") is None else ""
         mark = "  does not fit" if m.get("fits") is False else ""
         ax.text(left[y], y, f" {m['total_gb']:,.1f} GB{unknown}{mark}", va="center", fontsize=8)
     if capacity:
-        ax.axvline(capacity, color="#d62728", linewidth=1.5, label=f"GPU memory {capacity:g} GB")
+        ax.axvline(capacity, color="#d62728", linewidth=1.5, label=f"GPU memory {capacity:.1f} GB")
     ax.set_xlim(0, max(left + [capacity or 0]) * 1.3)
     ax.invert_yaxis()
     ax.set_xlabel("GB per GPU (1e9 B)")
@@ -54,5 +63,7 @@ def plot_memory(strategies: dict, path, title: str) -> str:
     ax.set_title(title, fontsize=10)
     fig.subplots_adjust(left=0.2, right=0.8)
     footnote(fig, ax, ["Counted: bytes per parameter by dtype and optimizer, DDP's buckets, FSDP's unsharded groups; "
-                       "activations counted for transformer presets, else given or unknown"], width=110)
+                       "activations, logits, autocast copies and the backward's transient from the op trace (the "
+                       "activations by formula for transformer presets without one), else given or unknown; the "
+                       "rest at the top of its cited range"], width=110)
     return save(fig, path)

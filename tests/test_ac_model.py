@@ -1,0 +1,192 @@
+"""Activation checkpointing in the model: the option as the request takes it, its recompute priced
+from the trace, its place in FSDP's timeline, and the search for the largest micro-batch that fits
+per strategy and mode."""
+from __future__ import annotations
+
+import pytest
+
+from topoprof.errors import InputError
+from topoprof.model.comm.collectives import RingComm
+from topoprof.model.compute.timing import Compute
+from topoprof.model.fsdp.plan import fsdp_plan, recompute_shares
+from topoprof.model.fsdp.timeline import MODES, FsdpSetting, collective_times, fsdp_micro_batch
+from topoprof.model.inputs.request import WorkloadRequest
+from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.workload.checkpointing import Checkpointing, parse_checkpointing
+from topoprof.model.workload.presets import get_preset
+
+
+def test_the_option_is_checked_where_the_request_is_built():
+    assert WorkloadRequest(preset="gpt2", activation_checkpointing="layer:2").checkpointing == Checkpointing("layer", 2)
+    assert WorkloadRequest(preset="gpt2").checkpointing == Checkpointing("none")
+    with pytest.raises(InputError, match="valid: none, full, layer:N"):
+        WorkloadRequest(preset="gpt2", activation_checkpointing="sometimes")
+    with pytest.raises(InputError, match="your --model checkpoints as its own code does"):
+        WorkloadRequest(user_model="tests/fixtures/user_models/tied.py:build", activation_checkpointing="full")
+
+
+# --- the recompute priced from the trace ---------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+SIZES = {"hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 896, "vocab_size": 2048}
+
+
+def _priced(mode: str) -> dict:
+    from probes.op_trace import trace_user_model
+    from topoprof.model.compute.traced import modelled_fields
+
+    trace = trace_user_model("probes.preset_models:build", {"micro_batch": 2},
+                             {"preset": "llama3-8b", "n_layer": 2, "sizes": SIZES, "ac": mode, "seq_len": 512},
+                             {"device": "cuda", "precision": "bf16"})
+    return modelled_fields(trace, "h100-sxm", "bf16", False)
+
+
+def test_the_recompute_is_priced_in_backward_for_full_and_op_and_is_none_without():
+    none, full, op = (_priced(m) for m in ("none", "full", "op"))
+    assert "recompute_s" not in none["modelled_detail"]
+    for fields in (full, op):
+        recompute = fields["modelled_detail"]["recompute_s"]
+        assert 0 < recompute[0] <= recompute[1] <= recompute[2]
+        assert "recompute ops are in its backward, priced with it" in fields["modelled_basis"]
+        # priced with the backward: the micro-batch takes longer, and its backward's share grows
+        assert fields["modelled_s"][1] > none["modelled_s"][1]
+        assert fields["modelled_backward_fraction"] > none["modelled_backward_fraction"]
+    assert full["modelled_detail"]["recompute_s"][1] > op["modelled_detail"]["recompute_s"][1]  # op keeps the matmuls
+
+
+def test_the_recompute_goes_to_the_checkpointed_groups_of_fsdps_timeline():
+    from topoprof.model.strategies.resolve import resolve
+    from topoprof.model.strategies.steps import fsdp_setting, recompute_total_s, with_recompute
+
+    full = _priced("full")
+    work = Workload.from_preset("gpt2", tokens_per_micro_batch=1024, checkpointing=parse_checkpointing("layer:2"))
+    res = resolve(ModelInputs(work, Compute(gpu="h100-sxm", **full), Cluster(RingComm(100.0, 3.4, 4), 1, 4)))
+    total = recompute_total_s(res)
+    assert total == pytest.approx(res.micro_batch_s * full["modelled_detail"]["recompute_s"][1] / full["modelled_s"][1])
+    plan = fsdp_plan(work.layout)
+    setting = with_recompute(fsdp_setting(res), res, plan)
+    assert sum(setting.recompute_s) == pytest.approx(total)
+    assert setting.backward_s == pytest.approx(res.backward_s - total)  # moved, not added
+    # layer:2: every second block (torchtitan's count % 2 == 0), none in the root
+    assert [s > 0 for s in setting.recompute_s] == [i % 2 == 1 for i in range(12)] + [False]
+    measured = resolve(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1), res.inputs.cluster))
+    assert recompute_total_s(measured) == 0  # a measured backward holds its recompute already
+
+
+def _timeline(recompute_each: float, mode: str = "fsdp_full_shard"):
+    layout = get_preset("gpt2")
+    plan = fsdp_plan(layout)
+    shares = recompute_shares(plan, Checkpointing("full"), 12)
+    setting = FsdpSetting(0.03, 0.06, 2, 4, None, recompute_s=tuple(recompute_each * 12 * s for s in shares))
+    coll = collective_times(plan, setting, RingComm(5.0, 3.4, 4))
+    return plan, fsdp_micro_batch(plan, setting, coll, MODES[mode], True)
+
+
+def test_in_fsdps_backward_a_block_recomputes_after_its_all_gather_and_before_its_reduce_scatter():
+    plan, mb = _timeline(0.004)
+    assert len(mb.recomputes) == 12  # every block, not the root
+    for span in mb.recomputes:
+        gathers = [op for op in mb.ops if op.kind == "all_gather" and op.group == span.group]
+        assert len(gathers) == 2  # resharded after forward: gathered again for backward
+        assert span.start_s >= max(op.end_s for op in gathers) - 1e-12
+        (rs,) = [op for op in mb.ops if op.kind == "reduce_scatter" and op.group == span.group]
+        assert span.end_s <= rs.start_s + 1e-12
+        assert span.end_s - span.start_s == pytest.approx(0.004)
+    without = _timeline(0.0)[1]
+    assert mb.compute_busy_s == pytest.approx(without.compute_busy_s + 12 * 0.004)
+
+
+def test_without_resharding_the_recompute_waits_for_nothing_gathered_again():
+    _, mb = _timeline(0.004, "fsdp_shard_grad_op")
+    assert len(mb.recomputes) == 12 and all(op.kind != "all_gather" or op.start_s < mb.forward_end_s for op in mb.ops)
+
+
+def test_a_params_layouts_chunk_groups_share_the_recompute_by_their_backward():
+    from topoprof.model.workload.presets import synthetic_layout
+
+    plan = fsdp_plan(synthetic_layout(1_000_000_000))
+    shares = recompute_shares(plan, Checkpointing("full"), 30)  # 30 traced blocks, 25 groups of 4 chunks
+    assert sum(shares) == pytest.approx(1) and shares[-1] == 0 and len(set(round(s, 9) for s in shares[:-1])) == 1
+    assert recompute_shares(plan, Checkpointing("none"), 30) == ()
+
+
+# --- the search ------------------------------------------------------------------------------------
+
+GB = 1e9
+
+
+def _traced(per_sample_gb: float) -> TracedMemory:
+    """Made-up counts, linear in the samples: each sample keeps `per_sample_gb` in the blocks."""
+    def point(d, m, factor):
+        return MicroBatchBytes(activations=factor * per_sample_gb * GB * m * d / 2, logits=0.5 * GB * m,
+                               backward_transient=0.25 * GB * m)
+    factors = {"none": 1.0, "full": 0.1, "op": 0.4}
+    return TracedMemory(2, 1024, {(v, mode): {(d, m): point(d, m, f) for d in (1, 2) for m in (2, 3)}
+                                  for v in ("autocast", "cast") for mode, f in factors.items()})
+
+
+def _inputs(per_sample_gb=4.0, gpu_memory_gb=80.0, **workload) -> ModelInputs:
+    work = Workload.from_preset("gpt2", micro_batch_size=1, tokens_per_micro_batch=1024,
+                                traced_memory=_traced(per_sample_gb), **workload)
+    return ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1, gpu_memory_gb=gpu_memory_gb),
+                       Cluster(RingComm(100.0, 3.4, 8), 1, 8))
+
+
+def test_the_largest_micro_batch_that_fits_is_the_last_size_whose_memory_fits():
+    from topoprof.model.strategies.memory import memory_by_strategy
+    from topoprof.model.strategies.search import at, largest
+
+    inputs = _inputs()
+    names = ["ddp_synced", "fsdp_full_shard"]
+    for mode in ("none", "full", "layer:2", "op"):
+        found = largest(inputs, names, mode)
+        for name in names:
+            fits = [m for m in range(1, 200) if memory_by_strategy(at(inputs, mode, m), [name])[name].fits is True]
+            best = found[name].micro_batch
+            assert best == (max(fits) if fits else None), (mode, name)
+            assert fits == list(range(1, (best or 0) + 1))  # every size below it fits too
+            if best:
+                assert found[name].total_gb <= 80.0 < found[name].next_gb
+    full, none = largest(inputs, names, "full"), largest(inputs, names, "none")
+    assert full["fsdp_full_shard"].micro_batch > none["fsdp_full_shard"].micro_batch
+
+
+def test_the_search_says_what_fits_and_why_not_when_it_cannot():
+    from topoprof.model.strategies.search import search
+
+    out = search(_inputs(), ["single", "ddp_synced", "fsdp_full_shard", "fsdp_full_shard_no_sync"], None)
+    assert out["modes"] == ["none", "full", "layer:2", "op"]
+    rows = {tuple(r["strategies"]): r for r in out["largest"]}
+    assert set(rows) == {("single",), ("ddp_synced",), ("fsdp_full_shard",), ("fsdp_full_shard_no_sync",)}
+    assert "not priced here" in out["fastest_reason"]
+    (pair,) = out["no_sync"]
+    assert pair["no_sync"] == "fsdp_full_shard_no_sync" and pair["extra_gb"] > 0
+    nameless = _inputs()
+    unknown = search(ModelInputs(nameless.workload, Compute(micro_batch_time_s=0.1), nameless.cluster), ["ddp_synced"], None)
+    assert "memory is unknown" in unknown["reason"]
+    given = search(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=1024, activation_memory_gb=3.0),
+                               Compute(gpu="h100-sxm", micro_batch_time_s=0.1), Cluster(RingComm(100.0, 3.4, 8), 1, 8)),
+                   ["ddp_synced"], None)
+    assert "given for micro-batch 1 only" in given["reason"]
+
+
+def test_the_fastest_that_fits_is_ranked_by_samples_per_second():
+    from dataclasses import replace
+
+    from topoprof.model.strategies.search import search
+
+    def price(wanted):  # compute per micro-batch: 50 ms per sample, 20 % more under full, 10 % under op
+        extra = {"none": 1.0, "full": 1.2, "layer:2": 1.1, "op": 1.1}
+        return {(mode, m): replace(Compute(gpu="h100-sxm", gpu_memory_gb=80.0), modelled_s=(t, t, t),
+                                   modelled_backward_fraction=0.66,
+                                   modelled_detail={"recompute_s": [t - 0.05 * m] * 3} if mode != "none" else {})
+                for mode, m in wanted for t in [0.05 * m * extra[mode]]}
+
+    out = search(_inputs(), ["ddp_synced", "fsdp_full_shard"], price)
+    best = out["fastest"][0]
+    assert best["samples_per_s"] == max(c["samples_per_s"] for c in out["fastest"])
+    costs = {c["mode"]: c for c in out["mode_costs"]}
+    assert costs["none"]["extra_s"] == 0 and costs["full"]["extra_s"] == pytest.approx(0.01)
+    assert costs["full"]["recompute_s"] == pytest.approx(0.01)

@@ -1,0 +1,66 @@
+"""A micro-batch's modelled compute from passes of the model at 1 and 2 blocks, extended to its
+depth: each block runs the same ops, so every end of the roofline's range (and the forward, and
+the recompute) grows by the same amount per block, T(L) = T(1) + (L - 1) x (T(2) - T(1)), as a model
+too large for one GPU is timed at two depths (`scaled`). Where the host and the device trade the
+bound from one depth to the next this is the line through the two, not the roofline of the whole
+pass. `layer:N` (every N-th block checkpointed) is composed from the lines of `none` and `full`:
+T_none(L - W) + T_full(W) - T_none(0) for W = L // N checkpointed blocks. The search over
+micro-batch sizes and checkpointing modes prices its candidates so, at a fraction of a whole
+pass's cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topoprof.model.compute.traced import modelled_fields
+
+
+@dataclass(frozen=True)
+class Line:
+    """Seconds at 1 and 2 blocks, per quantity: the range's (fast, middle, slow) ends, the forward
+    (middle) and the recompute (middle)."""
+
+    one: tuple[float, ...]
+    two: tuple[float, ...]
+    device: str
+
+    def at(self, blocks: int) -> tuple[float, ...]:
+        return tuple(a + (blocks - 1) * (b - a) for a, b in zip(self.one, self.two))
+
+
+def _values(fields: dict) -> tuple[float, ...]:
+    fast, middle, slow = fields["modelled_s"]
+    recompute = (fields["modelled_detail"].get("recompute_s") or [0.0, 0.0, 0.0])[1]
+    return fast, middle, slow, middle * (1 - fields["modelled_backward_fraction"]), recompute
+
+
+def priced_line(one_block: dict, two_blocks: dict, gpu: str | None, precision: str, compiled: bool,
+                profile=None) -> Line:
+    """The traces at 1 and 2 blocks priced (`traced.modelled_fields`; its errors raised)."""
+    a, b = (modelled_fields(t, gpu, precision, compiled, profile=profile) for t in (one_block, two_blocks))
+    return Line(_values(a), _values(b), a["modelled_detail"]["device"])
+
+
+def extended_fields(values: tuple[float, ...], device: str, shape: str, how: str) -> dict:
+    """A `Compute`'s modelled fields from (fast, middle, slow, forward, recompute) seconds."""
+    fast, middle, slow, forward, recompute = values
+    basis = f"its ops at {shape} on {device}, {how}"
+    detail = {"seconds": [fast, middle, slow], "device": device, "shape": shape, "basis": [basis], "summary": basis,
+              "notes": [], **({"recompute_s": [recompute] * 3} if recompute > 0 else {})}
+    return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
+            "modelled_backward_fraction": 1 - forward / middle if middle > 0 else None, "modelled_detail": detail}
+
+
+def at_depth(lines: dict[str, Line], mode: str, every: int, blocks: int, shape: str) -> dict:
+    """Modelled fields of `blocks` blocks under checkpointing `mode` ("none", "full", "op", or
+    "layer" every `every`-th block) from the priced lines of the modes (module docstring)."""
+    if mode == "layer":
+        wrapped = blocks // every
+        none, full = lines["none"], lines["full"]
+        values = tuple(u + w - z for u, w, z in zip(none.at(blocks - wrapped), full.at(wrapped), none.at(0)))
+        how = (f"none at {blocks - wrapped} and full at {wrapped} blocks, each priced at 1 and 2 blocks and extended "
+               "(each block runs the same ops)")
+        return extended_fields(values, none.device, shape, how)
+    line = lines[mode]
+    return extended_fields(line.at(blocks), line.device, shape,
+                           f"priced at 1 and 2 blocks and extended to {blocks} (each block runs the same ops)")

@@ -1,0 +1,143 @@
+"""Small passes of a preset or `--params` model on meta, at 1 and 2 blocks, for what the whole
+model holds and takes under each activation checkpointing mode at any micro-batch size:
+
+- `memory_set`: 1 and 2 blocks x 2 and 3 samples x the modes none, full and op (layer:N is
+  composed from none and full), under autocast and, for FSDP's 16-bit param_dtype, with the
+  weights cast (`topoprof.model.memory.traced.TracedMemory` extends them exactly);
+- `compute_at`: a candidate's (mode, samples) at 1 and 2 blocks, priced and extended to the
+  model's depth (`topoprof.model.compute.extended`).
+
+Each set is one worker (`topoprof.measure.op_trace.trace_models`): the CLI imports no torch. A text
+model needs its sequence length (--tokens); an image model's stages are not one block repeated,
+and a `--model`'s depth cannot be changed: for them nothing is traced here, and the caller says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, gpu_target, target_for
+from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory, from_trace
+
+TRACED_MODES = ("none", "full", "op")
+DEPTHS = (1, 2)
+SAMPLES = (2, 3)  # not 1: `topoprof.model.memory.traced`
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What is traced: a builder, its arguments, the sequence and the real depth."""
+
+    spec: str
+    kwargs: dict
+    seq_len: int
+    blocks: int
+    label: str
+
+
+def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens: int | None) -> ModelShape | str:
+    """The shape a preset or `--params` is traced at, or why it is not."""
+    from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, is_vision
+
+    if preset is None and params is None:
+        return "a --model's depth cannot be changed: its own pass counts it at the micro-batch given"
+    if is_vision(preset):
+        return "an image model's stages are not one block repeated: its own pass counts it at the micro-batch given"
+    if not tokens:
+        return "no --tokens: a text model's sequence length is unknown"
+    seq = max(1, tokens // micro_batch)
+    if preset is not None:
+        name = preset.strip().lower()
+        if seq > MAX_SEQ_LEN[name]:
+            return f"{seq} tokens per sequence exceed {name}'s {MAX_SEQ_LEN[name]}"
+        return ModelShape(PRESET_SPEC, {"preset": name}, seq, PRESET_DEPTH[name], name)
+    from topoprof.model.workload.synthetic import spec_for_params
+
+    return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
+                      f"the synthetic model of {params:,} parameters (a block: fc1, GELU, fc2)")
+
+
+def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dict:
+    return {"kwargs": {"n_layer": depth, **({"ac": mode} if mode != "none" else {})},
+            "stated": {"micro_batch": samples, "seq_len": seq}, "target": target}
+
+
+def memory_set(shape: ModelShape, precision: str, cast: bool) -> TracedMemory | str:
+    """The memory passes (module docstring), or why they failed."""
+    from topoprof.measure.op_trace import trace_models
+
+    targets = {"autocast": gpu_target(precision)}
+    if cast and precision != "fp32":
+        targets["cast"] = {**gpu_target(precision), "weights": "cast"}
+    keys = [(v, mode, d, m) for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
+    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, targets[v])
+                                                     for v, mode, d, m in keys])
+    if isinstance(traces, dict):
+        return traces["failure"]
+    points: dict = {}
+    for (v, mode, d, m), trace in zip(keys, traces):
+        if trace.get("failure") or trace.get("autocast_failure"):
+            return f"{mode} at {d} block(s) x {m}: {trace.get('failure') or trace['autocast_failure']}"
+        points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
+    source = (f"passes of {shape.label} at 1 and 2 blocks and 1 and 2 sequences of {shape.seq_len} tokens on meta, "
+              f"extended to {shape.blocks} blocks (each keeps the same) and the micro-batch (each sequence the same)")
+    return TracedMemory(shape.blocks, shape.seq_len, points, source)
+
+
+def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None, precision: str,
+               compiled: bool, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
+    """Modelled compute fields per (checkpointing mode text, samples) in `wanted`, or why none;
+    priced as the main pass is (`profile_path`: a --gpu-profile, else the nearest shipped one)."""
+    from topoprof.errors import InputError
+    from topoprof.measure.op_trace import trace_models
+    from topoprof.model.compute.extended import at_depth, priced_line
+    from topoprof.model.compute.profile import load_profile
+    from topoprof.model.workload.checkpointing import parse_checkpointing
+
+    profile = load_profile(profile_path) if profile_path else None
+    parsed = {text: parse_checkpointing(text) for text, _ in wanted}
+    needed = sorted({(mode, m) for text, m in wanted
+                     for mode in (("none", "full") if parsed[text].mode == "layer" else (parsed[text].mode,))})
+    keys = [(mode, m, d) for mode, m in needed for d in DEPTHS]
+    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target_for(precision, profile))
+                                                     for mode, m, d in keys])
+    if isinstance(traces, dict):
+        return traces["failure"]
+    by_key = dict(zip(keys, traces))
+    out = {}
+    for text, m in wanted:
+        ac = parsed[text]
+        lines = {}
+        try:
+            for mode in (("none", "full") if ac.mode == "layer" else (ac.mode,)):
+                one, two = by_key[(mode, m, 1)], by_key[(mode, m, 2)]
+                if one.get("failure") or two.get("failure"):
+                    return one.get("failure") or two["failure"]
+                lines[mode] = priced_line(one, two, gpu, precision, compiled, profile)
+        except (InputError, ValueError, KeyError) as err:
+            return f"pricing its ops failed ({err})"
+        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, f"{m}x{shape.seq_len}")
+    return out
+
+
+def micro_batch_bytes(traced: TracedMemory, mode: str, samples: int) -> MicroBatchBytes:
+    """For tests and reports: the parts of `samples` sequences under `mode`."""
+    from topoprof.model.workload.checkpointing import parse_checkpointing
+
+    return traced.count(parse_checkpointing(mode), samples)
+
+
+def with_traced_memory(workload, w, gpu: str | None, precision: str):
+    """(`workload` with its `traced_memory`, a note or None): traced where a GPU is named or timed
+    (the passes stand for it) and a preset or `--params` has its sequence; the note says why not
+    where the passes failed."""
+    from dataclasses import replace
+
+    if gpu is None or w.user_model or workload.activation_memory_gb is not None:
+        return workload, None
+    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens)
+    if isinstance(shape, str):
+        return workload, None
+    traced = memory_set(shape, precision, cast=workload.fsdp_bytes[0] == 2)
+    if isinstance(traced, str):
+        return workload, f"memory: the passes at 1 and 2 blocks failed ({traced}); counted from the main pass only"
+    return replace(workload, traced_memory=traced), None

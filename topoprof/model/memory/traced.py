@@ -1,0 +1,129 @@
+"""What one micro-batch holds per GPU beyond the model's states, counted from its op trace
+(`probes/op_trace.py`, `probes/trace_memory.py`): what its blocks keep for backward under each
+activation checkpointing mode, the logits and the loss, autocast's weight copies held for
+backward, the backward's transient and the allocator's rounding.
+
+A model of L identical blocks at m samples per micro-batch (a fixed sequence length) holds
+a + b·L + c·m + d·L·m bytes of each of them: each block keeps the same, each sample the same.
+Four passes on meta, at 1 and 2 blocks and 2 and 3 samples, give the four coefficients exactly, and
+with them any depth and any micro-batch (`TracedMemory`; `tests/test_memory_parts.py` checks the
+extension against the pass of the whole model). Not 1 sample: there a slice of the batch can be a
+view where from 2 samples on it is a copy (the next-token labels, `tokens[:, 1:].flatten()`), so a
+micro-batch of 1 is counted as the line through 2 and 3 puts it, a few bytes high. The backward's transient does not grow with the
+depth (its peak is the head's gradient or one block's recompute and backward): it is taken at 2
+blocks, linear in the samples. `layer:N` is composed from `none` and `full`: a block keeps, beside
+its output (which the next block or the final norm keeps in every mode), what its own mode keeps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from topoprof.model.workload.checkpointing import Checkpointing
+
+# The parts a micro-batch adds, as the trace names them (probes/op_trace.py `memory`)
+PARTS = ("activations", "logits", "param_copies", "backward_transient", "rounding")
+
+
+@dataclass(frozen=True)
+class MicroBatchBytes:
+    """Bytes one micro-batch adds on a GPU, part by part (module docstring)."""
+
+    activations: float          # what the embedding and the blocks keep for backward
+    logits: float = 0.0         # what the final norm, the head and the loss keep (the logits' log-softmax)
+    param_copies: float = 0.0   # autocast's 16-bit copies of the weights that backward reads
+    # the most the pass holds above what its forward ends with: the backward's transient (gradients
+    # apart) or the forward's own (the loss's upcast), the larger
+    backward_transient: float = 0.0
+    rounding: float = 0.0       # the caching allocator's rounding of the pass's peak
+    logits_detail: str = ""     # the tensors after the last block, with their dtypes
+
+
+def from_trace(memory: dict) -> MicroBatchBytes:
+    """The parts of one pass's `memory` (probes/op_trace.py)."""
+    kept = memory.get("kept") or {}
+    logits = float(kept.get("after_blocks_bytes", 0))
+    return MicroBatchBytes(
+        activations=float(memory["activations_bytes"]) - logits, logits=logits,
+        param_copies=float(memory.get("param_copies_bytes", 0)),
+        backward_transient=float(max(memory.get("backward_transient_bytes", 0), memory.get("forward_transient_bytes", 0))),
+        rounding=float(max(0, memory.get("rounded_peak_bytes", 0) - memory.get("peak_bytes", 0))),
+        logits_detail=describe_tensors(kept.get("after_blocks_tensors") or []))
+
+
+def describe_tensors(rows: list[dict], largest: int = 3) -> str:
+    """'log_softmax 16382x128256 float32 8.4 GB, mul 2x8192x4096 float32 0.27 GB, ...'."""
+    def one(r):
+        op = r["op"].replace("aten.", "").split(".")[0].lstrip("_")
+        return f"{op} {'x'.join(map(str, r['shape']))} {r['dtype']} {r['bytes'] / 1e9:.3g} GB"
+    shown = [one(r) for r in rows[:largest]]
+    rest = sum(r["bytes"] for r in rows[largest:])
+    return ", ".join(shown + ([f"{len(rows) - largest} more {rest / 1e9:.2g} GB"] if rows[largest:] else []))
+
+
+def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: int) -> float:
+    """q(L, m) = a + b·L + c·m + d·L·m through the four points at L in {1, 2} and two sizes."""
+    m1, m2 = sorted({m for _, m in points})
+    q11, q12, q21, q22 = points[(1, m1)], points[(1, m2)], points[(2, m1)], points[(2, m2)]
+    dl, dm = blocks - 1, (samples - m1) / (m2 - m1)
+    return q11 + dl * (q21 - q11) + dm * (q12 - q11) + dl * dm * (q22 - q21 - q12 + q11)
+
+
+@dataclass(frozen=True)
+class TracedMemory:
+    """The parts at 1 and 2 blocks and 1 and 2 samples, per checkpointing mode ("none", "full",
+    "op") and variant ("autocast": fp32 weights under autocast, as DDP trains; "cast": the weights
+    in 16 bits, as FSDP2's MixedPrecisionPolicy runs its blocks), extended to `blocks` blocks."""
+
+    blocks: int
+    seq_len: int
+    # (variant, mode) -> {(blocks, samples): MicroBatchBytes}
+    points: dict = field(default_factory=dict)
+    source: str = ""
+
+    def variants(self) -> tuple[str, ...]:
+        return tuple(sorted({v for v, _ in self.points}))
+
+    def has(self, variant: str, ac: Checkpointing) -> bool:
+        modes = ("none", "full") if ac.mode == "layer" else (ac.mode,)
+        return all((variant, m) in self.points for m in modes)
+
+    def count(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> MicroBatchBytes:
+        """The parts of a micro-batch of `samples` sequences of the whole model under `ac`."""
+        if ac.mode == "layer":
+            wrapped = self.blocks // ac.every  # torchtitan wraps where the block count % N == 0
+            return _composed(self._at("none", variant, self.blocks - wrapped, samples),
+                             self._at("full", variant, wrapped, samples), self._at("none", variant, 0, samples))
+        return self._at(ac.mode, variant, self.blocks, samples)
+
+    def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
+        """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'
+        (and for layer:N, a checkpointed one's beside it)."""
+        def one(mode):
+            return (self._at(mode, variant, 2, samples).activations - self._at(mode, variant, 1, samples).activations) / 1e9
+        if ac.mode == "layer":
+            return f"a block keeps {one('none'):.3g} GB, a checkpointed one {one('full'):.3g} GB"
+        return f"a block keeps {one(ac.mode):.3g} GB"
+
+    def _at(self, mode: str, variant: str, blocks: int, samples: int) -> MicroBatchBytes:
+        pts = self.points[(variant, mode)]
+        values = {}
+        for part in PARTS:
+            per = {key: getattr(p, part) for key, p in pts.items()}
+            if part == "backward_transient":  # not growing with depth (module docstring)
+                m1, m2 = sorted({m for _, m in per})
+                values[part] = per[(2, m1)] + (samples - m1) * (per[(2, m2)] - per[(2, m1)]) / (m2 - m1)
+            else:
+                values[part] = _bilinear(per, blocks, samples)
+        m1 = min(m for _, m in pts)
+        detail = pts[(1, m1)].logits_detail
+        return MicroBatchBytes(**values, logits_detail=f"at {m1} sequences: {detail}" if detail else "")
+
+
+def _composed(unwrapped: MicroBatchBytes, wrapped: MicroBatchBytes, base: MicroBatchBytes) -> MicroBatchBytes:
+    """`layer:N`: the unwrapped blocks as `none` keeps them, the wrapped ones as `full` does; the
+    embedding, head and loss (`base`, the part at 0 blocks) once; the transient the larger."""
+    parts = {}
+    for part in ("activations", "logits", "param_copies", "rounding"):
+        parts[part] = getattr(unwrapped, part) + getattr(wrapped, part) - getattr(base, part)
+    parts["backward_transient"] = max(unwrapped.backward_transient, wrapped.backward_transient)
+    return MicroBatchBytes(**parts, logits_detail=unwrapped.logits_detail)

@@ -1,0 +1,216 @@
+"""The answer wanted first: for each strategy and activation checkpointing mode, the largest
+micro-batch that fits in the GPU's memory (the memory count at each size, `strategies.memory`);
+the fastest combination that fits (strategy, mode, micro-batch) where the compute at each size and
+mode can be priced; what each mode costs in time (its recompute) and what no_sync costs in memory.
+
+A micro-batch here is `micro_batch_size` sequences of the same length (the tokens given over the
+micro-batch given); K stays as given, so a larger micro-batch is a larger global batch, and
+samples per second compare them. A size fits when the top of its memory range does
+(`topoprof.model.memory.holding.fit`). The search doubles the size while it fits, then bisects.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from topoprof.model.strategies.job import ModelInputs
+from topoprof.model.strategies.memory import memory_by_strategy
+from topoprof.model.workload.checkpointing import Checkpointing, parse_checkpointing
+
+MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
+LAYER_EVERY = 2  # torchtitan's selective layer default, "2 = checkpoint every other layer" (config_manager.py)
+
+# Strategies whose memory is one and the same: the search shows the first for all.
+SAME_MEMORY = {"ddp_synced": ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress")}
+
+
+def searched_modes(current: Checkpointing) -> tuple[str, ...]:
+    """none, full, layer:N (the job's N, else torchtitan's 2) and op."""
+    every = current.every if current.mode == "layer" else LAYER_EVERY
+    return ("none", "full", f"layer:{every}", "op")
+
+
+def at(inputs: ModelInputs, mode: str, samples: int, compute=None) -> ModelInputs:
+    """The job at `samples` sequences per micro-batch under checkpointing `mode` (`compute`: the
+    compute priced there, where one was)."""
+    work = inputs.workload
+    seq = (work.tokens_per_micro_batch or 0) // max(1, work.micro_batch_size)
+    changed = replace(work, micro_batch_size=samples, tokens_per_micro_batch=seq * samples if seq else None,
+                      checkpointing=parse_checkpointing(mode))
+    return replace(inputs, workload=changed, compute=compute or inputs.compute)
+
+
+def why_not_searched(inputs: ModelInputs, capacity: float | None) -> str | None:
+    work = inputs.workload
+    if capacity is None:
+        return "the GPU's memory is unknown (give --gpu NAME or --gpu-memory GB)"
+    if work.activation_memory_gb is not None:
+        return f"the activations were given for micro-batch {work.micro_batch_size} only (--activation-memory)"
+    if work.measured_memory:
+        return f"the activations were measured at micro-batch {work.micro_batch_size} only"
+    if work.traced_memory is None and ((inputs.compute.modelled_detail or {}).get("memory") or {}):
+        return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
+                "only (other sizes are counted for a text preset or --params with --tokens)")
+    return None
+
+
+@dataclass(frozen=True)
+class Largest:
+    """The largest micro-batch of `strategies` under `mode` that fits; None: not even 1."""
+
+    strategies: tuple[str, ...]
+    mode: str
+    micro_batch: int | None
+    total_gb: float | None        # its memory per GPU (the top of the range)
+    next_gb: float | None         # the next size's, which does not fit
+    reason: str | None = None     # why none fits, or why it is not known
+
+
+def _fits(inputs: ModelInputs, names: list[str], mode: str, samples: int) -> dict:
+    return memory_by_strategy(at(inputs, mode, samples), names)
+
+
+def largest(inputs: ModelInputs, names: list[str], mode: str) -> dict[str, Largest]:
+    """Per strategy in `names`, the largest micro-batch under `mode` whose memory fits."""
+    first = _fits(inputs, names, mode, 1)
+    out = {}
+    for name in names:
+        mem = first.get(name)
+        if mem is None or mem.parts_gb.get("activations") is None:
+            why = "not counted" if mem is None else mem.sources.get("activations") or "activations unknown"
+            out[name] = Largest((name,), mode, None, None, None, why)
+            continue
+        if mem.fits is not True:
+            out[name] = Largest((name,), mode, None, mem.total_gb, None, mem.reason)
+            continue
+        good, good_gb, bad, bad_gb = 1, mem.total_gb, None, None
+        size = 2
+        while bad is None and size <= MAX_MICRO_BATCH:
+            m = _fits(inputs, [name], mode, size)[name]
+            if m.fits is True:
+                good, good_gb, size = size, m.total_gb, size * 2
+            else:
+                bad, bad_gb = size, m.total_gb
+        while bad is not None and bad - good > 1:
+            mid = (good + bad) // 2
+            m = _fits(inputs, [name], mode, mid)[name]
+            if m.fits is True:
+                good, good_gb = mid, m.total_gb
+            else:
+                bad, bad_gb = mid, m.total_gb
+        out[name] = Largest((name,), mode, good, good_gb, bad_gb)
+    return out
+
+
+def _groups(names: list[str]) -> list[tuple[str, ...]]:
+    """The strategies in `names`, those holding the same memory (DDP's) as one group."""
+    out, done = [], set()
+    for name in names:
+        if name in done:
+            continue
+        group = next((tuple(n for n in g if n in names) for g in SAME_MEMORY.values() if name in g), (name,))
+        done.update(group)
+        out.append(group)
+    return out
+
+
+NO_SYNC_PAIRS = (("fsdp_full_shard", "fsdp_full_shard_no_sync"), ("fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync"),
+                 ("hsdp", "hsdp_no_sync"))
+
+
+def no_sync_memory(inputs: ModelInputs, names: list[str]) -> list[dict]:
+    """What FSDP's no_sync holds beyond its synced twin per GPU at the size and mode given: every
+    group's unsharded gradient, full size, until the micro-batch that syncs."""
+    memory = memory_by_strategy(inputs, names)
+    return [{"synced": a, "no_sync": b, "extra_gb": memory[b].total_gb - memory[a].total_gb,
+             "fits": memory[b].fits} for a, b in NO_SYNC_PAIRS if a in memory and b in memory]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: str
+    mode: str
+    micro_batch: int
+    step_time_s: float
+    samples_per_s: float
+    memory_gb: float
+
+
+@dataclass(frozen=True)
+class ModeCost:
+    """What a checkpointing mode costs per micro-batch at the size given: its compute over none's,
+    and its recompute priced alone."""
+
+    mode: str
+    micro_batch_s: float
+    extra_s: float
+    recompute_s: float
+
+
+def search(inputs: ModelInputs, names: list[str],
+           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> dict:
+    """The search's result as JSON data (module docstring). `price` gives the compute (a `Compute`)
+    at each (mode, samples) asked, or why it cannot; None: the compute is not priced here."""
+    from topoprof.model.strategies.memory import _gpu_memory
+
+    capacity, capacity_source = _gpu_memory(inputs.compute)
+    why = why_not_searched(inputs, capacity)
+    modes = searched_modes(inputs.workload.checkpointing)
+    out: dict = {"modes": list(modes), "gpu_memory_gb": capacity, "gpu_memory_source": capacity_source,
+                 "micro_batch_now": inputs.workload.micro_batch_size,
+                 "tokens_per_sample": None if inputs.workload.layout.unit == "image" else
+                 (inputs.workload.tokens_per_micro_batch or 0) // max(1, inputs.workload.micro_batch_size) or None,
+                 "accumulation_steps": inputs.accumulation_steps}
+    if why is not None:
+        return {**out, "reason": why}
+    table = {mode: largest(inputs, names, mode) for mode in modes}
+    out["largest"] = [{"strategies": list(group), **{mode: _cell(table[mode][group[0]]) for mode in modes}}
+                      for group in _groups(names)]
+    out["no_sync"] = no_sync_memory(inputs, names)
+    out.update(_fastest_and_costs(inputs, names, modes, table, price))
+    return out
+
+
+def _cell(c: Largest) -> dict:
+    return {"micro_batch": c.micro_batch, "total_gb": c.total_gb, "next_gb": c.next_gb, "reason": c.reason}
+
+
+def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, price) -> dict:
+    from topoprof.model.strategies.predict import predict
+
+    now = inputs.workload.micro_batch_size
+    wanted = sorted({(mode, table[mode][n].micro_batch) for mode in modes for n in names
+                     if table[mode][n].micro_batch} | {(mode, now) for mode in modes})
+    if price is None:
+        return {"fastest_reason": "the compute at other micro-batches and modes is not priced here (it was measured "
+                                  "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them from "
+                                  "the model's own ops"}
+    priced = price(wanted)
+    if isinstance(priced, str):
+        return {"fastest_reason": f"the compute at other sizes and modes could not be priced ({priced})"}
+    candidates = []
+    predictions = {}
+    for (mode, m), compute in priced.items():
+        predictions[(mode, m)] = predict(at(inputs, mode, m, compute)).strategies
+    for mode in modes:
+        for name in names:
+            m = table[mode][name].micro_batch
+            result = predictions.get((mode, m), {}).get(name) if m else None
+            if result is None or not hasattr(result, "step_time_s"):
+                continue
+            if result.memory is None or result.memory.fits is not True:
+                continue
+            candidates.append(Candidate(name, mode, m, result.step_time_s, result.samples_per_s, result.memory.total_gb))
+    candidates.sort(key=lambda c: -c.samples_per_s)
+    costs = []
+    base = priced.get(("none", now))
+    for mode in modes:
+        comp = priced.get((mode, now))
+        if comp is None or base is None:
+            continue
+        middle, base_middle = comp.modelled_s[1], base.modelled_s[1]
+        recompute = ((comp.modelled_detail or {}).get("recompute_s") or [0.0, 0.0, 0.0])[1]
+        costs.append(ModeCost(mode, middle, middle - base_middle, recompute))
+    from dataclasses import asdict
+
+    return {"fastest": [asdict(c) for c in candidates[:5]], "mode_costs": [asdict(c) for c in costs]}

@@ -1,0 +1,127 @@
+"""What fits, first: the largest micro-batch per strategy and activation checkpointing mode, the
+fastest combination that fits, what each mode costs in time and no_sync in memory
+(`topoprof.model.strategies.search`), and every part of the memory count with its source. Plain
+lines, for `topoprof model`'s text and a scan's Markdown alike."""
+from __future__ import annotations
+
+# The memory parts in the order shown, with their names in the table.
+PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"), ("buckets", "DDP buckets"),
+         ("unsharded", "FSDP unsharded"), ("activations", "activations"), ("logits", "logits and loss"),
+         ("param_copies", "autocast copies"), ("backward_transient", "backward transient"),
+         ("optimizer_transient", "optimizer step transient"), ("cuda_context", "CUDA context"),
+         ("driver_reserve", "driver reserve"), ("nccl_buffers", "NCCL buffers"), ("allocator", "allocator reserve"))
+
+# The strategies whose memory the parts table shows (one of DDP's, which all hold the same).
+PARTS_COLUMNS = ("single", "dp", "ddp_synced", "fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op",
+                 "fsdp_shard_grad_op_no_sync", "hsdp", "hsdp_no_sync")
+
+
+def _gb(x) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def _cell(c: dict) -> str:
+    if c.get("micro_batch"):
+        return f"{c['micro_batch']} ({c['total_gb']:,.1f} GB)"
+    if c.get("total_gb") is not None:
+        return f"0 (1: {c['total_gb']:,.0f} GB)"
+    return "?"
+
+
+def fits_lines(fits: dict | None) -> list[str]:
+    """The lead: what fits and what is fastest (module docstring)."""
+    if not fits:
+        return []
+    gpu = fits.get("gpu_memory_gb")
+    seq = f", {fits['tokens_per_sample']} tokens per sequence" if fits.get("tokens_per_sample") else ""
+    head = (f"What fits on a {gpu:,.1f} GB GPU ({fits.get('gpu_memory_source')}){seq}, K = {fits['accumulation_steps']}:"
+            if gpu else "What fits:")
+    if fits.get("reason"):
+        return [head, f"  not searched: {fits['reason']}", ""]
+    modes = fits["modes"]
+    out = [head, "  the largest micro-batch (sequences) that fits, per strategy and activation checkpointing mode "
+                 "(memory per GPU at that size, the top of its range; 0: not even 1, and what 1 needs):",
+           "  " + f"{'strategy':<30}" + "".join(f"{m:>18}" for m in modes)]
+    for row in fits["largest"]:
+        names = row["strategies"]
+        label = names[0] if len(names) == 1 else f"{names[0]} (and {len(names) - 1} more)"
+        out.append("  " + f"{label:<30}" + "".join(f"{_cell(row[m]):>18}" for m in modes))
+    unknown = sorted({row[m]["reason"] for row in fits["largest"] for m in modes
+                      if not row[m].get("micro_batch") and row[m].get("total_gb") is None and row[m].get("reason")})
+    out += [f"  ?: {r}" for r in unknown]
+    out += _fastest_lines(fits) + _cost_lines(fits) + _no_sync_lines(fits)
+    return out + [""]
+
+
+def _fastest_lines(fits: dict) -> list[str]:
+    if fits.get("fastest_reason"):
+        return [f"  Fastest that fits: not priced ({fits['fastest_reason']})."]
+    best = fits.get("fastest") or []
+    if not best:
+        return ["  Fastest that fits: nothing fits."]
+    b = best[0]
+    out = [f"  Fastest that fits: {b['strategy']} with activation checkpointing {b['mode']} at micro-batch "
+           f"{b['micro_batch']}: {b['samples_per_s']:,.2f} samples/s (step {b['step_time_s'] * 1e3:,.1f} ms, "
+           f"{b['memory_gb']:,.1f} GB per GPU)."]
+    if len(best) > 1:
+        out.append("    then: " + "; ".join(f"{c['strategy']} {c['mode']} x{c['micro_batch']} {c['samples_per_s']:,.2f}"
+                                            for c in best[1:]))
+    return out
+
+
+def _cost_lines(fits: dict) -> list[str]:
+    costs = [c for c in fits.get("mode_costs") or [] if c["mode"] != "none"]
+    if not costs:
+        return []
+    now = fits["micro_batch_now"]
+    parts = [f"{c['mode']} +{c['extra_s'] * 1e3:,.0f} ms ({100 * c['extra_s'] / (c['micro_batch_s'] - c['extra_s']):+.0f} %"
+             f", recompute {c['recompute_s'] * 1e3:,.0f} ms)" for c in costs]
+    return [f"  What checkpointing costs per micro-batch of {now} (its compute over none's; its recompute priced "
+            f"alone): {'; '.join(parts)}."]
+
+
+def _no_sync_lines(fits: dict) -> list[str]:
+    rows = fits.get("no_sync") or []
+    if not rows:
+        return []
+    return ["  no_sync holds every group's full-size gradient until the micro-batch that syncs: "
+            + "; ".join(f"{r['no_sync']} +{r['extra_gb']:,.1f} GB per GPU over {r['synced']}" for r in rows) + "."]
+
+
+def memory_parts_lines(payload: dict) -> list[str]:
+    """Every part of the memory per GPU for the strategies that apply, and where each comes from."""
+    strategies = payload["strategies"]
+    columns = [n for n in PARTS_COLUMNS if (strategies.get(n) or {}).get("memory")]
+    if not columns:
+        return []
+    mems = {n: strategies[n]["memory"] for n in columns}
+    capacity = payload["inputs"].get("gpu_memory_gb") or {}
+    gpu = capacity.get("value")
+    out = ["", f"Memory per GPU, part by part (GB; GPU {_gb(gpu)} GB: {capacity.get('source')}):",
+           "  " + f"{'part':<26}" + "".join(f"{n[:14]:>15}" for n in columns)]
+    for key, label in PARTS:
+        values = [mems[n]["parts_gb"].get(key) for n in columns]
+        if all(v is None or v == 0 for v in values) and key not in ("activations",):
+            continue
+        out.append("  " + f"{label:<26}" + "".join(f"{_gb(v):>15}" for v in values))
+    out.append("  " + f"{'total (range)':<26}" + "".join(f"{_range(mems[n]):>15}" for n in columns))
+    fit_text = {True: "fits", False: "no", None: "maybe" if gpu is not None else "?"}
+    out.append("  " + f"{'fits':<26}" + "".join(f"{fit_text[mems[n]['fits']]:>15}" for n in columns))
+    out += ["  (the environment's parts at the top of their ranges; the optimizer step's transient counts at the "
+            "step, when the activations are freed: the total is the larger of the two peaks)"]
+    sources = {}
+    for n in columns:
+        for key, text in (mems[n].get("sources") or {}).items():
+            sources.setdefault(key, [])
+            if text not in sources[key]:
+                sources[key].append(text)
+    labels = dict(PARTS)
+    for key, texts in sources.items():  # a text that another one extends is said once, by the longer
+        kept = [t for t in texts if not any(o != t and o.startswith(t) for o in texts)]
+        out.append(f"  {labels.get(key, key)}: {' | '.join(kept)}")
+    return out
+
+
+def _range(mem: dict) -> str:
+    lo, hi = mem.get("range_gb") or (mem["total_gb"], mem["total_gb"])
+    return f"{lo:,.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:,.1f}-{hi:,.1f}"
