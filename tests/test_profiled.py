@@ -88,6 +88,19 @@ def test_each_op_takes_exactly_what_the_profiles_points_imply():
     assert not 0.8 <= 2 * 1024 * 3072 * 768 / device[0] / 989.5e12 <= 0.9
 
 
+def test_checkpointings_recompute_costs_the_host_what_the_forward_did():
+    dev, trace = _h100(), _trace()
+    recomputed = [{**_mm(1024, 3072, 768, "backward", name="aten.addmm.default"), "recompute": True},
+                  {**_op("aten.add.Tensor", "backward", read=699050, written=349526), "recompute": True}]
+    with_recompute = {**trace, "ops": trace["ops"][:4] + recomputed + trace["ops"][4:]}
+    host = eager_host_seconds(with_recompute, dev.host, "middle")
+    # under autocast again, and autograd-recorded again: the forward's own host cost per op
+    assert host[4:6] == pytest.approx([HOST["autocast_op"] - HOST["autograd_forward"], HOST["autograd_forward"]])
+    # the engine's node overhead still spread over the backward's own three kernels only
+    spread = 6 * (HOST["autograd_backward_node"] - HOST["op"]) / 3
+    assert host[6:] == pytest.approx([HOST["op"] + spread] * 3)
+
+
 def test_attention_splits_the_profiles_forward_plus_backward_as_the_trace_counts_them():
     dev = _h100()
     forward, backward = _sdpa(2, 4, 1024, 64), _sdpa(2, 4, 1024, 64, backward=True)

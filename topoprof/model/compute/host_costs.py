@@ -12,7 +12,8 @@ Eager PyTorch (each op from Python through the dispatcher, autograd and autocast
 - the backward: the autograd engine runs every node of the graph (`autograd_nodes`, the trace
   counts them: views' backward and AccumulateGrad included, whether or not they launch a
   kernel) and each kernel its nodes launch is a plain op (`op`: the backward runs with grad
-  mode off). The profile's `autograd_backward_node` is a node that launches one kernel, so a
+  mode off). Activation checkpointing's recompute, in the backward, is priced as the forward ops
+  it repeats (`op_kinds.runs_as_forward`). The profile's `autograd_backward_node` is a node that launches one kernel, so a
   node's own cost is autograd_backward_node - op and the backward's host time is
   nodes x (node - op) + kernels x op, spread evenly over its kernels for the queue's timing;
   a convolution's backward `conv_backward` where the profile has it (a node with its kernels);
@@ -87,7 +88,7 @@ def _node_overhead(costs: HostCosts, end: str) -> float:
 def eager_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
     """The host's seconds for each op of the trace, eager (module docstring)."""
     ops = trace["ops"]
-    backward_kernels = sum(1 for op in ops if not op["view"] and op["phase"] == "backward")
+    backward_kernels = sum(1 for op in ops if not op["view"] and not op_kinds.runs_as_forward(op))
     nodes = trace.get("autograd_nodes", backward_kernels)
     overhead = _node_overhead(costs, end)
     spread = nodes * overhead / backward_kernels if backward_kernels else 0.0
@@ -98,7 +99,7 @@ def eager_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
             out.append(0.0)
             continue
         conv = op_kinds.base_name(op) in ("convolution", "_convolution", "convolution_backward")
-        if op["phase"] == "forward":
+        if op_kinds.runs_as_forward(op):
             if conv and "conv_forward" in k:
                 h = _at(k["conv_forward"], end)
             elif op_kinds.autocast_wrapped(op, trace):

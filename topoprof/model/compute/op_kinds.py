@@ -136,11 +136,18 @@ def reduces(op: dict) -> bool:
     return memory_kind(op) in REDUCING or base_name(op) in _REDUCTION_OPS
 
 
+def runs_as_forward(op: dict) -> bool:
+    """A forward op, or one activation checkpointing recomputes in backward: the recompute runs
+    the block's forward again with grad mode and the forward's autocast state restored
+    (torch/utils/checkpoint.py), so the host pays what the forward paid for it."""
+    return op["phase"] == "forward" or bool(op.get("recompute"))
+
+
 def autocast_wrapped(op: dict, trace: dict) -> bool:
     """A forward op that CUDA autocast runs in 16-bit (its lower_precision_fp list: the matmuls,
     convolutions and attention), where the trace ran for a 16-bit GPU target."""
     target = trace.get("target") or {}
-    if op["phase"] != "forward" or target.get("device") != "cuda" or target.get("precision") not in ("bf16", "fp16"):
+    if not runs_as_forward(op) or target.get("device") != "cuda" or target.get("precision") not in ("bf16", "fp16"):
         return False
     name = base_name(op)
     return name in _GEMM + _CONV or op["name"].startswith(ATTENTION_PREFIX)
