@@ -6,7 +6,12 @@ shapes and registration order, with
   repeated before attention as HF's `repeat_kv` does (and torchtitan's llama3 model), then
   PyTorch's fused `scaled_dot_product_attention`, causal;
 - the SwiGLU feed-forward (`down(silu(gate(x)) * up(x))`) at Meta's size (`swiglu_hidden`);
-- RMSNorm in fp32, cast back (HF's LlamaRMSNorm);
+- RMSNorm in fp32, cast back (HF's LlamaRMSNorm, torchtitan's `rmsnorm`): autograd keeps the
+  fp32 upcast and the normalized 16-bit tensor of each norm; or, with `norm="fused"`, one kernel
+  that keeps only its input and the fp32 reciprocal RMS per row (torchtitan's `fused_rmsnorm`, a
+  Triton kernel saving `x, weight, rstd`: torchtitan/models/norms.py `TritonFusedRMSNorm`; torch's
+  `_fused_rms_norm` behind `F.rms_norm` on CUDA keeps the same). Its ops are traced as the eager
+  ones, one kernel each: the fused kernel's memory, not its time;
 - rotary position embedding as HF applies it: cos and sin of the positions over `rope_theta`,
   computed once per forward in fp32 and cast to the hidden states' dtype (HF's
   LlamaRotaryEmbedding; its frequencies a buffer, not a parameter), then `q * cos +
@@ -75,12 +80,40 @@ LLAMA_CONFIGS = {
 }
 
 
+NORMS = ("eager", "fused")
+
+
+class _FusedRmsNorm(torch.autograd.Function):
+    """RMSNorm as one kernel computes it: fp32 inside, the output in the input's dtype, and for
+    backward only the input, the weight and the fp32 reciprocal RMS per row (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(_at_least_fp32(x).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (_at_least_fp32(x) * rstd * _at_least_fp32(weight)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        x_hat, wdy = _at_least_fp32(x) * rstd, _at_least_fp32(weight) * _at_least_fp32(dy)
+        dx = (wdy - x_hat * (x_hat * wdy).mean(-1, keepdim=True)) * rstd
+        dw = (_at_least_fp32(dy) * x_hat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None
+
+
+def _at_least_fp32(t):
+    return t.float() if t.element_size() < 4 else t
+
+
 class _RmsNorm(nn.Module):
-    def __init__(self, d: int, eps: float):
+    def __init__(self, d: int, eps: float, fused: bool = False):
         super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+        self.weight, self.eps, self.fused = nn.Parameter(torch.ones(d)), eps, fused
 
     def forward(self, x):
+        if self.fused:
+            return _FusedRmsNorm.apply(x, self.weight, self.eps)
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
@@ -120,7 +153,7 @@ def _repeat_kv(x, n_rep: int):
 class _LlamaLayer(nn.Module):
     """Registers self_attn, mlp, then the two norms (as HF does); uses input_layernorm first."""
 
-    def __init__(self, d: int, inter: int, heads: int, kv_heads: int, eps: float):
+    def __init__(self, d: int, inter: int, heads: int, kv_heads: int, eps: float, fused_norm: bool = False):
         super().__init__()
         head_dim = d // heads
         self.self_attn = nn.Module()
@@ -131,7 +164,8 @@ class _LlamaLayer(nn.Module):
         self.mlp = nn.Module()
         self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(d, inter, bias=False), nn.Linear(d, inter, bias=False)
         self.mlp.down_proj = nn.Linear(inter, d, bias=False)
-        self.input_layernorm, self.post_attention_layernorm = _RmsNorm(d, eps), _RmsNorm(d, eps)
+        self.input_layernorm = _RmsNorm(d, eps, fused_norm)
+        self.post_attention_layernorm = _RmsNorm(d, eps, fused_norm)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
 
     def _attention(self, h, cos, sin):
@@ -156,17 +190,19 @@ class Llama(nn.Module):
     BLOCKS = ("model.layers",)  # the repeated blocks (probes/preset_models.py:preset_blocks)
 
     def __init__(self, n_layer=32, hidden=4096, intermediate=11008, heads=32, kv_heads=None, vocab_size=32000,
-                 rope_theta=10000.0, norm_eps=1e-6):
+                 rope_theta=10000.0, norm_eps=1e-6, norm="eager"):
         super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"Llama: norm {norm!r} is not one of {', '.join(NORMS)}")
         kv_heads = heads if kv_heads is None else kv_heads
         if hidden % heads or heads % kv_heads:
             raise ValueError(f"Llama: hidden({hidden}) % heads({heads}) and heads({heads}) % kv_heads({kv_heads}) "
                              "must both be 0")
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab_size, hidden)
-        self.model.layers = nn.ModuleList(_LlamaLayer(hidden, intermediate, heads, kv_heads, norm_eps)
+        self.model.layers = nn.ModuleList(_LlamaLayer(hidden, intermediate, heads, kv_heads, norm_eps, norm == "fused")
                                           for _ in range(n_layer))
-        self.model.norm = _RmsNorm(hidden, norm_eps)
+        self.model.norm = _RmsNorm(hidden, norm_eps, norm == "fused")
         self.model.rotary_emb = _Rotary(hidden // heads, rope_theta)
         self.lm_head = nn.Linear(hidden, vocab_size, bias=False)
 

@@ -26,6 +26,21 @@ def test_the_option_is_checked_where_the_request_is_built():
         WorkloadRequest(user_model="tests/fixtures/user_models/tied.py:build", activation_checkpointing="full")
 
 
+def test_a_llama_presets_fused_rmsnorm_reaches_every_pass_of_it():
+    from topoprof.model.compute.traced import preset_request
+    from topoprof.model.inputs.traces import model_shape
+
+    request = WorkloadRequest(preset="llama3-8b", rmsnorm="fused", tokens=8192)
+    assert request.preset_sizes == {"norm": "fused"}
+    assert WorkloadRequest(preset="llama3-8b").preset_sizes is None
+    assert preset_request("llama3-8b", 1, 8192, None, "op", request.preset_sizes).kwargs["sizes"] == {"norm": "fused"}
+    assert model_shape("llama3-8b", None, 1, 8192, request.preset_sizes).kwargs["sizes"] == {"norm": "fused"}
+    with pytest.raises(InputError, match="applies to a Llama preset"):
+        WorkloadRequest(preset="gpt2", rmsnorm="fused")
+    with pytest.raises(InputError, match="one of eager, fused"):
+        WorkloadRequest(preset="llama3-8b", rmsnorm="triton")
+
+
 # --- the recompute priced from the trace ---------------------------------------------------------
 
 torch = pytest.importorskip("torch")

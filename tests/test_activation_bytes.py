@@ -43,6 +43,8 @@ REDUCED = {
     "llama-7b": _llama(32, 32, 4096, 11008), "llama2-13b": _llama(40, 40, 5120, 13824),
     "llama2-70b": _llama(64, 8, 8192, 28672), "llama3-8b": _llama(32, 8, 4096, 14336),
     "llama3-70b": _llama(64, 8, 8192, 28672),
+    # torchtitan's fused_rmsnorm (model --rmsnorm fused): each norm keeps its input and rstd
+    "llama3-8b --rmsnorm fused": {**_llama(32, 8, 4096, 14336), "norm": "fused"},
 }
 # resnet101 is resnet50 with a deeper third stage: at one block per stage they are one module
 VISION = ("resnet50", "resnext50_32x4d", "resnext101_32x8d")
@@ -53,10 +55,11 @@ USER_SHAPES = ({"micro_batch": 1, "seq_len": 8}, {"micro_batch": 2, "seq_len": 2
 
 def _cases():
     """(model, shape, AC, spec, kwargs, stated shape, AC mode applied here, container of its blocks)."""
-    for preset, sizes in REDUCED.items():
+    for name, sizes in REDUCED.items():
+        preset = name.split()[0]
         for shape in TEXT_SHAPES:
             for mode in MODES:
-                yield (preset, f"{shape['micro_batch']}x{shape['seq_len']}", mode, PRESETS,
+                yield (name, f"{shape['micro_batch']}x{shape['seq_len']}", mode, PRESETS,
                        {"preset": preset, "n_layer": 2, "sizes": sizes, "ac": mode, "seq_len": shape["seq_len"]},
                        {"micro_batch": shape["micro_batch"]}, "none", None)
     for preset in VISION:
@@ -132,6 +135,21 @@ def test_checkpointing_keeps_less_than_none():
     kept = {mode: measured(PRESETS, {**kwargs, "ac": mode}, {"micro_batch": 2}, "none", None)[1] for mode in MODES}
     assert kept["full"] < kept["op"] < kept["none"]
     assert kept["full"] < kept["layer:2"] < kept["none"]
+
+
+def test_a_fused_rmsnorm_keeps_less_than_the_eager_one_by_its_normalized_tensor():
+    # in fp32 (this CPU's pass) the eager norm's x.float() is x itself, kept by both; the eager one
+    # also keeps the normalized x for the weight's gradient (4 B per element), the fused one only
+    # its rstd, which the eager rsqrt keeps too: one hidden-sized fp32 tensor per norm and token
+    hidden, tokens = 128, 2 * 16
+    kwargs = {"preset": "llama3-8b", "n_layer": 2, "seq_len": 16,
+              "sizes": {**REDUCED["llama3-8b"], "hidden": hidden}}
+    eager_counted, eager = measured(PRESETS, kwargs, {"micro_batch": 2}, "none", None)
+    fused_counted, fused = measured(PRESETS, {**kwargs, "sizes": {**kwargs["sizes"], "norm": "fused"}},
+                                    {"micro_batch": 2}, "none", None)
+    norms = 2 * 2 + 1  # two per block, and the final one
+    assert eager - fused == norms * tokens * 4 * hidden
+    assert eager_counted - fused_counted == eager - fused
 
 
 def test_an_in_place_update_of_a_buffer_allocates_nothing():

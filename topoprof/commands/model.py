@@ -35,6 +35,10 @@ import click
 @click.option("--fsdp-unit", metavar="MODULE",
               help="FSDP groups: each child of this module, e.g. model.layers (default: one group per block of "
                    "a preset, 4 chunks per group of --params; the root holds the rest).")
+@click.option("--rmsnorm", type=click.Choice(["eager", "fused"]), default="eager", show_default=True,
+              help="A Llama preset's RMSNorm: eager (Hugging Face's LlamaRMSNorm, torchtitan's rmsnorm: its fp32 "
+                   "upcast kept for backward) or fused (one kernel keeping its input and the reciprocal RMS: "
+                   "torchtitan's fused_rmsnorm, torch's fused rms_norm).")
 @click.option("--activation-checkpointing", metavar="MODE",
               help="Activation checkpointing of the blocks, in torchtitan's modes: none (default), full, layer:N "
                    "(every N-th block) or op (torchtitan's selective op policy); what each keeps and recomputes is "

@@ -44,9 +44,10 @@ def _ac(ac: str) -> dict:
 
 
 def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size: int | None,
-                   ac: str = "none") -> TraceRequest | str:
+                   ac: str = "none", sizes: dict | None = None) -> TraceRequest | str:
     """What to trace for a preset, or why it cannot be (a text preset needs --tokens); `ac`: its
-    blocks' activation checkpointing (`probes/checkpointing.py`), as `Checkpointing.text` spells it."""
+    blocks' activation checkpointing (`probes/checkpointing.py`), as `Checkpointing.text` spells it;
+    `sizes`: its module's arguments changed (`WorkloadRequest.preset_sizes`)."""
     from topoprof.model.workload.presets import MAX_SEQ_LEN, is_vision
 
     name = preset.strip().lower()
@@ -60,7 +61,7 @@ def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size
     sequences = max(micro_batch, math.ceil(tokens / MAX_SEQ_LEN[name]))
     note = (None if sequences == micro_batch else
             f"{tokens} tokens exceed {micro_batch} sequence(s) of {name}'s {MAX_SEQ_LEN[name]}: traced as {sequences}")
-    return TraceRequest(PRESET_SPEC, {"preset": name, **_ac(ac)},
+    return TraceRequest(PRESET_SPEC, {"preset": name, **_ac(ac), **({"sizes": sizes} if sizes else {})},
                         {"micro_batch": sequences, "seq_len": max(1, tokens // sequences)}, note)
 
 

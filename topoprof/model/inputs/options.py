@@ -114,6 +114,9 @@ def build_inputs(request: ModelRequest, progress: Progress | None = None):
         fsdp_plan(workload.layout, workload.fsdp_unit)
     cl = request.cluster
     comm, gpn, described = build_comm(cl, request.compute.gpu, progress)
+    if request.workload.rmsnorm != "eager":
+        notes = [f"{request.workload.preset_name} with its RMSNorm {request.workload.rmsnorm}: each norm keeps its "
+                 "input and the reciprocal RMS for backward, not its fp32 upcast (probes/llama_models.py)", *notes]
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]
     if cl.world_size is not None and cl.world_size != cl.nodes * gpn:
@@ -287,7 +290,7 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
     if timed_gpu is not None and profile is None and _lookup_quietly(timed_gpu) is None:
         return {}, f"{timed_gpu} is not in the datasheet table"
     ac = w.checkpointing.text
-    request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac) if w.preset
+    request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
                else params_request(w.param_count, w.micro_batch_size, w.tokens, ac))
     if progress is not None and not isinstance(request, str):
         progress(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
@@ -349,7 +352,8 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
     if progress is not None:
         progress(f"timing {preset} on cuda:0 (starting its worker: importing torch)")
-    more = {"progress": progress} if progress is not None else {}
+    more = {**({"progress": progress} if progress is not None else {}),
+            **({"sizes": w.preset_sizes} if w.preset_sizes else {})}
     if is_vision(preset):
         return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,
                               image_size=w.image_size, ac=ac, **more)

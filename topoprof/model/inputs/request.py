@@ -117,6 +117,7 @@ class WorkloadRequest:
     fsdp_unit: str | None = None
     time_here: bool = False                # --model timed on this machine even for a --gpu what-if
     activation_checkpointing: str | None = None  # none, full, layer:N, op (topoprof.model.workload.checkpointing)
+    rmsnorm: str = "eager"                 # a Llama preset's RMSNorm: eager or fused (probes/llama_models.py)
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.params, self.preset, self.user_model)) != 1:
@@ -135,6 +136,7 @@ class WorkloadRequest:
 
             check_spec(self.user_model)
         check_image_options(self.preset, self.image_size, self.tokens)
+        self._check_rmsnorm()
         if self.grad_bytes not in (2, 4):
             raise InputError(f"--grad-bytes {self.grad_bytes}: 4 under autocast (fp32 parameters) or 2 (pure bf16/fp16)")
         if self.micro_batch_size < 1:
@@ -156,6 +158,21 @@ class WorkloadRequest:
             raise InputError(f"--activation-checkpointing {self.activation_checkpointing}: applies to a --preset or "
                              "--params; your --model checkpoints as its own code does (torch.utils.checkpoint), "
                              "and its trace counts what that keeps")
+
+    def _check_rmsnorm(self) -> None:
+        from topoprof.model.workload.presets import LLAMA_PRESETS, RMSNORMS
+
+        if self.rmsnorm not in RMSNORMS:
+            raise InputError(f"--rmsnorm {self.rmsnorm!r}: one of {', '.join(RMSNORMS)}")
+        if self.rmsnorm != "eager" and self.preset_name not in LLAMA_PRESETS:
+            raise InputError(f"--rmsnorm {self.rmsnorm}: applies to a Llama preset ({', '.join(LLAMA_PRESETS)}), "
+                             f"not {self.what()}")
+
+    @property
+    def preset_sizes(self) -> dict | None:
+        """The preset module's arguments this request changes (`probes/preset_models.py:build`'s
+        `sizes`): its RMSNorm; None where it is built as published."""
+        return {"norm": self.rmsnorm} if self.rmsnorm != "eager" else None
 
     @property
     def checkpointing(self):
@@ -319,7 +336,7 @@ class ModelRequest:
                 image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"], tokens=opts["tokens"],
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],
-                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")),
+                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")), rmsnorm=opts.get("rmsnorm") or "eager",
                 activation_checkpointing=opts.get("activation_checkpointing")),
             compute=ComputeRequest(
                 gpu=opts["gpu"], precision=opts["precision"], micro_batch_time_s=opts["micro_batch_time"],

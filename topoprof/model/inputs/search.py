@@ -24,7 +24,7 @@ def fits_payload(inputs, request: ModelRequest, applying: list[str], progress=No
     """The search's JSON for the strategies that apply here (`applying`); `progress` hears its stages."""
     w, c = request.workload, inputs.compute
     price = None
-    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens)
+    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if uses_modelled(c) and not isinstance(shape, str) and (c.gpu or request.compute.gpu_profile):
         def price(wanted):
             if progress is not None:

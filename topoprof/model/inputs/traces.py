@@ -34,8 +34,10 @@ class ModelShape:
     label: str
 
 
-def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens: int | None) -> ModelShape | str:
-    """The shape a preset or `--params` is traced at, or why it is not."""
+def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens: int | None,
+                sizes: dict | None = None) -> ModelShape | str:
+    """The shape a preset (its module's arguments changed by `sizes`) or `--params` is traced at,
+    or why it is not."""
     from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, is_vision
 
     if preset is None and params is None:
@@ -49,7 +51,9 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
         name = preset.strip().lower()
         if seq > MAX_SEQ_LEN[name]:
             return f"{seq} tokens per sequence exceed {name}'s {MAX_SEQ_LEN[name]}"
-        return ModelShape(PRESET_SPEC, {"preset": name}, seq, PRESET_DEPTH[name], name)
+        changed = ", ".join(f"{k} {v}" for k, v in (sizes or {}).items())
+        return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq,
+                          PRESET_DEPTH[name], f"{name} ({changed})" if changed else name)
     from topoprof.model.workload.synthetic import spec_for_params
 
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
@@ -134,7 +138,7 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
 
     if gpu is None or w.user_model or workload.activation_memory_gb is not None:
         return workload, None
-    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens)
+    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if isinstance(shape, str):
         return workload, None
     traced = memory_set(shape, precision, cast=workload.fsdp_bytes[0] == 2)

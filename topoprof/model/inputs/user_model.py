@@ -291,18 +291,20 @@ def _out_of_memory(err: Exception) -> bool:
 
 def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
                    optimizer: str = "adamw", image_size: int | None = None, ac: str = "none",
-                   progress: Callable[[str], None] | None = None) -> dict:
+                   progress: Callable[[str], None] | None = None, sizes: dict | None = None) -> dict:
     """A preset built at its real size and timed on `device`; when it does not fit, timed at
     SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.compute.scaled`), and said so.
     A vision preset reads `micro_batch` images of `image_size` (default 224) and no sequence; it
-    is always timed whole (the largest, 88.8M parameters, fits any GPU's training state)."""
+    is always timed whole (the largest, 88.8M parameters, fits any GPU's training state). `sizes`:
+    the module's arguments changed (`WorkloadRequest.preset_sizes`)."""
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
     from topoprof.model.compute.scaled import scaled_compute
 
     def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (probes/checkpointing.py)
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
-                                    kwargs={**kwargs, **more, **({"ac": ac} if ac != "none" else {})},
+                                    kwargs={**kwargs, **more, **({"ac": ac} if ac != "none" else {}),
+                                            **({"sizes": sizes} if sizes else {})},
                                     progress=progress)
         return user_compute({**record, "spec": preset})
 

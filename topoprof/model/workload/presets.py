@@ -133,6 +133,11 @@ LLAMA_CONFIGS = {
 }
 
 
+# the presets built as probes/llama_models.py's Llama: the ones whose RMSNorm `--rmsnorm` picks
+LLAMA_PRESETS = ("llama-7b", *LLAMA_CONFIGS)
+RMSNORMS = ("eager", "fused")
+
+
 def _llama(name: str) -> Callable[[], Layout]:
     layers, hidden, ffn, vocab, heads, kv, _, source = LLAMA_CONFIGS[name]
     return lambda: llama_layout(layers, hidden, ffn, vocab, name, source, heads, kv)
