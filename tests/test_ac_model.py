@@ -41,6 +41,14 @@ def test_a_llama_presets_fused_rmsnorm_reaches_every_pass_of_it():
         WorkloadRequest(preset="llama3-8b", rmsnorm="triton")
 
 
+def test_a_sample_past_a_presets_context_is_traced_and_counted_as_sequences_of_it():
+    from topoprof.model.inputs.traces import model_shape
+
+    shape = model_shape("llama-7b", None, 2, 16384)    # 8192 tokens per sample, a context of 2048
+    assert (shape.seq_len, shape.per_sample) == (2048, 4) and "as 4 sequences" in shape.label
+    assert model_shape("llama3-8b", None, 1, 8192).per_sample == 1
+
+
 # --- the recompute priced from the trace ---------------------------------------------------------
 
 torch = pytest.importorskip("torch")
@@ -143,8 +151,8 @@ def _traced(per_sample_gb: float) -> TracedMemory:
 
 
 def _inputs(per_sample_gb=4.0, gpu_memory_gb=80.0, **workload) -> ModelInputs:
-    work = Workload.from_preset("gpt2", micro_batch_size=1, tokens_per_micro_batch=1024,
-                                traced_memory=_traced(per_sample_gb), **workload)
+    work = Workload.from_preset("gpt2", **{"micro_batch_size": 1, "tokens_per_micro_batch": 1024, **workload},
+                                traced_memory=_traced(per_sample_gb))
     return ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1, gpu_memory_gb=gpu_memory_gb),
                        Cluster(RingComm(100.0, 3.4, 8), 1, 8))
 
@@ -166,6 +174,16 @@ def test_the_largest_micro_batch_that_fits_is_the_last_size_whose_memory_fits():
                 assert found[name].total_gb <= 80.0 < found[name].next_gb
     full, none = largest(inputs, names, "full"), largest(inputs, names, "none")
     assert full["fsdp_full_shard"].micro_batch > none["fsdp_full_shard"].micro_batch
+
+
+def test_a_sample_of_several_traced_sequences_counts_as_that_many():
+    from topoprof.model.strategies.memory import micro_batch_count
+
+    # traced at sequences of 1024: a sample of 4096 tokens keeps what 4 of them keep
+    long = micro_batch_count(_inputs(micro_batch_size=1, tokens_per_micro_batch=4096))
+    four = micro_batch_count(_inputs(micro_batch_size=4, tokens_per_micro_batch=4096))
+    one = micro_batch_count(_inputs())
+    assert long.activations == pytest.approx(four.activations) == pytest.approx(4 * one.activations)
 
 
 def test_the_search_says_what_fits_and_why_not_when_it_cannot():

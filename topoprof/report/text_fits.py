@@ -34,7 +34,7 @@ def fits_lines(fits: dict | None) -> list[str]:
         return []
     gpu = fits.get("gpu_memory_gb")
     seq = f", {fits['tokens_per_sample']} tokens per sequence" if fits.get("tokens_per_sample") else ""
-    head = (f"What fits on a {gpu:,.1f} GB GPU ({fits.get('gpu_memory_source')}){seq}, K = {fits['accumulation_steps']}:"
+    head = (f"What fits on a GPU of {gpu:,.1f} GB ({fits.get('gpu_memory_source')}){seq}, K = {fits['accumulation_steps']}:"
             if gpu else "What fits:")
     if fits.get("reason"):
         return [head, f"  not searched: {fits['reason']}", ""]

@@ -116,7 +116,7 @@ _COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
 # (GiB): the H200 of reports/gpu-nvidia-h200-20261126, sold as 141 GB, showed 143771 MiB in nvidia-smi
 # (140.4 GiB, 150.8e9 B; machine.txt), not 141e9 B. `gpu_memory_gb` gives 1e9 B.
 BINARY_GB = 2 ** 30 / 1e9
-BINARY_BASIS = "GiB as NVIDIA states memory (the H200 here: 141 GB on the sheet, 143771 MiB in nvidia-smi)"
+BINARY_BASIS = "read as GiB, as NVIDIA states memory (an H200's 141 GB showed 143771 MiB)"
 _MEMORY_GB: dict[str, float] = {
     "v100-sxm2": 16, "v100-pcie": 16, "a100-sxm4-40gb": 40, "a100-sxm4-80gb": 80, "a100-pcie-40gb": 40,
     "a100-pcie-80gb": 80, "h100-sxm": 80, "h100-pcie": 80, "h100-nvl": 94, "h200-sxm": 141, "h200-nvl": 141,

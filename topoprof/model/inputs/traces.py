@@ -13,6 +13,8 @@ and a `--model`'s depth cannot be changed: for them nothing is traced here, and 
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, gpu_target, target_for
@@ -25,13 +27,16 @@ SAMPLES = (2, 3)  # not 1: `topoprof.model.memory.traced`
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What is traced: a builder, its arguments, the sequence and the real depth."""
+    """What is traced: a builder, its arguments, the sequence and the real depth. A sample longer
+    than a preset's context is traced as `per_sample` sequences of `seq_len` tokens, as the main
+    pass is (`compute.traced.preset_request`)."""
 
     spec: str
     kwargs: dict
     seq_len: int
     blocks: int
     label: str
+    per_sample: int = 1
 
 
 def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens: int | None,
@@ -49,11 +54,13 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
     seq = max(1, tokens // micro_batch)
     if preset is not None:
         name = preset.strip().lower()
-        if seq > MAX_SEQ_LEN[name]:
-            return f"{seq} tokens per sequence exceed {name}'s {MAX_SEQ_LEN[name]}"
+        per_sample = math.ceil(seq / MAX_SEQ_LEN[name])
         changed = ", ".join(f"{k} {v}" for k, v in (sizes or {}).items())
-        return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq,
-                          PRESET_DEPTH[name], f"{name} ({changed})" if changed else name)
+        label = f"{name} ({changed})" if changed else name
+        if per_sample > 1:
+            label += f", each sample of {seq} tokens as {per_sample} sequences of its context {MAX_SEQ_LEN[name]}"
+        return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq // per_sample,
+                          PRESET_DEPTH[name], label, per_sample)
     from topoprof.model.workload.synthetic import spec_for_params
 
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
@@ -82,7 +89,8 @@ def memory_set(shape: ModelShape, precision: str, cast: bool) -> TracedMemory | 
         if trace.get("failure") or trace.get("autocast_failure"):
             return f"{mode} at {d} block(s) x {m}: {trace.get('failure') or trace['autocast_failure']}"
         points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
-    source = (f"passes of {shape.label} at 1 and 2 blocks and 1 and 2 sequences of {shape.seq_len} tokens on meta, "
+    source = (f"passes of {shape.label} at 1 and 2 blocks and {SAMPLES[0]} and {SAMPLES[1]} sequences of "
+              f"{shape.seq_len} tokens on meta, "
               f"extended to {shape.blocks} blocks (each keeps the same) and the micro-batch (each sequence the same)")
     return TracedMemory(shape.blocks, shape.seq_len, points, source)
 
@@ -99,7 +107,8 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
 
     profile = load_profile(profile_path) if profile_path else None
     parsed = {text: parse_checkpointing(text) for text, _ in wanted}
-    needed = sorted({(mode, m) for text, m in wanted
+    wanted_sequences = {m: m * shape.per_sample for _, m in wanted}
+    needed = sorted({(mode, wanted_sequences[m]) for text, m in wanted
                      for mode in (("none", "full") if parsed[text].mode == "layer" else (parsed[text].mode,))})
     keys = [(mode, m, d) for mode, m in needed for d in DEPTHS]
     traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target_for(precision, profile))
@@ -113,13 +122,13 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
         lines = {}
         try:
             for mode in (("none", "full") if ac.mode == "layer" else (ac.mode,)):
-                one, two = by_key[(mode, m, 1)], by_key[(mode, m, 2)]
+                one, two = by_key[(mode, wanted_sequences[m], 1)], by_key[(mode, wanted_sequences[m], 2)]
                 if one.get("failure") or two.get("failure"):
                     return one.get("failure") or two["failure"]
                 lines[mode] = priced_line(one, two, gpu, precision, compiled, profile)
         except (InputError, ValueError, KeyError) as err:
             return f"pricing its ops failed ({err})"
-        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, f"{m}x{shape.seq_len}")
+        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, f"{wanted_sequences[m]}x{shape.seq_len}")
     return out
 
 
@@ -128,6 +137,12 @@ def micro_batch_bytes(traced: TracedMemory, mode: str, samples: int) -> MicroBat
     from topoprof.model.workload.checkpointing import parse_checkpointing
 
     return traced.count(parse_checkpointing(mode), samples)
+
+
+def is_vision_shape(w) -> bool:
+    from topoprof.model.workload.presets import is_vision
+
+    return w.preset_name is not None and is_vision(w.preset_name)
 
 
 def with_traced_memory(workload, w, gpu: str | None, precision: str):
@@ -139,8 +154,10 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
     if gpu is None or w.user_model or workload.activation_memory_gb is not None:
         return workload, None
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
-    if isinstance(shape, str):
-        return workload, None
+    if isinstance(shape, str):  # an image model, or a sequence past the preset's context: the main pass only
+        return workload, (None if is_vision_shape(w) else
+                          f"memory: counted from the main pass only ({shape}); the search over micro-batch sizes "
+                          "and checkpointing modes needs passes at other sizes")
     traced = memory_set(shape, precision, cast=workload.fsdp_bytes[0] == 2)
     if isinstance(traced, str):
         return workload, f"memory: the passes at 1 and 2 blocks failed ({traced}); counted from the main pass only"

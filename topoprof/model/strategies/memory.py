@@ -61,8 +61,14 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
     return _formula(inputs)
 
 
-def _samples(inputs: ModelInputs) -> int | None:
-    return inputs.workload.micro_batch_size
+def _samples(inputs: ModelInputs) -> float | None:
+    """The micro-batch in the traced passes' sequences: its tokens over theirs where a sample was
+    traced as several sequences of a preset's context (each token keeps the same), else its samples."""
+    work = inputs.workload
+    traced = work.traced_memory
+    if traced is not None and work.tokens_per_micro_batch and traced.seq_len:
+        return work.tokens_per_micro_batch / traced.seq_len
+    return work.micro_batch_size
 
 
 def _formula(inputs: ModelInputs) -> MicroBatchCount:
