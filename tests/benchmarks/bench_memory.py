@@ -1,17 +1,15 @@
-"""The memory count against what GPUs measured and ran.
+"""The memory count against what a GPU measured.
 
-1. The GPU point: GPT-2 at 4 x 1024 tokens in bf16 on the H200 of reports/gpu-nvidia-h200-20261126,
-   torch.cuda.memory_allocated from before its forward to after it (summary.json,
-   `single_activations_gb_measured`), beside what the meta pass counts for the same span (the
-   blocks, the logits and loss, autocast's copies held for backward, the embedding) and beside
-   Korthikanti's formula (`single_activations_gb_counted` there). Target: the trace within 2 %.
-2. With --dev-set: torchtitan's FSDP2 runs of Llama 2 13B/70B and Llama 3 8B/70B on 64 A100 80GB
-   (../shared/published/fsdp-llm-dev-set.json), each row through `topoprof model --gpu a100-sxm4-80gb
-   --nodes 8 --gpus-per-node 8` with its local batch, sequence and checkpointing mode: does
-   `fsdp_full_shard` fit, against the published "ran" or "OOM", with the memory parts. The set is
-   for checking mechanisms, never for fitting: nothing here feeds back into the model.
+The GPU point: GPT-2 at 4 x 1024 tokens in bf16 on the H200 of reports/gpu-nvidia-h200-20261126,
+torch.cuda.memory_allocated from before its forward to after it (summary.json,
+`single_activations_gb_measured`), beside what the meta pass counts for the same span (the
+blocks, the logits and loss, autocast's copies held for backward, the embedding) and beside
+Korthikanti's formula (`single_activations_gb_counted` there). Target: the trace within 2 %.
 
-    python tests/benchmarks/bench_memory.py [--dev-set]
+The dev set's memory facts (torchtitan's runs that ran and those out of memory) are checked in
+tests/benchmarks/bench_published_llm.py, beside their tokens per second.
+
+    python tests/benchmarks/bench_memory.py
 """
 from __future__ import annotations
 
@@ -24,10 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 SUMMARY = os.path.join(ROOT, "reports", "gpu-nvidia-h200-20261126", "summary.json")
-DEV_SET = os.path.join(ROOT, "..", "shared", "published", "fsdp-llm-dev-set.json")
 TARGET = 0.02
-# torchtitan's names for its modes (the dev set's "activation_checkpointing")
-AC = {"none": "none", "selective layer": "layer:2", "selective op": "op", "full": "full"}
 
 
 def gpu_point() -> bool:
@@ -55,40 +50,9 @@ def gpu_point() -> bool:
     return ok
 
 
-def dev_set() -> int:
-    """The rows that came out as published (fits where it ran, not where it ran out of memory)."""
-    import subprocess
-
-    runs = json.load(open(DEV_SET))["runs"]
-    agree = 0
-    print("\n| model | local batch x seq | AC | published | fsdp_full_shard GB (range) | counted | agrees |")
-    print("|---|---|---|---|---|---|---|")
-    for r in runs:
-        args = [sys.executable, "-m", "topoprof", "model", "--preset", r["model"], "--gpu", "a100-sxm4-80gb",
-                "--nodes", "8", "--gpus-per-node", "8", "--link-bandwidth", "300", "--network-bandwidth", "25",
-                "--micro-batch-size", str(r["local_batch"]), "--tokens", str(r["local_batch"] * r["seq"]),
-                "--activation-checkpointing", AC[r["ac"]], "--no-sweep", "--json"]
-        proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
-        mem = json.loads(proc.stdout)["strategies"]["fsdp_full_shard"]["memory"]
-        published = r.get("result", "ran")
-        counted = {True: "fits", False: "does not fit", None: "may not fit"}[mem["fits"]]
-        ok = (published == "OOM") == (mem["fits"] is False)
-        agree += ok
-        low, high = mem["range_gb"]
-        print(f"| {r['model']} | {r['local_batch']} x {r['seq']} | {r['ac']} | {published} | {low:.1f}-{high:.1f} "
-              f"| {counted} | {'yes' if ok else 'NO'} |")
-    print(f"{agree} of {len(runs)} rows as published")
-    return agree
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dev-set", action="store_true", help="also run the FSDP dev set (minutes)")
-    args = parser.parse_args()
-    ok = gpu_point()
-    if args.dev_set:
-        dev_set()
-    return 0 if ok else 1
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    return 0 if gpu_point() else 1
 
 
 if __name__ == "__main__":

@@ -139,12 +139,6 @@ def micro_batch_bytes(traced: TracedMemory, mode: str, samples: int) -> MicroBat
     return traced.count(parse_checkpointing(mode), samples)
 
 
-def is_vision_shape(w) -> bool:
-    from topoprof.model.workload.presets import is_vision
-
-    return w.preset_name is not None and is_vision(w.preset_name)
-
-
 def with_traced_memory(workload, w, gpu: str | None, precision: str):
     """(`workload` with its `traced_memory`, a note or None): traced where a GPU is named or timed
     (the passes stand for it) and a preset or `--params` has its sequence; the note says why not
@@ -154,10 +148,8 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
     if gpu is None or w.user_model or workload.activation_memory_gb is not None:
         return workload, None
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
-    if isinstance(shape, str):  # an image model, or a sequence past the preset's context: the main pass only
-        return workload, (None if is_vision_shape(w) else
-                          f"memory: counted from the main pass only ({shape}); the search over micro-batch sizes "
-                          "and checkpointing modes needs passes at other sizes")
+    if isinstance(shape, str):  # an image model, or no --tokens: the main pass alone counts it
+        return workload, None
     traced = memory_set(shape, precision, cast=workload.fsdp_bytes[0] == 2)
     if isinstance(traced, str):
         return workload, f"memory: the passes at 1 and 2 blocks failed ({traced}); counted from the main pass only"

@@ -50,8 +50,7 @@ def why_not_searched(inputs: ModelInputs, capacity: float | None) -> str | None:
         return f"the activations were measured at micro-batch {work.micro_batch_size} only"
     if work.traced_memory is None and ((inputs.compute.modelled_detail or {}).get("memory") or {}):
         return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
-                "only (other sizes are counted from passes of a text preset or --params at its --tokens; the notes "
-                "say why not here)")
+                "only (other sizes are counted for a text preset or --params with --tokens)")
     return None
 
 
