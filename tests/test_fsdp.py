@@ -17,17 +17,9 @@ from topoprof.model.fsdp.timeline import (FSDP_ONE_NODE, HSDP_ONE_NODE_REASON, M
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import StrategyResult, Unavailable
-from topoprof.model.workload.layout import Layout, TensorSpec, Use
 from topoprof.model.workload.presets import get_preset, synthetic_layout
 
-# An embedding (root), two blocks and a head (root): forward order root, block 0, block 1, root.
-HAND = Layout("hand", (TensorSpec("emb", (1000,)), TensorSpec("blocks.0.w", (4000,)),
-                       TensorSpec("blocks.1.w", (4000,)), TensorSpec("head", (2000,))),
-              (Use((0,), 0.0), Use((1,), 4 * 4000.0), Use((2,), 4 * 4000.0), Use((3,), 4 * 2000.0)), "test")
-PLAN = fsdp_plan(HAND)
-ROOT, B0, B1 = PLAN.root, 0, 1
-# 1 GB/s, no latency: an all-gather of S bytes over 2 ranks takes S/2 ns... in seconds S/2e9
-COMM = RingComm(1.0, 0.0, 2)
+from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN, ROOT
 
 
 def _setting(**kw):

@@ -12,20 +12,13 @@ from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.gpu_costs import (HOST_STEP_COST_RANGE_S, chunk_cat_bytes, copy_in_bytes, copy_out_bytes,
                                            hidden_by_device_s, hook_steps)
-from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.fsdp.timeline import MODES, FsdpOverhead, FsdpSetting, collective_times, fsdp_micro_batch
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.predict import predict
-from topoprof.model.workload.layout import Layout, TensorSpec, Use
 
-# An embedding (root), two blocks of one tensor each and a head (root), as in test_fsdp.py.
-HAND = Layout("hand", (TensorSpec("emb", (1000,)), TensorSpec("blocks.0.w", (4000,)),
-                       TensorSpec("blocks.1.w", (4000,)), TensorSpec("head", (2000,))),
-              (Use((0,), 0.0), Use((1,), 4 * 4000.0), Use((2,), 4 * 4000.0), Use((3,), 4 * 2000.0)), "test")
-PLAN = fsdp_plan(HAND)
-ROOT, B0, B1 = PLAN.root, 0, 1
-COMM = RingComm(1.0, 0.0, 2)
+from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN
+
 FULL = MODES["fsdp_full_shard"]
 
 # Host steps of one micro-batch of fsdp_full_shard, synced: a block of one parameter runs its
@@ -173,7 +166,7 @@ def test_the_model_command_shows_fsdps_parts_and_hsdps_levels():
             "--link-bandwidth", "450", "--network-bandwidth", "50", "--micro-batch-time", "1.0", "--no-sweep"]
     text = _cli(*args)
     assert text.returncode == 0, text.stderr
-    assert "not priced" not in text.stdout
+    assert "FSDP's own work per group" not in text.stdout  # priced for the GPU named: no caveat
     assert "hsdp: all-gathers and reduce-scatters over the 8 GPUs of a node (450 GB/s ring)" in text.stdout
     assert "all-reduced across the 4 nodes" in text.stdout and "(50 GB/s per node)" in text.stdout
     assert "Where FSDP's cost goes in fsdp_full_shard" in text.stdout

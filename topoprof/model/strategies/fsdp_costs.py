@@ -7,7 +7,7 @@ from __future__ import annotations
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.fsdp.timeline import fsdp_micro_batch
 from topoprof.model.strategies.resolve import Resolved
-from topoprof.model.strategies.results import FsdpCost, HsdpLevels
+from topoprof.model.strategies.results import HsdpLevels, PartCost
 from topoprof.model.strategies.steps import fsdp_job, fsdp_wait_s
 
 # What FSDP adds to one synced micro-batch, part by part: (what it scales with, where it comes from).
@@ -59,7 +59,7 @@ def fsdp_cost_parts(res: Resolved, comm: CommModel) -> dict[str, float] | None:
 
 
 def fsdp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved],
-                       comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, FsdpCost]:
+                       comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, PartCost]:
     """Each part at the what-if's middle, with its (fast, slow) range where the ends differ."""
     middle = fsdp_cost_parts(nominal, comms[0])
     if middle is None:
@@ -69,7 +69,7 @@ def fsdp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved],
     for name, value in middle.items():
         lo, hi = sorted((fast[name], slow[name]))
         rng = None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi)
-        out[name] = FsdpCost(value, rng, *FSDP_COST_PARTS[name])
+        out[name] = PartCost(value, rng, *FSDP_COST_PARTS[name])
     return out
 
 

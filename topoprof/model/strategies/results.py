@@ -72,26 +72,17 @@ class Prediction:
     assumptions: tuple[str, ...]
     warnings: tuple[str, ...]
     # what DDP adds per synced micro-batch, part by part (`strategies.DDP_COST_PARTS`); empty on one GPU
-    ddp_costs: dict[str, DdpCost] = field(default_factory=dict)
+    ddp_costs: dict[str, PartCost] = field(default_factory=dict)
     # what FSDP adds per synced micro-batch of fsdp_full_shard (`fsdp_costs.FSDP_COST_PARTS`); empty
     # where it does not apply
-    fsdp_costs: dict[str, FsdpCost] = field(default_factory=dict)
+    fsdp_costs: dict[str, PartCost] = field(default_factory=dict)
     hsdp: HsdpLevels | None = None  # HSDP's levels, where it applies (several nodes)
 
 
 @dataclass(frozen=True)
-class DdpCost:
-    """One part of what DDP adds to a synced micro-batch, with its what-if range when it has one."""
-
-    seconds: float
-    range_s: tuple[float, float] | None  # (fast end, slow end)
-    scales_with: str
-    source: str
-
-
-@dataclass(frozen=True)
-class FsdpCost:
-    """One part of what FSDP adds to a synced micro-batch, with its what-if range when it has one."""
+class PartCost:
+    """One part of what DDP or FSDP adds to a synced micro-batch, with its what-if range when it
+    has one."""
 
     seconds: float
     range_s: tuple[float, float] | None  # (fast end, slow end)

@@ -28,7 +28,7 @@ from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON,
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import FSDP_OVERHEAD_KEYS, Resolved, resolve
-from topoprof.model.strategies.results import DdpCost
+from topoprof.model.strategies.results import PartCost
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
                   "ddp_fp16_compress")
@@ -340,7 +340,7 @@ def ddp_one_gpu_s(inputs: ModelInputs, end: str | None = None) -> float:
 
 
 def ddp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved], buckets: tuple[Bucket, ...],
-               comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, DdpCost]:
+               comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, PartCost]:
     middle = ddp_cost_parts(nominal, buckets, comms[0])
     slow = ddp_cost_parts(ends[0], buckets, comms[1])
     fast = ddp_cost_parts(ends[1], buckets, comms[2])
@@ -348,5 +348,5 @@ def ddp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved], bucket
     for name, value in middle.items():
         lo, hi = sorted((fast[name], slow[name]))
         rng = None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi)
-        out[name] = DdpCost(value, rng, *DDP_COST_PARTS[name])
+        out[name] = PartCost(value, rng, *DDP_COST_PARTS[name])
     return out
