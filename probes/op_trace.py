@@ -424,6 +424,14 @@ def repeated_blocks(module, container: str | None = None) -> list[str] | None:
         return None
 
 
+def _import_before_tracing_checkpoints() -> None:
+    """torch.utils.checkpoint imports torch._dynamo at its first call (torch/_compile.py
+    `_disable_dynamo`); imported under the trace's modes, its start-up runs ops on meta tensors
+    (torch 2.6 fails on one's item()) that the tracer would count. Imported first, outside them,
+    where the model may checkpoint: under the tool's modes, or a user's own model."""
+    import torch._dynamo  # noqa: F401
+
+
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
                      target: dict | None = None, progress=None, blocks: str | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
@@ -435,6 +443,8 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     list, read on meta) when the model was built and only its pass failed."""
     built: dict = {}
     say = progress or (lambda text: None)
+    if (kwargs or {}).get("ac", "none") != "none" or not spec.startswith("probes."):
+        _import_before_tracing_checkpoints()
 
     def one_pass(for_target):
         with on_meta():
