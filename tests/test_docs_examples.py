@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 import docs_examples as de
+from helpers.ci_torch import other_torch_than_ci
 
 TOPO = "tests/fixtures/topo/24_rtx5090-2x-phb-threadripper.txt"
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(other_torch_than_ci() is not None, reason=str(other_torch_than_ci()))
 def test_every_documented_example_is_what_the_command_prints_now():
     proc = subprocess.run([sys.executable, str(de.ROOT / "tests" / "docs_examples.py")], cwd=de.ROOT,
                           capture_output=True, text=True, timeout=900)

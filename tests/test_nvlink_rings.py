@@ -185,7 +185,7 @@ MODEL = ["model", "--params", "25557032", "--micro-batch-time", "0.0964", "--opt
 def test_model_text_says_where_the_rate_came_from():
     proc = _cli(*MODEL, "--gpu", "v100-sxm2", "--gpus", "0,1")
     assert proc.returncode == 0, proc.stderr
-    line = proc.stdout.splitlines()[1]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("links: "))
     assert "NVLink 20.0 GB/s per direction" in line and "uncertain" not in line
     assert "NVLink sm70 (20 GB/s per link) per NCCL src/graph/topo.h, from --gpu v100-sxm2" in line
 
@@ -193,7 +193,7 @@ def test_model_text_says_where_the_rate_came_from():
 def test_model_text_says_how_many_rings_and_where_the_rate_came_from():
     proc = _cli(*MODEL, "--gpu", "v100-sxm2")
     assert proc.returncode == 0, proc.stderr
-    line = proc.stdout.splitlines()[1]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("links: "))
     assert "6 rings over NVLink" in line and "together 120.0 GB/s" in line and "uncertain" not in line
     assert "NVLink sm70 (20 GB/s per link) per NCCL src/graph/topo.h, from --gpu v100-sxm2" in line
     pair = _cli(*MODEL, "--gpu", "v100-sxm2", "--gpus", "0,1", "--json")

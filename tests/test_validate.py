@@ -5,6 +5,7 @@ import json
 
 import pytest
 from tests.helpers.cli import topoprof as _cli
+from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,7 @@ def test_one_rank_measures_ddps_own_costs_and_predicts_nothing(tmp_path):
     assert proc.returncode == 2 and "'--nproc'" in proc.stderr
 
 
+@pytest.mark.skipif(missing(FSDP2_VALIDATE) is not None, reason=str(missing(FSDP2_VALIDATE)))
 def test_a_checkpointed_model_is_validated_and_its_numerics_are_the_plain_models():
     """--activation-checkpointing op on 2 gloo ranks: every mode trains the checkpointed model,
     its step is measured and predicted as the others are, and one optimizer step of each lands

@@ -153,6 +153,15 @@ def test_fsdp_is_validated_on_gloo_only():
     assert parse_modes("all", "nccl") == DDP_MODES and parse_modes("all", "gloo") == ALL_MODES
 
 
+def test_the_floor_is_pyprojects():
+    import re
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    floor = re.search(r'"torch>=(\d+\.\d+)"', pyproject).group(1)
+    assert torch_support.parse_version(floor) == torch_support.TORCH_FLOOR
+
+
 def test_which_torch_runs_fsdps_modes():
     assert torch_support.missing(FSDP2_VALIDATE, "2.9.0") is None
     assert torch_support.missing(FSDP2_VALIDATE, "2.10.0+cu126") is None      # 10 > 9, not "1" < "9"
