@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.helpers.cli import topoprof as _cli
+from tests.helpers.profiles import profile_doc
 from topoprof.errors import InputError
 from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, PROFILE_SCHEMA_VERSION, load_profile,
                                     profile_from_dict, profile_to_json)
@@ -24,19 +25,9 @@ GPU_FACTS = os.path.join(ROOT, "..", "shared", "gpu-facts", "h200-2026-11-26.jso
 
 
 def _doc(gemm=(), memory=(), sdpa=(), host=None, dtype="bfloat16") -> dict:
-    """A hand-made profile document."""
-    return {
-        "schema_version": PROFILE_SCHEMA_VERSION, "kind": "device_profile", "source": "hand-made", "citation": "test",
-        "dtype": dtype, "machine": {"kind": "cuda", "device": "NVIDIA H100 80GB HBM3", "missing": {}},
-        "conventions": {}, "host_costs": {"seconds_per_op": host or {"op": 6e-6}, "how": {}},
-        "gemm": [{"m": m, "n": n, "k": k, "dtype": dtype, "seconds": 2 * m * n * k / r, "flops_per_s": r}
-                 for (m, n, k), r in gemm],
-        "memory": [{"kind": kind, "dtype": dtype, "tensor_bytes": b, "bytes_moved": b, "seconds": b / r,
-                    "bytes_per_s": r} for (kind, b), r in memory],
-        "sdpa": [{"seq": t, "head_dim": d, "causal": c, "batch": 1, "heads": 8, "dtype": dtype, "seconds": 1.0,
-                  "flops_per_s": r} for (t, d, c), r in sdpa],
-        "optimizer": None,
-    }
+    """A hand-made profile document (`tests/helpers/profiles.py`), a plain op's host cost given."""
+    return profile_doc(gemm=gemm, memory=memory, sdpa=sdpa, host=host or {"op": 6e-6}, dtype=dtype,
+                       source="hand-made")
 
 
 def _power(m, n, k):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.fsdp.timeline import fsdp_micro_batch
 from topoprof.model.strategies.resolve import Resolved
-from topoprof.model.strategies.results import HsdpLevels, PartCost
+from topoprof.model.strategies.results import HsdpLevels, PartCost, part_costs
 from topoprof.model.strategies.steps import fsdp_job, fsdp_wait_s
 
 # What FSDP adds to one synced micro-batch, part by part: (what it scales with, where it comes from).
@@ -65,12 +65,7 @@ def fsdp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved],
     if middle is None:
         return {}
     slow, fast = fsdp_cost_parts(ends[0], comms[1]), fsdp_cost_parts(ends[1], comms[2])
-    out = {}
-    for name, value in middle.items():
-        lo, hi = sorted((fast[name], slow[name]))
-        rng = None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi)
-        out[name] = PartCost(value, rng, *FSDP_COST_PARTS[name])
-    return out
+    return part_costs(middle, slow, fast, FSDP_COST_PARTS)
 
 
 HSDP_FORMULA = ("per group: all-gather and reduce-scatter over the g GPUs of a node; then the reduced shard "

@@ -90,6 +90,17 @@ class PartCost:
     source: str
 
 
+def part_costs(middle: dict[str, float], slow: dict[str, float], fast: dict[str, float],
+               described: dict[str, tuple[str, str]]) -> dict[str, PartCost]:
+    """Each part at the what-if's middle, with its (fast, slow) range where the ends differ;
+    `described`: each part's (scales_with, source)."""
+    out = {}
+    for name, value in middle.items():
+        lo, hi = sorted((fast[name], slow[name]))
+        out[name] = PartCost(value, None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi), *described[name])
+    return out
+
+
 @dataclass(frozen=True)
 class HsdpLevels:
     """HSDP's collectives per synced micro-batch at each level, alone, and what stays exposed."""

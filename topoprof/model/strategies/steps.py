@@ -28,7 +28,7 @@ from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON,
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import FSDP_OVERHEAD_KEYS, Resolved, resolve
-from topoprof.model.strategies.results import PartCost
+from topoprof.model.strategies.results import PartCost, part_costs
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
                   "ddp_fp16_compress")
@@ -344,9 +344,4 @@ def ddp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved], bucket
     middle = ddp_cost_parts(nominal, buckets, comms[0])
     slow = ddp_cost_parts(ends[0], buckets, comms[1])
     fast = ddp_cost_parts(ends[1], buckets, comms[2])
-    out = {}
-    for name, value in middle.items():
-        lo, hi = sorted((fast[name], slow[name]))
-        rng = None if hi - lo <= 1e-12 * max(1.0, hi) else (lo, hi)
-        out[name] = PartCost(value, rng, *DDP_COST_PARTS[name])
-    return out
+    return part_costs(middle, slow, fast, DDP_COST_PARTS)
