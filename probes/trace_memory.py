@@ -120,7 +120,7 @@ class LiveBytes:
         tensors after the last block (the final norm, the head's logits, the loss) one by one."""
         before = after = 0
         per_block = [0] * len(blocks)
-        tail: list[dict] = []
+        tail: list[tuple[int, int, dict]] = []
         first = blocks[0][0] if blocks else None
         last = blocks[-1][1] if blocks else None
         for key in self._held - self._copies:
@@ -129,7 +129,7 @@ class LiveBytes:
                 before += size
             elif index >= last:
                 after += size
-                tail.append({"op": op, "dtype": dtype, "shape": list(shape), "bytes": size})
+                tail.append((-size, index, {"op": op, "dtype": dtype, "shape": list(shape), "bytes": size}))
             else:
                 inside = [i for i, (a, b) in enumerate(blocks) if a <= index < b]
                 if inside:
@@ -137,4 +137,5 @@ class LiveBytes:
                 else:  # between two blocks (a residual add outside them): with the block before
                     per_block[max(i for i, (a, _) in enumerate(blocks) if a <= index)] += size
         return {"before_blocks_bytes": before, "blocks_bytes": per_block, "after_blocks_bytes": after,
-                "after_blocks_tensors": sorted(tail, key=lambda r: -r["bytes"])}
+                # largest first, equal sizes in the order the ops ran (the held set's order is not stable)
+                "after_blocks_tensors": [row for *_, row in sorted(tail, key=lambda t: (t[0], t[1], str(t[2])))]}

@@ -147,3 +147,17 @@ def test_a_pass_without_blocks_counts_no_split():
         module, batch = build_mlp()
         traced = trace_pass(module, batch, None, list(module.parameters()), CPU)
     assert "kept" not in traced["memory"] and traced["memory"]["backward_transient_bytes"] >= 0
+
+
+def test_tensors_after_the_blocks_of_equal_size_are_listed_in_the_order_their_ops_ran():
+    import random
+
+    from probes.trace_memory import LiveBytes
+
+    live = LiveBytes()
+    kept = [torch.empty(4, device="meta") for _ in range(12)]
+    ran_at = random.Random(0).sample(range(1, 13), 12)  # allocated in another order than the ops ran
+    for tensor, index in zip(kept, ran_at):
+        live.allocated(tensor, op_index=index, op=f"aten.op{index}")
+    tail = live.kept([(0, 1)])["after_blocks_tensors"]  # the last block ends before op 1
+    assert [row["op"] for row in tail] == [f"aten.op{i}" for i in range(1, 13)]
