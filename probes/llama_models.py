@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from topoprof.model.workload.presets import RMSNORMS
+
 
 def swiglu_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
     """Meta's feed-forward width (llama/model.py and llama3/model.py, `FeedForward`): 2/3 of 4 x
@@ -79,8 +81,6 @@ LLAMA_CONFIGS = {
                               _HF.format("meta-llama/Meta-Llama-3-70B")),
 }
 
-
-NORMS = ("eager", "fused")
 
 
 class _FusedRmsNorm(torch.autograd.Function):
@@ -192,8 +192,8 @@ class Llama(nn.Module):
     def __init__(self, n_layer=32, hidden=4096, intermediate=11008, heads=32, kv_heads=None, vocab_size=32000,
                  rope_theta=10000.0, norm_eps=1e-6, norm="eager"):
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"Llama: norm {norm!r} is not one of {', '.join(NORMS)}")
+        if norm not in RMSNORMS:
+            raise ValueError(f"Llama: norm {norm!r} is not one of {', '.join(RMSNORMS)}")
         kv_heads = heads if kv_heads is None else kv_heads
         if hidden % heads or heads % kv_heads:
             raise ValueError(f"Llama: hidden({hidden}) % heads({heads}) and heads({heads}) % kv_heads({kv_heads}) "

@@ -469,11 +469,9 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
                 raise
             autocast_failure = f"in {target['precision']}, {_first_line(err)}"
             shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
-    except UserModelError as err:
-        if err.kind in USER_ERRORS:
-            return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
-        return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
+        if isinstance(err, UserModelError) and err.kind in USER_ERRORS:
+            return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
         return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
     if not traced["ready"]:
         return {"failure": "FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution "

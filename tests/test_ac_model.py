@@ -49,6 +49,19 @@ def test_a_sample_past_a_presets_context_is_traced_and_counted_as_sequences_of_i
     assert model_shape("llama3-8b", None, 1, 8192).per_sample == 1
 
 
+
+@pytest.mark.parametrize("micro_batch, tokens, sequences, seq_len", [(2, 3000, 4, 750), (3, 4096, 6, 682),
+                                                                      (4, 4096, 4, 1024)])
+def test_the_main_pass_and_the_fits_search_run_a_long_sample_as_the_same_sequences(micro_batch, tokens, sequences,
+                                                                                   seq_len):
+    from topoprof.model.compute.traced import preset_request
+    from topoprof.model.inputs.traces import model_shape
+
+    main = preset_request("gpt2", micro_batch, tokens, None)  # the compute's pass (context 1024)
+    shape = model_shape("gpt2", None, micro_batch, tokens)    # the memory's and the search's passes
+    assert (main.stated["micro_batch"], main.stated["seq_len"]) == (sequences, seq_len)
+    assert (micro_batch * shape.per_sample, shape.seq_len) == (sequences, seq_len)
+
 # --- the recompute priced from the trace ---------------------------------------------------------
 
 torch = pytest.importorskip("torch")
@@ -223,3 +236,14 @@ def test_the_fastest_that_fits_is_ranked_by_samples_per_second():
     costs = {c["mode"]: c for c in out["mode_costs"]}
     assert costs["none"]["extra_s"] == 0 and costs["full"]["extra_s"] == pytest.approx(0.01)
     assert costs["full"]["recompute_s"] == pytest.approx(0.01)
+
+
+def test_a_candidate_of_the_search_keeps_the_main_passs_optimizer_step():
+    from topoprof.model.inputs.search import candidate_compute
+
+    optimizer = {"tensors": 4, "bytes_per_s": [1e12, 2e12], "host_per_tensor_s": [1e-6, 2e-6], "basis": "profile"}
+    main = Compute(micro_batch_time_s=None, modelled_s=(0.1, 0.2, 0.3), gpu="h100-sxm",
+                   modelled_detail={"host_s": 0.01, "optimizer": optimizer})
+    candidate = candidate_compute(main, {"modelled_s": (0.2, 0.4, 0.6), "modelled_detail": {"host_s": 0.02}})
+    assert candidate.modelled_s == (0.2, 0.4, 0.6)
+    assert candidate.modelled_detail == {"host_s": 0.02, "optimizer": optimizer}

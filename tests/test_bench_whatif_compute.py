@@ -30,3 +30,13 @@ def test_the_committed_gpu_rows_are_read_from_the_file(tmp_path):
                     "gpt2 L6 2x512                      333   531.9         7.50          5.50        2.47-12.46\n"
                     "unknown L1 1x1                       1     1.0         1.00          1.00        1.00-1.00\n")
     assert committed_rows(str(made), names) == ("h100-sxm", {"gpt2 L6 2x512": pytest.approx(7.5e-3)})
+
+
+def test_a_gpu_runs_header_is_read_back_as_the_gpu_it_ran_on(tmp_path):
+    from tests.benchmarks.bench_whatif_compute import GPU_SHAPES, describe
+    from tests.benchmarks.whatif_gpu import committed_rows, header
+
+    made = tmp_path / "out.txt"
+    made.write_text(header("torch 2.11, CUDA 13.0", "NVIDIA H100 80GB HBM3", 3, "this GPU's quick profile") + "\n"
+                    "gpt2 L6 2x512                      333   531.9         7.50          5.50        2.47-12.46\n")
+    assert committed_rows(str(made), [describe(p, kw) for p, kw in GPU_SHAPES])[0] == "h100-sxm"

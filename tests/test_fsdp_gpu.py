@@ -93,12 +93,12 @@ def test_a_measured_overhead_replaces_the_priced_copies_and_hooks():
     assert mb.fsdp_parts["measured"] == pytest.approx(3 * (1e-3 + 2e-3) + 2 * 5e-4)
 
 
-def _gpu_inputs(nodes: int = 1, **compute) -> ModelInputs:
+def _gpu_inputs(nodes: int = 1, workload: Workload = Workload(HAND), **compute) -> ModelInputs:
     gpn = 2
     comm = (RingComm(10.0, 0.0, gpn) if nodes == 1 else
             HierarchicalComm(RingComm(10.0, 0.0, gpn), RingComm(1.0, 0.0, nodes), nodes, gpn))
     values = {"micro_batch_time_s": 0.01, "optimizer_time_s": 0.004, "gpu": "h100-sxm", **compute}
-    return ModelInputs(Workload(HAND), Compute(**values), Cluster(comm, nodes, gpn), 4)
+    return ModelInputs(workload, Compute(**values), Cluster(comm, nodes, gpn), 4)
 
 
 def test_a_gpu_what_if_prices_fsdps_own_work_part_by_part_with_cited_ranges():
@@ -115,6 +115,21 @@ def test_a_gpu_what_if_prices_fsdps_own_work_part_by_part_with_cited_ranges():
     assert costs["compute_slowed"].range_s[0] == 0.0 < costs["compute_slowed"].range_s[1]
     copies = costs["all_gather_copy_out"]
     assert copies.range_s[0] < copies.seconds < copies.range_s[1]
+
+
+def test_the_recompute_of_checkpointed_groups_is_compute_not_compute_slowed():
+    from topoprof.model.strategies.resolve import resolve
+    from topoprof.model.strategies.steps import fsdp_job
+    from topoprof.model.workload.checkpointing import parse_checkpointing
+
+    detail = {"host_s": 0.002, "device_s": 0.008, "recompute_s": (0.002, 0.0025, 0.003)}
+    inputs = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012), modelled_detail=detail,
+                         workload=Workload(HAND, checkpointing=parse_checkpointing("full")))
+    fast = resolve(inputs, "fast")
+    job = fsdp_job(fast, COMM, "fsdp_full_shard")
+    assert sum(job.setting.recompute_s) > 0  # the recompute is placed in the timeline
+    # at the fast end NCCL's kernels slow nothing: what compute runs is all the model's own
+    assert predict(inputs).fsdp_costs["compute_slowed"].range_s[0] == 0.0
 
 
 def test_hooks_priced_from_the_model_s_ops_count_only_what_the_device_does_not_hide():
@@ -139,6 +154,14 @@ def test_without_a_gpu_the_hooks_stay_unpriced_and_a_calibration_replaces_the_pa
     measured = predict(_gpu_inputs(fsdp_forward_overhead_s=1e-3, fsdp_backward_overhead_s=2e-3,
                                    fsdp_backward_no_sync_overhead_s=1e-3, fsdp_unshard_overhead_s=5e-4)).fsdp_costs
     assert "fsdp_hooks" not in measured and measured["measured"].seconds == pytest.approx(3 * 3e-3 + 2 * 5e-4)
+
+
+def test_any_measured_part_of_fsdps_own_work_drops_the_note_that_it_is_unpriced():
+    from topoprof.report.text_model import fsdp_note
+
+    assert fsdp_note({"inputs": {}})
+    for key in ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_unshard_overhead_s"):
+        assert fsdp_note({"inputs": {key: (1e-3, "validate")}}) == []
 
 
 def test_hsdp_shows_its_all_reduce_across_the_replicas():

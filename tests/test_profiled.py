@@ -88,6 +88,16 @@ def test_each_op_takes_exactly_what_the_profiles_points_imply():
     assert not 0.8 <= 2 * 1024 * 3072 * 768 / device[0] / 989.5e12 <= 0.9
 
 
+def test_an_op_with_flops_no_kind_reads_runs_at_a_gemm_rate_and_is_never_fused():
+    from topoprof.model.compute.fusion import fusible
+
+    dev, side = _h100(), 1024
+    flops = 2 * side ** 3
+    scaled_mm = _op("aten._scaled_mm.default", flops=flops, read=2 * side * side, written=2 * side * side)
+    assert dev.device_seconds(scaled_mm, "middle") == (pytest.approx(flops / power(side, side, side)), "matmul")
+    assert not fusible(scaled_mm) and fusible(_op("aten.add.Tensor", read=8, written=4))
+
+
 def test_checkpointings_recompute_costs_the_host_what_the_forward_did():
     dev, trace = _h100(), _trace()
     recomputed = [{**_mm(1024, 3072, 768, "backward", name="aten.addmm.default"), "recompute": True},

@@ -309,3 +309,15 @@ def test_a_one_gpu_job_on_an_eight_gpu_node_gets_its_gpus_what_if(tmp_path):
     assert "| GPU5\\* | cuda:0 | NVIDIA L4 |" in md
     cases = report["what_if"]["cases"]
     assert cases and all("NVIDIA L4" in c["label"] for c in cases if c["kind"] != "network")
+
+
+def test_whether_gpu_names_this_machines_gpu_is_read_from_nvml_without_torch(tmp_path):
+    """`model --gpu X` asks whether X is the GPU here (then it is timed, else a what-if) in the
+    command's own process: NVML answers, for the job's cuda:0, and torch is not imported."""
+    env = driver_env(tmp_path, nvml_scenario=NODE)
+    env["CUDA_VISIBLE_DEVICES"] = "5"
+    script = ("import sys; from topoprof.model.inputs.user_model import names_this_gpu; "
+              "print(names_this_gpu('l4'), names_this_gpu('l40s'), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False", "False"]

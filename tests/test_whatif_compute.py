@@ -192,7 +192,7 @@ def test_a_users_model_that_cannot_run_on_meta_is_priced_from_the_datasheet_neve
 
 @pytest.mark.parametrize("name, says", [
     ("tied.py:wrong_shape", "returned Linear; expected (module, example_batch)"),
-    ("meta.py:reads_a_value_to_build", "could not be built on the meta device"),
+    ("meta.py:reads_a_value_to_build", "its pass on the meta device failed before any parameter was read"),
 ])
 def test_a_what_if_of_a_model_it_cannot_read_on_meta_is_one_line_and_exit_2(name, says):
     proc = _cli("model", "--model", os.path.join(USER_MODELS, name), "--gpu", "h100-sxm", "--tokens", "32",
@@ -316,3 +316,17 @@ def test_a_gpu_scan_prices_its_what_if_with_the_profile_it_measured(monkeypatch)
     none, failed = job._device_profile(opts)
     assert none is None and failed.status != "ok" and "profiles shipped with topoprof" in failed.detail
     assert job._device_profile(ScanOptions(backend="gloo", nproc=2, note="")) == (None, None)
+
+
+def test_the_profile_a_scan_priced_with_is_written_beside_its_report_or_with_it_elsewhere(tmp_path, monkeypatch):
+    from topoprof.report import files
+
+    report = {"kind": "scan", "mode": {"summary": "", "nproc": 1}}
+    monkeypatch.setattr("topoprof.report.markdown.render_markdown", lambda report: "")
+    folder, why = files.save_report(dict(report), str(tmp_path / "out"), {"device-profile.json": "{}\n"})
+    assert why is None and (tmp_path / "out" / "device-profile.json").read_text() == "{}\n"
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # out_dir below a file: it goes to the temporary directory, the profile with it
+    monkeypatch.setattr("topoprof.jsonio.spare_folder", lambda: str(tmp_path / "spare"))
+    folder, why = files.save_report(dict(report), str(blocked / "out"), {"device-profile.json": "{}\n"})
+    assert why and folder == str(tmp_path / "spare") and (tmp_path / "spare" / "device-profile.json").exists()

@@ -95,7 +95,7 @@ def row(run: dict, got: dict) -> tuple[str, bool, bool | None]:
     memory_ok = (fits is False) if published == "OOM" else (fits is True)
     mem_text = f"{verdict(fits)} ({low:.1f}-{high:.1f} GB)" if low is not None else verdict(fits)
     if published == "OOM" or got.get("step_time_s") is None:
-        return (f"{head} OOM | - | - | - | {mem_text} | - | {'yes' if memory_ok else 'NO'} |", memory_ok,
+        return (f"{head} {published} | - | - | - | {mem_text} | - | {'yes' if memory_ok else 'NO'} |", memory_ok,
                 None)
     predicted = tokens_per_s(run, got["step_time_s"])
     rng = got.get("range") or {}

@@ -261,7 +261,7 @@ def main() -> None:
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA GPU here")
-        return whatif_gpu.main_cuda(GPU_SHAPES, traced, describe, measured_on_gpu_s)
+        return whatif_gpu.main_cuda(GPU_SHAPES, traced, describe, measured_on_gpu_s, REPEATS)
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; each round measures this CPU's profile "
           f"(topoprof profile --device cpu), then times every shape; best of {ROUNDS} rounds")
     header = (f"{'shape':<30}{'kernels':>8}{'GFLOP':>8}{'GB':>7}{'measured ms':>13}{'predicted ms':>14}"

@@ -44,6 +44,16 @@ def committed_rows(path: str, shapes) -> tuple[str, dict[str, float]]:
     return gpu, measured
 
 
+def header(versions: str, cuda_name: str, repeats: int, priced: str) -> str:
+    """The first line of a `--device cuda` output, as `committed_rows` reads it back: the GPU's
+    CUDA name and its datasheet name ("<CUDA name> as <GPU>;")."""
+    from topoprof.model.compute.datasheet import lookup_gpu
+
+    spec = lookup_gpu(cuda_name)
+    return (f"# {versions}, {cuda_name} as {spec.name if spec else 'unknown'}; bf16 autocast, forward + backward, "
+            f"fastest of {repeats}; priced: {priced}")
+
+
 def print_rows(rows: list[tuple[str, float, object]]) -> None:
     """rows: (shape, measured seconds, Roofline). The table, then the targets."""
     print(f"{'shape':<30}{'kernels':>8}{'GFLOP':>8}{'measured ms':>13}{'predicted ms':>14}{'range ms':>18}"
@@ -88,7 +98,7 @@ def main_committed(path: str, shapes, traced, describe) -> None:
     print_rows(rows)
 
 
-def main_cuda(shapes, traced, describe, measured_on_gpu_s) -> None:
+def main_cuda(shapes, traced, describe, measured_on_gpu_s, repeats: int) -> None:
     import torch
 
     from probes.profile import measure_profile
@@ -100,8 +110,8 @@ def main_cuda(shapes, traced, describe, measured_on_gpu_s) -> None:
     doc = measure_profile("cuda", quick=True, on_progress=lambda line: print(f"# profile: {line}", flush=True))
     profile = profile_from_dict(doc, "this GPU's quick profile")
     pricer, _ = pricer_for(None, "bf16", False, profile, "measured in this run (quick)")
-    print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {name}; bf16 autocast, forward + backward, "
-          f"fastest of 3; priced: {pricer.name}, its profile measured in this run in {doc['seconds']:.1f} s")
+    print(header(f"torch {torch.__version__}, CUDA {torch.version.cuda}", name, repeats,
+                 f"{pricer.name}, its profile measured in this run in {doc['seconds']:.1f} s"))
     rows = []
     for preset, kwargs in shapes:
         result = roofline(traced(preset, kwargs, {"device": "cuda", "precision": "bf16"}), pricer)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from topoprof.model.workload.presets import RMSNORMS
 
 
 @click.command()
@@ -35,7 +36,7 @@ import click
 @click.option("--fsdp-unit", metavar="MODULE",
               help="FSDP groups: each child of this module, e.g. model.layers (default: one group per block of "
                    "a preset, 4 chunks per group of --params; the root holds the rest).")
-@click.option("--rmsnorm", type=click.Choice(["eager", "fused"]), default="eager", show_default=True,
+@click.option("--rmsnorm", type=click.Choice(RMSNORMS), default="eager", show_default=True,
               help="A Llama preset's RMSNorm: eager (Hugging Face's LlamaRMSNorm, torchtitan's rmsnorm: its fp32 "
                    "upcast kept for backward) or fused (one kernel keeping its input and the reciprocal RMS: "
                    "torchtitan's fused_rmsnorm, torch's fused rms_norm).")

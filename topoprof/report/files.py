@@ -98,8 +98,9 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
     return {name: os.path.basename(path) for name, path in charts.items()}
 
 
-def write_report(report: dict, out_dir: str) -> dict[str, str]:
-    """report.json, the charts and report.md in out_dir; returns the file names written."""
+def write_report(report: dict, out_dir: str, beside: dict[str, str] | None = None) -> dict[str, str]:
+    """report.json, the charts, report.md and the files `beside` (name: text) in out_dir; returns
+    the file names written."""
     from topoprof.report.markdown import render_markdown
 
     os.makedirs(out_dir, exist_ok=True)
@@ -108,23 +109,26 @@ def write_report(report: dict, out_dir: str) -> dict[str, str]:
         f.write(dumps(report) + "\n")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(render_markdown(report))
+    for name, text in (beside or {}).items():
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text)
     return {"json": "report.json", "markdown": "report.md", **report["charts"]}
 
 
-def save_report(report: dict, out_dir: str) -> tuple[str | None, str | None]:
+def save_report(report: dict, out_dir: str, beside: dict[str, str] | None = None) -> tuple[str | None, str | None]:
     """write_report in out_dir, or, if that fails at the end of a scan, in a new folder in the
     system's temporary directory, so that nothing measured is lost: (the folder written, or None
     if neither could be; why out_dir could not be, or None)."""
     from topoprof.jsonio import spare_folder
 
     try:
-        write_report(report, out_dir)
+        write_report(report, out_dir, beside)
         return out_dir, None
     except OSError as err:
         reason = err.strerror or str(err)
     try:
         spare = spare_folder()
-        write_report(report, spare)
+        write_report(report, spare, beside)
         return spare, reason
     except OSError:
         return None, reason

@@ -1,6 +1,8 @@
 """report.md: what to do first, then the evidence, written for GitHub's Markdown."""
 from __future__ import annotations
 
+from topoprof.report.costs import part_rows, share_span
+
 
 def _ms(s) -> str:
     return "–" if s is None else f"{s * 1e3:,.1f}"
@@ -225,15 +227,12 @@ def _ddp_costs(p: dict) -> list[str]:
     share = ddp_cost_share(p)
     if share is None:
         return []
-    rows = [[f"`{name}`", _ms(c["seconds"]), "–" if c["range_s"] is None else _span_ms(c["range_s"]),
-             c["scales_with"], c["source"]] for name, c in p["ddp_costs"].items()]
     nominal, low, high = share
     verdict = (f" Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking."
                if high < NOTHING_TO_GAIN_PCT else "")
     out = ["Where DDP's cost goes, per synced micro-batch (a range where nothing measured the part):", ""]
-    out += _table(["part", "ms", "range ms", "scales with", "from"], rows)
-    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}–{high:.1f} %)"
-    out += ["", f"DDP takes {nominal:.1f} % of a `ddp_synced` step{span}.{verdict}", ""]
+    out += _cost_table(p["ddp_costs"])
+    out += ["", f"DDP takes {nominal:.1f} % of a `ddp_synced` step{share_span(low, high, '–')}.{verdict}", ""]
     knobs = p.get("ddp_knobs") or []
     if knobs:
         out += ["DDP options with a predicted gain on `ddp_synced`: " + "; ".join(
@@ -249,14 +248,17 @@ def _fsdp_costs(p: dict) -> list[str]:
     out = [f"{line[0].upper()}{line[1:]}.\n" for line in hsdp_line(p)]
     if share is None:
         return out
-    rows = [[f"`{name}`", _ms(c["seconds"]), "–" if c["range_s"] is None else _span_ms(c["range_s"]),
-             c["scales_with"], c["source"]] for name, c in p["fsdp_costs"].items()]
     nominal, low, high = share
-    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}–{high:.1f} %)"
     out += [f"Where FSDP's cost goes in `{COST_STRATEGY}`, per synced micro-batch (a range where nothing measured "
             "the part):", ""]
-    out += _table(["part", "ms", "range ms", "scales with", "from"], rows)
-    return out + ["", f"FSDP takes {nominal:.1f} % of an `{COST_STRATEGY}` step{span}.", ""]
+    out += _cost_table(p["fsdp_costs"])
+    return out + ["", f"FSDP takes {nominal:.1f} % of an `{COST_STRATEGY}` step{share_span(low, high, '–')}.", ""]
+
+
+def _cost_table(costs: dict) -> list[str]:
+    return _table(["part", "ms", "range ms", "scales with", "from"],
+                  [[f"`{name}`", ms, rng, c["scales_with"], c["source"]]
+                   for name, ms, rng, c in part_rows(costs, _ms, _span_ms, "–")])
 
 
 def _span_ms(pair: list) -> str:

@@ -3,10 +3,15 @@ own cost goes per synced micro-batch of `fsdp_full_shard` (its JSON: `fsdp_costs
 from __future__ import annotations
 
 from topoprof.model.strategies.fsdp_costs import COST_STRATEGY, INSIDE_ANOTHER
+from topoprof.report.costs import cost_share, part_rows, share_span
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}"
+
+
+def _range_ms(pair) -> str:
+    return f"{_ms(pair[0])}-{_ms(pair[1])}"
 
 
 def hsdp_line(payload: dict) -> list[str]:
@@ -28,18 +33,7 @@ def hsdp_line(payload: dict) -> list[str]:
 
 def fsdp_cost_share(payload: dict) -> tuple[float, float, float] | None:
     """(nominal, low, high) % of an fsdp_full_shard step that FSDP's parts take; None where none."""
-    costs = payload.get("fsdp_costs") or {}
-    strategy = payload["strategies"].get(COST_STRATEGY) or {}
-    step, k = strategy.get("step_time_s"), payload["inputs"]["accumulation_steps"]["value"]
-    if not costs or not step:
-        return None
-    counted = [c for name, c in costs.items() if name not in INSIDE_ANOTHER]
-    total = sum(c["seconds"] for c in counted)
-    low = sum((c["range_s"] or [c["seconds"]] * 2)[0] for c in counted)
-    high = sum((c["range_s"] or [c["seconds"]] * 2)[1] for c in counted)
-    steps = (strategy.get("range") or {}).get("step_time_s") or [step, step]
-    shares = (100 * k * low / steps[0], 100 * k * high / steps[1])
-    return 100 * k * total / step, min(shares), max(shares)
+    return cost_share(payload, "fsdp_costs", COST_STRATEGY, INSIDE_ANOTHER)
 
 
 def fsdp_cost_rows(payload: dict) -> list[str]:
@@ -51,11 +45,10 @@ def fsdp_cost_rows(payload: dict) -> list[str]:
     out = ["", f"Where FSDP's cost goes in {COST_STRATEGY}, per synced micro-batch (a range where nothing measured "
                "the part)" + ("" if fits else f"; {COST_STRATEGY} does not fit in memory as asked: its parts as priced")
            + ":", f"  {'part':<24}{'ms':>8}  {'range ms':<14}scales with"]
-    for name, c in payload["fsdp_costs"].items():
-        rng = "-" if c["range_s"] is None else f"{_ms(c['range_s'][0])}-{_ms(c['range_s'][1])}"
-        out.append(f"  {name:<24}{_ms(c['seconds']):>8}  {rng:<14}{c['scales_with']}")
+    for name, ms, rng, c in part_rows(payload["fsdp_costs"], _ms, _range_ms):
+        out.append(f"  {name:<24}{ms:>8}  {rng:<14}{c['scales_with']}")
     nominal, low, high = share
-    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}-{high:.1f} %)"
+    span = share_span(low, high)
     inside = ", ".join(INSIDE_ANOTHER)
     out.append(f"  FSDP takes {nominal:.1f} % of an {COST_STRATEGY} step{span}; {inside} runs on the all-gather's "
                "stream and counts inside exposed_comm.")

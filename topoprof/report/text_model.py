@@ -1,7 +1,8 @@
 """The `topoprof model` result as text tables (its JSON shape is `topoprof.model.strategies.payload`)."""
 from __future__ import annotations
 
-from topoprof.model.compute.timing import OPTIMIZER_UNKNOWN_SOURCE
+from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, OPTIMIZER_UNKNOWN_SOURCE
+from topoprof.report.costs import cost_share, part_rows, share_span
 from topoprof.report.text_fsdp import fsdp_cost_rows, hsdp_line
 
 
@@ -97,7 +98,7 @@ def fsdp_note(payload: dict) -> list[str]:
     """FSDP's rows price its own work on a GPU the datasheet knows, or as validate measured it;
     without either, its hooks (and, with no memory bandwidth, its copies) are left out."""
     inputs = payload["inputs"]
-    if "fsdp_forward_overhead_s" in inputs or "fsdp_host_step_s" in inputs:
+    if any(key in inputs for key in (*FSDP_OVERHEAD_KEYS, "fsdp_host_step_s")):
         return []
     return ["FSDP's own work per group - its hooks, and its buffer copies where no memory bandwidth is known - is not "
             "priced: no GPU named and nothing measured it (give --gpu NAME, or --calibration FILE from "
@@ -194,18 +195,7 @@ NOTHING_TO_GAIN_PCT = 5.0
 
 def ddp_cost_share(payload: dict) -> tuple[float, float, float] | None:
     """(nominal, low, high) % of a ddp_synced step that DDP's parts take; None on one GPU."""
-    costs, synced = payload.get("ddp_costs") or {}, (payload["strategies"].get("ddp_synced") or {})
-    step, k = synced.get("step_time_s"), payload["inputs"]["accumulation_steps"]["value"]
-    if not costs or not step:
-        return None
-    total = sum(c["seconds"] for c in costs.values())
-    low = sum((c["range_s"] or [c["seconds"]] * 2)[0] for c in costs.values())
-    high = sum((c["range_s"] or [c["seconds"]] * 2)[1] for c in costs.values())
-    steps = (synced.get("range") or {}).get("step_time_s") or [step, step]
-    # each part's low end and the step's low end come from the same end of the what-if (its fast
-    # one), and so do the high ends; the share can still be larger at either
-    shares = (100 * k * low / steps[0], 100 * k * high / steps[1])
-    return 100 * k * total / step, min(shares), max(shares)
+    return cost_share(payload, "ddp_costs", "ddp_synced")
 
 
 def _memory_rows(payload: dict) -> list[str]:
@@ -263,11 +253,10 @@ def _ddp_cost_rows(payload: dict) -> list[str]:
         return []
     out = ["", "Where DDP's cost goes, per synced micro-batch (a range where nothing measured the part):",
            f"  {'part':<16}{'ms':>8}  {'range ms':<14}scales with"]
-    for name, c in payload["ddp_costs"].items():
-        rng = "-" if c["range_s"] is None else f"{_ms(c['range_s'][0])}-{_ms(c['range_s'][1])}"
-        out.append(f"  {name:<16}{_ms(c['seconds']):>8}  {rng:<14}{c['scales_with']}")
+    for name, ms, rng, c in part_rows(payload["ddp_costs"], _ms, lambda pair: f"{_ms(pair[0])}-{_ms(pair[1])}"):
+        out.append(f"  {name:<16}{ms:>8}  {rng:<14}{c['scales_with']}")
     nominal, low, high = share
-    span = "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}-{high:.1f} %)"
+    span = share_span(low, high)
     out.append(f"  DDP takes {nominal:.1f} % of a ddp_synced step{span}.")
     if high < NOTHING_TO_GAIN_PCT:
         out.append(f"  Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking.")

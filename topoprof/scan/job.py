@@ -209,7 +209,7 @@ class Written:
 def run(opts, stages, out_dir: str) -> Written | None:
     from topoprof.measure.bench import bench_payload
     from topoprof.topology.collect import collect_topology
-    from topoprof.jsonio import envelope, to_jsonable
+    from topoprof.jsonio import dumps, envelope, to_jsonable
     from topoprof.scan.ranks import environment, run_ranks, versions
     from topoprof.report.verdict import judge
 
@@ -226,10 +226,6 @@ def run(opts, stages, out_dir: str) -> Written | None:
             if device.startswith("cuda") else {}
         opts = replace(opts, user_record=measure_here(opts.user_model, device=device, **traced))  # bad input: exit 2
         stages.end()
-    stages.begin("device profile")  # on a GPU: its what-if compute priced from this GPU's own rates
-    profile_doc, profile_status = _device_profile(opts)
-    opts = replace(opts, device_profile=profile_doc)
-    stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)
     stages.end()
@@ -240,6 +236,12 @@ def run(opts, stages, out_dir: str) -> Written | None:
         if bench.status != "ok":
             raise RunFailed(f"{bench.error}")
         return None  # rank 0 writes the one report of the job
+    # on a GPU: its what-if compute priced from this GPU's own rates; rank 0's alone, measured
+    # after the ranks (a profile beside them would share their GPUs)
+    stages.begin("device profile")
+    profile_doc, profile_status = _device_profile(opts)
+    opts = replace(opts, device_profile=profile_doc)
+    stages.end()
     stages.begin("copies")
     copies, copies_status = _copies(opts)
     if copies is not None and copies.get("status") == "ok":  # CUDA's own word on which GPU cuda:i is
@@ -281,13 +283,10 @@ def run(opts, stages, out_dir: str) -> Written | None:
     folder, moved_because = save_report(report, out_dir)
     stages.end()
     report["timing"] = stages.done()
-    # again, with the total wall time in it, where the first one went
-    folder, moved_again = save_report(report, folder or out_dir)
-    if folder and profile_doc is not None:  # the profile the what-ifs were priced with, beside the report
-        from topoprof.jsonio import dumps
-
-        with open(os.path.join(folder, PROFILE_FILE), "w") as f:
-            f.write(dumps(profile_doc) + "\n")
+    # again, with the total wall time in it, where the first one went, and the profile the
+    # what-ifs were priced with beside it
+    beside = {PROFILE_FILE: dumps(profile_doc) + "\n"} if profile_doc is not None else {}
+    folder, moved_again = save_report(report, folder or out_dir, beside)
     return Written(report, folder, moved_because or moved_again)
 
 

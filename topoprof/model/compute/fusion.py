@@ -32,8 +32,10 @@ from topoprof.model.compute import op_kinds
 
 
 def fusible(op: dict) -> bool:
-    """A memory-bound op (no GEMM, convolution or attention: those are extern kernels)."""
-    return not op["view"] and op_kinds.gemm_products(op) is None and op_kinds.attention(op) is None
+    """A memory-bound op (no GEMM, convolution, attention or any other op with FLOPs: those are
+    extern kernels)."""
+    return not op["view"] and not op.get("flops") and op_kinds.gemm_products(op) is None \
+        and op_kinds.attention(op) is None
 
 
 def _chains(ops: list[dict]) -> list[tuple[str, list[int]]]:

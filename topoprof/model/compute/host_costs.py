@@ -27,7 +27,6 @@ A kind the profile lacks falls back to the next of its family, and to the cited 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from topoprof.model.compute import op_kinds
@@ -139,6 +138,3 @@ def datasheet_host_costs(per_op: Span) -> HostCosts:
     return HostCosts({"op": per_op, "autograd_forward": per_op, "autograd_backward_node": per_op,
                       "autocast_op": Span(2 * per_op.low, 2 * per_op.high, per_op.basis)})
 
-
-def geometric(a: float, b: float) -> float:
-    return math.sqrt(a * b)

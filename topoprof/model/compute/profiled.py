@@ -27,6 +27,8 @@ that could bind it), and its host time by kind (`host_costs`). The composition i
     says nothing of the query's waves, so none is applied there.
 - Fused attention (`op_kinds.attention`): its FLOPs in the profile's count (the trace's, halved
   when causal) over the profile's rate at its sequence and head dim.
+- An op with FLOPs that none of these reads (a scaled mm, flex or another attention kernel): its
+  FLOPs at the rate of a square GEMM of as many, or its bytes' time where that is longer.
 - Memory-bound ops: bytes read + written over the profile's rate for its kind at that many bytes
   (below the smallest measured size: between its rate and its time, as a GEMM); a fused kernel
   (`fusion`) at the fastest of its ops' kinds at the fast end, the slowest at the slow end.
@@ -151,6 +153,8 @@ class ProfiledDevice:
         elif attention is not None:
             low, high = self._range("sdpa_flops_per_s", attention.seq, attention.head_dim, attention.causal)
             t, kind = _end(attention.flops / high, attention.flops / low, end), "attention"
+        elif op["flops"] > 0:  # FLOPs in an op no kind reads (a scaled mm, flex attention): at a GEMM's rate
+            t, kind = max(self._gemm_s(_square_product(op["flops"]), end), self._memory_s(op, end)), "matmul"
         else:
             t, kind = self._memory_s(op, end), "memory"
         if not self.asynchronous:  # a CPU's point timed the call, its host cost in it: priced apart by kind
@@ -205,6 +209,12 @@ class ProfiledDevice:
                 *(["torch.compile: chains of memory-bound ops fused (topoprof.model.compute.fusion); a launch per "
                    f"kernel {self.host.compiled_kernel.text(1e6, ' us')} ({self.host.compiled_kernel.basis}), a call "
                    "per graph"] if self.compiled else []))
+
+
+def _square_product(flops: float) -> op_kinds.Product:
+    """A square GEMM of `flops` (2 n^3 of them): how an op whose FLOPs no kind reads is priced."""
+    side = max(1, round((flops / 2) ** (1 / 3)))
+    return op_kinds.Product(side, side, side, 1, flops)
 
 
 def _times(*ratios: float) -> str:

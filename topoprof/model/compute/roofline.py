@@ -38,14 +38,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from topoprof.errors import InputError
+from topoprof.model.compute import op_kinds
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs
 from topoprof.model.compute.roofline_terms import (COMPILED_HOST_COST_S, EAGER_HOST_COST_S, ENDS,  # noqa: F401
                                                    GEMM_TILE, Span, gemm_dims, measured, quantization)
-
-_ATTENTION_PREFIX = "aten._scaled_dot_product_"
-
 
 class Pricer(Protocol):
     """What the composition needs of a device: each op's device time and each op's host time."""
@@ -112,7 +110,7 @@ class DeviceModel:
         memory = (op["bytes_read"] + op["bytes_written"]) / self.bandwidth.at(end, fast_is_high=True)
         kind, compute = "memory", 0.0
         if flops > 0:
-            if op["name"].startswith(_ATTENTION_PREFIX):
+            if op["name"].startswith(op_kinds.ATTENTION_PREFIX):
                 kind = "attention"
                 eff = self.attention_efficiency.at(end, fast_is_high=True)
                 flops = flops / 2 if op.get("causal") else flops
@@ -136,7 +134,8 @@ class DeviceModel:
         quant = (f"; at the slow end x tile and wave quantization ({self.tile[0]}x{self.tile[1]} tiles over "
                  f"{self.sms} SMs, NVIDIA's Matrix Multiplication Background guide)" if self.sms else "")
         host = (f"host per kernel {COMPILED_HOST_COST_S.text(1e6, ' us')} ({COMPILED_HOST_COST_S.basis}), per graph "
-                f"and per parameter's gradient node {EAGER_HOST_COST_S.text(1e6, ' us')} ({EAGER_HOST_COST_S.basis})"
+                f"{EAGER_HOST_COST_S.text(1e6, ' us')} ({EAGER_HOST_COST_S.basis}); a parameter's gradient node "
+                "nothing apart (the cited range is an op's whole cost: no node's own share is cited)"
                 if self.compiled else
                 f"host cost per op forward {self.host_cost['forward'].text(1e6, ' us')}, backward "
                 f"{self.host_cost['backward'].text(1e6, ' us')}: {self.host_cost['forward'].basis}")

@@ -52,12 +52,15 @@ OPTIMIZER_UNKNOWN_SOURCE = "unknown: assumed 0 s; give --optimizer-time or --gpu
 OPTIMIZER_UNKNOWN_NOTE = ("optimizer time unknown: assumed 0 s, so step times exclude the "
                           "optimizer step; give --optimizer-time SECONDS (measured) or --gpu NAME")
 
+# FSDP's own work per group as `validate` measures it (the Compute fields of the same names)
+FSDP_OVERHEAD_KEYS = ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_backward_no_sync_overhead_s",
+                      "fsdp_unshard_overhead_s")
+
 CALIBRATION_KEYS = ("micro_batch_time_s", "optimizer_time_s", "backward_fraction",
                     "compute_slowdown_during_comm", "comm_slowdown_during_compute",
                     "memory_bandwidth_gbps", "ddp_overhead_s", "comm_slowdown_by_size",
                     "ddp_copy_bandwidth_gbps", "ddp_kernel_s", "rank_speed_spread", "rank_jitter",
-                    "rank_spread_world_size", "fsdp_forward_overhead_s", "fsdp_backward_overhead_s",
-                    "fsdp_backward_no_sync_overhead_s", "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s")
+                    "rank_spread_world_size", *FSDP_OVERHEAD_KEYS, "fsdp_optimizer_time_s")
 
 
 def _need(cond: bool, message: str) -> None:
@@ -135,8 +138,7 @@ class Compute:
         _need(self.dp_thread_overhead_s >= 0,
               f"dp_thread_overhead_s must be >= 0, got {self.dp_thread_overhead_s}")
         _need(self.ddp_overhead_s >= 0, f"ddp_overhead_s must be >= 0, got {self.ddp_overhead_s}")
-        for name in ("ddp_kernel_s", "rank_speed_spread", "fsdp_forward_overhead_s", "fsdp_backward_overhead_s",
-                     "fsdp_backward_no_sync_overhead_s", "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s"):
+        for name in ("ddp_kernel_s", "rank_speed_spread", *FSDP_OVERHEAD_KEYS, "fsdp_optimizer_time_s"):
             value = getattr(self, name)
             _need(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         _need(self.rank_jitter >= 0, f"rank_jitter must be >= 0, got {self.rank_jitter}")

@@ -21,7 +21,6 @@ A CPU's profile prices the model on that CPU: traced for a CPU target (fp32).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
@@ -48,7 +47,7 @@ def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size
     """What to trace for a preset, or why it cannot be (a text preset needs --tokens); `ac`: its
     blocks' activation checkpointing (`probes/checkpointing.py`), as `Checkpointing.text` spells it;
     `sizes`: its module's arguments changed (`WorkloadRequest.preset_sizes`)."""
-    from topoprof.model.workload.presets import MAX_SEQ_LEN, is_vision
+    from topoprof.model.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
 
     name = preset.strip().lower()
     if is_vision(name):
@@ -58,11 +57,12 @@ def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size
         return TraceRequest(PRESET_SPEC, {"preset": name, "image_size": size, **_ac(ac)}, {"micro_batch": micro_batch})
     if not tokens:
         return "no --tokens: a text model's sequence length is unknown"
-    sequences = max(micro_batch, math.ceil(tokens / MAX_SEQ_LEN[name]))
+    sequences, seq_len, _ = context_sequences(name, micro_batch, tokens)
     note = (None if sequences == micro_batch else
-            f"{tokens} tokens exceed {micro_batch} sequence(s) of {name}'s {MAX_SEQ_LEN[name]}: traced as {sequences}")
+            f"{tokens} tokens exceed {micro_batch} sequence(s) of {name}'s {MAX_SEQ_LEN[name]}: traced as {sequences} "
+            f"of {seq_len}")
     return TraceRequest(PRESET_SPEC, {"preset": name, **_ac(ac), **({"sizes": sizes} if sizes else {})},
-                        {"micro_batch": sequences, "seq_len": max(1, tokens // sequences)}, note)
+                        {"micro_batch": sequences, "seq_len": seq_len}, note)
 
 
 def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = "none") -> TraceRequest | str:

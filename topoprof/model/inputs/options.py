@@ -347,7 +347,7 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     if not visible_gpus():
         return None
     from topoprof.model.inputs.user_model import measure_preset
-    from topoprof.model.workload.presets import is_vision
+    from topoprof.model.workload.presets import context_sequences, is_vision
 
     batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
     if progress is not None:
@@ -357,8 +357,9 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     if is_vision(preset):
         return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,
                               image_size=w.image_size, ac=ac, **more)
-    seq_len = max(1, w.tokens // batch) if w.tokens else None
-    return measure_preset(preset, batch, seq_len, "cuda:0", compute.precision, compute.optimizer, ac=ac, **more)
+    # a sample past the context as sequences of it, as the op trace runs it
+    sequences, seq_len = context_sequences(preset, batch, w.tokens)[:2] if w.tokens else (batch, None)
+    return measure_preset(preset, sequences, seq_len, "cuda:0", compute.precision, compute.optimizer, ac=ac, **more)
 
 
 def _compute(compute: ComputeRequest, memory: MemoryRequest, modelled: dict | None = None):

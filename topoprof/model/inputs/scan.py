@@ -169,10 +169,8 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     """The preset built at its real size and timed on the first GPU (scaled from a few blocks
     when it does not fit), with `tokens` per micro-batch split into whole sequences; an image
     model with micro_batch_size images of its image size."""
-    import math
-
-    from topoprof.model.workload.presets import MAX_SEQ_LEN, is_vision
     from topoprof.model.inputs.user_model import measure_preset
+    from topoprof.model.workload.presets import context_sequences, is_vision
 
     if is_vision(preset):
         measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size,
@@ -180,8 +178,8 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
         return _measured_compute(measured, measured["source"], gpu_name, extra,
                                  *_modelled_beside(preset, opts, None, gpu_name))
     tokens = opts.tokens or DEFAULT_TOKENS
-    sequences = max(opts.micro_batch_size, math.ceil(tokens / MAX_SEQ_LEN[preset]))
-    measured = measure_preset(preset, sequences, max(1, tokens // sequences), "cuda:0", ac=opts.checkpointing.text)
+    sequences, seq_len, _ = context_sequences(preset, opts.micro_batch_size, tokens)
+    measured = measure_preset(preset, sequences, seq_len, "cuda:0", ac=opts.checkpointing.text)
     source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
                                    "blocks and extended to its depth" if measured.get("scaled") else "")
     return _measured_compute(measured, source, gpu_name, extra, *_modelled_beside(preset, opts, tokens, gpu_name))

@@ -34,5 +34,15 @@ def fits_payload(inputs, request: ModelRequest, applying: list[str], progress=No
                                 request.compute.gpu_profile)
             if isinstance(fields, str):
                 return fields
-            return {key: replace(c, **f) for key, f in fields.items()}
+            return {key: candidate_compute(c, f) for key, f in fields.items()}
     return to_jsonable(search(inputs, applying, price))
+
+
+def candidate_compute(main, fields: dict):
+    """A candidate's compute: the main pass's (`main`) with the candidate's modelled fields. Its
+    optimizer step is the main pass's, priced from the same profile (it holds the same parameters
+    whatever the micro-batch and the checkpointing)."""
+    optimizer = (main.modelled_detail or {}).get("optimizer")
+    if optimizer and "modelled_detail" in fields:
+        fields = {**fields, "modelled_detail": {**fields["modelled_detail"], "optimizer": optimizer}}
+    return replace(main, **fields)

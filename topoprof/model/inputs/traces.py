@@ -13,8 +13,6 @@ and a `--model`'s depth cannot be changed: for them nothing is traced here, and 
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, gpu_target, target_for
@@ -43,7 +41,7 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
                 sizes: dict | None = None) -> ModelShape | str:
     """The shape a preset (its module's arguments changed by `sizes`) or `--params` is traced at,
     or why it is not."""
-    from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, is_vision
+    from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 
     if preset is None and params is None:
         return "a --model's depth cannot be changed: its own pass counts it at the micro-batch given"
@@ -54,12 +52,14 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
     seq = max(1, tokens // micro_batch)
     if preset is not None:
         name = preset.strip().lower()
-        per_sample = math.ceil(seq / MAX_SEQ_LEN[name])
+        _, seq_len, per_sample = context_sequences(name, micro_batch, tokens)
         changed = ", ".join(f"{k} {v}" for k, v in (sizes or {}).items())
         label = f"{name} ({changed})" if changed else name
         if per_sample > 1:
-            label += f", each sample of {seq} tokens as {per_sample} sequences of its context {MAX_SEQ_LEN[name]}"
-        return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq // per_sample,
+            each = (f"its context {seq_len}" if seq_len == MAX_SEQ_LEN[name]
+                    else f"{seq_len} tokens (its context: {MAX_SEQ_LEN[name]})")
+            label += f", each sample of {seq} tokens as {per_sample} sequences of {each}"
+        return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq_len,
                           PRESET_DEPTH[name], label, per_sample)
     from topoprof.model.workload.synthetic import spec_for_params
 

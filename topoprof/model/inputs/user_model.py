@@ -60,9 +60,9 @@ def here_gpu_name(device: str) -> str | None:
 
 def names_this_gpu(gpu: str) -> bool:
     """Whether `gpu` (--gpu) names the GPU this machine times on (`here_device`): a prediction
-    for it is no what-if. False without a GPU here, or where its name cannot be read."""
-    device = here_device()
-    name = here_gpu_name(device) if device.startswith("cuda") else None
+    for it is no what-if. False without a GPU here, or where its name cannot be read. NVML alone
+    answers (`here_gpu_name`): the command's own process never imports torch for it."""
+    name = here_gpu_name("cuda:0")
     return name is not None and _gpu_key(gpu) == _gpu_key(name)
 
 
@@ -98,8 +98,9 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
         error.detail_text = trace.get("traceback") or ""
         raise error
     if trace.get("failure") and not trace.get("params"):
-        raise InputError(f"--model {spec}: it could not be built on the meta device ({trace['failure']}); a --gpu "
-                         "what-if never runs it on this machine: give --time-here to time it here")
+        raise InputError(f"--model {spec}: its pass on the meta device failed before any parameter was read "
+                         f"({trace['failure']}); a --gpu what-if never runs it on this machine: give --time-here to "
+                         "time it here")
     record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace}
     if trace.get("failure"):
         return record, registration_order(record, trace["failure"])

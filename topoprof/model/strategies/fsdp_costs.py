@@ -46,7 +46,8 @@ def fsdp_cost_parts(res: Resolved, comm: CommModel) -> dict[str, float] | None:
     if isinstance(job, str):
         return None
     mb = fsdp_micro_batch(job.plan, job.setting, job.coll, job.mode, True)
-    model = job.setting.forward_s + job.setting.backward_s
+    # the compute the timeline runs, the checkpointed groups' recompute with it (`steps.with_recompute`)
+    model = job.setting.forward_s + job.setting.backward_s + sum(job.setting.recompute_s)
     copy_in = job.coll.copy_in_s
     parts = {"exposed_comm": mb.exposed_s,
              "compute_slowed": max(0.0, mb.compute_busy_s - model - mb.fsdp_work_s),

@@ -78,7 +78,8 @@ def ddp_knobs(inputs, prediction) -> list[dict]:
     for knob, part, change in KNOBS:
         if all(getattr(inputs.workload, k) == v for k, v in change.items()):
             continue
-        after = predict(replace(inputs, workload=replace(inputs.workload, **change))).strategies["ddp_synced"]
+        changed = replace(inputs, workload=replace(inputs.workload, **change))
+        after = predict(changed, parts=False).strategies["ddp_synced"]
         out.append({"knob": knob, "part": part, "step_time_s": after.step_time_s})
     fp16 = prediction.strategies.get("ddp_fp16_compress")
     if hasattr(fp16, "step_time_s"):

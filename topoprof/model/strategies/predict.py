@@ -50,8 +50,10 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
             if isinstance(r, StrategyResult) else r for n, r in out.items()}
 
 
-def predict(inputs: ModelInputs) -> Prediction:
-    """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON."""
+def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
+    """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON. `parts`: DDP's
+    and FSDP's costs part by part and HSDP's levels too (more timelines each), for the payload;
+    a caller that reads the strategies alone leaves them out."""
     res = resolve(inputs)
     comm = inputs.cluster.comm
     buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
@@ -76,7 +78,7 @@ def predict(inputs: ModelInputs) -> Prediction:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
     costs, fsdp, hsdp = {}, {}, None
-    if inputs.cluster.world_size > 1:
+    if parts and inputs.cluster.world_size > 1:
         costs = ddp_costs_by_part(res, (slow_res, fast_res), buckets, (comm, slow_comm, fast_comm))
         fsdp = fsdp_costs_by_part(res, (slow_res, fast_res), (comm, slow_comm, fast_comm))
         hsdp = hsdp_levels(res, comm)
@@ -101,7 +103,7 @@ def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
     for nodes, gpus in shapes if shapes is not None else [(cl.nodes, cl.gpus_per_node)]:
         for k in accumulation_steps:
             try:
-                strategies = predict(with_shape(inputs, nodes, gpus, k)).strategies
+                strategies = predict(with_shape(inputs, nodes, gpus, k), parts=False).strategies
             except LinkUnknown as err:  # a shape whose links nobody described: not invented
                 strategies = {name: Unavailable(str(err)) for name in STRATEGIES}
             points.append(SweepPoint(nodes, gpus, nodes * gpus, k, strategies))
@@ -148,7 +150,7 @@ def _option_at(inputs: ModelInputs, nodes: int, gpus: int, k: int, strategy: str
     `single`: one GPU accumulating is what "fewer GPUs" ends at."""
     n = nodes * gpus
     try:
-        strategies = predict(with_shape(inputs, nodes, gpus, k)).strategies
+        strategies = predict(with_shape(inputs, nodes, gpus, k), parts=False).strategies
     except LinkUnknown as err:  # a shape whose links nobody described: not invented
         return GlobalBatchOption(nodes, gpus, n, k, None, None, None, str(err))
     name = "single" if n == 1 and isinstance(strategies[strategy], Unavailable) else strategy

@@ -10,8 +10,8 @@ from typing import Any
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.compute.datasheet import SM_COUNT
-from topoprof.model.compute.timing import (MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, compute_times, uses_modelled,
-                                           utilization_is_assumed)
+from topoprof.model.compute.timing import (FSDP_OVERHEAD_KEYS, MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, compute_times,
+                                           uses_modelled, utilization_is_assumed)
 from topoprof.model.ddp.buckets import ddp_bucket_limits
 from topoprof.model.ddp.gpu_costs import (GPU_SPEED_SPREAD_BASIS, KERNEL_COST_BASIS, KERNEL_COST_RANGE_S,
                                           NCCL_MAX_CHANNELS, geometric_middle, gpu_speed_spread_range,
@@ -114,10 +114,6 @@ def fsdp_own_work_measured(comp) -> bool:
     return any(getattr(comp, key) is not None for key in FSDP_OVERHEAD_KEYS)
 
 
-FSDP_OVERHEAD_KEYS = ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_backward_no_sync_overhead_s",
-                      "fsdp_unshard_overhead_s")
-
-
 DDP_GPU_UNPRICED_NOTE = ("DDP's per-kernel cost and the slowest rank's wait are not priced: no GPU named and no "
                          "calibration measured them (give --gpu NAME or --calibration FILE)")
 
@@ -200,8 +196,7 @@ def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
                               f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then the root")
     except InputError as err:
         out["fsdp_groups"] = (None, str(err))
-    for key in ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_backward_no_sync_overhead_s",
-                "fsdp_unshard_overhead_s", "fsdp_optimizer_time_s"):
+    for key in (*FSDP_OVERHEAD_KEYS, "fsdp_optimizer_time_s"):
         if getattr(comp, key) is not None:
             out[key] = (getattr(comp, key), comp.origin(key))
     return out

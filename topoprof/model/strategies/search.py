@@ -191,7 +191,7 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
     candidates = []
     predictions = {}
     for (mode, m), compute in priced.items():
-        predictions[(mode, m)] = predict(at(inputs, mode, m, compute)).strategies
+        predictions[(mode, m)] = predict(at(inputs, mode, m, compute), parts=False).strategies
     for mode in modes:
         for name in names:
             m = table[mode][name].micro_batch

@@ -19,7 +19,7 @@ from topoprof.model.comm.collectives import CommModel, LinkUnknown
 from topoprof.model.ddp.buckets import Bucket, ddp_buckets
 from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
 from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
-from topoprof.model.compute.timing import uses_modelled
+from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
 from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
 from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan, recompute_shares
 from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, Collectives, FsdpMode,
@@ -27,7 +27,7 @@ from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON,
                                           shard_degree)
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
-from topoprof.model.strategies.resolve import FSDP_OVERHEAD_KEYS, Resolved, resolve
+from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
 from topoprof.model.strategies.results import PartCost, part_costs
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
@@ -99,8 +99,8 @@ def fsdp_setting(res: Resolved) -> FsdpSetting:
     bytes, the backend's blocking and reduce-scatter behaviour, FSDP's measured own work."""
     work, comp, cl = res.inputs.workload, res.inputs.compute, res.inputs.cluster
     param_bytes, reduce_bytes = work.fsdp_bytes
-    measured = [getattr(comp, key) for key in FSDP_OVERHEAD_KEYS]
-    overhead = None if all(v is None for v in measured) else FsdpOverhead(*(v or 0.0 for v in measured))
+    overhead = FsdpOverhead(*(getattr(comp, key) or 0.0 for key in FSDP_OVERHEAD_KEYS)) \
+        if fsdp_own_work_measured(comp) else None
     blocking = cl.backend in BLOCKING_BACKENDS
     bandwidth = None if res.memory_bandwidth_gbps is None else res.memory_bandwidth_gbps * res.gpu.fsdp_copy_share
     return FsdpSetting(res.micro_batch_s - res.backward_s, res.backward_s, param_bytes, reduce_bytes,

@@ -86,7 +86,7 @@ def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: 
     else:
         comm = links.across_nodes(None, nodes, 1, bandwidth, link.hop_latency_us)
     result = predict(ModelInputs(workload, compute, Cluster(comm, nodes=nodes, gpus_per_node=gpus_per_node),
-                                 accumulation_steps=accum))
+                                 accumulation_steps=accum), parts=False)
     return {name: result.strategies[name].step_time_s for name in STRATEGIES}
 
 

@@ -355,7 +355,7 @@ def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
     from topoprof.model.strategies.resolve import resolve
     from topoprof.model.strategies.steps import step_components
 
-    steps = [getattr(model_predict(inputs).strategies.get(mode), "step_time_s", None) for inputs in per_rotation]
+    steps = [getattr(model_predict(inputs, parts=False).strategies.get(mode), "step_time_s", None) for inputs in per_rotation]
     if any(s is None for s in steps):
         return {"step_time_s": None}
     parts = None

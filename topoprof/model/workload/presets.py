@@ -204,6 +204,16 @@ MAX_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl": 2
                **{name: config[6] for name, config in LLAMA_CONFIGS.items()}}
 
 
+def context_sequences(name: str, micro_batch: int, tokens: int) -> tuple[int, int, int]:
+    """How text preset `name` runs a micro-batch of `micro_batch` samples of `tokens` tokens in all:
+    (sequences, tokens per sequence, sequences per sample). Each sample of tokens // micro_batch
+    tokens is as many sequences of at most its context as hold it, of equal length (the few
+    tokens an even split leaves over dropped): the attention never spans two samples."""
+    per_sample_tokens = max(1, tokens // micro_batch)
+    per_sample = -(-per_sample_tokens // MAX_SEQ_LEN[name.strip().lower()])
+    return micro_batch * per_sample, per_sample_tokens // per_sample, per_sample
+
+
 def is_vision(name: str | None) -> bool:
     """A preset that reads images (and takes an image size), not tokens."""
     return name is not None and name.strip().lower() in VISION_PRESETS

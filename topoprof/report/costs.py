@@ -1,0 +1,35 @@
+"""A strategy's cost part by part, as the text and report.md show it (the model's JSON:
+`ddp_costs` for ddp_synced, `fsdp_costs` for fsdp_full_shard): the share of a step the parts
+take, and their rows."""
+from __future__ import annotations
+
+
+def cost_share(payload: dict, key: str, strategy: str, inside_another: tuple[str, ...] = ()
+               ) -> tuple[float, float, float] | None:
+    """(nominal, low, high) % of a `strategy` step that the parts under `key` take, those inside
+    another part left out; None where there are none or no step."""
+    costs = payload.get(key) or {}
+    chosen = payload["strategies"].get(strategy) or {}
+    step, k = chosen.get("step_time_s"), payload["inputs"]["accumulation_steps"]["value"]
+    if not costs or not step:
+        return None
+    counted = [c for name, c in costs.items() if name not in inside_another]
+    total = sum(c["seconds"] for c in counted)
+    low = sum((c["range_s"] or [c["seconds"]] * 2)[0] for c in counted)
+    high = sum((c["range_s"] or [c["seconds"]] * 2)[1] for c in counted)
+    steps = (chosen.get("range") or {}).get("step_time_s") or [step, step]
+    # each part's low end and the step's low end come from the same end of the what-if (its fast
+    # one), and so do the high ends; the share can still be larger at either
+    shares = (100 * k * low / steps[0], 100 * k * high / steps[1])
+    return 100 * k * total / step, min(shares), max(shares)
+
+
+def share_span(low: float, high: float, dash: str = "-") -> str:
+    """' (range low-high %)', or nothing where both ends print alike."""
+    return "" if f"{low:.1f}" == f"{high:.1f}" else f" (range {low:.1f}{dash}{high:.1f} %)"
+
+
+def part_rows(costs: dict, ms, span, none: str = "-") -> list[tuple[str, str, str, dict]]:
+    """(name, ms, range ms or `none`, the part) per part: `ms` formats seconds, `span` a range."""
+    return [(name, ms(c["seconds"]), none if c["range_s"] is None else span(c["range_s"]), c)
+            for name, c in costs.items()]
