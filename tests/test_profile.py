@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.helpers.cli import topoprof as _cli
-from tests.helpers.profiles import profile_doc
+from tests.helpers.profiles import GRID, HOST, profile_doc
 from topoprof.errors import InputError
 from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, PROFILE_SCHEMA_VERSION, load_profile,
                                     profile_from_dict, profile_to_json)
@@ -233,6 +233,17 @@ def test_gpu_facts_bound_the_host_kinds_they_lack_from_their_calls():
     assert p.host_range("op") == (pytest.approx(op), pytest.approx(op), p.host_how["op"])
 
 
+def test_calls_cheaper_than_their_kernels_as_recorded_ops_bound_nothing():
+    from topoprof.model.compute.profile_facts import derived_host_ranges
+
+    recorded = 8e-6
+    bounded, _ = derived_host_ranges({"tiny Linear under bf16 autocast forward": 20e-6}, {"autograd_forward": recorded})
+    assert bounded["autocast_op"] == [2 * recorded, 20e-6]
+    contradicting, how = derived_host_ranges({"tiny Linear under bf16 autocast forward": 10e-6},
+                                             {"autograd_forward": recorded})
+    assert "autocast_op" not in contradicting and "autocast_op" not in how
+
+
 def test_the_shipped_h200_profile_is_the_conversion_of_the_shared_facts():
     shipped = SHIPPED["h200-2026-11-26.jsonl"]
     path = os.path.join(ROOT, "topoprof", "model", "compute", "profiles", shipped["out"])
@@ -352,3 +363,14 @@ def test_the_summary_shows_the_share_of_the_datasheet_peak():
     assert "(datasheet 4.8 TB/s)" in text and "optimizer: not measured" in text
     doc = copy.deepcopy(profile_to_json(p))
     assert doc["host_costs"]["seconds_per_op"]["op"] == p.host_seconds_per_op["op"]
+
+
+def test_a_profile_file_is_read_once_per_version(tmp_path):
+    from topoprof.model.compute.profile import load_profile
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile_doc(device="NVIDIA H100 80GB HBM3", gemm=GRID, host=HOST)))
+    first = load_profile(str(path))
+    assert load_profile(str(path)) is first
+    path.write_text(json.dumps(profile_doc(device="NVIDIA A100-SXM4-80GB", gemm=GRID, host=HOST)) + "\n")
+    assert load_profile(str(path)).machine.device == "NVIDIA A100-SXM4-80GB"

@@ -240,6 +240,12 @@ def test_the_nearest_profile_by_the_stated_rule():
     assert nearest_profile("v100-sxm2", "bf16", pool) is None                 # no bf16 on a V100 to scale by
 
 
+def test_a_given_profile_of_another_architecture_says_so_as_a_shipped_one_does():
+    assert pricer_for("h100-pcie", "bf16", False, h100_profile(), "given")[1] == []   # the same sm_90
+    _, notes = pricer_for("a100-sxm4-80gb", "bf16", False, h100_profile(), "given")
+    assert notes and "is another architecture than a100-sxm4-80gb" in notes[0]
+
+
 def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
     dev, notes = pricer_for("v100-sxm2", "fp16", False)
     assert isinstance(dev, DeviceModel) and "datasheet" in dev.name
@@ -268,3 +274,13 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     rate = (28 << 24) / 1e-3
     assert times.optimizer_s == pytest.approx(2 * 4e-6 + 28 * 101_000 / rate)   # AdamW: 7 words of 4 B a parameter
     assert "from the device profile" in times.echo["optimizer_time_s"][1]
+    # a range of rate and host cost (a profile scaled to another GPU): each end of the what-if takes its own
+    ranged = {**fields["modelled_detail"], "optimizer": {**fields["modelled_detail"]["optimizer"],
+                                                          "bytes_per_s": [rate, 2 * rate],
+                                                          "host_per_tensor_s": [2e-6, 4e-6]}}
+    comp = Compute(gpu="h100-sxm", **{**fields, "modelled_detail": ranged})
+    ends = {end: compute_times(comp, params=101_000, flops_per_token=1.0, tokens=1, grad_bytes=4, end=end).optimizer_s
+            for end in ("fast", None, "slow")}
+    assert ends["fast"] == pytest.approx(2 * 2e-6 + 28 * 101_000 / (2 * rate))
+    assert ends["slow"] == pytest.approx(2 * 4e-6 + 28 * 101_000 / rate)
+    assert ends["fast"] < ends[None] < ends["slow"]

@@ -47,16 +47,13 @@ def _copy_reference(report: dict) -> dict:
     """The figures the copies chart draws its measurements against: the PCIe link's raw rate (as
     the copies' verdict takes it, from NVML) and the GPU's datasheet memory bandwidth, where every
     copied GPU is the same known model; None where unknown."""
-    import warnings
-
-    from topoprof.model.compute.datasheet import lookup_gpu
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly
     from topoprof.report.verdict import copy_verdicts
 
     copies = report.get("copies") or {}
     links = [r["nominal_gbps"] for r in copy_verdicts(copies, report.get("topology") or {}) if r["nominal_gbps"]]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unknown GPU has no figure: nothing is drawn for it
-        specs = {lookup_gpu(name) for name in copies.get("device_names") or ()}
+    # an unknown GPU has no figure: nothing is drawn for it
+    specs = {lookup_gpu_quietly(name) for name in copies.get("device_names") or ()}
     hbm = next(iter(specs)).memory_bandwidth_gbps if len(specs) == 1 and None not in specs else None
     return {"pcie_gbps": max(links) if links else None, "hbm_gbps": hbm}
 

@@ -1,10 +1,9 @@
 """`topoprof profile`'s summary: a device profile (`topoprof.model.compute.profile`) in a few lines."""
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 
-from topoprof.model.compute.profile import HOST_KINDS, DeviceProfile
+from topoprof.model.compute.profile import HOST_KINDS, PRECISION_OF_DTYPE, DeviceProfile
 
 
 def _si(value: float, unit: str) -> str:
@@ -24,16 +23,14 @@ def _size(nbytes: float) -> str:
 def datasheet(profile: DeviceProfile) -> tuple[float | None, float | None]:
     """(peak FLOP/s at the profile's dtype, memory bytes/s) of its GPU in the datasheet table
     (`topoprof.model.compute`); (None, None) for a CPU or a GPU not in it."""
-    from topoprof.model.compute.datasheet import lookup_gpu
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly
 
     if profile.machine.kind != "cuda":
         return None, None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spec = lookup_gpu(profile.machine.device)
+    spec = lookup_gpu_quietly(profile.machine.device)
     if spec is None:
         return None, None
-    precision = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(profile.dtype)
+    precision = PRECISION_OF_DTYPE.get(profile.dtype)
     peak = spec.peak_tflops(precision) if precision else None
     return (peak * 1e12 if peak else None), spec.memory_bandwidth_gbps * 1e9
 

@@ -127,9 +127,7 @@ _MEMORY_GB: dict[str, float] = {
 def gpu_memory_gb(name: str) -> tuple[float, str] | None:
     """(GB, basis) of a GPU named as `lookup_gpu` takes it: the size in the name when it has one
     ("Tesla V100-SXM2-32GB"), else the datasheet row's; None for an unknown name."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spec = lookup_gpu(name)
+    spec = lookup_gpu_quietly(name)
     if spec is None:
         return None
     sized = re.search(r"(\d+)gb", normalize_gpu_name(name))
@@ -177,6 +175,16 @@ def lookup_gpu(name: str) -> GpuSpec | None:
         warnings.warn(f"GPU {name!r} is not in the datasheet table (known: "
                       f"{', '.join(known_gpus())}); give the figures explicitly", stacklevel=2)
     return None
+
+
+def lookup_gpu_quietly(name: str | None) -> GpuSpec | None:
+    """`lookup_gpu` without its warning: for callers to whom an unknown name is an answer (None),
+    not a mistake to report."""
+    if not name:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lookup_gpu(name)
 
 
 # Streaming multiprocessors per GPU (NVIDIA architecture whitepapers and datasheets: V100 80,

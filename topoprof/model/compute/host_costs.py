@@ -97,7 +97,7 @@ def eager_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
         if op["view"]:
             out.append(0.0)
             continue
-        conv = op_kinds.base_name(op) in ("convolution", "_convolution", "convolution_backward")
+        conv = op_kinds.is_conv(op)
         if op_kinds.runs_as_forward(op):
             if conv and "conv_forward" in k:
                 h = _at(k["conv_forward"], end)

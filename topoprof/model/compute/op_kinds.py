@@ -25,12 +25,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from topoprof.model.compute.roofline_terms import gemm_dims
+from topoprof.model.compute.roofline_terms import CONV_BACKWARD, CONV_FORWARD, gemm_dims
 
 ATTENTION_PREFIX = "aten._scaled_dot_product_"
 _GEMM = ("mm", "addmm", "bmm", "baddbmm")
-_CONV = ("convolution", "_convolution", "cudnn_convolution")
-_CONV_BACKWARD = ("convolution_backward",)
 
 # aten op (its name without "aten." and the overload) -> the profile's memory kind
 MEMORY_KIND = {
@@ -55,6 +53,11 @@ MEMORY_KIND = {
 REDUCING = frozenset({"layer_norm", "rms_norm", "softmax"})
 _REDUCTION_OPS = ("sum", "mean", "amax", "amin", "max", "min", "nll_loss_forward", "nll_loss_backward",
                   "var_mean", "norm", "embedding_dense_backward")
+
+
+def is_conv(op: dict) -> bool:
+    """A convolution, forward or backward."""
+    return base_name(op) in CONV_FORWARD + CONV_BACKWARD
 
 
 def base_name(op: dict) -> str:
@@ -93,14 +96,14 @@ def gemm_products(op: dict) -> list[Product] | None:
         a, b = mats[-2], mats[-1]
         batch = (math.prod(a[:-2]) or 1) if name in ("bmm", "baddbmm") else 1
         return [Product(a[-2], b[-1], a[-1], batch, flops)]
-    if name in _CONV + _CONV_BACKWARD:
+    if name in CONV_FORWARD + CONV_BACKWARD:
         dims = gemm_dims(op)
         if dims is None:
             return None
         m, n, groups = dims
-        weight = shapes[2] if name in _CONV_BACKWARD else shapes[1]
+        weight = shapes[2] if name in CONV_BACKWARD else shapes[1]
         k = max(1, math.prod(weight[1:]))
-        if name in _CONV:
+        if name in CONV_FORWARD:
             return [Product(m, n, k, groups, flops)]
         one = 2 * m * n * k * groups   # the FLOPs of one product, as the forward's
         if one > 0 and round(flops / one) == 2:
@@ -150,4 +153,4 @@ def autocast_wrapped(op: dict, trace: dict) -> bool:
     if not runs_as_forward(op) or target.get("device") != "cuda" or target.get("precision") not in ("bf16", "fp16"):
         return False
     name = base_name(op)
-    return name in _GEMM + _CONV or op["name"].startswith(ATTENTION_PREFIX)
+    return name in _GEMM + CONV_FORWARD or op["name"].startswith(ATTENTION_PREFIX)

@@ -21,8 +21,9 @@ from a profile by `topoprof.model.compute.profile_scale`. No torch here.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from topoprof import __version__
@@ -63,6 +64,9 @@ GENERIC_KIND = "add"
 # shows it: 4096x50257x768 in bf16 at 126 TFLOP/s beside 610-810 for aligned shapes of that size.
 ALIGN_BYTES = 16
 ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+# the model's --precision and the dtype a profile was measured in
+DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+PRECISION_OF_DTYPE = {dtype: precision for precision, dtype in DTYPE_OF_PRECISION.items()}
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,22 @@ def profile_to_json(profile: DeviceProfile) -> dict:
 
 
 def load_profile(path: str) -> DeviceProfile:
-    """A profile file, or InputError naming the file and what is wrong, in one line."""
+    """A profile file, or InputError naming the file and what is wrong, in one line. Read once per
+    version of the file: a command that prices with it in several places shares one profile (and
+    the grids it builds on first use)."""
+    try:
+        stat = os.stat(path)
+    except OSError:  # load_json says what is wrong with the path
+        return _read_profile(path)
+    return _read_profile_version(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _read_profile_version(path: str, mtime_ns: int, size: int) -> DeviceProfile:
+    return _read_profile(path)
+
+
+def _read_profile(path: str) -> DeviceProfile:
     from topoprof.jsonio import load_json
 
     return profile_from_dict(load_json(path), path)

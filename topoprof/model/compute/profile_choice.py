@@ -20,30 +20,20 @@ by; fp16 or fp32 with only bf16 profiles) the datasheet path prices it, and the 
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu
+from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
 from topoprof.model.compute.host_costs import host_costs_from
-from topoprof.model.compute.profile import DeviceProfile, load_profile
+from topoprof.model.compute.profile import DTYPE_OF_PRECISION, DeviceProfile, load_profile
 from topoprof.model.compute.profile_scale import datasheet_ratios
 from topoprof.model.compute.profiled import ProfiledDevice
 from topoprof.model.compute.roofline import gpu_device
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 RULES = ("a profile of this GPU", "a profile of another GPU of the same compute capability",
          "a profile of the same compute capability major", "a profile of another architecture")
-
-
-def _spec(name: str | None):
-    if not name:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return lookup_gpu(name)
 
 
 @lru_cache(maxsize=1)
@@ -81,13 +71,13 @@ class Choice:
 
 def nearest_profile(gpu: str, precision: str, candidates=None) -> Choice | None:
     """The profile that prices `gpu` at `precision` by the module's rule, or None."""
-    target = _spec(gpu)
-    dtype = DTYPES.get(precision)
+    target = lookup_gpu_quietly(gpu)
+    dtype = DTYPE_OF_PRECISION.get(precision)
     if target is None or target.compute_capability is None:
         return None
     ranked = []
     for path, profile in (shipped_profiles() if candidates is None else candidates):
-        source = _spec(profile.machine.device)
+        source = lookup_gpu_quietly(profile.machine.device)
         if profile.machine.kind != "cuda" or profile.dtype != dtype or source is None or not source.compute_capability:
             continue
         try:
@@ -107,10 +97,10 @@ def nearest_profile(gpu: str, precision: str, candidates=None) -> Choice | None:
 def _profiled(profile: DeviceProfile, gpu: str | None, precision: str, compiled: bool, choice: str,
               notes: tuple[str, ...] = ()) -> ProfiledDevice:
     """A pricer from `profile` for `gpu` (None: the profiled device itself)."""
-    if profile.dtype != DTYPES.get(precision, precision) and profile.machine.kind == "cuda":
+    if profile.dtype != DTYPE_OF_PRECISION.get(precision, precision) and profile.machine.kind == "cuda":
         raise InputError(f"the device profile of {profile.machine.device} was measured in {profile.dtype}: it cannot "
                          f"price --precision {precision}")
-    source, target = _spec(profile.machine.device), _spec(gpu)
+    source, target = lookup_gpu_quietly(profile.machine.device), lookup_gpu_quietly(gpu)
     same = gpu is None or (source is not None and target is not None and source.name == target.name)
     if profile.machine.kind != "cuda":
         if gpu is not None:
@@ -135,20 +125,27 @@ def pricer_for(gpu: str | None, precision: str, compiled: bool, profile: DeviceP
     profile; else the datasheet path, with a note saying so. InputError where a given profile
     cannot price it, or the GPU is unknown."""
     if profile is not None:
-        return _profiled(profile, gpu, precision, compiled, f"given ({profile_path or 'a profile'})"), []
-    spec = _spec(gpu)
+        source, target = lookup_gpu_quietly(profile.machine.device), lookup_gpu_quietly(gpu)
+        # as the shipped profiles' rule has it (RULES): another compute capability is another architecture
+        other = source is not None and target is not None and source.compute_capability != target.compute_capability
+        notes = (_another_architecture(profile.machine.device, target.name),) if other else ()
+        return _profiled(profile, gpu, precision, compiled, f"given ({profile_path or 'a profile'})", notes), \
+            list(notes)
+    spec = lookup_gpu_quietly(gpu)
     if spec is None:
         raise InputError(f"GPU {gpu!r} is not in the datasheet table")
     choice = nearest_profile(gpu, precision)
     if choice is not None:
-        notes = (() if choice.rule < 2 else
-                 (f"{choice.profile.machine.device} is another architecture than {spec.name}: its kernels differ "
-                  "beyond the datasheet ratios the range spans",))
+        notes = () if choice.rule < 2 else (_another_architecture(choice.profile.machine.device, spec.name),)
         return _profiled(choice.profile, gpu, precision, compiled, choice.text(spec.name), notes), list(notes)
     have = ", ".join(f"{p.machine.device} in {p.dtype}" for _, p in shipped_profiles()) or "none"
     note = (f"compute: no device profile can be scaled to {spec.name} in {precision} (profiles: {have}); priced on "
             "its datasheet peak and bandwidth with cited shares")
     return gpu_device(spec, precision, compiled), [note]
+
+
+def _another_architecture(profiled: str, gpu: str) -> str:
+    return f"{profiled} is another architecture than {gpu}: its kernels differ beyond the datasheet ratios the range spans"
 
 
 def check_pricable(profile: DeviceProfile, gpu: str | None, precision: str, where: str) -> None:

@@ -92,8 +92,9 @@ def derived_host_ranges(calls: dict[str, float], host: dict[str, float]) -> tupl
                 f"kernels: at most {high * 1e6:.3g} us per node if none of it is the backward call's fixed cost, at "
                 f"least a plain op's {op * 1e6:.3g} us if the rest of it is")
     autocast = calls.get(_AUTOCAST_CALL)
-    if autocast is not None and recorded is not None:
-        low, high = sorted((AUTOCAST_KERNELS * recorded, autocast))
+    if autocast is not None and recorded is not None and autocast >= AUTOCAST_KERNELS * recorded:
+        # (a call cheaper than its kernels as recorded ops bounds nothing: left to host_costs' fallback)
+        low, high = AUTOCAST_KERNELS * recorded, autocast
         ranges["autocast_op"] = [low, high]
         how["autocast_op"] = (
             f"derived: opbench's tiny Linear under bf16 autocast, {autocast * 1e6:.4g} us per call of "

@@ -20,11 +20,10 @@ Clock boosts, power limits, L2 size and cuBLAS's choice of kernels per GPU are n
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.compute.profile import DeviceProfile
+from topoprof.model.compute.profile import PRECISION_OF_DTYPE, DeviceProfile
 from topoprof.model.compute.profile_interp import Read
 
 
@@ -109,15 +108,12 @@ def datasheet_ratios(profile: DeviceProfile, target_gpu: str) -> Ratios:
     """Target / profiled GPU from the datasheet table (`topoprof.model.compute.datasheet`) and the SM counts
     (`topoprof.model.compute.datasheet.SM_COUNT`), at the profile's dtype; InputError where either GPU or a
     figure is not in the tables (never a borrowed number)."""
-    from topoprof.model.compute.datasheet import lookup_gpu
-    from topoprof.model.compute.datasheet import SM_COUNT
+    from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
 
-    precision = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(profile.dtype)
+    precision = PRECISION_OF_DTYPE.get(profile.dtype)
     specs = []
     for name in (profile.machine.device, target_gpu):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            spec = lookup_gpu(name)
+        spec = lookup_gpu_quietly(name)
         if spec is None or precision is None or spec.peak_tflops(precision) is None or spec.name not in SM_COUNT:
             raise InputError(f"GPU {name!r}: no datasheet peak at {profile.dtype}, bandwidth and SM count to scale "
                              "a profile by")

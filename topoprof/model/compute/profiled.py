@@ -9,8 +9,8 @@ that could bind it), and its host time by kind (`host_costs`). The composition i
   read from the measured shapes (`profile_interp`: exact where measured, a power law between
   neighbours, clamped at the edges). The measured rate is the whole kernel's, its memory traffic
   included. Two corrections, each where the reading does not carry it already:
-  - below the smallest measured shape (every axis at most its, one below) the rate is clamped
-    to the edge's; where both fill less than a wave of tiles (latency and occupancy, not FLOPs,
+  - below the smallest measured shape (on any axis) the rate is clamped to the edge's (the
+    query with each such axis raised to the smallest measured); where both fill less than a wave of tiles (latency and occupancy, not FLOPs,
     bound them) the smaller kernel runs between that rate (the fast end) and the edge's time
     (the slow end);
   - tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide": ceil(M/T_m)
@@ -118,10 +118,10 @@ class ProfiledDevice:
         m = p.m * p.batch
         points = self._gemm_points(m, p.n, p.k)
         query = (m, p.n, p.k)
+        # the query raised to the smallest measured size on each axis it is below
         edge = tuple(max(q, min(getattr(pt, axis) for pt in points)) for q, axis in zip(query, ("m", "n", "k")))
-        contained = all(q <= e for q, e in zip(query, edge)) and query != edge
         sms = self.target_sms or 0
-        if not contained or self._tiles(p.m, p.n, p.batch) >= sms or self._tiles(edge[0], edge[1]) >= sms:
+        if query == edge or self._tiles(p.m, p.n, p.batch) >= sms or self._tiles(edge[0], edge[1]) >= sms:
             return 1.0
         return math.prod(query) / math.prod(edge)
 

@@ -63,7 +63,11 @@ COMPILED_HOST_COST_S = Span(1.1e-6, 3.8e-6, "1.1-3.8 us per kernel (pytorch/pyto
 # The thread-block tile of the quantization: the guide's wave example, 256 x 128 tiles, one per SM
 # (NVIDIA, "Matrix Multiplication Background User's Guide", Wave Quantization).
 GEMM_TILE = (256, 128)
-_CONV = ("aten.convolution", "aten._convolution", "aten.convolution_backward", "aten.cudnn_convolution")
+# The convolutions an op trace holds, by their aten names (op_kinds reads them by these too)
+CONV_FORWARD = ("convolution", "_convolution", "cudnn_convolution")
+CONV_BACKWARD = ("convolution_backward",)
+_CONV = tuple(f"aten.{name}" for name in CONV_FORWARD + CONV_BACKWARD)
+
 
 def gemm_dims(op: dict) -> tuple[int, int, int] | None:
     """(M, N, batch) of a GEMM-like op from its input shapes, or None. A convolution is its

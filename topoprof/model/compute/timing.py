@@ -278,7 +278,7 @@ def utilization_is_assumed(comp: Compute) -> bool:
 
 
 def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float | None,
-                 echo: dict, notes: list[str]) -> float:
+                 echo: dict, notes: list[str], end: str | None = None) -> float:
     if comp.optimizer_time_s is not None:
         source = f"measured ({comp.origin('optimizer_time_s')})"
         echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
@@ -286,7 +286,10 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
     profiled = (comp.modelled_detail or {}).get("optimizer") if uses_modelled(comp) else None
     if profiled:  # a what-if priced from a device profile: its optimizer's rate and host cost per tensor
         per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
-        rate, host = math.sqrt(math.prod(profiled["bytes_per_s"])), math.sqrt(math.prod(profiled["host_per_tensor_s"]))
+        # at an end of the what-if: the rate's and the host cost's ends that make the step fast, or slow
+        rates, hosts = sorted(profiled["bytes_per_s"]), sorted(profiled["host_per_tensor_s"])
+        rate, host = ((rates[1], hosts[0]) if end == "fast" else (rates[0], hosts[1]) if end == "slow"
+                      else (math.sqrt(math.prod(rates)), math.sqrt(math.prod(hosts))))
         seconds = profiled["tensors"] * host + per_param * params / rate
         echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {profiled['tensors']} tensors x {host * 1e6:.3g} us + "
                                              f"{per_param} B/param x {params} params / {rate / 1e9:.4g} GB/s, from the "
@@ -327,7 +330,7 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
         fraction = DEFAULT_BACKWARD_FRACTION
         source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"
     echo["backward_fraction"] = (fraction, source)
-    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo, notes)
+    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo, notes, end)
     slowdown = comp.compute_slowdown_during_comm
     comm_slow = comp.comm_slowdown_during_compute
     echo["comm_slowdown_during_compute"] = (comm_slow, "default: no interference" if comm_slow == 1

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Callable
 
 from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.traced import fallback_note
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, MemoryRequest, ModelRequest, WorkloadRequest
 
@@ -143,7 +144,7 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
 
     w, compute, memory = request.workload, request.compute, request.memory
     if compute.gpu is None and compute.gpu_profile is not None:  # the profile's GPU: its memory, its optimizer
-        profiled = _lookup_quietly(_gpu_profile(compute).machine.device)
+        profiled = lookup_gpu_quietly(_gpu_profile(compute).machine.device)
         compute = replace(compute, gpu=profiled.name) if profiled is not None else compute
     work_kw = _workload_options(w, memory)
     origins: list = []
@@ -287,7 +288,7 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
                and (compute.gpu is not None or compute.gpu_profile is not None))
     if (gpu is None and profile is None) or not (what_if or timed_gpu is not None):
         return {}, None
-    if timed_gpu is not None and profile is None and _lookup_quietly(timed_gpu) is None:
+    if timed_gpu is not None and profile is None and lookup_gpu_quietly(timed_gpu) is None:
         return {}, f"{timed_gpu} is not in the datasheet table"
     ac = w.checkpointing.text
     request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
@@ -304,16 +305,6 @@ def _gpu_profile(compute: ComputeRequest):
     from topoprof.model.compute.profile import load_profile
 
     return load_profile(compute.gpu_profile)
-
-
-def _lookup_quietly(name: str):
-    import warnings
-
-    from topoprof.model.compute.datasheet import lookup_gpu
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return lookup_gpu(name)
 
 
 def _measured(compute: ComputeRequest, measured: dict) -> tuple[ComputeRequest, list]:

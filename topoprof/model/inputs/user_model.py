@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,8 +52,8 @@ def here_device() -> str:
 
 def here_gpu_name(device: str) -> str | None:
     """The name NVML gives the GPU `device` (cuda:i) is, e.g. 'NVIDIA H100 80GB HBM3', read without
-    torch or a CUDA context (`job_gpu`); None on the CPU or when unknown."""
-    gpu = job_gpu(device)
+    torch or a CUDA context (`nvml_gpu_of`); None on the CPU or when unknown."""
+    gpu = nvml_gpu_of(device)
     return None if gpu is None else gpu.name
 
 
@@ -132,11 +131,9 @@ def stated_shape(micro_batch: int, tokens: int | None) -> dict:
 def _gpu_key(name: str) -> str:
     """The datasheet table's key for a GPU name, so that 'H100 SXM' and 'NVIDIA H100 80GB HBM3'
     compare equal; the normalized name where the table does not know it."""
-    from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unknown name is compared as written, not warned about
-        spec = lookup_gpu(name)
+    spec = lookup_gpu_quietly(name)  # an unknown name is compared as written, not warned about
     return spec.name if spec is not None else normalize_gpu_name(name)
 
 
@@ -248,7 +245,7 @@ SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is
 TRAIN_STATE_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
 
 
-def job_gpu(device: str):
+def nvml_gpu_of(device: str):
     """NVML's record of the GPU that `device` (cuda:i) is (no torch, no CUDA context in this
     process): cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES gives the job, not NVML's GPU i. None
     when unknown, and for a MIG device (a slice of its GPU)."""
@@ -270,9 +267,9 @@ def job_gpu(device: str):
 
 
 def gpu_memory_bytes(device: str) -> int | None:
-    """The total memory of the GPU that `device` (cuda:i) is, from NVML (`job_gpu`); None when
+    """The total memory of the GPU that `device` (cuda:i) is, from NVML (`nvml_gpu_of`); None when
     unknown (the whole model is then tried, and an OOM scales it)."""
-    gpu = job_gpu(device)
+    gpu = nvml_gpu_of(device)
     return None if gpu is None else gpu.memory_total_bytes
 
 

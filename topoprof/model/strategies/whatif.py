@@ -36,13 +36,9 @@ def sxm_part(name: str | None) -> bool:
     """Whether the datasheet table knows this GPU as an SXM part, the form that sits on an
     NVSwitch baseboard (V100 SXM2, A100 SXM4, H100/H200 SXM5): PCIe cards of the same
     generation (L4, L40S, A10, RTX) have no NVLink, or only a bridge to one peer."""
-    import warnings
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly
 
-    from topoprof.model.compute.datasheet import lookup_gpu
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unknown name: not known to be SXM
-        spec = lookup_gpu(name) if name else None
+    spec = lookup_gpu_quietly(name)  # an unknown name: not known to be SXM
     return spec is not None and "sxm" in spec.name
 
 
