@@ -97,9 +97,9 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
         error.detail_text = trace.get("traceback") or ""
         raise error
     if trace.get("failure") and not trace.get("params"):
-        raise InputError(f"--model {spec}: its pass on the meta device failed before any parameter was read "
-                         f"({trace['failure']}); a --gpu what-if never runs it on this machine: give --time-here to "
-                         "time it here")
+        raise InputError(f"--model {spec}: it could not be built on the meta device, or its pass there failed "
+                         f"before any parameter was read ({trace['failure']}); a --gpu what-if never runs it on this "
+                         "machine: give --time-here to time it here")
     record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace}
     if trace.get("failure"):
         return record, registration_order(record, trace["failure"])
