@@ -9,12 +9,13 @@ from topoprof.errors import InputError
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan, recompute_shares
-from topoprof.model.fsdp.timeline import MODES, FsdpSetting, collective_times, fsdp_micro_batch
+from topoprof.model.fsdp.timeline import FsdpSetting, collective_times, fsdp_micro_batch
+from topoprof.specs.fsdp_modes import MODES
 from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-from topoprof.model.workload.checkpointing import Checkpointing, parse_checkpointing
-from topoprof.model.workload.presets import get_preset
+from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
+from topoprof.workload.presets import get_preset
 
 
 def test_the_option_is_checked_where_the_request_is_built():
@@ -70,10 +71,10 @@ SIZES = {"hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 896, "vocab_s
 
 
 def _priced(mode: str) -> dict:
-    from probes.op_trace import trace_user_model
+    from topoprof.trace.op_trace import trace_user_model
     from topoprof.model.compute.traced import modelled_fields
 
-    trace = trace_user_model("probes.preset_models:build", {"micro_batch": 2},
+    trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
                              {"preset": "llama3-8b", "n_layer": 2, "sizes": SIZES, "ac": mode, "seq_len": 512},
                              {"device": "cuda", "precision": "bf16"})
     return modelled_fields(trace, "h100-sxm", "bf16", False)
@@ -140,7 +141,7 @@ def test_without_resharding_the_recompute_waits_for_nothing_gathered_again():
 
 
 def test_a_params_layouts_chunk_groups_share_the_recompute_by_their_backward():
-    from topoprof.model.workload.presets import synthetic_layout
+    from topoprof.workload.presets import synthetic_layout
 
     plan = fsdp_plan(synthetic_layout(1_000_000_000))
     shares = recompute_shares(plan, Checkpointing("full"), 30)  # 30 traced blocks, 25 groups of 4 chunks

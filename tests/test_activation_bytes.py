@@ -1,6 +1,6 @@
-"""What the meta pass counts as activations (`probes/op_trace.py`, `memory.activations_bytes`)
+"""What the meta pass counts as activations (`topoprof/trace/op_trace.py`, `memory.activations_bytes`)
 against what a real forward on this CPU leaves for its backward, hooked exactly
-(`probes/activation_bytes.py`, saved_tensors_hooks): every preset, every user-model fixture, at
+(`topoprof/trace/activation_bytes.py`, saved_tensors_hooks): every preset, every user-model fixture, at
 a few shapes, under every activation checkpointing mode the tool applies (and the fixtures' own).
 
 The text presets run at 2 blocks and a reduced width (the head count kept, 4 or 8 per head, the
@@ -15,14 +15,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.activation_bytes import saved_activation_bytes  # noqa: E402
-from probes.checkpointing import apply_activation_checkpointing, children_of  # noqa: E402
-from probes.meta_device import on_meta  # noqa: E402
-from probes.op_trace import build_on_meta, shape_kwargs, trace_pass  # noqa: E402
-from probes.user_callable import call_user_callable, load_callable  # noqa: E402
+from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
+from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of  # noqa: E402
+from topoprof.trace.meta_device import on_meta  # noqa: E402
+from topoprof.trace.op_trace import build_on_meta, shape_kwargs, trace_pass  # noqa: E402
+from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
-PRESETS = "probes.preset_models:build"
+PRESETS = "topoprof.zoo.preset_modules:build"
 MODES = ("none", "full", "layer:2", "op")
 TOLERANCE = 0.02
 

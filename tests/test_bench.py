@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from topoprof.measure.bench import BenchOptions, run_bench
-from topoprof.measure.collectives import COLLECTIVES, size_sweep
+from topoprof.specs.collective_spec import COLLECTIVES, size_sweep
 from tests.helpers.cli import topoprof as _cli
 
 FIXTURE_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
@@ -87,7 +87,7 @@ def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
         lines.append(line)
         if sum(1 for l in lines if l.strip() and not l.startswith("#")) >= 2:
             break
-    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if "probes.rank_main" in " ".join(p.cmdline())]
+    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")
     victim.send_signal(signal.SIGKILL)
     rest, err = cli.communicate(timeout=120)
@@ -170,8 +170,8 @@ def test_uneven_nodes_get_rows_from_their_own_group_sizes(tmp_path):
 def test_expected_values_are_the_same_in_chunks(name, monkeypatch):
     import torch
 
-    import probes.collectives as pc
-    from topoprof.measure.collectives import get_collective
+    import topoprof.probes.ranks.collective_timing as pc
+    from topoprof.specs.collective_spec import get_collective
 
     spec, world = get_collective(name), 3
     send_n, recv_n = spec.counts(3 * 4096, world, 4)

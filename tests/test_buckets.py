@@ -12,8 +12,8 @@ from topoprof.model.ddp.buckets import (DEFAULT_FIRST_BUCKET_BYTES, MIB, compute
                                         ddp_bucket_limits, ddp_buckets)
 from topoprof.model.strategies.dataparallel import take_tensors
 from topoprof.errors import InputError  # noqa: E402
-from topoprof.model.workload.layout import Layout, TensorSpec, Use
-from topoprof.model.workload.presets import bert_layout, get_preset, gpt2_layout
+from topoprof.workload.layout import Layout, TensorSpec, Use
+from topoprof.workload.presets import bert_layout, get_preset, gpt2_layout
 
 DDP_LIMITS = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * MIB]
 

@@ -1,4 +1,4 @@
-"""Activation checkpointing as the tool applies it (`probes/checkpointing.py`: none, full, every
+"""Activation checkpointing as the tool applies it (`topoprof/zoo/checkpoint_wrap.py`: none, full, every
 N-th block, torchtitan's selective op policy) and as the meta pass traces it: what each mode
 wraps, what the op policy keeps, and the recompute in the backward."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
-from probes.checkpointing import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
-from probes.llama_models import LLAMA_CONFIGS  # noqa: E402
-from probes.op_trace import trace_user_model  # noqa: E402
-from probes.preset_models import PRESET_MODULES, build, preset_blocks  # noqa: E402
+from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
+from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
+from topoprof.trace.op_trace import trace_user_model  # noqa: E402
+from topoprof.zoo.preset_modules import PRESET_MODULES, build, preset_blocks  # noqa: E402
 
 aten = torch.ops.aten
 SMALL_LLAMA = {"hidden": 128, "heads": 32, "kv_heads": 8, "intermediate": 448, "vocab_size": 512}
@@ -82,7 +82,7 @@ def test_the_op_policy_keeps_every_other_matmul_and_the_attention():
 
 
 def _llama_trace(ac: str, target: dict) -> dict:
-    return trace_user_model("probes.preset_models:build", {"micro_batch": 2, "seq_len": 16},
+    return trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2, "seq_len": 16},
                             {"preset": "llama3-8b", "n_layer": 4, "sizes": SMALL_LLAMA, "ac": ac}, target)
 
 
@@ -121,7 +121,7 @@ def test_a_70b_preset_traces_under_every_mode_on_meta():
     # the whole model, as a what-if prices it, in seconds: no memory, no data
     config = LLAMA_CONFIGS["llama2-70b"]
     for ac in ("full", "op"):
-        trace = trace_user_model("probes.preset_models:build", {"micro_batch": 1, "seq_len": 64},
+        trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 1, "seq_len": 64},
                                  {"preset": "llama2-70b", "n_layer": 2, "ac": ac}, {"device": "cuda", "precision": "bf16"})
         assert "failure" not in trace and trace["totals"]["recompute"]["flops"] > 0
         assert sum(torch.Size(p["shape"]).numel() for p in trace["params"]) == \

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topoprof.measure.collectives import (
+from topoprof.specs.collective_spec import (
                                           COLLECTIVES,
                                           BenchRow,
                                           get_collective,

@@ -18,7 +18,7 @@ from topoprof.model.strategies.resolve import resolve
 from topoprof.errors import InputError
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
-from topoprof.model.workload.layout import Layout, TensorSpec, Use
+from topoprof.workload.layout import Layout, TensorSpec, Use
 
 # ---- collective formulas --------------------------------------------------------------------
 

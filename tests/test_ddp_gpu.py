@@ -15,7 +15,7 @@ from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.resolve import DDP_GPU_UNPRICED_NOTE
 from topoprof.model.strategies.steps import ddp_one_gpu_s
-from topoprof.model.workload.presets import get_preset
+from topoprof.workload.presets import get_preset
 
 
 def test_expected_maximum_of_normals():

@@ -1,4 +1,4 @@
-"""What a CPU's profile measures beyond a GPU's (`probes/device_costs.py`): the cost of fresh
+"""What a CPU's profile measures beyond a GPU's (`probes/device_profile/device_costs.py`): the cost of fresh
 pages and a convolution's host cost per call, each positive, in its unit, with how."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from probes.device_costs import FRESH_PAGE_MIN_BYTES, conv_host_costs, fastest, fresh_page_cost  # noqa: E402
+from topoprof.probes.device_profile.device_costs import FRESH_PAGE_MIN_BYTES, conv_host_costs, fastest, fresh_page_cost  # noqa: E402
 
 
 def test_fresh_pages_and_convolutions_are_measured_with_how():

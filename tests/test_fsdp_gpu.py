@@ -12,7 +12,8 @@ from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.gpu_costs import (HOST_STEP_COST_RANGE_S, chunk_cat_bytes, copy_in_bytes, copy_out_bytes,
                                            hidden_by_device_s, hook_steps)
-from topoprof.model.fsdp.timeline import MODES, FsdpOverhead, FsdpSetting, collective_times, fsdp_micro_batch
+from topoprof.model.fsdp.timeline import FsdpOverhead, FsdpSetting, collective_times, fsdp_micro_batch
+from topoprof.specs.fsdp_modes import MODES
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.predict import predict
@@ -120,7 +121,7 @@ def test_a_gpu_what_if_prices_fsdps_own_work_part_by_part_with_cited_ranges():
 def test_the_recompute_of_checkpointed_groups_is_compute_not_compute_slowed():
     from topoprof.model.strategies.resolve import resolve
     from topoprof.model.strategies.steps import fsdp_job
-    from topoprof.model.workload.checkpointing import parse_checkpointing
+    from topoprof.workload.checkpointing import parse_checkpointing
 
     detail = {"host_s": 0.002, "device_s": 0.008, "recompute_s": (0.002, 0.0025, 0.003)}
     inputs = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012), modelled_detail=detail,

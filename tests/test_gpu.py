@@ -132,7 +132,7 @@ def test_training_worker_on_cuda_in_bf16(record_property):
     import dataclasses
 
     from topoprof.measure.launch import JobSpec, launch_local
-    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.workload.synthetic import spec_for_params
 
     spec = spec_for_params(25_000_000, seq_len=256)
     config = {"spec": dataclasses.asdict(spec), "mode": "single", "micro_batch": 8, "accum": 4, "steps": 3,

@@ -1,4 +1,4 @@
-"""Tests for probes.host against fake /proc and /sys trees, plus one run on this machine."""
+"""Tests for topoprof.probes.hardware.host against fake /proc and /sys trees, plus one run on this machine."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from probes.host import (
+from topoprof.probes.hardware.host import (
     HostInfo,
     interfaces_from_psutil,
     make_interface,

@@ -58,11 +58,11 @@ def test_killed_rank_ends_run_naming_it_and_keeps_earlier_rows():
 
 def test_ranks_run_the_same_code_as_the_launcher():
     # Not another installed copy of the package: the ranks import probes/ from where this one is.
-    import probes.rank_main
+    import topoprof.probes.ranks.rank_main
 
     result = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30))
     assert result.failure is None
-    assert {m["probes"] for _, m in result.messages if m["type"] == "row"} == {os.path.abspath(probes.rank_main.__file__)}
+    assert {m["probes"] for _, m in result.messages if m["type"] == "row"} == {os.path.abspath(topoprof.probes.ranks.rank_main.__file__)}
 
 
 def test_rank_that_raises_is_named_with_its_error():
@@ -142,14 +142,14 @@ def test_ranks_start_in_a_session_of_their_own_with_no_python_before_exec(monkey
 
 
 def _rank_alone(tmp_path, launcher_pid: int):
-    """Start probes.rank_main as a child of this process, naming `launcher_pid` as its launcher;
+    """Start topoprof.probes.ranks.rank_main as a child of this process, naming `launcher_pid` as its launcher;
     its job file does not exist, so a rank that went on would fail reading it."""
-    import probes.rank_main
+    import topoprof.probes.ranks.rank_main
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(probes.rank_main.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.probes.ranks.rank_main.__file__)))
     env = dict(os.environ, PYTHONPATH=root, TOPOPROF_LAUNCHER_PID=str(launcher_pid),
                TOPOPROF_JOB=str(tmp_path / "no-job.json"), TOPOPROF_RESULT_FD="1")
-    return subprocess.run([sys.executable, "-X", "importtime", "-m", "probes.rank_main"], env=env,
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "topoprof.probes.ranks.rank_main"], env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
 
 

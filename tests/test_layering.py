@@ -1,10 +1,12 @@
 """The folders are the data flow: a stage imports only from the stages before it.
 
-topoprof's stages in order: the shared base (errors, jsonio, probing), topology, measure, model,
-report, scan (the main job), commands, cli. probes/ is the hardware and the rank side: any stage
-may use it, and it may use the pure definitions of topology, measure and model (a collective's
-spec, the synthetic model), never report, scan, commands or the CLI. Every import counts, also
-those inside functions.
+topoprof's stages in order: the shared base (errors, jsonio, probing); the definitions both the
+CLI side and the rank side read (specs: a collective's spec, FSDP2's modes, the device profile's
+schema; workload: layouts, presets, the synthetic model's spec); the model zoo (the torch modules
+and callables); the meta-device trace; the hardware readers (probes/hardware); topology; the
+workers (probes/ranks and probes/device_profile: the rank processes and the device profile);
+measure, model, report, scan (the main job), commands, cli. probes/ is installed as
+topoprof.probes. Every import counts, also those inside functions.
 """
 from __future__ import annotations
 
@@ -14,25 +16,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["base", "topology", "measure", "model", "report", "scan", "commands", "cli"]
-PROBES_MAY_USE = {"base", "topology", "measure", "model"}
+ORDER = ["base", "specs", "workload", "zoo", "trace", "hardware", "topology", "workers", "measure", "model", "report",
+         "scan", "commands", "cli"]
+# probes/ sits beside topoprof/ in the repository and is installed as topoprof.probes (pyproject.toml)
+PROBES_PACKAGE = "topoprof.probes"
 
 
 def _stage(module: str) -> str | None:
     parts = module.split(".")
-    if parts[0] == "probes":
-        return "probes"
     if parts[0] != "topoprof":
         return None
     if len(parts) == 1 or parts[1] in ("errors", "jsonio", "probing"):
         return "base"
+    if parts[1] == "probes":
+        return "hardware" if len(parts) == 2 or parts[2] == "hardware" else "workers"
     if parts[1] in ("cli", "__main__"):
         return "cli"
     return parts[1] if parts[1] in ORDER else None
 
 
+def _path_of(module: str) -> Path:
+    """Where a module of the project lives, without its suffix."""
+    parts = module.split(".")
+    if module.startswith(PROBES_PACKAGE):
+        return ROOT / Path(*parts[1:])
+    return ROOT / Path(*parts)
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "probes":
+        parts = ["topoprof", *parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -46,7 +60,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                as_path = ROOT / Path(*candidate.split("."))
+                as_path = _path_of(candidate)
                 is_module = as_path.with_suffix(".py").exists() or (as_path / "__init__.py").exists()
                 found.append((node.lineno, candidate if is_module else node.module))
     return found
@@ -64,12 +78,8 @@ def _violations() -> list[str]:
             there = _stage(target)
             if there is None or here is None or there == here:
                 continue
-            where = f"{path.relative_to(ROOT)}:{line} imports {target} ({here} -> {there})"
-            if here == "probes":
-                if there not in PROBES_MAY_USE:
-                    bad.append(where)
-            elif there != "probes" and ORDER.index(there) > ORDER.index(here):
-                bad.append(where)
+            if ORDER.index(there) > ORDER.index(here):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target} ({here} -> {there})")
     return bad
 
 
@@ -93,7 +103,8 @@ def test_the_check_sees_imports_inside_functions(tmp_path, monkeypatch):
         bad.unlink()
 
 
-@pytest.mark.parametrize("package", ["topology", "measure", "model", "report", "scan"])
+@pytest.mark.parametrize("package", ["specs", "workload", "zoo", "trace", "topology", "measure", "model", "report",
+                                     "scan"])
 def test_each_stage_says_what_it_takes_and_gives(package):
     doc = ast.get_docstring(ast.parse((ROOT / "topoprof" / package / "__init__.py").read_text()))
     assert doc is not None and "stage" in doc.lower() and "gives" in doc
@@ -101,7 +112,7 @@ def test_each_stage_says_what_it_takes_and_gives(package):
 
 # The model's rooms (topoprof/model/__init__.py), each on a level: a room imports only rooms on
 # lower levels (or itself). Rooms on one level are siblings and use none of each other.
-MODEL_LEVELS = {"workload": 0, "comm": 0, "compute": 1, "ddp": 2, "fsdp": 2, "memory": 2, "strategies": 3,
+MODEL_LEVELS = {"comm": 0, "compute": 1, "ddp": 2, "fsdp": 2, "memory": 2, "strategies": 3,
                 "inputs": 4, "validate": 5}
 
 
@@ -141,10 +152,10 @@ def test_no_model_room_imports_a_room_above_or_beside_it():
 
 
 def test_the_room_check_sees_an_import_up(tmp_path):
-    bad = ROOT / "topoprof" / "model" / "workload" / "_room_probe.py"
+    bad = ROOT / "topoprof" / "model" / "comm" / "_room_probe.py"
     bad.write_text("def f():\n    from topoprof.model.strategies.predict import predict\n")
     try:
-        assert any("_room_probe.py:2 imports topoprof.model.strategies.predict (workload -> strategies)" in v
+        assert any("_room_probe.py:2 imports topoprof.model.strategies.predict (comm -> strategies)" in v
                    for v in _room_violations())
     finally:
         bad.unlink()
@@ -197,3 +208,20 @@ def test_no_import_circles_between_files():
 
 def test_the_circle_check_finds_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_worker_reaching_up_into_measure_is_caught():
+    bad = ROOT / "probes" / "ranks" / "_layering_probe.py"
+    bad.write_text("def f():\n    from topoprof.measure.launch import launch_local\n")
+    try:
+        assert any("_layering_probe.py:2 imports topoprof.measure.launch (workers -> measure)" in v
+                   for v in _violations())
+    finally:
+        bad.unlink()
+
+
+def test_probes_hold_probes_alone_in_rooms_by_concern():
+    loose = sorted(p.name for p in (ROOT / "probes").glob("*.py") if p.name != "__init__.py")
+    assert loose == []
+    rooms = sorted(p.name for p in (ROOT / "probes").iterdir() if (p / "__init__.py").exists())
+    assert rooms == ["device_profile", "hardware", "ranks"]

@@ -75,7 +75,7 @@ def test_gpu_memory_from_the_name_or_the_datasheet():
 
 
 def test_largest_group_is_a_block():
-    from topoprof.model.workload.presets import get_preset
+    from topoprof.workload.presets import get_preset
 
     layout = get_preset("llama-7b")
     block = sum(t.numel for t in layout.tensors if t.name.startswith("model.layers.0."))
@@ -143,9 +143,9 @@ def test_model_cli_says_what_does_not_fit():
 
 
 def test_memory_a_gpu_measured_replaces_the_count():
-    """The bytes per phase of a timed step (probes/user_model.py on a GPU) stand in for the
+    """The bytes per phase of a timed step (probes/ranks/model_timing.py on a GPU) stand in for the
     counted ones: the same sharding and buckets apply to them."""
-    from topoprof.model.workload.presets import get_preset
+    from topoprof.workload.presets import get_preset
 
     layout = get_preset("gpt2")
     n = layout.params

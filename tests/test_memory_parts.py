@@ -1,5 +1,5 @@
 """The parts of a micro-batch's memory the meta pass counts beyond the saved activations
-(`probes/trace_memory.py`, `topoprof.model.memory.traced`): the tail's logits and loss against the
+(`topoprof/trace/live_bytes.py`, `topoprof.model.memory.traced`): the tail's logits and loss against the
 bytes a real forward of the tail saves on this CPU; autocast's weight copies against the weights the
 backward reads; the backward's peak against the CPU allocator's own count (torch.profiler's memory
 events); the extension of passes at 1 and 2 blocks and 1 and 2 sequences to the whole model against
@@ -11,14 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.activation_bytes import saved_activation_bytes  # noqa: E402
-from probes.meta_device import on_meta  # noqa: E402
-from probes.op_trace import build_on_meta, repeated_blocks, trace_pass, trace_user_model  # noqa: E402
-from probes.preset_models import _next_token_loss, build  # noqa: E402
+from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
+from topoprof.trace.meta_device import on_meta  # noqa: E402
+from topoprof.trace.op_trace import build_on_meta, repeated_blocks, trace_pass, trace_user_model  # noqa: E402
+from topoprof.zoo.preset_modules import _next_token_loss, build  # noqa: E402
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
-from topoprof.model.workload.checkpointing import parse_checkpointing  # noqa: E402
+from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 
-PRESETS = "probes.preset_models:build"
+PRESETS = "topoprof.zoo.preset_modules:build"
 # llama3-8b's design at 4 per head (tests/test_activation_bytes.py's reduction)
 SIZES = {"hidden": 32, "heads": 8, "kv_heads": 2, "intermediate": 112, "vocab_size": 512}
 CPU = {"device": "cpu"}
@@ -134,7 +134,7 @@ def test_the_blocks_of_the_presets_and_the_synthetic_model_are_found():
         assert repeated_blocks(module) == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
         assert repeated_blocks(module, "transformer.h") == repeated_blocks(module)
         assert repeated_blocks(module, "no.such.module") is None
-        synthetic, _, _, _ = build_on_meta("probes.preset_models:build_synthetic", {"micro_batch": 1, "seq_len": 8},
+        synthetic, _, _, _ = build_on_meta("topoprof.zoo.preset_modules:build_synthetic", {"micro_batch": 1, "seq_len": 8},
                                            {"params": 2_000_000, "n_layer": 2})
         assert repeated_blocks(synthetic) == ["blocks.0", "blocks.1"]
 
@@ -152,7 +152,7 @@ def test_a_pass_without_blocks_counts_no_split():
 def test_tensors_after_the_blocks_of_equal_size_are_listed_in_the_order_their_ops_ran():
     import random
 
-    from probes.trace_memory import LiveBytes
+    from topoprof.trace.live_bytes import LiveBytes
 
     live = LiveBytes()
     kept = [torch.empty(4, device="meta") for _ in range(12)]

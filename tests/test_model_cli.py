@@ -224,7 +224,7 @@ def test_resnet50_on_v100_counts_the_micro_batchs_images():
     assert _model_json(*VISION)["inputs"]["micro_batch_time_s"] == inputs["micro_batch_time_s"]
     small = _model_json(*VISION, "--image-size", "112")["inputs"]
     assert small["params"]["value"] == 25_557_032
-    from topoprof.model.workload.presets import get_preset
+    from topoprof.workload.presets import get_preset
 
     assert small["compute_model"]["value"]["flops"] == 32 * get_preset("resnet50", 112).train_flops_per_token
     assert small["micro_batch_time_s"]["value"] < inputs["micro_batch_time_s"]["value"]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.measure.collectives import COLLECTIVES, get_collective, make_row
+from topoprof.specs.collective_spec import COLLECTIVES, get_collective, make_row
 from topoprof.errors import InputError, ParseError
 from topoprof.measure.fit import bus_bandwidth_gbps, fit_rows
 from topoprof.measure.nccl_tests import parse_nccl_tests, parse_nccl_tests_runs, read_nccl_tests

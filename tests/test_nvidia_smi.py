@@ -1,4 +1,4 @@
-"""Tests for probes.nvidia_smi against real `nvidia-smi topo -m` outputs in tests/fixtures/topo."""
+"""Tests for topoprof.probes.hardware.nvidia_smi against real `nvidia-smi topo -m` outputs in tests/fixtures/topo."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probes.nvidia_smi import (
+from topoprof.probes.hardware.nvidia_smi import (
     PATH_KINDS,
     PathCode,
     SmiTopology,
@@ -791,7 +791,7 @@ def test_readings_of_a_mangled_row_stay_bounded():
     # nothing bounds them (a randomly mangled copy once took minutes and 14 GB here).
     import time
 
-    from probes.smi_text import _MAX_READINGS, tail_readings
+    from topoprof.probes.hardware.smi_text import _MAX_READINGS, tail_readings
 
     words = [(7 + 16 * k, "ab1") for k in range(40)]
     either = {k: 1 for k in range(0, 40, 2)}

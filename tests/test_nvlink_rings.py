@@ -11,8 +11,8 @@ import os
 import pytest
 
 from fake_nvml import make_fake_nvml
-from probes.nvidia_smi import read_topo_file
-from probes.nvml import query_nvml
+from topoprof.probes.hardware.nvidia_smi import read_topo_file
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.model.comm import channels
 from topoprof.model.comm.links import comm_from_topology, nvlink_rings
 from topoprof.topology.build import build_topology, with_compute_capability

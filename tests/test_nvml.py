@@ -1,4 +1,4 @@
-"""probes.nvml against the fake pynvml's named machines, and against the real pynvml on this host."""
+"""topoprof.probes.hardware.nvml against the fake pynvml's named machines, and against the real pynvml on this host."""
 from __future__ import annotations
 
 import ctypes
@@ -20,7 +20,7 @@ for _path in (HERE, ROOT):  # fake_nvml sits beside this file; probes/ and topop
         sys.path.insert(0, str(_path))
 
 from fake_nvml import SCENARIOS, make_fake_nvml  # noqa: E402
-from probes.nvml import (NvmlSnapshot, normalize_bus_id, nvlink_pairs, nvswitch_links,  # noqa: E402
+from topoprof.probes.hardware.nvml import (NvmlSnapshot, normalize_bus_id, nvlink_pairs, nvswitch_links,  # noqa: E402
                          query_nvml)
 from topoprof.errors import EXIT_NOTHING_MEASURED, NothingMeasured  # noqa: E402
 
@@ -319,7 +319,7 @@ def _driver_present() -> bool:
 def test_import_does_not_load_pynvml_until_query():
     code = (
         "import sys\n"
-        "import probes.nvml as nvml\n"
+        "import topoprof.probes.hardware.nvml as nvml\n"
         "from topoprof.errors import NothingMeasured\n"
         "print('pynvml' in sys.modules, 'torch' in sys.modules)\n"
         "try:\n"
@@ -346,7 +346,7 @@ def test_missing_binding_raises_nothing_measured():
     code = (
         "import sys\n"
         "sys.modules['pynvml'] = None  # makes `import pynvml` fail\n"
-        "import probes.nvml as nvml\n"
+        "import topoprof.probes.hardware.nvml as nvml\n"
         "from topoprof.errors import NothingMeasured\n"
         "try:\n"
         "    nvml.query_nvml()\n"

@@ -1,4 +1,4 @@
-"""The pass on the meta device (`probes/op_trace.py`): FLOPs as FlopCounterMode counts them, bytes
+"""The pass on the meta device (`topoprof/trace/op_trace.py`): FLOPs as FlopCounterMode counts them, bytes
 per op, and the backward FLOPs done before each gradient is ready, indexed as DDP's parameter
 list is; a model that cannot run on meta gives a reason, never an exception."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
-from probes.user_callable import call_user_callable, parameter_list  # noqa: E402
+from topoprof.trace.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
+from topoprof.zoo.user_callable import call_user_callable, parameter_list  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
 TIED = os.path.join(FIXTURES, "tied.py")
@@ -99,12 +99,12 @@ def test_the_ops_add_up_to_the_totals_and_the_aggregate():
 def test_flops_equal_flop_counter_modes_own_count():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from probes.user_callable import user_loss
+    from topoprof.zoo.user_callable import user_loss
 
     kwargs = {"preset": "gpt2", "n_layer": 1}
-    traced = trace_user_model("probes.preset_models:build", {"micro_batch": 2, "seq_len": 16}, kwargs)
+    traced = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2, "seq_len": 16}, kwargs)
     with torch.device("meta"):
-        module, batch, loss_fn = call_user_callable("probes.preset_models:build",
+        module, batch, loss_fn = call_user_callable("topoprof.zoo.preset_modules:build",
                                                     {**kwargs, "micro_batch": 2, "seq_len": 16})
         with FlopCounterMode(display=False) as counter:
             user_loss(module, batch, loss_fn).backward()
@@ -170,7 +170,7 @@ def test_a_grouped_convolutions_weight_gradient_counts_once():
 
 
 def _gpt2_block(target):
-    return trace_user_model("probes.preset_models:build", {"micro_batch": 2, "seq_len": 16},
+    return trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2, "seq_len": 16},
                             {"preset": "gpt2", "n_layer": 1}, target)
 
 
@@ -220,9 +220,9 @@ def test_non_view_ops_record_their_outputs_and_whether_they_write_in_place():
 
 
 def test_params_n_traces_the_synthetic_model_validate_trains():
-    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.workload.synthetic import spec_for_params
 
-    traced = trace_user_model("probes.preset_models:build_synthetic", {"micro_batch": 2, "seq_len": 8},
+    traced = trace_user_model("topoprof.zoo.preset_modules:build_synthetic", {"micro_batch": 2, "seq_len": 8},
                               {"params": 2_000_000}, {"device": "cpu"})
     spec = spec_for_params(2_000_000, 8)
     assert "failure" not in traced and traced["shape"] == "2x9 (micro_batch=2, seq_len=8)"
@@ -230,16 +230,16 @@ def test_params_n_traces_the_synthetic_model_validate_trains():
 
 
 def test_a_resnexts_traced_flops_equal_its_layout_forward_and_backward():
-    from topoprof.model.workload.presets import get_preset
+    from topoprof.workload.presets import get_preset
 
-    traced = trace_user_model("probes.preset_models:build", {"micro_batch": 2},
+    traced = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
                               {"preset": "resnext50_32x4d", "image_size": 64}, {"device": "cpu"})
     layout = get_preset("resnext50_32x4d", 64)
     assert sum(op["flops"] for op in traced["ops"]) == 2 * layout.train_flops_per_token
 
 
 def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
-    import probes.op_trace as op_trace
+    import topoprof.trace.op_trace as op_trace
 
     real = op_trace.trace_pass
 
@@ -306,8 +306,8 @@ def test_a_model_built_on_meta_or_moved_to_a_device_is_traced(name):
 
 
 def test_a_model_built_on_meta_cannot_be_timed_and_says_so():
-    from probes.user_model import measure
-    from probes.user_callable import UserModelError
+    from topoprof.probes.ranks.model_timing import measure
+    from topoprof.zoo.user_callable import UserModelError
 
     with pytest.raises(UserModelError) as err:
         measure(f"{META}:built_on_meta", "cpu", 1)
@@ -316,7 +316,7 @@ def test_a_model_built_on_meta_cannot_be_timed_and_says_so():
 
 def test_the_trace_worker_never_runs_the_model_here():
     # the worker a what-if asks for: the model's forward refuses real data, and still traces
-    from topoprof.measure.op_trace import trace_model
+    from topoprof.measure.meta_trace import trace_model
 
     traced = trace_model(f"{META}:meta_only", None, {"micro_batch": 2, "seq_len": 8}, BF16, timeout_s=120)
     assert "failure" not in traced and traced["device"] == "meta" and traced["ready"]

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from probes.llama_models import LLAMA_CONFIGS, swiglu_hidden  # noqa: E402
-from probes.preset_models import DEFAULT_SEQ_LEN, PRESET_MODULES, build  # noqa: E402
-from topoprof.model.workload.presets import PRESETS, get_preset  # noqa: E402
+from topoprof.zoo.llama import LLAMA_CONFIGS, swiglu_hidden  # noqa: E402
+from topoprof.zoo.preset_modules import DEFAULT_SEQ_LEN, PRESET_MODULES, build  # noqa: E402
+from topoprof.workload.presets import PRESETS, get_preset  # noqa: E402
 
 
 def test_every_preset_of_the_layout_table_is_a_module():
@@ -31,7 +31,7 @@ def test_module_has_the_layouts_tensors_in_order(preset):
 def test_one_block_trains_on_cpu(preset):
     from topoprof.measure.user_model import measure_user_model
 
-    record = measure_user_model("probes.preset_models:build", "cpu", 1,
+    record = measure_user_model("topoprof.zoo.preset_modules:build", "cpu", 1,
                                 kwargs={"preset": preset, "micro_batch": 1, "seq_len": 16, "n_layer": 1})
     assert record["passes"][0]["backward_s"] > 0
     trainable = [p for p in record["params"] if p["requires_grad"]]

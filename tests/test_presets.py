@@ -2,9 +2,9 @@
 import pytest
 
 from topoprof.errors import InputError
-from topoprof.model.workload.presets import (PRESETS, VISION_PRESETS, bert_layout, get_preset, gpt2_layout, is_vision,
+from topoprof.workload.presets import (PRESETS, VISION_PRESETS, bert_layout, get_preset, gpt2_layout, is_vision,
                                              synthetic_layout)
-from topoprof.model.workload.layout import Layout, TensorSpec, Use
+from topoprof.workload.layout import Layout, TensorSpec, Use
 
 # Totals of the Hugging Face models (sum of p.numel() over model.parameters()).
 EXPECTED_PARAMS = {
@@ -127,7 +127,7 @@ def test_layout_rejects_unused_tensor_and_no_compute():
         Layout("x", tensors, (Use((0, 1), 0.0),), "test")
 
 
-# --- vision presets (topoprof.model.workload.vision) ---------------------------------------------------
+# --- vision presets (topoprof.workload.vision) ---------------------------------------------------
 
 def _conv_forward(layout, name):
     """A conv's forward FLOPs per image, from its use in the layout."""
@@ -144,7 +144,7 @@ def test_vision_params_do_not_depend_on_image_size(name, image_size):
 
 
 def test_vision_presets_are_the_architectures_vision_builds():
-    from topoprof.model.workload.vision import RESNETS
+    from topoprof.workload.vision import RESNETS
 
     assert set(VISION_PRESETS) == set(RESNETS) and set(VISION_PRESETS) <= set(PRESETS)
 
@@ -260,7 +260,7 @@ def test_grouped_query_attention_shrinks_k_and_v_only():
 
 
 def test_activation_checkpointing_modes_parse_as_torchtitan_names_them():
-    from topoprof.model.workload.checkpointing import Checkpointing, parse_checkpointing
+    from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
     assert parse_checkpointing(None) == Checkpointing("none")
     assert parse_checkpointing("layer:1") == Checkpointing("full")          # every block: full

@@ -15,7 +15,8 @@ import pytest
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 from topoprof.errors import InputError
-from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, PROFILE_SCHEMA_VERSION, load_profile,
+from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
+from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, load_profile,
                                     profile_from_dict, profile_to_json)
 from topoprof.model.compute.profile_facts import SHIPPED, profile_from_gpu_facts
 from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
@@ -264,7 +265,7 @@ def test_gpu_facts_that_are_not_opbench_lines_are_refused():
 
 def test_the_driver_version_is_read_alone_or_none_with_why():
     from fake_nvml import make_fake_nvml
-    from probes.nvml import query_driver_version
+    from topoprof.probes.hardware.nvml import query_driver_version
 
     fake = make_fake_nvml("dgx_h100_nvswitch")
     version, why = query_driver_version(fake)
@@ -277,7 +278,7 @@ def test_the_driver_version_is_read_alone_or_none_with_why():
 @pytest.fixture(scope="module")
 def cpu_profile():
     pytest.importorskip("torch")
-    from probes.profile import measure_profile
+    from topoprof.probes.device_profile.profile_worker import measure_profile
 
     lines = []
     doc = measure_profile("cpu", quick=True, budget_s=60.0, on_progress=lines.append)
@@ -286,7 +287,7 @@ def cpu_profile():
 
 @pytest.mark.slow
 def test_the_quick_cpu_profile_measures_every_section_and_loads(cpu_profile):
-    from probes.profile_plan import CPU_QUICK, gemm_shapes, sdpa_cases
+    from topoprof.probes.device_profile.plan import CPU_QUICK, gemm_shapes, sdpa_cases
 
     doc, lines = cpu_profile
     p = profile_from_dict(json.loads(json.dumps(doc)), "the CPU profile")
@@ -344,7 +345,7 @@ def test_profile_command_refuses_a_gpu_that_is_not_there_and_a_folder_it_cannot_
 def test_profile_help_and_the_profile_model_import_no_torch():
     code = ("import sys\nimport topoprof.cli as c\n"
             "import topoprof.model.compute.profile, topoprof.model.compute.profile_scale, topoprof.model.compute.profile_facts\n"
-            "import topoprof.report.text_profile, topoprof.measure.profile, probes.profile, probes.clock\n"
+            "import topoprof.report.text_profile, topoprof.measure.profile, topoprof.probes.device_profile.profile_worker, topoprof.probes.device_profile.clock\n"
             "try:\n    c.main(['profile', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'matplotlib', 'pynvml') if m in sys.modules]\n"
             "assert not heavy, heavy")

@@ -7,8 +7,8 @@ import pytest
 import os
 
 from fake_nvml import make_fake_nvml
-from probes.nvidia_smi import read_topo_file
-from probes.nvml import query_nvml
+from topoprof.probes.hardware.nvidia_smi import read_topo_file
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.report import recommend as rec
 from topoprof.jsonio import to_jsonable
 from topoprof.topology.build import build_topology

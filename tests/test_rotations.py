@@ -11,7 +11,7 @@ from topoprof.model.validate import rotations as rot
 
 def _calibration(c: float, ddp: float, opt: float = 0.01, n: int = 4, copies: float = 0.002) -> dict:
     # forward is a third of each micro-batch, as everywhere below
-    # two halves around the steps (probes/validation.py): an optimizer time and a DDP pair each
+    # two halves around the steps (probes/ranks/validation.py): an optimizer time and a DDP pair each
     return {"forward_s": [c / 3] * n, "backward_s": [2 * c / 3] * n, "optimizer_s": [opt, opt],
             "ddp_forward_s": [ddp / 3] * 2, "ddp_backward_s": [2 * ddp / 3] * 2,
             "local_forward_s": [ddp / 3] * 2, "local_backward_s": [2 * ddp / 3 + copies] * 2,

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from fake_nvml import make_fake_nvml
-from probes.nvidia_smi import read_topo_file
-from probes.nvml import query_nvml
+from topoprof.probes.hardware.nvidia_smi import read_topo_file
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.errors import InputError
 from topoprof.topology.build import build_topology
 

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from topoprof.model.ddp.buckets import ddp_buckets
 from topoprof.errors import InputError
 from topoprof.measure.launch import JobSpec, launch_local
-from topoprof.model.workload.presets import PRESETS, VISION_PRESETS, get_preset
-from topoprof.model.workload.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
+from topoprof.workload.presets import PRESETS, VISION_PRESETS, get_preset
+from topoprof.workload.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
                                                spec_for_preset)
 
 torch = pytest.importorskip("torch")
-training = pytest.importorskip("probes.training")
+training = pytest.importorskip("topoprof.probes.ranks.training")
 
 TINY = spec_for_params(50_000, seq_len=16)
 K = 3

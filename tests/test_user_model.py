@@ -28,7 +28,7 @@ def record():
 _TORCH_BUCKETS = """
 import json, sys, tempfile
 import torch, torch.distributed as dist
-from probes.user_callable import call_user_callable, user_loss
+from topoprof.zoo.user_callable import call_user_callable, user_loss
 spec, cap = sys.argv[1], json.loads(sys.argv[2])
 module, batch, loss_fn = call_user_callable(spec)
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
@@ -64,7 +64,7 @@ def test_parameters_as_ddp_sees_them(record):
     assert [p["requires_grad"] for p in record["params"] if p["name"].startswith("frozen")] == [False, False]
     layout = user_layout(record)
     assert not any(t.name.startswith("frozen") for t in layout.tensors)
-    from probes.user_callable import call_user_callable
+    from topoprof.zoo.user_callable import call_user_callable
 
     module = call_user_callable(f"{FIXTURE}:build")[0]
     assert layout.params == sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -139,7 +139,7 @@ def test_validate_trains_the_user_model_in_every_mode():
     doc = json.loads(proc.stdout)
     assert doc["setup"]["spec"] == {"user_model": f"{FIXTURE}:build"}
     assert doc["label"] == f"user:{FIXTURE}:build"
-    from probes.user_callable import call_user_callable
+    from topoprof.zoo.user_callable import call_user_callable
 
     module = call_user_callable(f"{FIXTURE}:build")[0]
     assert doc["setup"]["params"] == sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -181,7 +181,7 @@ def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
 
 
 def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
-    from probes.user_model import precision_context
+    from topoprof.probes.ranks.model_timing import precision_context
     from topoprof.measure.user_model import measure_user_model
 
     for precision in ("bf16", "fp16", "fp32"):
@@ -253,7 +253,7 @@ def test_a_gpu_timing_runs_for_a_minimum_time_and_no_timed_pass_carries_hooks(mo
     """On a GPU, warm-up and timed passes each go on for a minimum time (a few short passes of a
     host-bound model spread widely); the ready order comes from the last warm-up pass, so that no
     timed pass pays a hook per tensor; the memory phases are read on the first timed pass."""
-    import probes.user_model as worker
+    import topoprof.probes.ranks.model_timing as worker
 
     clock = [0.0]
     monkeypatch.setattr(worker.time, "perf_counter", lambda: clock[0])

@@ -57,7 +57,7 @@ def test_every_input_comes_with_its_spread_and_the_raw_timelines(tiny_run):
     doc, _ = tiny_run
     cal = doc["calibration"]
     # compute's slowdown beside an all-reduce is sampled only where the all-reduce outlasted the
-    # compute (probes/validation.py); on a loaded machine none may have: then it is taken as 1
+    # compute (probes/ranks/validation.py); on a loaded machine none may have: then it is taken as 1
     timed = ("micro_batch_time_s", "optimizer_time_s") + (
         ("compute_slowdown_during_comm",) if "compute_slowdown_during_comm" in cal["spread"] else ())
     assert "compute_slowdown_during_comm" in timed or cal["compute_slowdown_during_comm"] == 1.0
@@ -133,9 +133,9 @@ def test_the_training_config_checks_its_checkpointing_and_the_model_is_wrapped()
     torch = pytest.importorskip("torch")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from probes.training import build_model
+    from topoprof.zoo.synthetic_lm import build_model
     from topoprof.errors import InputError
-    from topoprof.model.workload.synthetic import parse_config, spec_for_params
+    from topoprof.workload.synthetic import parse_config, spec_for_params
 
     spec = spec_for_params(60_000, 16)
     base = {"spec": {"vocab": spec.vocab, "d_model": spec.d_model, "n_layers": spec.n_layers, "d_ff": spec.d_ff,

@@ -107,7 +107,7 @@ def test_modes_all_and_what_is_refused():
     assert proc.returncode == 2 and "--modes hsdp" in proc.stderr and "across nodes" in proc.stderr
     proc = _cli("validate", "--modes", "fsdp_nonsense", "--backend", "gloo")
     assert proc.returncode == 2 and "--modes fsdp_nonsense" in proc.stderr
-    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions
 
     with pytest.raises(InputError, match="--modes fsdp_full_shard"):
@@ -144,7 +144,7 @@ dist.destroy_process_group()
 
 
 def test_fsdp_is_validated_on_gloo_only():
-    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions
 
     with pytest.raises(InputError, match="--modes fsdp_full_shard: FSDP is validated on CPU ranks"):

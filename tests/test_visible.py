@@ -13,7 +13,7 @@ import pytest
 
 from fake_nvml import make_fake_nvml
 from helpers.fake_driver import driver_env
-from probes.nvml import query_nvml
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.jsonio import to_jsonable
 from topoprof.topology.build import build_topology
 from topoprof.topology.visible import JobView, identify, job_gpu, job_gpus
@@ -235,7 +235,7 @@ def test_memory_and_name_are_those_of_the_gpu_cuda_0_is(node, monkeypatch):
 def test_gpu_memory_bytes_reads_the_gpu_cuda_i_is(monkeypatch):
     from topoprof.model.inputs.user_model import gpu_memory_bytes
 
-    monkeypatch.setattr("probes.nvml._pynvml", make_fake_nvml(NODE))
+    monkeypatch.setattr("topoprof.probes.hardware.nvml._pynvml", make_fake_nvml(NODE))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,2")
     assert gpu_memory_bytes("cuda:0") == 23034 * MIB and gpu_memory_bytes("cuda:1") == 46068 * MIB
     assert gpu_memory_bytes("cuda:2") is None
@@ -279,9 +279,9 @@ def test_one_gpu_what_if_applies_to_the_jobs_one_gpu(node, monkeypatch):
 
 
 def test_cudas_identity_of_a_device_in_nvmls_form(node):
-    """probes/cuda_ids.py on a stand-in for torch (this test machine has no GPU): the bare UUID
+    """probes/hardware/cuda_ids.py on a stand-in for torch (this test machine has no GPU): the bare UUID
     torch prints and the bus id from its pci_* fields tie cuda:0 to NVML's GPU 6."""
-    from probes.cuda_ids import device_identity
+    from topoprof.probes.hardware.cuda_ids import device_identity
 
     def torch_with(**props):
         cuda = SimpleNamespace(get_device_properties=lambda device: SimpleNamespace(**props))

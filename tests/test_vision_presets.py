@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from probes.preset_models import build  # noqa: E402
-from topoprof.model.workload.presets import VISION_PRESETS, get_preset
+from topoprof.zoo.preset_modules import build  # noqa: E402
+from topoprof.workload.presets import VISION_PRESETS, get_preset
 
 BATCH = 3
 
@@ -105,7 +105,7 @@ def test_image_size_only_for_image_models_and_n_layer_only_for_text():
 def test_resnet50_trains_one_step_on_cpu():
     from topoprof.measure.user_model import measure_user_model
 
-    record = measure_user_model("probes.preset_models:build", "cpu", 1,
+    record = measure_user_model("topoprof.zoo.preset_modules:build", "cpu", 1,
                                 kwargs={"preset": "resnet50", "micro_batch": 2, "image_size": 32})
     assert record["passes"][0]["backward_s"] > 0
     trainable = [p for p in record["params"] if p["requires_grad"]]

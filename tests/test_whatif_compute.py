@@ -142,7 +142,7 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
 
     from topoprof.cli import main
 
-    monkeypatch.setattr("topoprof.measure.op_trace.trace_model", lambda *a, **k: {"failure": "on meta, boom"})
+    monkeypatch.setattr("topoprof.measure.meta_trace.trace_model", lambda *a, **k: {"failure": "on meta, boom"})
     result = CliRunner().invoke(main, ["model", *GPT2, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

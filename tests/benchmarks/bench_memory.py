@@ -26,11 +26,11 @@ TARGET = 0.02
 
 
 def gpu_point() -> bool:
-    from probes.op_trace import trace_user_model
+    from topoprof.trace.op_trace import trace_user_model
 
     measured = next(t["measured"] for t in json.load(open(SUMMARY))["tests"]
                     if t["test"] == "test_preset_memory_measured_beside_the_count")
-    trace = trace_user_model("probes.preset_models:build", {"micro_batch": 4, "seq_len": 1024}, {"preset": "gpt2"},
+    trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024}, {"preset": "gpt2"},
                              {"device": "cuda", "precision": "bf16"})
     m = trace["memory"]
     kept = m["kept"]

@@ -24,7 +24,7 @@ def main() -> None:
     from topoprof.measure.runner import visible_gpus
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.compute.scaled import scaled_compute
-    from topoprof.model.workload.presets import PRESET_DEPTH
+    from topoprof.workload.presets import PRESET_DEPTH
     from topoprof.model.inputs.user_model import PRESET_SPEC, SCALED_DEPTHS, user_compute
 
     ap = argparse.ArgumentParser()

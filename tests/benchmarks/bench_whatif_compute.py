@@ -1,13 +1,13 @@
 """The what-if compute's method on this machine's CPU: predicted vs measured forward + backward
 of the presets at small shapes, in the same run (CPU only, fp32, torch's default threads).
 
-- predicted: the preset's op trace on the meta device for a CPU target (`probes/op_trace.py`),
+- predicted: the preset's op trace on the meta device for a CPU target (`topoprof/trace/op_trace.py`),
   priced from this CPU's own device profile (`topoprof.model.compute.profiled`: GEMM FLOP/s by
   shape, memory-bound bytes/s by kind and size, attention by sequence, the host's cost per op by
   kind, a convolution's per call, fresh pages), measured by `topoprof profile`'s probe
-  (`probes/profile.py`, the full CPU plan) at the start of each round (a machine shared with
+  (`probes/device_profile/profile_worker.py`, the full CPU plan) at the start of each round (a machine shared with
   other work slows the profile and the timings alike, so they are taken together);
-- measured: the same module built at that shape (`probes/preset_models.py`), one forward and
+- measured: the same module built at that shape (`topoprof/zoo/preset_modules.py`), one forward and
   backward after `zero_grad(set_to_none=True)` as a training step runs it, the fastest of
   REPEATS after a warm-up (the timing the machine's other work disturbed least). The shapes are
   taken ROUNDS times in turn, each row keeping its fastest round with that round's profile, so
@@ -119,9 +119,9 @@ def training_step(preset: str, kwargs: dict, device: str = "cpu"):
     (gradients set to None first): fp32 on the CPU, bf16 autocast on a GPU, waited for there."""
     import torch
 
-    from probes.dist import synchronize
-    from probes.preset_models import build
-    from probes.user_callable import to_device, user_loss
+    from topoprof.probes.ranks.dist import synchronize
+    from topoprof.zoo.preset_modules import build
+    from topoprof.zoo.user_callable import to_device, user_loss
 
     module, batch, loss_fn = build(preset, **kwargs)
     module, batch = module.to(device), to_device(batch, device)
@@ -142,7 +142,7 @@ def measured_s(preset: str, kwargs: dict) -> tuple[float, int]:
     the page size: what the model prices as fresh pages)."""
     import resource
 
-    from probes.device_costs import fastest
+    from topoprof.probes.device_profile.device_costs import fastest
 
     step = training_step(preset, kwargs)
     seconds = fastest(step, REPEATS)
@@ -158,11 +158,11 @@ def fresh_bytes(trace: dict, min_bytes: int) -> int:
 
 
 def traced(preset: str, kwargs: dict, target: dict | None = None) -> dict:
-    from probes.op_trace import trace_user_model
+    from topoprof.trace.op_trace import trace_user_model
 
     shape = {k: kwargs[k] for k in ("micro_batch", "seq_len") if k in kwargs}
     rest = {k: v for k, v in kwargs.items() if k not in shape}
-    trace = trace_user_model("probes.preset_models:build", shape, {"preset": preset, **rest},
+    trace = trace_user_model("topoprof.zoo.preset_modules:build", shape, {"preset": preset, **rest},
                              target or {"device": "cpu"})
     if "failure" in trace:
         raise RuntimeError(f"{preset} {kwargs}: {trace['failure']}")
@@ -177,7 +177,7 @@ def describe(preset: str, kwargs: dict) -> str:
 
 def cpu_profile():
     """This CPU's device profile, measured now (the full CPU plan; `topoprof profile --device cpu`)."""
-    from probes.profile import measure_profile
+    from topoprof.probes.device_profile.profile_worker import measure_profile
     from topoprof.model.compute.profile import profile_from_dict
 
     return profile_from_dict(measure_profile("cpu", quick=False), "this CPU's profile")
@@ -225,7 +225,7 @@ def measured_on_gpu_s(preset: str, kwargs: dict) -> float:
     """The fastest step on the first GPU; the memory it held goes back before the next shape."""
     import torch
 
-    from probes.device_costs import fastest
+    from topoprof.probes.device_profile.device_costs import fastest
 
     seconds = fastest(training_step(preset, kwargs, "cuda"), REPEATS)  # the step, and its module, freed here
     torch.cuda.empty_cache()

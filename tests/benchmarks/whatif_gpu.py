@@ -101,7 +101,7 @@ def main_committed(path: str, shapes, traced, describe) -> None:
 def main_cuda(shapes, traced, describe, measured_on_gpu_s, repeats: int) -> None:
     import torch
 
-    from probes.profile import measure_profile
+    from topoprof.probes.device_profile.profile_worker import measure_profile
     from topoprof.model.compute.profile import profile_from_dict
     from topoprof.model.compute.profile_choice import pricer_for
     from topoprof.model.compute.roofline import roofline

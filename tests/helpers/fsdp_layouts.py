@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.fsdp.plan import fsdp_plan
-from topoprof.model.workload.layout import Layout, TensorSpec, Use
+from topoprof.workload.layout import Layout, TensorSpec, Use
 
 HAND = Layout("hand", (TensorSpec("emb", (1000,)), TensorSpec("blocks.0.w", (4000,)),
                        TensorSpec("blocks.1.w", (4000,)), TensorSpec("head", (2000,))),

@@ -2,11 +2,12 @@
 rate chosen, so that what a trace is priced at can be worked out by hand."""
 from __future__ import annotations
 
-from topoprof.model.compute.profile import PROFILE_SCHEMA_VERSION, profile_from_dict
+from topoprof.model.compute.profile import profile_from_dict
+from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
 
 def profile_doc(device="NVIDIA H100 80GB HBM3", kind="cuda", dtype="bfloat16", gemm=(), memory=(), sdpa=(),
-                host=None, ranges=None, sm_count=None, source="measured by `topoprof profile` (probes/profile.py)",
+                host=None, ranges=None, sm_count=None, source="measured by `topoprof profile` (probes/device_profile/profile_worker.py)",
                 created="2026-11-20T00:00:00Z", quick=False, cpu=None) -> dict:
     """gemm: [((m, n, k), FLOP/s)]; memory: [((kind, bytes moved), B/s)]; sdpa: [((seq, head dim,
     causal), FLOP/s)]; host: {kind: seconds}; ranges: {kind: [low, high]}."""

@@ -9,7 +9,7 @@ from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed, SavedE
 
 
 def _size(ctx, param, value):
-    from topoprof.measure.collectives import parse_size
+    from topoprof.specs.collective_spec import parse_size
 
     if value is None:
         return None
@@ -33,7 +33,7 @@ def _clear_progress() -> None:
 def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
     from topoprof.measure.bench import BenchOptions, collectives_option, default_sizes, run_bench
     from topoprof.report.text_bench import HEADER, format_row
-    from topoprof.measure.collectives import size_sweep
+    from topoprof.specs.collective_spec import size_sweep
     from topoprof.measure.runner import default_backend_and_nproc
 
     backend, nproc, note = default_backend_and_nproc(opts_kwargs.pop("backend"), opts_kwargs.pop("nproc"))

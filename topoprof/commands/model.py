@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from topoprof.model.workload.presets import RMSNORMS
+from topoprof.workload.presets import RMSNORMS
 
 
 @click.command()

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from topoprof.measure.collectives import (COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective,
+from topoprof.specs.collective_spec import (COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective,
                                           row_from_dict)
 from topoprof.errors import InputError, NothingMeasured
 
@@ -221,7 +221,7 @@ def _fit_dict(fit) -> dict:
 def copies_payload(enabled: bool) -> dict | None:
     if not enabled:
         return None
-    from probes.copies import measure_copies
+    from topoprof.probes.ranks.copy_bandwidth import measure_copies
     from topoprof.jsonio import to_jsonable
 
     try:

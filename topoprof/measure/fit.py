@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from topoprof.measure.collectives import BenchRow, get_collective
+from topoprof.specs.collective_spec import BenchRow, get_collective
 from topoprof.errors import InputError
 
 # A row is an outlier when |measured/predicted - 1| > OUTLIER_THRESHOLD: 0.5 flags sizes 50 %

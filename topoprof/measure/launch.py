@@ -1,7 +1,7 @@
 """The one process launcher behind bench, validate and scan.
 
 Two ways to run rank work:
-- local: start N rank processes on this node (`python -m probes.rank_main`), rendezvous on a free
+- local: start N rank processes on this node (`python -m topoprof.probes.ranks.rank_main`), rendezvous on a free
   127.0.0.1 port, and watch them. Each rank reports JSON messages on its own pipe; its stdout and
   stderr go to a per-rank log file (NCCL's INFO lines land there).
 - external: this process already is one rank of a torchrun or SLURM job; the worker runs in
@@ -14,7 +14,7 @@ group) of its own, which the launcher kills whole. Rank processes also die with 
 nothing is orphaned even if the CLI itself is killed: no Python runs in a child between fork and
 exec (this process may hold a CUDA context and other threads, and subprocess can then use vfork or
 posix_spawn), so each rank arms PR_SET_PDEATHSIG itself as the first thing it does
-(`probes.rank_main.die_with_launcher`), checking that the launcher named in TOPOPROF_LAUNCHER_PID
+(`topoprof.probes.ranks.rank_main.die_with_launcher`), checking that the launcher named in TOPOPROF_LAUNCHER_PID
 is still its parent.
 
 No torch here: this module only starts and watches processes.
@@ -42,7 +42,7 @@ OnMessage = Callable[[int, dict], None]
 
 @dataclass(frozen=True)
 class JobSpec:
-    worker: str                 # a key of probes.rank_main.WORKERS
+    worker: str                 # a key of topoprof.probes.ranks.rank_main.WORKERS
     config: dict                # JSON-able worker configuration
     nproc: int
     backend: str                # "nccl" or "gloo"
@@ -202,7 +202,7 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
         log_path = os.path.join(log_dir, f"rank{rank}.log")
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "probes.rank_main"], env=env, stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", "topoprof.probes.ranks.rank_main"], env=env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
                 start_new_session=True,  # setsid() in subprocess's C code: no preexec_fn
             )

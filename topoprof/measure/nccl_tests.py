@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from topoprof.measure.collectives import COLLECTIVES, BenchRow, CollectiveSpec, algbw_gbps, get_collective
+from topoprof.specs.collective_spec import COLLECTIVES, BenchRow, CollectiveSpec, algbw_gbps, get_collective
 from topoprof.errors import InputError, ParseError
 
 DEFAULT_COLLECTIVE = "all_reduce"

@@ -1,4 +1,4 @@
-"""Measure this machine's device profile (`probes/profile.py`) in a process of its own (the
+"""Measure this machine's device profile (`probes/device_profile/profile_worker.py`) in a process of its own (the
 `profile` worker), so that the CLI never imports torch and a hang ends at the timeout."""
 from __future__ import annotations
 

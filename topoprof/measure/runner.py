@@ -19,7 +19,7 @@ def visible_gpus() -> int:
     from topoprof.errors import NothingMeasured
 
     try:
-        from probes.nvml import query_nvml
+        from topoprof.probes.hardware.nvml import query_nvml
 
         query_nvml()
     except NothingMeasured:
@@ -131,8 +131,8 @@ def peer_host(addr: str) -> str:
 
 def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
     """This process is one rank of torchrun/SLURM: run the worker here; rank 0 reports."""
-    from probes import dist
-    from probes.rank_main import RankContext, resolve
+    from topoprof.probes.ranks import dist
+    from topoprof.probes.ranks.rank_main import RankContext, resolve
 
     messages: list[tuple[int, dict]] = []
 

@@ -16,7 +16,7 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
     """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
     traceback as the error's detail, printed once under its one line. With `trace` (the stated
     shape, e.g. {"micro_batch": 4, "seq_len": 512}) the record's "op_trace" is the model's pass
-    on the meta device (`probes/op_trace.py`) for the `target` device, or {"failure": reason}.
+    on the meta device (`topoprof/trace/op_trace.py`) for the `target` device, or {"failure": reason}.
     `progress` hears each stage the worker reports."""
     job = JobSpec("user_model", {"spec": spec, "device": device, "repeats": repeats, "cwd": os.getcwd(),
                                  "precision": precision, "optimizer": optimizer, "kwargs": kwargs,

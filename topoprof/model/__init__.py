@@ -1,4 +1,4 @@
-"""The model stage. Takes a workload (a parameter layout), compute per micro-batch, and links
+"""The model stage. Takes a workload (a parameter layout, `topoprof.workload`), compute per micro-batch, and links
 (a measured fit, a topology's nominal ring, or numbers) and gives the predicted step time of
 every strategy (single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
 ddp_fp16_compress, FSDP2's and HSDP's), what communication stays exposed, what fits in memory,
@@ -6,7 +6,6 @@ and what changing K or the GPU count would gain; `validate` checks it against re
 
 Its rooms, each importing only those above it in this list (tests/test_layering.py holds it):
 
-  workload     what is trained: parameter layouts, the presets, the synthetic model
   comm         how long a collective takes on links
   compute      how long a micro-batch takes on a device: datasheets, the roofline over op traces
   ddp          DDP's buckets, its timeline, its costs on a GPU

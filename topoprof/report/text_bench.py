@@ -37,7 +37,7 @@ def footer(rows: Sequence) -> list[str]:
 
 
 def fit_lines(fits: dict, nranks: int) -> list[str]:
-    from topoprof.measure.collectives import get_collective
+    from topoprof.specs.collective_spec import get_collective
 
     lines = []
     for name, fit in fits.items():

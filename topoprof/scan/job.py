@@ -331,7 +331,7 @@ def validation_payload(vres, vopts, opts) -> dict:
 
     return {"status": vres.status, "error": vres.error, "label": vres.label, "modes": vres.modes(),
             "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres]),
-            # every rank's raw timelines and samples, rotation by rotation (probes/validation.py)
+            # every rank's raw timelines and samples, rotation by rotation (probes/ranks/validation.py)
             "rotations": vres.rotations}
 
 

@@ -24,7 +24,7 @@ class ScanOptions:
     timeout_s: float = 120.0
     user_model: str | None = None  # --model PATH.py:CALLABLE
     activation_checkpointing: str | None = None  # none, full, layer:N, op (a preset's or --params' blocks)
-    # what `probes/user_model.py` measured of it (set by the scan before its ranks start)
+    # what `probes/ranks/model_timing.py` measured of it (set by the scan before its ranks start)
     user_record: dict | None = field(default=None, repr=False, compare=False)
     # this GPU's quick device profile (`topoprof profile --quick`), measured by the scan, which its
     # what-if compute is priced with (None: the profiles shipped with topoprof)
@@ -45,7 +45,7 @@ class ScanOptions:
 
             parse_count(self.params)
         if self.preset:
-            from topoprof.model.workload.presets import PRESETS
+            from topoprof.workload.presets import PRESETS
 
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
@@ -58,7 +58,7 @@ class ScanOptions:
 
     @property
     def checkpointing(self):
-        from topoprof.model.workload.checkpointing import parse_checkpointing
+        from topoprof.workload.checkpointing import parse_checkpointing
 
         return parse_checkpointing(self.activation_checkpointing)
 
@@ -85,7 +85,7 @@ ROTATIONS, QUICK_ROTATIONS = 8, 6
 
 
 def validate_options(opts: ScanOptions):
-    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
 
     gpu = opts.backend == "nccl"

@@ -19,9 +19,9 @@ from topoprof.errors import InputError
 from topoprof.probing import ProbeStatus
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
-    from probes.host import HostInfo
-    from probes.nvidia_smi import SmiTopology
-    from probes.nvml import NvmlSnapshot
+    from topoprof.probes.hardware.host import HostInfo
+    from topoprof.probes.hardware.nvidia_smi import SmiTopology
+    from topoprof.probes.hardware.nvml import NvmlSnapshot
     from topoprof.topology.visible import JobGpu
 
 # `nvidia-smi topo -m` path kinds from best to worst, with the legend's meaning.
@@ -182,7 +182,7 @@ def _gpus(smi, nvml) -> tuple[Gpu, ...]:
                 numa = g.gpu_numa_id
             by_index[g.index] = Gpu(index=g.index, numa_node=numa, cpu_affinity=g.cpu_affinity)
     if nvml is not None:
-        from probes.nvml import nvswitch_links
+        from topoprof.probes.hardware.nvml import nvswitch_links
 
         switch = nvswitch_links(nvml)
         for g in nvml.gpus:
@@ -239,7 +239,7 @@ def _pair_path(a: int, b: int, smi, nvml) -> tuple[str | None, int]:
         return code.kind, code.nvlinks
     if nvml is None:
         return None, 0
-    from probes.nvml import nvlink_pairs, nvswitch_links
+    from topoprof.probes.hardware.nvml import nvlink_pairs, nvswitch_links
 
     nvlinks = nvlink_pairs(nvml).get((min(a, b), max(a, b)))
     if nvlinks:

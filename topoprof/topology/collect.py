@@ -15,7 +15,7 @@ def collect_topology(from_file: str | None = None, use_nvml: bool = True):
     """
     from dataclasses import replace
 
-    from probes import nvidia_smi
+    from topoprof.probes.hardware import nvidia_smi
     from topoprof.probing import SKIPPED, ProbeStatus, attempt
     from topoprof.topology.build import build_topology
 
@@ -26,10 +26,10 @@ def collect_topology(from_file: str | None = None, use_nvml: bool = True):
         nvidia_smi.run_topo_matrix(), source="nvidia-smi topo -m"))
     nvml, nvml_status = None, ProbeStatus("NVML", SKIPPED, "--no-nvml")
     if use_nvml:
-        from probes import nvml as nvml_probe
+        from topoprof.probes.hardware import nvml as nvml_probe
 
         nvml, nvml_status = attempt("NVML", nvml_probe.query_nvml)
-    from probes.host import query_host
+    from topoprof.probes.hardware.host import query_host
 
     host, host_status = attempt("host", query_host)
     if host is not None:

@@ -44,6 +44,6 @@ def topology_from_file(path: str) -> Topology:
             return topology_from_dict(data)
         except (TypeError, KeyError) as err:
             raise InputError(f"{path}: topology JSON does not match this version: {err}") from None
-    from probes.nvidia_smi import read_topo_file
+    from topoprof.probes.hardware.nvidia_smi import read_topo_file
 
     return build_topology(smi=read_topo_file(path))

@@ -1,4 +1,4 @@
-"""What each op of an op trace (`probes/op_trace.py`) is, for pricing it from a device profile
+"""What each op of an op trace (`topoprof/trace/op_trace.py`) is, for pricing it from a device profile
 (`topoprof.model.compute.profiled`): a GEMM (its products' m, n, k), a fused attention kernel
 (its sequence, head dim and causality), or a memory-bound op of one of the profile's memory kinds
 (`topoprof.model.compute.profile.MEMORY_KINDS`); and whether autocast wraps it. No torch here.

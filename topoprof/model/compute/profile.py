@@ -1,5 +1,5 @@
 """A device profile: what one GPU (or CPU) really does with eager PyTorch training work, as
-`topoprof profile` measures it (`probes/profile.py`), in a versioned JSON format, and the rates
+`topoprof profile` measures it (`probes/device_profile/profile_worker.py`), in a versioned JSON format, and the rates
 read from it for any shape.
 
 Sections (JSON keys; units in the names):
@@ -11,7 +11,7 @@ Sections (JSON keys; units in the names):
 - memory: bytes read + written per second of memory-bound kinds (`MEMORY_KINDS`) by size;
 - sdpa: scaled_dot_product_attention forward + backward FLOP/s by sequence, head dim, causal;
 - optimizer: fused AdamW's bytes per second over its per-parameter traffic;
-- cpu (a CPU only): the cost of writing fresh pages (`probes/device_costs.py`);
+- cpu (a CPU only): the cost of writing fresh pages (`probes/device_profile/device_costs.py`);
 - conventions (how each figure is counted), skipped (points not measured, with why), notes.
 
 The lookups return the value and a short basis (`Read`): measured, interpolated (log scale) or
@@ -30,12 +30,10 @@ from topoprof import __version__
 from topoprof.errors import InputError
 from topoprof.model.compute.profile_interp import Grid, Read
 from topoprof.model.compute.profile_reader import Reader
+from topoprof.specs.profile_schema import OLDEST_SCHEMA_VERSION, PROFILE_KIND, PROFILE_SCHEMA_VERSION
 from topoprof.model.compute.profile_records import (FreshPages, GemmPoint, Machine, MemoryPoint,  # noqa: F401
                                                      OptimizerRate, SdpaPoint, Skipped)
 
-PROFILE_KIND = "device_profile"
-PROFILE_SCHEMA_VERSION = 1       # what this topoprof writes
-OLDEST_SCHEMA_VERSION = 1        # the oldest it still reads
 SECTIONS = ("machine", "host_costs", "gemm", "memory", "sdpa", "optimizer")
 
 HOST_KINDS = {

@@ -23,7 +23,7 @@ import re
 from typing import Iterable
 
 from topoprof.errors import InputError
-from topoprof.model.compute.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION
+from topoprof.specs.profile_schema import PROFILE_KIND, PROFILE_SCHEMA_VERSION, SDPA_CONVENTION
 
 # opbench.py's memory(): (op name there, passes over the input's bytes, the profile's kind)
 _MEMORY_PASSES = {"copy": (2, "copy"), "add": (3, "add"), "gelu": (2, "gelu"), "layer_norm": (2, "layer_norm"),
@@ -42,8 +42,6 @@ _AUTOCAST_CALL = "tiny Linear under bf16 autocast forward"
 LINEAR_FORWARD_KERNELS, LINEAR_BACKWARD_NODES, LINEAR_BACKWARD_KERNELS = 2, 5, 5
 AUTOCAST_KERNELS = 2
 _DTYPE = "bfloat16"   # opbench's training dtype (BF = torch.bfloat16)
-SDPA_CONVENTION = ("forward + backward FLOPs = 3.5 x the forward's 4 b h t^2 d (two matmuls forward, five backward), "
-                   "halved when causal; over the time of one forward + backward (shared/gpu-facts/opbench.py)")
 
 
 def _rows(lines: Iterable[str], source: str) -> list[dict]:

@@ -39,7 +39,7 @@ that could bind it), and its host time by kind (`host_costs`). The composition i
   host's cost of making the call; the composition adds that by the op's kind (`host_costs`), so
   the device time is the reading less a plain op's host cost.
 - A CPU's first touch of fresh pages (the profile's `cpu` section) adds to an op writing outputs
-  of at least its size, as `probes/device_costs.py` measured it.
+  of at least its size, as `probes/device_profile/device_costs.py` measured it.
 """
 from __future__ import annotations
 

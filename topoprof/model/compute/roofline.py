@@ -1,7 +1,7 @@
 """Compute per micro-batch from the model's own operations: its op trace priced op by op, and the
 ops composed as the device runs them.
 
-The op trace (`probes/op_trace.py`: one forward and backward on the meta device, every aten op
+The op trace (`topoprof/trace/op_trace.py`: one forward and backward on the meta device, every aten op
 with its FLOPs by `torch.utils.flop_counter`'s rules, the bytes it reads and writes, its phase,
 a matmul's input shapes) is priced by a device description that gives each op's device time and
 host time at the fast end, the middle and the slow end of its ranges:

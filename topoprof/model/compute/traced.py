@@ -2,14 +2,14 @@
 `--params` or `--model`, at which shape, and the roofline's range (`topoprof.model.compute.roofline`)
 as a `Compute`'s modelled fields.
 
-- a preset: its torch module (`probes/preset_models.py:build`) at `--micro-batch-size` sequences
+- a preset: its torch module (`topoprof/zoo/preset_modules.py:build`) at `--micro-batch-size` sequences
   of `--tokens` / micro-batch tokens (split into more sequences where that passes the preset's
   context, as a scan times it), or `--micro-batch-size` images of `--image-size`;
 - `--params N`: the synthetic language model of N parameters that `validate` trains
-  (`probes/preset_models.py:build_synthetic`): MLP blocks, no attention, as the layout assumes;
+  (`topoprof/zoo/preset_modules.py:build_synthetic`): MLP blocks, no attention, as the layout assumes;
 - `--model`: the user's callable, traced in the same worker that reads and times it.
 
-The pass runs on the meta device for the GPU's precision (`probes/op_trace.py`, its target),
+The pass runs on the meta device for the GPU's precision (`topoprof/trace/op_trace.py`, its target),
 in a worker, so the CLI imports no torch. Where it cannot run (a text model without --tokens,
 an op without a meta kernel, a worker that fails), the caller keeps the datasheet range and
 says why (`fallback_note`).
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 
-PRESET_SPEC = "probes.preset_models:build"
-SYNTHETIC_SPEC = "probes.preset_models:build_synthetic"
+PRESET_SPEC = "topoprof.zoo.preset_modules:build"
+SYNTHETIC_SPEC = "topoprof.zoo.preset_modules:build_synthetic"
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,13 @@ def _ac(ac: str) -> dict:
 def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size: int | None,
                    ac: str = "none", sizes: dict | None = None) -> TraceRequest | str:
     """What to trace for a preset, or why it cannot be (a text preset needs --tokens); `ac`: its
-    blocks' activation checkpointing (`probes/checkpointing.py`), as `Checkpointing.text` spells it;
+    blocks' activation checkpointing (`topoprof/zoo/checkpoint_wrap.py`), as `Checkpointing.text` spells it;
     `sizes`: its module's arguments changed (`WorkloadRequest.preset_sizes`)."""
-    from topoprof.model.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
+    from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
 
     name = preset.strip().lower()
     if is_vision(name):
-        from topoprof.model.workload.vision import DEFAULT_IMAGE_SIZE
+        from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
 
         size = image_size or DEFAULT_IMAGE_SIZE
         return TraceRequest(PRESET_SPEC, {"preset": name, "image_size": size, **_ac(ac)}, {"micro_batch": micro_batch})
@@ -121,7 +121,7 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
 
 
 def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
-    """(fast, middle, slow) seconds of the trace's recompute ops (`probes/op_trace.py` marks them
+    """(fast, middle, slow) seconds of the trace's recompute ops (`topoprof/trace/op_trace.py` marks them
     in the backward) priced alone by the same pricer; None where nothing is recomputed."""
     from topoprof.model.compute.roofline import roofline
 
@@ -132,7 +132,7 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
 
 
 def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None) -> dict:
-    from topoprof.measure.op_trace import trace_model
+    from topoprof.measure.meta_trace import trace_model
 
     return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile), progress=progress)
 

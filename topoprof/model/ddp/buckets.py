@@ -30,7 +30,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.workload.layout import Layout
+from topoprof.workload.layout import Layout
 
 MIB = 1024 * 1024  # torch/nn/parallel/distributed.py _MB_TO_BYTES
 DEFAULT_BUCKET_CAP_MB = 25  # torch/nn/parallel/distributed.py _DEFAULT_BUCKET_CAP_MB

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.workload.checkpointing import Checkpointing
-from topoprof.model.workload.layout import Layout
+from topoprof.workload.checkpointing import Checkpointing
+from topoprof.workload.layout import Layout
 
 # Blocks by tensor-name prefix: the module each group is `fully_shard` of.
 GROUP_PATTERNS = (

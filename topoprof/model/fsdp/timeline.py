@@ -78,34 +78,9 @@ from topoprof.errors import InputError
 from topoprof.model.comm.collectives import GB, CommModel
 from topoprof.model.fsdp.gpu_costs import group_copies_s, hook_seconds
 from topoprof.model.fsdp.plan import FsdpPlan
-
-FSDP_STRATEGIES = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op",
-                   "fsdp_shard_grad_op_no_sync", "hsdp", "hsdp_no_sync")
-
-# The ones one node can run (HSDP needs replicas across nodes).
-FSDP_ONE_NODE = FSDP_STRATEGIES[:4]
-
-HSDP_ONE_NODE_REASON = ("HSDP shards inside a node and replicates across nodes: one node has nothing to "
-                        "replicate across (see fsdp_full_shard)")
+from topoprof.specs.fsdp_modes import FsdpMode
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass(frozen=True)
-class FsdpMode:
-    reshard_after_forward: bool
-    no_sync: bool
-    hsdp: bool
-
-
-MODES = {
-    "fsdp_full_shard": FsdpMode(True, False, False),
-    "fsdp_full_shard_no_sync": FsdpMode(True, True, False),
-    "fsdp_shard_grad_op": FsdpMode(False, False, False),
-    "fsdp_shard_grad_op_no_sync": FsdpMode(False, True, False),
-    "hsdp": FsdpMode(True, False, True),
-    "hsdp_no_sync": FsdpMode(True, True, True),
-}
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def build_inputs(request: ModelRequest, progress: Progress | None = None):
     comm, gpn, described = build_comm(cl, request.compute.gpu, progress)
     if request.workload.rmsnorm != "eager":
         notes = [f"{request.workload.preset_name} with its RMSNorm {request.workload.rmsnorm}: each norm keeps its "
-                 "input and the reciprocal RMS for backward, not its fp32 upcast (probes/llama_models.py)", *notes]
+                 "input and the reciprocal RMS for backward, not its fp32 upcast (topoprof/zoo/llama.py)", *notes]
     if notes:
         described["notes"] = [*described.get("notes", []), *notes]
     if cl.world_size is not None and cl.world_size != cl.nodes * gpn:
@@ -338,7 +338,7 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     if not visible_gpus():
         return None
     from topoprof.model.inputs.user_model import measure_preset
-    from topoprof.model.workload.presets import context_sequences, is_vision
+    from topoprof.workload.presets import context_sequences, is_vision
 
     batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
     if progress is not None:

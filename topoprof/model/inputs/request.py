@@ -54,14 +54,14 @@ def parse_gpus(text: str | None) -> tuple[int, ...] | None:
 def check_image_options(preset: str | None, image_size: int | None, tokens: int | None) -> None:
     """--image-size only with a vision preset; --tokens not with one (its FLOPs count the
     micro-batch's images, --micro-batch-size of them)."""
-    from topoprof.model.workload.presets import VISION_PRESETS, get_preset, is_vision
+    from topoprof.workload.presets import VISION_PRESETS, get_preset, is_vision
 
     if is_vision(preset):
         if tokens is not None:
             raise InputError(f"--tokens: {preset.strip().lower()} is an image model: its FLOPs are per image, "
                              "--micro-batch-size images per micro-batch (at --image-size); leave --tokens out")
         if image_size is not None:
-            from topoprof.model.workload.vision import check_image_size
+            from topoprof.workload.vision import check_image_size
 
             check_image_size(image_size)
     elif image_size is not None:
@@ -116,8 +116,8 @@ class WorkloadRequest:
     fsdp_reduce_dtype: str | None = None
     fsdp_unit: str | None = None
     time_here: bool = False                # --model timed on this machine even for a --gpu what-if
-    activation_checkpointing: str | None = None  # none, full, layer:N, op (topoprof.model.workload.checkpointing)
-    rmsnorm: str = "eager"                 # a Llama preset's RMSNorm: eager or fused (probes/llama_models.py)
+    activation_checkpointing: str | None = None  # none, full, layer:N, op (topoprof.workload.checkpointing)
+    rmsnorm: str = "eager"                 # a Llama preset's RMSNorm: eager or fused (topoprof/zoo/llama.py)
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.params, self.preset, self.user_model)) != 1:
@@ -127,7 +127,7 @@ class WorkloadRequest:
         if self.params is not None:
             parse_count(self.params)
         if self.preset is not None:
-            from topoprof.model.workload.presets import PRESETS
+            from topoprof.workload.presets import PRESETS
 
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: unknown preset; valid names: {', '.join(sorted(PRESETS))}")
@@ -160,7 +160,7 @@ class WorkloadRequest:
                              "and its trace counts what that keeps")
 
     def _check_rmsnorm(self) -> None:
-        from topoprof.model.workload.presets import LLAMA_PRESETS, RMSNORMS
+        from topoprof.workload.presets import LLAMA_PRESETS, RMSNORMS
 
         if self.rmsnorm not in RMSNORMS:
             raise InputError(f"--rmsnorm {self.rmsnorm!r}: one of {', '.join(RMSNORMS)}")
@@ -170,13 +170,13 @@ class WorkloadRequest:
 
     @property
     def preset_sizes(self) -> dict | None:
-        """The preset module's arguments this request changes (`probes/preset_models.py:build`'s
+        """The preset module's arguments this request changes (`topoprof/zoo/preset_modules.py:build`'s
         `sizes`): its RMSNorm; None where it is built as published."""
         return {"norm": self.rmsnorm} if self.rmsnorm != "eager" else None
 
     @property
     def checkpointing(self):
-        from topoprof.model.workload.checkpointing import parse_checkpointing
+        from topoprof.workload.checkpointing import parse_checkpointing
 
         return parse_checkpointing(self.activation_checkpointing)
 
@@ -318,7 +318,7 @@ class ModelRequest:
     def _check_tokens_for_a_what_if(self) -> None:
         """A text model's --gpu what-if prices its tokens: without --tokens (or a compute measured
         or calibrated) it has nothing to price, so say which option is missing."""
-        from topoprof.model.workload.presets import is_vision
+        from topoprof.workload.presets import is_vision
 
         w, c = self.workload, self.compute
         if ((c.gpu is None and c.gpu_profile is None) or w.tokens is not None or c.given or w.user_model

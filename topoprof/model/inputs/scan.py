@@ -18,7 +18,7 @@ from topoprof.errors import InputError
 DEFAULT_MODELS = ("125M", "1.3B", "7B")   # the sizes people ask about most
 DEFAULT_TOKENS = 2048                     # tokens per GPU per micro-batch when none is given
 # On a GPU the default sizes are real architectures, built and timed there: GPT-3 Small's 125M
-# has GPT-2's shape, GPT-3 XL is the 1.3B (topoprof.model.workload.presets), LLaMA the 7B.
+# has GPT-2's shape, GPT-3 XL is the 1.3B (topoprof.workload.presets), LLaMA the 7B.
 SIZE_PRESETS = {"125M": "gpt2", "1.3B": "gpt3-xl", "7B": "llama-7b"}
 
 
@@ -58,7 +58,7 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 def _workload(opts, size: str | None):
     from topoprof.model.inputs.request import parse_count
-    from topoprof.model.workload.presets import is_vision
+    from topoprof.workload.presets import is_vision
     from topoprof.model.strategies.job import Workload
 
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
@@ -170,7 +170,7 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     when it does not fit), with `tokens` per micro-batch split into whole sequences; an image
     model with micro_batch_size images of its image size."""
     from topoprof.model.inputs.user_model import measure_preset
-    from topoprof.model.workload.presets import context_sequences, is_vision
+    from topoprof.workload.presets import context_sequences, is_vision
 
     if is_vision(preset):
         measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size,

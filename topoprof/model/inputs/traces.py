@@ -7,7 +7,7 @@ model holds and takes under each activation checkpointing mode at any micro-batc
 - `compute_at`: a candidate's (mode, samples) at 1 and 2 blocks, priced and extended to the
   model's depth (`topoprof.model.compute.extended`).
 
-Each set is one worker (`topoprof.measure.op_trace.trace_models`): the CLI imports no torch. A text
+Each set is one worker (`topoprof.measure.meta_trace.trace_models`): the CLI imports no torch. A text
 model needs its sequence length (--tokens); an image model's stages are not one block repeated,
 and a `--model`'s depth cannot be changed: for them nothing is traced here, and the caller says why.
 """
@@ -41,7 +41,7 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
                 sizes: dict | None = None) -> ModelShape | str:
     """The shape a preset (its module's arguments changed by `sizes`) or `--params` is traced at,
     or why it is not."""
-    from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
+    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 
     if preset is None and params is None:
         return "a --model's depth cannot be changed: its own pass counts it at the micro-batch given"
@@ -61,7 +61,7 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
             label += f", each sample of {seq} tokens as {per_sample} sequences of {each}"
         return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq_len,
                           PRESET_DEPTH[name], label, per_sample)
-    from topoprof.model.workload.synthetic import spec_for_params
+    from topoprof.workload.synthetic import spec_for_params
 
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
                       f"the synthetic model of {params:,} parameters (a block: fc1, GELU, fc2)")
@@ -74,7 +74,7 @@ def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dic
 
 def memory_set(shape: ModelShape, precision: str, cast: bool) -> TracedMemory | str:
     """The memory passes (module docstring), or why they failed."""
-    from topoprof.measure.op_trace import trace_models
+    from topoprof.measure.meta_trace import trace_models
 
     targets = {"autocast": gpu_target(precision)}
     if cast and precision != "fp32":
@@ -100,10 +100,10 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
     """Modelled compute fields per (checkpointing mode text, samples) in `wanted`, or why none;
     priced as the main pass is (`profile_path`: a --gpu-profile, else the nearest shipped one)."""
     from topoprof.errors import InputError
-    from topoprof.measure.op_trace import trace_models
+    from topoprof.measure.meta_trace import trace_models
     from topoprof.model.compute.extended import at_depth, priced_line
     from topoprof.model.compute.profile import load_profile
-    from topoprof.model.workload.checkpointing import parse_checkpointing
+    from topoprof.workload.checkpointing import parse_checkpointing
 
     profile = load_profile(profile_path) if profile_path else None
     parsed = {text: parse_checkpointing(text) for text, _ in wanted}
@@ -134,7 +134,7 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
 
 def micro_batch_bytes(traced: TracedMemory, mode: str, samples: int) -> MicroBatchBytes:
     """For tests and reports: the parts of `samples` sequences under `mode`."""
-    from topoprof.model.workload.checkpointing import parse_checkpointing
+    from topoprof.workload.checkpointing import parse_checkpointing
 
     return traced.count(parse_checkpointing(mode), samples)
 

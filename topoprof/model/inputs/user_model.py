@@ -1,5 +1,5 @@
 """The user's own model (`--model PATH:CALLABLE`) as the model's inputs, from what
-`probes/user_model.py` measured: its parameter list, gradient-ready order and times.
+`probes/ranks/model_timing.py` measured: its parameter list, gradient-ready order and times.
 
 - The layout holds the trainable parameters in registration order (DDP's parameter list: frozen
   ones are never bucketed, a shared tensor counts once). Its uses are the measured ready events
@@ -13,7 +13,7 @@
 - Which ready order: the timed one only where the model was timed on the device predicted. A
   backward timed on a CPU (or given as --micro-batch-time, or for another GPU than this one)
   spreads its work unlike the GPU's, so the order then comes from the backward FLOPs per tensor,
-  counted on the meta device at the stated shape (`probes/op_trace.py`); where that pass fails,
+  counted on the meta device at the stated shape (`topoprof/trace/op_trace.py`); where that pass fails,
   the timed order stands in and a note says why.
 - A what-if (--gpu naming a GPU that is not here) is never timed here unless asked
   (`trace_only`): the meta pass alone gives the parameters, the order and the ops to price;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from topoprof.errors import InputError
-from topoprof.model.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
+from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
 
 
 def check_spec(spec: str) -> str:
@@ -71,7 +71,7 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
     """The user's model read and timed on this machine: its first GPU when it has one (under
     `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
     `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
-    `target` device (`probes/op_trace.py`) when one is given. `progress` hears each stage."""
+    `target` device (`topoprof/trace/op_trace.py`) when one is given. `progress` hears each stage."""
     from topoprof.measure.user_model import measure_user_model
 
     if optimizer not in ("adamw", "sgd"):
@@ -83,12 +83,12 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
 def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
                progress: Callable[[str], None] | None = None) -> tuple[dict, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
-    for a GPU in `precision` (`topoprof.measure.op_trace.trace_model`), whatever its size. (record,
+    for a GPU in `precision` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
     ready order): the record as `user_layout` reads it, with the trace as "op_trace". Where only
     the pass failed, the parameters built on meta stand, in reverse registration order
     (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
     InputError (exit 2) says so: a what-if never runs the model here to find out."""
-    from topoprof.measure.op_trace import trace_model
+    from topoprof.measure.meta_trace import trace_model
 
     shape = stated_shape(micro_batch, tokens)
     trace = trace_model(check_spec(spec), None, shape, {"device": "cuda", "precision": precision}, progress=progress)
@@ -235,7 +235,7 @@ def user_compute(record: dict) -> dict:
             "device_name": record.get("device_name"), "device_memory_bytes": record.get("device_memory_bytes")}
 
 
-PRESET_SPEC = "probes.preset_models:build"
+PRESET_SPEC = "topoprof.zoo.preset_modules:build"
 SCALED_DEPTHS = (2, 4)  # blocks of the two reduced models a too-large preset is timed at
 
 
@@ -252,7 +252,7 @@ def nvml_gpu_of(device: str):
     if not device.startswith("cuda"):
         return None
     try:
-        from probes.nvml import query_nvml
+        from topoprof.probes.hardware.nvml import query_nvml
         from topoprof.topology.visible import job_gpus
 
         gpus = query_nvml().gpus
@@ -276,7 +276,7 @@ def gpu_memory_bytes(device: str) -> int | None:
 def _cannot_fit(preset: str, optimizer: str, memory_bytes: int | None) -> bool:
     """True when the training state alone exceeds the GPU's memory: building the whole model
     (tens of GB of random weights on the host) only to run out of memory would waste the scan's time."""
-    from topoprof.model.workload.presets import get_preset
+    from topoprof.workload.presets import get_preset
 
     if memory_bytes is None:
         return False
@@ -296,10 +296,10 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     is always timed whole (the largest, 88.8M parameters, fits any GPU's training state). `sizes`:
     the module's arguments changed (`WorkloadRequest.preset_sizes`)."""
     from topoprof.measure.user_model import measure_user_model
-    from topoprof.model.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
+    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
     from topoprof.model.compute.scaled import scaled_compute
 
-    def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (probes/checkpointing.py)
+    def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (topoprof/zoo/checkpoint_wrap.py)
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
                                     kwargs={**kwargs, **more, **({"ac": ac} if ac != "none" else {}),
                                             **({"sizes": sizes} if sizes else {})},
@@ -309,7 +309,7 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     if is_vision(preset):
         if seq_len is not None:
             raise InputError(f"--tokens: {preset} is an image model: it reads --micro-batch-size images, not tokens")
-        from topoprof.model.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
+        from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
 
         image_size = DEFAULT_IMAGE_SIZE if image_size is None else check_image_size(image_size)
         kwargs = {"preset": preset, "micro_batch": micro_batch, "image_size": image_size}

@@ -17,7 +17,7 @@ each a figure or a range with its source, so the memory count names every part.
   src/graph/connect.cc), at most MAXCHANNELS (32), each with a ring peer and at most a tree peer
   besides.
 - The caching allocator's reserve over what is allocated: its rounding (counted from the op trace,
-  `probes/trace_memory.py`), and the split blocks it cannot hand out when memory runs short (it frees
+  `topoprof/trace/live_bytes.py`), and the split blocks it cannot hand out when memory runs short (it frees
   its unsplit cached blocks and retries before it fails, c10/cuda/CUDACachingAllocator.cpp
   `release_cached_blocks`): at an out-of-memory, reserved-but-unallocated was 1.83 of 75.31 GiB
   allocated (2.4 %, vllm-project/compressed-tensors#587, Llama 3.3 70B) and 121 MiB of 13.8 GiB (0.9 %,

@@ -19,7 +19,7 @@ Counted, and labelled counted, unless a GPU measured it. Bytes per parameter:
   (`reshard_after_forward=False`) every group stays unsharded from its forward to its backward.
   With `set_requires_gradient_sync(False)` every group keeps its unsharded gradient until the
   micro-batch that syncs: full-size gradients, as DDP holds.
-- activations: on a --gpu what-if, counted from the op trace (`probes/op_trace.py`, `LiveBytes`:
+- activations: on a --gpu what-if, counted from the op trace (`topoprof/trace/op_trace.py`, `LiveBytes`:
   the tensors the forward allocated and the backward reads, in autocast's dtypes, less autocast's
   weight copies); without a trace, for the transformer presets, Korthikanti et al., "Reducing Activation
   Recomputation in Large Transformer Models" (2022), Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer

@@ -1,5 +1,5 @@
 """What one micro-batch holds per GPU beyond the model's states, counted from its op trace
-(`probes/op_trace.py`, `probes/trace_memory.py`): what its blocks keep for backward under each
+(`topoprof/trace/op_trace.py`, `topoprof/trace/live_bytes.py`): what its blocks keep for backward under each
 activation checkpointing mode, the logits and the loss, autocast's weight copies held for
 backward, the backward's transient and the allocator's rounding.
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from topoprof.model.workload.checkpointing import Checkpointing
+from topoprof.workload.checkpointing import Checkpointing
 
-# The parts a micro-batch adds, as the trace names them (probes/op_trace.py `memory`)
+# The parts a micro-batch adds, as the trace names them (topoprof/trace/op_trace.py `memory`)
 PARTS = ("activations", "logits", "param_copies", "backward_transient", "rounding")
 
 
@@ -39,7 +39,7 @@ class MicroBatchBytes:
 
 
 def from_trace(memory: dict) -> MicroBatchBytes:
-    """The parts of one pass's `memory` (probes/op_trace.py)."""
+    """The parts of one pass's `memory` (topoprof/trace/op_trace.py)."""
     kept = memory.get("kept") or {}
     logits = float(kept.get("after_blocks_bytes", 0))
     return MicroBatchBytes(

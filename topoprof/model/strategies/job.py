@@ -11,9 +11,9 @@ from topoprof.model.comm.collectives import CommModel, HierarchicalComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.ddp.buckets import ddp_bucket_limits
 from topoprof.model.memory.traced import TracedMemory
-from topoprof.model.workload.checkpointing import Checkpointing
-from topoprof.model.workload.layout import Layout
-from topoprof.model.workload.presets import get_preset, synthetic_layout
+from topoprof.workload.checkpointing import Checkpointing
+from topoprof.workload.layout import Layout
+from topoprof.workload.presets import get_preset, synthetic_layout
 
 # Backends whose collectives block the calling thread and whose reduce-scatter is an all-reduce
 # (topoprof.model.fsdp): gloo. NCCL's run on streams beside the compute.
@@ -41,7 +41,7 @@ class Workload:
     gradient_as_bucket_view: bool = False
     dp_output_bytes: int = 0  # per GPU, gathered to GPU 0 by DataParallel (0 = a small loss)
     activation_memory_gb: float | None = None  # per GPU per micro-batch, when the user knows it
-    # One GPU's memory by phase over a timed step of this model (probes/user_model.py), if any
+    # One GPU's memory by phase over a timed step of this model (probes/ranks/model_timing.py), if any
     measured_memory: dict | None = None
     # FSDP's MixedPrecisionPolicy: bytes per all-gathered parameter (param_dtype; None: the
     # parameters' own, param_bytes) and per reduced gradient (reduce_dtype; None: param_dtype's,

@@ -74,7 +74,7 @@ def _samples(inputs: ModelInputs) -> float | None:
 def _formula(inputs: ModelInputs) -> MicroBatchCount:
     """Korthikanti et al. 2022 for the transformer presets: Eq. 1 per layer without AC, the layer's
     input (2 bytes per token per hidden unit, §4's full recomputation) for a checkpointed one."""
-    from topoprof.model.workload.presets import PRESET_DEPTH
+    from topoprof.workload.presets import PRESET_DEPTH
 
     work = inputs.workload
     ac = work.checkpointing

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
-from topoprof.model.workload.checkpointing import Checkpointing, parse_checkpointing
+from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
 MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
 LAYER_EVERY = 2  # torchtitan's selective layer default, "2 = checkpoint every other layer" (config_manager.py)

@@ -22,9 +22,9 @@ from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeli
 from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
 from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
 from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan, recompute_shares
-from topoprof.model.fsdp.timeline import (FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, Collectives, FsdpMode,
-                                          FsdpOverhead, FsdpSetting, FsdpStep, collective_times, fsdp_step,
+from topoprof.model.fsdp.timeline import (Collectives, FsdpOverhead, FsdpSetting, FsdpStep, collective_times, fsdp_step,
                                           shard_degree)
+from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, FsdpMode, HSDP_ONE_NODE_REASON, MODES
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
@@ -129,7 +129,7 @@ def with_recompute(setting: FsdpSetting, res: Resolved, plan) -> FsdpSetting:
     group's backward start (`fsdp.timeline`), shared as `fsdp.plan.recompute_shares` says."""
     from dataclasses import replace
 
-    from topoprof.model.workload.presets import PRESET_DEPTH
+    from topoprof.workload.presets import PRESET_DEPTH
 
     total = recompute_total_s(res)
     work = res.inputs.workload

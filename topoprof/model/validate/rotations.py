@@ -1,4 +1,4 @@
-"""What `validate`'s rank worker measured (probes/validation.py), reduced to the model's inputs and
+"""What `validate`'s rank worker measured (probes/ranks/validation.py), reduced to the model's inputs and
 to what each DDP mode really did.
 
 Every input is measured many times, in turns with the steps it predicts, and reported with its
@@ -16,7 +16,7 @@ a step adds up:
 - DDP's own costs per micro-batch (its hooks; the bucket copies of a synced micro-batch) are a
   few milliseconds inside a micro-batch's spread: they are medians of paired differences.
 A mode's measured step is the slowest rank's, and its parts come from that rank's timeline.
-FSDP's (topoprof.model.fsdp, probes/fsdp.py): its own work is a level, the passes through FSDP less
+FSDP's (topoprof.model.fsdp, probes/ranks/fsdp.py): its own work is a level, the passes through FSDP less
 the plain micro-batches of the same rotations (`fsdp_costs`); its collectives between compute are
 means, a step adding dozens of them (`fsdp_points`).
 """
@@ -110,7 +110,7 @@ def ddp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
 
 
 # FSDP's own work per micro-batch, from the calibration's passes through FSDP with collectives
-# that communicate nothing (probes/fsdp.py), each less the plain pass of the same micro-batch:
+# that communicate nothing (probes/ranks/fsdp.py), each less the plain pass of the same micro-batch:
 # the names `topoprof.model.compute.timing.Compute` gives them once divided per group (validate.py).
 FSDP_COSTS = ("fsdp_forward_cost_s", "fsdp_backward_cost_s", "fsdp_backward_no_sync_cost_s", "fsdp_unshard_cost_s")
 
@@ -154,7 +154,7 @@ def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
 
 def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
     """(collective, bytes, what one of FSDP's all-gathers or reduce-scatters of that size adds to
-    a step on a blocking backend): from the shadow passes before each step (probes/fsdp.py), the
+    a step on a blocking backend): from the shadow passes before each step (probes/ranks/fsdp.py), the
     plain model's compute with FSDP's collectives where FSDP issues them. Every rank leaves each
     collective at the same moment, so a step's wall time is any rank's compute plus its time
     inside the collectives, and so the ranks' mean compute plus their mean time inside: each
@@ -236,7 +236,7 @@ def comm_slowdowns(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     rotation the slower rank's beside over its alone (a collective ends with its last rank). The
     value is the ratio of the sums over rotations, which a single odd rotation moves less than a
     median of few ratios; the spread is that of the per-rotation ratios."""
-    # interference is sampled in some rotations only (probes/validation.py): the sizes come from
+    # interference is sampled in some rotations only (probes/ranks/validation.py): the sizes come from
     # the first that has it
     first = next((r["interference"] for rot in rotations for r in rot if r.get("interference")), None)
     if not first:

@@ -1,7 +1,7 @@
 """Validation: real training loops for every strategy, measured against the model's prediction.
 
 One launcher start runs, on the same ranks and links: an all-reduce sweep (the curve the model
-interpolates), then rotations (probes/validation.py) in which every rank's calibration (compute
+interpolates), then rotations (probes/ranks/validation.py) in which every rank's calibration (compute
 per micro-batch alone and through DDP's hooks, the optimizer), one step of each DDP mode with its
 timeline, each bucket's all-reduce alone and the interference between compute and communication
 are measured in turns, so that a drifting machine moves inputs and steps together; then the
@@ -19,9 +19,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError, NothingMeasured
-from topoprof.model.fsdp.timeline import FSDP_ONE_NODE, FSDP_STRATEGIES
-from topoprof.model.workload.layout import Layout
-from topoprof.model.workload.synthetic import SyntheticSpec
+from topoprof.specs.fsdp_modes import FSDP_ONE_NODE, FSDP_STRATEGIES
+from topoprof.workload.layout import Layout
+from topoprof.workload.synthetic import SyntheticSpec
 
 DDP_MODES = ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only")
 # `--modes all`: every mode these ranks run in one launch (dp, one process over the GPUs, is asked
@@ -54,7 +54,7 @@ class ValidateOptions:
     # measured (`topoprof.model.inputs.user_model.user_layout`)
     user_model: str | None = None
     user_layout: Layout | None = None
-    ac: str = "none"  # the blocks' activation checkpointing (topoprof.model.workload.checkpointing)
+    ac: str = "none"  # the blocks' activation checkpointing (topoprof.workload.checkpointing)
 
     @property
     def layout(self) -> Layout:
@@ -86,7 +86,7 @@ class ValidateOptions:
                              "--model's modules is not supported")
         if not self.modes:
             raise InputError("--modes: give at least one mode")
-        from topoprof.model.workload.checkpointing import parse_checkpointing
+        from topoprof.workload.checkpointing import parse_checkpointing
 
         object.__setattr__(self, "ac", parse_checkpointing(self.ac).text)
         if self.user_model and self.ac != "none":
@@ -171,7 +171,7 @@ class ValidateResult:
 
 def collect(result: ValidateResult):
     """An on_message handler that files every rank-0 message under its phase."""
-    from topoprof.measure.collectives import row_from_dict
+    from topoprof.specs.collective_spec import row_from_dict
 
     def on_message(rank: int, msg: dict) -> None:
         kind, phase = msg.get("type"), msg.get("phase")
@@ -319,7 +319,7 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     else:
         comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
                              "all-reduce measured on these ranks (bucket sizes in the rotations)")
-    from topoprof.model.workload.checkpointing import parse_checkpointing
+    from topoprof.workload.checkpointing import parse_checkpointing
 
     workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.tokens_per_micro_batch, checkpointing=parse_checkpointing(opts.ac))
@@ -419,7 +419,7 @@ def summary(results: list[ValidateResult]) -> dict:
 
 
 def spec_from_options(params: str | None, preset: str | None, scale: float, seq_len: int):
-    from topoprof.model.workload.synthetic import spec_for_params, spec_for_preset
+    from topoprof.workload.synthetic import spec_for_params, spec_for_preset
 
     if params and preset:
         raise InputError("give --params or --preset, not both")
@@ -447,7 +447,7 @@ def validate_payload(result, opts) -> dict:
                       "step_rule": "a step's time is the max over ranks; the median over timed steps",
                       **({"activation_checkpointing": opts.ac} if opts.ac != "none" else {})},
             "wall_s": result.wall_s,
-            # every rank's raw timelines and samples, rotation by rotation (probes/validation.py)
+            # every rank's raw timelines and samples, rotation by rotation (probes/ranks/validation.py)
             "rotations": result.rotations}
 
 

@@ -1,4 +1,4 @@
-"""Measured copy bandwidth: GPU -> GPU heatmap and host <-> GPU bars (probes/copies.py data)."""
+"""Measured copy bandwidth: GPU -> GPU heatmap and host <-> GPU bars (probes/ranks/copy_bandwidth.py data)."""
 from __future__ import annotations
 
 import math

@@ -1,0 +1,164 @@
+"""Entry point of one rank started by topoprof's launcher: `python -m topoprof.probes.ranks.rank_main`.
+
+The launcher passes the job in TOPOPROF_JOB (a JSON file) and a pipe in TOPOPROF_RESULT_FD; the
+rank writes one JSON message per line to that pipe. stdout/stderr stay free for libraries (NCCL's
+INFO lines) and land in the rank's log file. TOPOPROF_LAUNCHER_PID names the launcher, which this
+rank must not outlive (`die_with_launcher`).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import traceback
+
+# <linux/prctl.h>: the signal a process gets when the thread that started it exits
+_PR_SET_PDEATHSIG = 1
+
+# worker name -> "module:function"; the function takes (ctx: RankContext, config: dict).
+WORKERS = {
+    "collectives": "topoprof.probes.ranks.collective_timing:run_rank",
+    "training": "topoprof.probes.ranks.training:run_rank",
+    "numerics": "topoprof.probes.ranks.numerics:run_rank",
+    "validation": "topoprof.probes.ranks.validation:run_rank",
+    "sleep": "topoprof.probes.ranks.rank_main:_sleep_worker",
+    "phases": "topoprof.probes.ranks.rank_main:_phases_worker",
+    "nodes": "topoprof.probes.ranks.nodes:run_rank",
+    "user_model": "topoprof.probes.ranks.model_timing:run_rank",
+    "op_trace": "topoprof.trace.op_trace:run_rank",
+    "profile": "topoprof.probes.device_profile.profile_worker:run_rank",
+}
+
+
+class RankContext:
+    """What a worker needs: its place in the job and a way to report."""
+
+    def __init__(self, env, emit, timeout_s: float):
+        self.env = env
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.device = env.device
+        self.timeout_s = timeout_s
+        self._emit = emit
+
+    def emit(self, kind: str, **payload) -> None:
+        self._emit({"type": kind, **payload})
+
+    def progress(self, step: str) -> None:
+        self.emit("progress", step=step)
+
+
+class _PhaseContext(RankContext):
+    """A RankContext whose messages carry the phase they belong to."""
+
+    def __init__(self, parent: RankContext, phase: str):
+        super().__init__(parent.env, parent._emit, parent.timeout_s)
+        self.phase = phase
+
+    def emit(self, kind: str, **payload) -> None:
+        self._emit({"type": kind, "phase": self.phase, **payload})
+
+
+def _phases_worker(ctx: RankContext, config: dict) -> None:
+    """Run several workers one after the other in the same process group (one launch for a scan).
+
+    A phase that fails on one rank raises there, which ends the whole run: the launcher stops the
+    peers and keeps what the earlier phases reported.
+    """
+    import torch.distributed as dist
+
+    for phase in config["phases"]:
+        ctx.emit("phase", name=phase["name"])
+        resolve(phase["worker"])(_PhaseContext(ctx, phase["name"]), phase["config"])
+        dist.barrier()
+
+
+def _sleep_worker(ctx: RankContext, config: dict) -> None:
+    """A worker for testing the launcher: reports, waits, optionally fails on one rank."""
+    import time
+
+    import torch.distributed as dist
+
+    for i in range(int(config.get("steps", 3))):
+        ctx.progress(f"step {i}")
+        if ctx.rank == config.get("fail_rank") and i == config.get("fail_step", 1):
+            if config.get("how") == "exit":
+                os._exit(7)
+            if config.get("how") == "hang":
+                time.sleep(3600)
+            raise RuntimeError("injected failure")
+        dist.barrier()
+        ctx.emit("row", rank=ctx.rank, step=i, pid=os.getpid(), probes=os.path.abspath(__file__))
+        time.sleep(float(config.get("sleep_s", 0.05)))
+
+
+def resolve(worker: str):
+    module, func = WORKERS[worker].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def die_with_launcher() -> None:
+    """Be killed when the launcher dies, even by SIGKILL; leave at once if it already has.
+
+    The launcher runs no Python between fork and exec (it may hold a CUDA context and threads), so
+    the rank arms PR_SET_PDEATHSIG itself, first thing, before torch is imported. The launcher may
+    have died before that: the rank then already belongs to init (or a subreaper) and its parent
+    is no longer the pid in TOPOPROF_LAUNCHER_PID. Checking after arming leaves no gap (prctl(2)).
+    """
+    launcher = os.environ.get("TOPOPROF_LAUNCHER_PID")
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            print(f"rank: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+    # Without prctl (not Linux) the launcher kills every rank's process group when it ends in any
+    # way Python sees (launch_local's `finally`, KeyboardInterrupt included). A SIGKILLed launcher
+    # cannot: its ranks then end at their next message, whose write to the result pipe fails
+    # (BrokenPipeError) with no reader left.
+    if launcher is not None and os.getppid() != int(launcher):
+        print(f"rank: the launcher (pid {launcher}) is gone (parent is now pid {os.getppid()}); "
+              "leaving", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def main() -> None:
+    die_with_launcher()
+    with open(os.environ["TOPOPROF_JOB"]) as f:
+        job = json.load(f)
+    out = os.fdopen(int(os.environ["TOPOPROF_RESULT_FD"]), "w", buffering=1)
+
+    def emit(msg: dict) -> None:
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    from topoprof.probes.ranks import dist
+
+    try:
+        env = dist.init(job["backend"], float(job["timeout_s"]))
+        ctx = RankContext(env, emit, float(job["timeout_s"]))
+        resolve(job["worker"])(ctx, job["config"])
+        # Every rank has finished its collectives before any leaves: a peer closing its sockets
+        # early would fail a rank still inside its last operation.
+        import torch.distributed
+
+        torch.distributed.barrier()
+        emit({"type": "done"})
+    except BaseException as err:  # report, then exit non-zero: the launcher stops the peers
+        traceback.print_exc()
+        emit({"type": "error", "message": f"{type(err).__name__}: {err}".splitlines()[0][:500]})
+        out.close()
+        os._exit(1)
+    # Leave without tearing the process group down: the work is done and reported, and gloo's
+    # teardown can abort the process ("terminate called without an active exception") or take
+    # seconds; the operating system releases the sockets and memory.
+    out.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

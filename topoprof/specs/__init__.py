@@ -1,0 +1,4 @@
+"""The shared definitions stage: what both the CLI side and the rank side must agree on, below
+both: a collective's spec (`collective_spec`: counts, bus-bandwidth factors, a result row), FSDP2's
+modes (`fsdp_modes`) and the device profile's document (`profile_schema`). It gives names and
+pure functions; it imports nothing of topoprof but the base."""

@@ -1,0 +1,510 @@
+"""One forward and backward of a model on the meta device, op by op: what each aten op computes
+and moves, and the backward FLOPs done before each trainable gradient is ready.
+
+Meta tensors carry shapes and dtypes but no data, so the pass costs no compute and no memory,
+whatever the model's size and wherever it runs: its result does not depend on the machine. The
+same pass gives
+
+- every aten op the dispatcher runs, in order, with its phase ("forward": the forward and the
+  loss; "backward"), its FLOPs by the rules of `torch.utils.flop_counter` and the bytes it reads
+  (its input tensors' sizes) and writes (its outputs' sizes): the op trace a roofline compute
+  model reads;
+- the gradient-ready order by FLOPs: a post-accumulate-grad hook per trainable parameter (where
+  DDP's reducer hook fires, see `probes/ranks/model_timing.py`) records the backward FLOPs counted so
+  far; that over the backward's total is the share of backward done when the gradient is ready,
+  in the format of the timed record's "ready".
+
+FLOPs are counted as `FlopCounterMode` counts them (torch/utils/flop_counter.py,
+`_FlopCounterMode.__torch_dispatch__`): an op first tries `func.decompose` (a CompositeImplicit
+op becomes the ops it is made of, each counted), else it runs and its overload packet's formula
+in `flop_registry` gives its FLOPs (matmuls, convolutions, attention); ops without a formula
+count 0, as there.
+
+Bytes: views and aliases (`OpOverload.is_view`: the schema returns an alias of an input and
+writes none, torch/_ops.py; and `_unsafe_view`, a view the schema does not mark) stay in the
+trace with 0 bytes, since they move no data; `empty*` allocations write nothing. Read bytes
+count each tensor argument's numel x element size: an expanded (stride-0) input counts at its
+expanded size, an upper bound on what the kernel fetches. The trace runs in each tensor's own
+dtype: autocast has no meta backend, so a bf16 run's bytes are not what this counts.
+
+The device the trace stands for (`target`: {"device": "cuda" or "cpu", "precision": "bf16",
+"fp16" or "fp32"}) decides the attention kernel and, on CUDA in 16-bit, autocast's casts
+(`topoprof/trace/target_lens.py`). Where a 16-bit pass fails (a composite the policy by name does not
+reach), the pass runs again in fp32 and says why (`autocast_failure`): its FLOPs still order the
+gradients; its bytes are not a 16-bit step's.
+Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
+by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
+whether it writes in place (a fresh allocation's pages cost a CPU extra, `topoprof.model.compute.roofline`),
+and the storages it reads and writes (`reads`, `writes`: [key, bytes], a key per storage for as
+long as it lives), which tell a chain of ops whose intermediates never leave it (what
+torch.compile fuses, `topoprof.model.compute.fusion`). The pass also counts the nodes of the
+autograd graph its backward runs (`autograd_nodes`: each costs the engine's host time, whether
+or not it launches a kernel; a view's backward launches none) and, among them, the parameters'
+AccumulateGrad nodes (`autograd_leaves`).
+
+Two FLOP rules differ from FlopCounterMode's, where it is wrong or silent: a grouped convolution's
+weight gradient counts once, not `groups` times (its backward formula passes the transposed
+input as the batch, so `conv_flop_count` multiplies all input channels by the whole grad
+output: 2 x C_in x C_out x ..., where the weight gradient is 2 x C_in/groups x C_out x ...);
+the CPU's fused attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward) counts
+as the CUDA flash kernels' formulas do (the same attention, which `flop_registry` leaves out).
+
+Activation checkpointing runs as torch runs it (`torch.utils.checkpoint`, reentrant or not, with
+or without `create_selective_checkpoint_contexts`; `topoprof/zoo/checkpoint_wrap.py` applies the modes
+the tool names): the forward keeps what checkpointing keeps, and the backward recomputes inside
+the engine. Recomputed ops stay in the backward phase (they take backward time, and they come
+before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
+
+Memory (`memory`): `activations_bytes` is what stays in memory from the end of the forward to
+the start of the backward, of what the pass itself allocated: autograd's saved tensors, the
+outputs checkpointing keeps (its saved inputs; selective checkpointing's cache), and the loss;
+each storage once, a view counted as the storage it looks at; not the parameters, not the
+batch (both there before the forward and after the backward), and not autocast's copies of the
+weights (`param_copies_bytes`: they scale with the parameters, not the batch). That is what a
+memory plan adds per micro-batch; on a CPU it equals, within the loss, the bytes
+`topoprof/trace/activation_bytes.py` hooks as saved for backward (`tests/test_activation_bytes.py`).
+`peak_bytes` is the most the pass held at once, copies included.
+
+The user's model is built under `torch.device("meta")` at the stated micro-batch and sequence
+length when its callable takes `micro_batch` / `seq_len` (as `topoprof/zoo/preset_modules.py:build`
+does), else with its example batch as it is; a device its code names stays meta
+(`topoprof/trace/meta_device.py`), and a module or batch it built on meta itself is used as it is. Nothing
+of the model runs for real: `topoprof/measure/meta_trace.py` runs this pass alone in a worker, for a
+model that is never to be timed on this machine. Anything that cannot run on meta (an op without a
+meta kernel, `.item()` or a data-dependent shape) gives a `failure` reason instead of raising,
+with the parameter list where the model was built: the caller then keeps the measured order, or
+for a model it never times, the datasheet's range, and says why. A callable that is itself wrong
+(its import, its return value, its loss) says so (`user_error`): that is the user's to fix.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+from topoprof.trace.meta_device import on_meta
+from topoprof.trace.target_lens import AUTOCAST_DTYPES, TargetLens, check_target
+from topoprof.trace.live_bytes import LiveBytes
+from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, to_device,
+                                  user_loss)
+
+aten = torch.ops.aten
+
+# What a user's callable may take to build its model and batch at the stated shape.
+SHAPE_KWARGS = ("micro_batch", "seq_len")
+
+# A view the schema does not annotate as one (native_functions.yaml: `_unsafe_view(Tensor self,
+# SymInt[] size) -> Tensor`); matmul reshapes its result with it, without a copy.
+_UNMARKED_VIEWS = frozenset({aten._unsafe_view.default})
+# Allocations whose contents are left undefined: nothing is written.
+_UNINITIALIZED = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+                            aten.new_empty.default, aten.new_empty_strided.default})
+
+
+# The CPU's fused attention is the flash algorithm the CUDA formulas count (flop_registry has no
+# entry for it); the shape wrappers take (query, key, value, ...) and (grad_out, query, key,
+# value, ...), which its schemas begin with too.
+_FLOP_ALIASES = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: flop_registry[aten._scaled_dot_product_flash_attention],
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+        flop_registry[aten._scaled_dot_product_flash_attention_backward],
+}
+_ATTENTION = frozenset({aten._scaled_dot_product_flash_attention.default,
+                        aten._scaled_dot_product_flash_attention_backward.default,
+                        aten._scaled_dot_product_efficient_attention.default,
+                        aten._scaled_dot_product_efficient_attention_backward.default,
+                        aten._scaled_dot_product_flash_attention_for_cpu.default,
+                        aten._scaled_dot_product_flash_attention_for_cpu_backward.default})
+
+
+def _nbytes(values) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(values) if isinstance(t, torch.Tensor))
+
+
+def _flops(func, args, kwargs, out) -> int:
+    """FLOPs by flop_counter's formula for `func`, with its grouped-convolution weight gradient
+    counted once (see the module docstring); 0 where no formula exists."""
+    formula = _FLOP_ALIASES.get(func) or flop_registry.get(func._overloadpacket)
+    if formula is None:
+        return 0
+    if func is aten.convolution_backward.default and args[9] > 1 and args[10][1]:
+        groups, mask = args[9], list(args[10])
+        rest = formula(*args[:10], [mask[0], False, mask[2]], *args[11:], **kwargs, out_val=out)
+        weight = formula(*args[:10], [False, True, False], *args[11:], **kwargs, out_val=out)
+        return int(rest + weight // groups)
+    return int(formula(*args, **kwargs, out_val=out))
+
+
+def _is_parameter(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
+
+
+def _is_causal(func, args, kwargs) -> bool:
+    """The is_causal argument of a fused attention op (forward or backward)."""
+    schema = func._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "is_causal":
+            return bool(kwargs["is_causal"] if "is_causal" in kwargs else args[i] if i < len(args) else False)
+    return False
+
+
+def _recomputing() -> bool:
+    """Whether an op in backward is activation checkpointing's recompute: the autograd engine runs
+    backward nodes with grad mode off (a backward that builds no graph), and checkpointing runs
+    its recompute inside the engine with grad mode on (torch/utils/checkpoint.py: `enable_grad`
+    in CheckpointFunction.backward and in the non-reentrant unpack hook). The gradient seed
+    `backward()` makes before the engine starts is not one (no graph task yet)."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
+
+
+class StorageKeys:
+    """A small integer per storage, the same for as long as the storage lives (a view shares its
+    base's): a weak reference tells a live storage from a new one that got a freed one's id()."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, tuple[weakref.ref, int]] = {}
+        self._next = 0
+
+    def key(self, t) -> int | None:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage (a subclass)
+            return None
+        held = self._keys.get(id(storage))
+        if held is not None and held[0]() is storage:
+            return held[1]
+        self._next += 1
+        self._keys[id(storage)] = (weakref.ref(storage), self._next)
+        return self._next
+
+    def touched(self, values) -> list[list[int]]:
+        """[key, bytes] of each storage among `values`' tensors, once each (the most bytes read of it)."""
+        out: dict[int, int] = {}
+        for t in tree_leaves(values):
+            if isinstance(t, torch.Tensor):
+                key = self.key(t)
+                if key is not None:
+                    out[key] = max(out.get(key, 0), t.numel() * t.element_size())
+        return [[k, b] for k, b in out.items()]
+
+
+def autograd_nodes(root) -> tuple[int, int]:
+    """(nodes, leaves) of the autograd graph below `root` (a grad_fn): what the engine runs in
+    backward, views' included; leaves: its AccumulateGrad nodes, one per parameter it reaches."""
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return len(seen), sum(1 for node in seen if type(node).__name__ == "AccumulateGrad")
+
+
+class OpTracer(TorchDispatchMode):
+    """Records each aten op with its phase, FLOPs and bytes; `phase` is set by the caller. With
+    the target's lens, each op first lets the lens drop casts whose autocast region has ended."""
+
+    def __init__(self, lens: TargetLens | None = None) -> None:
+        super().__init__()
+        self.phase = "forward"
+        self.ops: list[dict] = []
+        self.flops = {"forward": 0, "backward": 0}
+        self.memory = LiveBytes()
+        self.lens = lens
+        self.storages = StorageKeys()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.lens is not None:
+            self.lens.leave_ended_region()
+        # As FlopCounterMode does: decompose what can be, so that its parts are what is counted.
+        if func is not torch.ops.prim.device.default:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        flops = _flops(func, args, kwargs, out)
+        view = func.is_view or func in _UNMARKED_VIEWS
+        op = {"name": str(func), "phase": self.phase, "flops": flops, "view": view,
+              "bytes_read": 0 if view else _nbytes((args, kwargs)),
+              "bytes_written": 0 if view or func in _UNINITIALIZED else _nbytes(out)}
+        if flops:
+            op["shapes"] = [list(t.shape) for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
+        if func in _ATTENTION:
+            op["causal"] = _is_causal(func, args, kwargs)
+        if self.phase == "backward" and _recomputing():
+            op["recompute"] = True
+        if not view:
+            op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            op["inplace"] = func._schema.is_mutable
+            op["reads"] = self.storages.touched((args, kwargs))
+            op["writes"] = [] if func in _UNINITIALIZED and not op["inplace"] else self.storages.touched(out)
+            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
+                                  written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
+                                  op=op["name"])
+        self.ops.append(op)
+        self.flops[self.phase] += flops
+        return out
+
+
+def backward_with_modes_on(loss) -> None:
+    """`loss.backward()`, with the torch function modes now on (the target's lens, the meta
+    device's) still on in the engine, for checkpointing's recompute, which must build, cast and
+    attend as the forward did. `Tensor.backward` and `torch.autograd.backward` are torch functions:
+    each hands itself to the innermost mode first, and a mode is off while its own handler runs,
+    so either would start the engine without it. The engine is started here as
+    `torch.autograd.backward` starts it (torch/autograd/__init__.py: a seed of ones, then
+    `_engine_run_backward`), past that hand-off."""
+    seed = torch.ones_like(loss)
+    torch.autograd.graph._engine_run_backward((loss,), (seed,), False, False, (),
+                                              allow_unreachable=True, accumulate_grad=True)
+
+
+def _block_marks(module, blocks: list[str] | None, tracer: OpTracer):
+    """Hooks that note, per block (qualified names, in forward order), the forward ops it ran:
+    [first op, end) in the trace; a recompute in backward is not its forward. (marks, handles)."""
+    marks: dict[str, list[int]] = {}
+    handles = []
+    for name in blocks or ():
+        block = module.get_submodule(name)
+
+        def before(_m, _args, name=name):
+            if tracer.phase == "forward" and name not in marks:
+                marks[name] = [len(tracer.ops), len(tracer.ops)]
+
+        def after(_m, _args, _out, name=name):
+            if tracer.phase == "forward" and name in marks:
+                marks[name][1] = len(tracer.ops)
+
+        handles += [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
+    return marks, handles
+
+
+def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
+    """The pass's memory (module docstring), after its backward."""
+    m = tracer.memory
+    return {**at_forward_end, "peak_bytes": m.peak, "rounded_peak_bytes": m.rounded_peak,
+            "forward_peak_bytes": m.forward_peak, "forward_transient_bytes": m.forward_peak - m.backward_start,
+            "backward_start_bytes": m.backward_start, "backward_peak_bytes": m.backward_peak,
+            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads}
+
+
+def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None, blocks: list[str] | None = None) -> dict:
+    """One forward and backward of `module` under the tracer; `params` is the parameter list
+    whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
+    `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it. `blocks`:
+    the repeated blocks' qualified names, to say what each keeps for backward (`memory.kept`)."""
+    target = check_target(target)
+    autocast = None if target is None or target.get("weights") == "cast" else AUTOCAST_DTYPES.get(target["precision"])
+    lens = None if target is None else TargetLens(target["device"], autocast)
+    tracer = OpTracer(lens)
+    ready: list[tuple[int, int]] = []
+
+    def grad_ready(p, i):
+        tracer.memory.mark_grad(p.grad)
+        ready.append((i, tracer.flops["backward"]))
+
+    handles = [p.register_post_accumulate_grad_hook(lambda p, i=i: grad_ready(p, i)) for i, p in enumerate(params)
+               if p.requires_grad]
+    marks, block_handles = _block_marks(module, blocks, tracer)
+    try:
+        with lens if lens is not None else contextlib.nullcontext(), tracer:
+            with lens.region() if lens is not None else contextlib.nullcontext():
+                loss = user_loss(module, batch, loss_fn)
+            if lens is not None:
+                lens.clear_cache()  # autocast's cached casts go when its region ends
+            # what stays for the backward (module docstring), less the parameters' copies
+            held = {"activations_bytes": tracer.memory.live - tracer.memory.param_copies,
+                    "param_copies_bytes": tracer.memory.param_copies,
+                    **({"kept": {"blocks": len(marks), **tracer.memory.kept([tuple(marks[b]) for b in blocks])}}
+                       if blocks and len(marks) == len(blocks) else {})}
+            nodes, leaves = autograd_nodes(loss.grad_fn)
+            tracer.phase = "backward"
+            tracer.memory.start_backward()
+            backward_with_modes_on(loss)
+    finally:
+        for h in handles + block_handles:
+            h.remove()
+    total = tracer.flops["backward"]
+    return {"ops": tracer.ops, "by_name": aggregate(tracer.ops), "totals": totals(tracer.ops),
+            "memory": _memory(tracer, held),
+            "ready_flops": [[i, f] for i, f in ready],
+            "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
+            "autograd_nodes": nodes, "autograd_leaves": leaves,
+            **({"target": target} if target is not None else {})}
+
+
+def aggregate(ops: list[dict]) -> list[dict]:
+    """The ops summed by name and phase (recomputed ones apart), the most FLOPs first (then the
+    most bytes)."""
+    rows: dict[tuple[str, str, bool], dict] = {}
+    for op in ops:
+        recompute = op.get("recompute", False)
+        row = rows.get((op["name"], op["phase"], recompute))
+        if row is None:
+            row = rows[(op["name"], op["phase"], recompute)] = {
+                "name": op["name"], "phase": op["phase"], "count": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0,
+                **({"recompute": True} if recompute else {})}
+        row["count"] += 1
+        for key in ("flops", "bytes_read", "bytes_written"):
+            row[key] += op[key]
+    return sorted(rows.values(), key=lambda r: (-r["flops"], -(r["bytes_read"] + r["bytes_written"]), r["name"]))
+
+
+def totals(ops: list[dict]) -> dict:
+    """Per phase, and for the recompute within the backward."""
+    out = {part: {"ops": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0}
+           for part in ("forward", "backward", "recompute")}
+    for op in ops:
+        for part in (op["phase"], "recompute") if op.get("recompute") else (op["phase"],):
+            row = out[part]
+            row["ops"] += 1
+            for key in ("flops", "bytes_read", "bytes_written"):
+                row[key] += op[key]
+    return out
+
+
+def shape_kwargs(build, stated: dict | None) -> dict:
+    """The stated shape (`micro_batch`, `seq_len`) that the user's callable takes by name."""
+    try:
+        accepted = inspect.signature(build).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return {}
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: v for k, v in (stated or {}).items()
+            if k in SHAPE_KWARGS and v is not None and k in accepted and accepted[k].kind in named}
+
+
+def describe_batch(batch) -> str:
+    """'4x32' for a tensor; '(4x3x224x224, 4)' for a tuple; 'input_ids 4x128, labels 4x128' for a dict."""
+    if isinstance(batch, torch.Tensor):
+        return "x".join(str(n) for n in batch.shape) or "scalar"
+    if isinstance(batch, dict):
+        return ", ".join(f"{k} {describe_batch(v)}" for k, v in batch.items())
+    if isinstance(batch, (list, tuple)):
+        return "(" + ", ".join(describe_batch(v) for v in batch) + ")"
+    return type(batch).__name__
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = None):
+    """(module, batch, loss_fn, the shape kwargs given) of the user's callable, all on meta; to be
+    called, and the pass run, inside `topoprof.trace.meta_device.on_meta()` (module docstring)."""
+    shape = shape_kwargs(load_callable(spec), stated)
+    module, batch, loss_fn = call_user_callable(spec, {**(kwargs or {}), **shape})
+    return module.to("meta"), to_device(batch, "meta"), loss_fn, shape
+
+
+# What is wrong with the callable itself (topoprof/zoo/user_callable.py's stages): the user's to fix,
+# whichever device it is read on.
+USER_ERRORS = ("import", "callable", "return", "loss")
+
+
+def repeated_blocks(module, container: str | None = None) -> list[str] | None:
+    """The qualified names of a model's repeated blocks: the children of `container` (a module
+    name, as --fsdp-unit gives it), else those its class names in `BLOCKS` (the presets, the
+    synthetic model); None where neither says."""
+    from topoprof.zoo.checkpoint_wrap import children_of
+
+    containers = [container] if container else list(getattr(type(module), "BLOCKS", ()))
+    try:
+        return [name for c in containers for name in children_of(module, c)] or None
+    except AttributeError:  # no such module: the blocks are not known
+        return None
+
+
+def _import_before_tracing_checkpoints() -> None:
+    """torch.utils.checkpoint imports torch._dynamo at its first call (torch/_compile.py
+    `_disable_dynamo`); imported under the trace's modes, its start-up runs ops on meta tensors
+    (torch 2.6 fails on one's item()) that the tracer would count. Imported first, outside them,
+    where the model may checkpoint: under the tool's modes, or a user's own model."""
+    import torch._dynamo  # noqa: F401
+
+
+def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
+                     target: dict | None = None, progress=None, blocks: str | None = None) -> dict:
+    """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
+    the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
+    as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
+    `progress`: called with each stage's text; `blocks`: the module whose children are the
+    repeated blocks (`repeated_blocks`). A failure says where: `user_error` (the stage, in
+    USER_ERRORS, and its `traceback`) when the callable itself is wrong; `params` (its parameter
+    list, read on meta) when the model was built and only its pass failed."""
+    built: dict = {}
+    say = progress or (lambda text: None)
+    if (kwargs or {}).get("ac", "none") != "none" or not spec.startswith("topoprof.zoo."):
+        _import_before_tracing_checkpoints()
+
+    def one_pass(for_target):
+        with on_meta():
+            say(f"building {spec} on meta")
+            module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
+            if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
+                module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
+            built["params"] = parameter_list(module)
+            say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
+            return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
+                                                    repeated_blocks(module, blocks))
+
+    target = check_target(target)
+    autocast_failure = None
+    try:
+        try:
+            shape, module, batch, traced = one_pass(target)
+        except UserModelError:
+            raise
+        except Exception as err:  # noqa: BLE001 - autocast's casts may be what fails: the pass in fp32 still orders
+            if target is None or target["precision"] == "fp32":
+                raise
+            autocast_failure = f"in {target['precision']}, {_first_line(err)}"
+            shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
+    except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
+        if isinstance(err, UserModelError) and err.kind in USER_ERRORS:
+            return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
+        return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
+    if not traced["ready"]:
+        return {"failure": "FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution "
+                           "or attention to weigh the gradients by)"}
+    described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
+    return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
+            "params": parameter_list(module), **traced,
+            **({"autocast_failure": autocast_failure} if autocast_failure else {})}
+
+
+def run_rank(ctx, config: dict) -> None:
+    """Worker `op_trace`: the pass alone, for a model nothing times here (a preset, `--params` or a
+    user's `--model` predicted for a GPU that is not here, or built on meta); emits `op_trace`
+    with the trace or its failure. Nothing of the model runs for real."""
+    import os
+
+    if ctx.rank != 0:
+        return
+    if config.get("cwd"):
+        os.chdir(config["cwd"])
+    if config.get("variants") is not None:
+        ctx.emit("op_traces", traces=[_variant(ctx, config, v) for v in config["variants"]])
+        return
+    ctx.progress(f"tracing {config['spec']} on meta")
+    ctx.emit("op_trace", **trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"),
+                                            config.get("target"), ctx.progress, config.get("blocks")))
+
+
+def _variant(ctx, config: dict, variant: dict) -> dict:
+    """One of several passes of one model (another depth, micro-batch, checkpointing mode or
+    target), without what only the main pass needs (the ops summed by name, the parameters)."""
+    kwargs, stated = {**(config.get("kwargs") or {}), **variant.get("kwargs", {})}, variant.get("stated")
+    ctx.progress(f"tracing {config['spec']} {kwargs} {stated} on meta")
+    traced = trace_user_model(config["spec"], stated, kwargs, variant.get("target", config.get("target")),
+                              blocks=config.get("blocks"))
+    return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

@@ -1,0 +1,103 @@
+"""Activation checkpointing applied to a model's repeated blocks, in the modes torchtitan offers
+(torchtitan/models/llama3/parallelize_llama.py, `_apply_ac_to_transformer_block` and `apply_ac`;
+since moved to torchtitan/distributed/activation_checkpoint.py):
+
+- `none`: every block keeps what autograd saves;
+- `full`: every block wrapped by `checkpoint_wrapper` (torch/distributed/algorithms/_checkpoint/
+  checkpoint_wrapper.py: non-reentrant `torch.utils.checkpoint`), which keeps the block's input
+  and recomputes the rest in backward;
+- `layer:N`: every N-th block so wrapped (torchtitan's integer `selective_ac_option`: a running
+  count of the blocks, wrapped where count % N == 0, so `layer:1` is `full`);
+- `op`: torchtitan's selective op policy, through `create_selective_checkpoint_contexts`: in each
+  block, keep the outputs of the ops in `SAVE_LIST` except every second `aten.mm`, recompute
+  the rest (`_custom_policy`).
+
+torchtitan wraps with `preserve_rng_state=False`, as here. `blocks` names the repeated blocks by
+their qualified names (`module.named_modules()`); `topoprof/zoo/preset_modules.py:preset_blocks` gives
+the presets' own.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+VALID_MODES = "none, full, layer:N (N a positive integer) or op"
+
+# torchtitan's `_save_list` (torchtitan/models/llama3/parallelize_llama.py; the cuDNN attention
+# as in its later `_op_sac_save_list`, torchtitan/models/llama3/infra/parallelize.py): matmuls,
+# the fused attention kernels, the reduce-scatter of tensor parallelism, and `max` (kept for
+# float8's scales).
+SAVE_LIST = frozenset({
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops.aten.max.default,
+    # the CPU's fused attention, which torchtitan (CUDA only) does not meet: kept as the CUDA
+    # kernels are, so that a CPU pass keeps what a GPU pass keeps
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+})
+
+
+def check_mode(mode: str) -> tuple[str, int]:
+    """('none' | 'full' | 'layer' | 'op', every N-th block); ValueError naming the valid forms."""
+    text = str(mode).strip().lower()
+    if text in ("none", "full", "op"):
+        return text, 1
+    kind, _, every = text.partition(":")
+    if kind == "layer" and every.isdigit() and int(every) > 0:
+        return "layer", int(every)
+    raise ValueError(f"activation checkpointing {mode!r}: valid modes are {VALID_MODES}")
+
+
+def _op_policy():
+    """torchtitan's `_custom_policy`, with its own count of matmuls per block's forward and
+    recompute: every second `mm` is recomputed, the rest of SAVE_LIST kept."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[mode] += 1
+        save = func in SAVE_LIST and not (func == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _op_contexts():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_op_policy())
+
+
+def _wrap(block, selective: bool):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if selective:
+        return checkpoint_wrapper(block, context_fn=_op_contexts, preserve_rng_state=False)
+    return checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_activation_checkpointing(module: torch.nn.Module, mode: str, blocks: list[str]) -> torch.nn.Module:
+    """`module` with its `blocks` (qualified names, in forward order) wrapped as `mode` says
+    (module docstring); in place, and returned."""
+    kind, every = check_mode(mode)
+    if kind == "none":
+        return module
+    for count, name in enumerate(blocks, start=1):
+        if kind == "layer" and count % every != 0:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        parent.register_module(child, _wrap(getattr(parent, child), selective=kind == "op"))
+    return module
+
+
+def children_of(module: torch.nn.Module, container: str) -> list[str]:
+    """The qualified names of a container's children (a ModuleList's or a Sequential's blocks)."""
+    return [f"{container}.{name}" for name, _ in module.get_submodule(container).named_children()]

@@ -1,0 +1,111 @@
+"""The user's `--model` callable: imported, called, and its loss, as every worker that runs or
+traces it reads them (`probes/ranks/model_timing.py` times it, `topoprof/trace/op_trace.py` traces it on the meta
+device, `probes/ranks/validation.py` trains it).
+
+`--model PATH.py:CALLABLE` or `package.module:CALLABLE` names a function that returns
+`(module, example_batch)` or `(module, example_batch, loss_fn)`. The loss: `loss_fn(output,
+batch)` when given; else the output's `.loss` (Hugging Face models); else the mean of the output
+in float32. What is wrong with the callable (import, call, return value, loss) raises
+`UserModelError` with its stage (`kind`) and traceback: it is the user's to fix.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+
+
+class UserModelError(Exception):
+    """The user's callable cannot be used; `kind` says at which stage."""
+
+    def __init__(self, kind: str, message: str, trace: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.trace = trace
+
+
+def load_callable(spec: str):
+    """The callable `spec` names (`PATH.py:CALLABLE` or `package.module:CALLABLE`), imported."""
+    target, _, name = spec.rpartition(":")
+    try:
+        if target.endswith(".py") or os.sep in target:
+            path = os.path.abspath(target)
+            sys.path.insert(0, os.path.dirname(path))
+            module_spec = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(path))[0], path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except Exception as err:
+        raise UserModelError("import", f"importing {target} raised {type(err).__name__}: {err}",
+                             traceback.format_exc()) from None
+    if not callable(getattr(module, name, None)):
+        raise UserModelError("callable", f"{target} has no callable named {name!r}")
+    return getattr(module, name)
+
+
+def call_user_callable(spec: str, kwargs: dict | None = None):
+    import torch
+
+    build = load_callable(spec)
+    try:
+        made = build(**(kwargs or {}))
+    except Exception as err:
+        raise UserModelError("call", f"{spec}() raised {type(err).__name__}: {err}",
+                             traceback.format_exc()) from None
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise UserModelError("return", f"{spec}() returned {type(made).__name__}"
+                             f"{f' of {len(made)}' if isinstance(made, tuple) else ''}; expected "
+                             "(module, example_batch) or (module, example_batch, loss_fn)")
+    module, batch, loss_fn = (*made, None) if len(made) == 2 else made
+    if not isinstance(module, torch.nn.Module):
+        raise UserModelError("return", f"{spec}()[0] is {type(module).__name__}, not a torch.nn.Module")
+    if loss_fn is not None and not callable(loss_fn):
+        raise UserModelError("return", f"{spec}()[2] is {type(loss_fn).__name__}, not callable")
+    return module, batch, loss_fn
+
+
+def to_device(batch, device):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def user_loss(module, batch, loss_fn):
+    import torch
+
+    if isinstance(batch, dict):
+        out = module(**batch)
+    elif isinstance(batch, (list, tuple)):
+        out = module(*batch)
+    else:
+        out = module(batch)
+    if loss_fn is not None:
+        loss = loss_fn(out, batch)
+    elif getattr(out, "loss", None) is not None:
+        loss = out.loss
+    else:
+        loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise UserModelError("loss", "the loss is not a one-element tensor "
+                             f"(got {type(loss).__name__}); return a loss_fn as the third element")
+    return loss
+
+
+def parameter_list(module) -> list[dict]:
+    """DDP's view of the parameters: registration order, shared tensors once with their aliases."""
+    aliases: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    return [{"name": name, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
+             "requires_grad": bool(p.requires_grad), "aliases": aliases[id(p)][1:]}
+            for name, p in module.named_parameters()]
