@@ -144,9 +144,9 @@ def test_ranks_start_in_a_session_of_their_own_with_no_python_before_exec(monkey
 def _rank_alone(tmp_path, launcher_pid: int):
     """Start topoprof.probes.ranks.rank_main as a child of this process, naming `launcher_pid` as its launcher;
     its job file does not exist, so a rank that went on would fail reading it."""
-    import topoprof.probes.ranks.rank_main
+    import topoprof
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.probes.ranks.rank_main.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.__file__)))
     env = dict(os.environ, PYTHONPATH=root, TOPOPROF_LAUNCHER_PID=str(launcher_pid),
                TOPOPROF_JOB=str(tmp_path / "no-job.json"), TOPOPROF_RESULT_FD="1")
     return subprocess.run([sys.executable, "-X", "importtime", "-m", "topoprof.probes.ranks.rank_main"], env=env,

@@ -83,6 +83,13 @@ def _violations() -> list[str]:
     return bad
 
 
+def test_nothing_imports_probes_by_its_folder_name():
+    # in a checkout the folder probes/ is importable from the root as `probes`; installed, it is not
+    stray = [f"{p.relative_to(ROOT)}:{line} imports {target}" for p in [*_sources(), *(ROOT / "tests").rglob("*.py")]
+             for line, target in _imports(p) if target.split(".")[0] == "probes"]
+    assert stray == []
+
+
 def test_every_module_belongs_to_a_stage():
     unplaced = [str(p.relative_to(ROOT)) for p in _sources() if _stage(_module_name(p)) is None]
     assert unplaced == []
