@@ -17,7 +17,11 @@ from topoprof.workload.presets import RMSNORMS
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Your own model: a function returning (module, example_batch[, loss_fn]); its parameters, "
                    "gradient-ready order and compute are measured here, or for a --gpu what-if read from its pass "
-                   "on the meta device without running it (also as package.module:CALLABLE).")
+                   "on the meta device without running it (also as package.module:CALLABLE). hf:PATH builds a "
+                   "Hugging Face causal LM from a local config.json (or its folder); needs topoprof[hf].")
+@click.option("--hf-attn", type=click.Choice(["sdpa", "eager", "flash_attention_2"]),
+              help="With --model hf:PATH: the attention implementation the model is built with (default sdpa; "
+                   "flash_attention_2 is built as sdpa and priced as flash attention).")
 @click.option("--time-here", is_flag=True,
               help="Also time your --model on this machine for a --gpu what-if of another GPU (a what-if otherwise "
                    "only traces it on the meta device); the time is shown, never used as that GPU's.")

@@ -88,7 +88,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from topoprof.trace.meta_device import on_meta
-from topoprof.trace.target_lens import AUTOCAST_DTYPES, TargetLens, check_target
+from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
 from topoprof.trace.live_bytes import LiveBytes
 from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, to_device,
                                   user_loss)
@@ -115,6 +115,8 @@ _FLOP_ALIASES = {
         flop_registry[aten._scaled_dot_product_flash_attention_backward],
 }
 _ATTENTION = frozenset({aten._scaled_dot_product_flash_attention.default,
+                        aten._scaled_dot_product_cudnn_attention.default,
+                        aten._scaled_dot_product_cudnn_attention_backward.default,
                         aten._scaled_dot_product_flash_attention_backward.default,
                         aten._scaled_dot_product_efficient_attention.default,
                         aten._scaled_dot_product_efficient_attention_backward.default,
@@ -303,7 +305,8 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
     the repeated blocks' qualified names, to say what each keeps for backward (`memory.kept`)."""
     target = check_target(target)
     autocast = None if target is None or target.get("weights") == "cast" else AUTOCAST_DTYPES.get(target["precision"])
-    lens = None if target is None else TargetLens(target["device"], autocast)
+    lens = None if target is None else TargetLens(target["device"], autocast, target.get("capability", DEFAULT_CAPABILITY),
+                                                  target.get("attention"))
     tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
 
@@ -338,7 +341,8 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
             "ready_flops": [[i, f] for i, f in ready],
             "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
             "autograd_nodes": nodes, "autograd_leaves": leaves,
-            **({"target": target} if target is not None else {})}
+            **({"target": target} if target is not None else {}),
+            **({"attention": {"calls": lens.attention, "refused": lens.attention_reasons}} if lens and lens.attention else {})}
 
 
 def aggregate(ops: list[dict]) -> list[dict]:
@@ -450,6 +454,9 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         with on_meta():
             say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
+            hf = getattr(module, "topoprof_hf", None)
+            if for_target is not None and hf is not None and hf.price_as_flash:  # flash_attention_2, built as sdpa
+                for_target = {**for_target, "attention": "flash"}
             if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
                 module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
             built["params"] = parameter_list(module)

@@ -10,11 +10,14 @@ in float32. What is wrong with the callable (import, call, return value, loss) r
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import sys
 import traceback
+
+from topoprof.zoo.hf_spec import HFModelError, is_hf_spec, split_spec
 
 
 class UserModelError(Exception):
@@ -27,7 +30,10 @@ class UserModelError(Exception):
 
 
 def load_callable(spec: str):
-    """The callable `spec` names (`PATH.py:CALLABLE` or `package.module:CALLABLE`), imported."""
+    """The callable `spec` names (`PATH.py:CALLABLE` or `package.module:CALLABLE`), imported; for
+    `hf:PATH[#ATTN]`, the Hugging Face builder bound to that config (`topoprof.zoo.hf_models`)."""
+    if is_hf_spec(spec):
+        return _hf_builder(spec)
     target, _, name = spec.rpartition(":")
     try:
         if target.endswith(".py") or os.sep in target:
@@ -45,6 +51,16 @@ def load_callable(spec: str):
     if not callable(getattr(module, name, None)):
         raise UserModelError("callable", f"{target} has no callable named {name!r}")
     return getattr(module, name)
+
+
+def _hf_builder(spec: str):
+    from topoprof.zoo.hf_models import build_hf, parse_hf_spec
+
+    try:
+        path, attn = split_spec(spec)
+        return functools.partial(build_hf, parse_hf_spec(path), attn=attn)
+    except HFModelError as err:
+        raise UserModelError("import", str(err)) from None
 
 
 def call_user_callable(spec: str, kwargs: dict | None = None):

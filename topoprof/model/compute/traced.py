@@ -74,15 +74,22 @@ def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = 
                         "embedding, MLP blocks, LayerNorm, untied head; no attention)")
 
 
-def gpu_target(precision: str) -> dict:
-    return {"device": "cuda", "precision": precision}
+def gpu_target(precision: str, gpu: str | None = None) -> dict:
+    """A CUDA target at `precision`, with the compute capability of the GPU named where its
+    datasheet gives one (its attention backend depends on it: `topoprof.trace.target_lens`)."""
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly
+
+    spec = lookup_gpu_quietly(gpu)
+    capability = spec.compute_capability if spec is not None else None
+    return {"device": "cuda", "precision": precision, **({"capability": list(capability)} if capability else {})}
 
 
-def target_for(precision: str, profile=None) -> dict:
-    """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`."""
+def target_for(precision: str, profile=None, gpu: str | None = None) -> dict:
+    """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`:
+    the GPU named, else the profile's own."""
     if profile is not None and profile.machine.kind != "cuda":
         return {"device": "cpu", "precision": "fp32"}
-    return gpu_target(precision)
+    return gpu_target(precision, gpu or (profile.machine.device if profile is not None else None))
 
 
 def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool, note: str | None = None,
@@ -131,10 +138,11 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
     return roofline({"ops": ops}, pricer).seconds
 
 
-def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None) -> dict:
+def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None, gpu: str | None = None) -> dict:
     from topoprof.measure.meta_trace import trace_model
 
-    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile), progress=progress)
+    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile, gpu),
+                       progress=progress)
 
 
 def model_on_gpu(request: TraceRequest | str, gpu: str | None, precision: str, compiled: bool, profile=None,
@@ -143,7 +151,7 @@ def model_on_gpu(request: TraceRequest | str, gpu: str | None, precision: str, c
     `progress` hears the trace's stages."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, precision, profile, progress)
+    trace = trace_for_gpu(request, precision, profile, progress, gpu)
     return priced(trace, gpu, precision, compiled, request.note, profile, profile_path)
 
 

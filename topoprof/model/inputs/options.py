@@ -226,10 +226,10 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
     say = progress or (lambda text: None)
     if not (w.time_here or _this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
-        return trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, progress)
+        return trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, progress, compute.gpu)
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
-    target = target_for(compute.precision, _gpu_profile(compute)) if priced_for else None
+    target = target_for(compute.precision, _gpu_profile(compute), compute.gpu) if priced_for else None
     wanted = trace_wanted(device, compute.gpu, compute.micro_batch_time_s) or target is not None
     say(f"timing {w.user_model} on {device} (starting its worker: importing torch)")
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,

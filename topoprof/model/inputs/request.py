@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
+from topoprof.zoo.hf_spec import HFModelError, is_hf_spec, with_attn
 
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
 _COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
@@ -97,6 +98,19 @@ def check_gpu_profile(path: str, gpu: str | None, precision: str) -> None:
 def _positive(option: str, value: float | None, unit: str = "") -> None:
     if value is not None and not value > 0:
         raise InputError(f"{option} {value:g}: must be > 0{unit}")
+
+
+def _with_hf_attn(user_model: str | None, hf_attn: str | None) -> str | None:
+    """`--model hf:PATH` with `--hf-attn ATTN`: the spec that builds that attention
+    (`topoprof.zoo.hf_spec`); --hf-attn without an hf: model is refused."""
+    if hf_attn is None:
+        return user_model
+    if user_model is None or not is_hf_spec(user_model):
+        raise InputError(f"--hf-attn {hf_attn}: applies to a Hugging Face --model hf:PATH")
+    try:
+        return with_attn(user_model, hf_attn)
+    except HFModelError as err:
+        raise InputError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -332,7 +346,7 @@ class ModelRequest:
         """The request from `topoprof model`'s options (click's names): the command's one edge."""
         return cls(
             workload=WorkloadRequest(
-                params=opts["params"], preset=opts["preset"], user_model=opts["user_model"],
+                params=opts["params"], preset=opts["preset"], user_model=_with_hf_attn(opts["user_model"], opts.get("hf_attn")),
                 image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"], tokens=opts["tokens"],
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],

@@ -72,13 +72,13 @@ def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dic
             "stated": {"micro_batch": samples, "seq_len": seq}, "target": target}
 
 
-def memory_set(shape: ModelShape, precision: str, cast: bool) -> TracedMemory | str:
-    """The memory passes (module docstring), or why they failed."""
+def memory_set(shape: ModelShape, precision: str, cast: bool, gpu: str | None = None) -> TracedMemory | str:
+    """The memory passes (module docstring) for the GPU named, or why they failed."""
     from topoprof.measure.meta_trace import trace_models
 
-    targets = {"autocast": gpu_target(precision)}
+    targets = {"autocast": gpu_target(precision, gpu)}
     if cast and precision != "fp32":
-        targets["cast"] = {**gpu_target(precision), "weights": "cast"}
+        targets["cast"] = {**gpu_target(precision, gpu), "weights": "cast"}
     keys = [(v, mode, d, m) for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
     traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, targets[v])
                                                      for v, mode, d, m in keys])
@@ -111,7 +111,7 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
     needed = sorted({(mode, wanted_sequences[m]) for text, m in wanted
                      for mode in (("none", "full") if parsed[text].mode == "layer" else (parsed[text].mode,))})
     keys = [(mode, m, d) for mode, m in needed for d in DEPTHS]
-    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target_for(precision, profile))
+    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target_for(precision, profile, gpu))
                                                      for mode, m, d in keys])
     if isinstance(traces, dict):
         return traces["failure"]
@@ -150,7 +150,7 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if isinstance(shape, str):  # an image model, or no --tokens: the main pass alone counts it
         return workload, None
-    traced = memory_set(shape, precision, cast=workload.fsdp_bytes[0] == 2)
+    traced = memory_set(shape, precision, cast=workload.fsdp_bytes[0] == 2, gpu=gpu)
     if isinstance(traced, str):
         return workload, f"memory: the passes at 1 and 2 blocks failed ({traced}); counted from the main pass only"
     return replace(workload, traced_memory=traced), None

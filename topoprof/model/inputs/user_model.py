@@ -30,14 +30,23 @@ from typing import Callable
 
 from topoprof.errors import InputError
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
+from topoprof.zoo.hf_spec import HFModelError, check_installed, config_path, is_hf_spec
 
 
 def check_spec(spec: str) -> str:
-    """`PATH.py:CALLABLE` or `package.module:CALLABLE`; a path must exist. One line otherwise."""
+    """`PATH.py:CALLABLE`, `package.module:CALLABLE` or `hf:PATH[#ATTN]`; a path must exist (and
+    an `hf:` config name its architecture, with transformers installed). One line otherwise."""
+    if is_hf_spec(spec):
+        try:
+            config_path(spec)
+            check_installed()
+        except HFModelError as err:
+            raise InputError(f"--model {spec}: {err}") from None
+        return spec
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
-        raise InputError(f"--model {spec!r}: expected PATH.py:CALLABLE or package.module:CALLABLE "
-                         "(e.g. train.py:build)")
+        raise InputError(f"--model {spec!r}: expected PATH.py:CALLABLE, package.module:CALLABLE "
+                         "(e.g. train.py:build) or hf:PATH (a Hugging Face config.json or its folder)")
     if (target.endswith(".py") or os.sep in target) and not os.path.isfile(target):
         raise InputError(f"--model {spec!r}: no such file: {target}")
     return spec
@@ -81,7 +90,7 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
 
 
 def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
-               progress: Callable[[str], None] | None = None) -> tuple[dict, ReadyOrder]:
+               progress: Callable[[str], None] | None = None, gpu: str | None = None) -> tuple[dict, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
     for a GPU in `precision` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
     ready order): the record as `user_layout` reads it, with the trace as "op_trace". Where only
@@ -89,9 +98,10 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
     (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
     InputError (exit 2) says so: a what-if never runs the model here to find out."""
     from topoprof.measure.meta_trace import trace_model
+    from topoprof.model.compute.traced import gpu_target
 
     shape = stated_shape(micro_batch, tokens)
-    trace = trace_model(check_spec(spec), None, shape, {"device": "cuda", "precision": precision}, progress=progress)
+    trace = trace_model(check_spec(spec), None, shape, gpu_target(precision, gpu), progress=progress)
     if trace.get("user_error"):
         error = InputError(f"--model {spec}: {trace['failure']}")
         error.detail_text = trace.get("traceback") or ""
