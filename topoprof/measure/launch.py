@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import topoprof
 from topoprof.errors import InputError
 
 # Messages a rank sends: {"type": "progress"|"row"|"meta"|"result"|"error"|"done", ...}
@@ -191,10 +192,8 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
     with open(job_file, "w") as f:
         json.dump({"worker": spec.worker, "backend": spec.backend, "timeout_s": spec.timeout_s,
                    "config": spec.config}, f)
-    # The ranks must import the same probes/ (and topoprof/) as this process, wherever it runs from.
-    import probes
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(probes.__file__)))
+    # The ranks must import the same topoprof (and its probes) as this process, wherever it runs from.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.__file__)))
     for rank in range(spec.nproc):
         read_fd, write_fd = os.pipe()
         env = _rank_env(spec, rank, port, job_file, write_fd)
