@@ -531,9 +531,9 @@ def with_selective_cost(traces: list[dict]) -> list[dict]:
     machine (`selective_cost`, under 0.1 s, once for them all) as `selective_checkpoint`."""
     if not any(op.get("selective") for t in traces for op in t.get("ops", ())):
         return traces
-    from topoprof.trace.selective_cost import selective_checkpoint_ratio
+    from topoprof.trace.selective_cost import selective_checkpoint_cost
 
-    cost = selective_checkpoint_ratio()
+    cost = selective_checkpoint_cost()
     return [{**t, "selective_checkpoint": cost} if any(op.get("selective") for op in t.get("ops", ())) else t
             for t in traces]
 
