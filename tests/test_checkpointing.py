@@ -128,3 +128,50 @@ def test_a_70b_preset_traces_under_every_mode_on_meta():
             2 * config.vocab_size * config.hidden + config.hidden + 2 * (
                 2 * config.hidden ** 2 + 2 * config.hidden * config.kv_heads * (config.hidden // config.heads)
                 + 3 * config.hidden * config.intermediate + 2 * config.hidden)
+
+
+# ---- op mode's host cost: the ops its modes see, and what they add per op ------------------------
+
+def test_op_mode_marks_the_ops_its_policy_sees_and_no_other_mode_does(by_mode):
+    for ac in ("none", "full", "layer:2"):
+        assert not any(op.get("selective") for op in by_mode[ac]["ops"]), ac
+    ops = by_mode["op"]["ops"]
+    selective = [op for op in ops if op.get("selective")]
+    assert any(op["phase"] == "forward" for op in selective)
+    assert all(op.get("selective") for op in ops if op.get("recompute"))  # every recompute op is under the mode
+    assert not any(op.get("selective") for op in ops if op["phase"] == "backward" and not op.get("recompute"))
+
+
+def test_the_selective_modes_cost_more_per_op_than_a_plain_recorded_op_here():
+    from topoprof.trace.selective_cost import selective_checkpoint_ratio
+
+    measured = selective_checkpoint_ratio()
+    assert measured["ratio"] > 1  # the modes add Python per op; no tighter bound: it is this CPU's
+    assert measured["seconds_per_op"] > measured["recorded_seconds_per_op"] > 0
+
+
+def test_op_mode_step_grows_by_exactly_the_ratios_share_of_a_recorded_op(by_mode):
+    from topoprof.model.compute.profile_choice import pricer_for
+    from topoprof.model.compute.roofline import roofline
+
+    plain = by_mode["op"]
+    priced = {**plain, "selective_checkpoint": {"ratio": 3.0, "how": "measured here: a stated 3"}}
+    pricer, _ = pricer_for("h100-sxm", "bf16", False, None, None)
+    before, after = roofline(plain, pricer), roofline(priced, pricer)
+    recorded = pricer.host.get("autograd_forward").at("middle", False)
+    seen = sum(1 for op in plain["ops"] if op.get("selective") and not op["view"])
+    assert after.middle.host_s - before.middle.host_s == pytest.approx(seen * (3.0 - 1) * recorded)
+    assert after.seconds[1] > before.seconds[1]
+    assert "selective op AC: x3 host cost per op its modes see, measured here: a stated 3" in after.basis
+    assert not any("selective op AC" in line for line in before.basis)  # nothing measured, nothing claimed
+
+
+def test_a_profile_that_measured_the_modes_prices_them_over_the_trace(by_mode):
+    from topoprof.model.compute.host_costs import SELECTIVE_KIND, HostCosts, selective_cost
+    from topoprof.model.compute.roofline_terms import Span
+
+    costs = HostCosts({"autograd_forward": Span(2e-6, 2e-6, "measured"), SELECTIVE_KIND: Span(7e-6, 7e-6, "measured")})
+    trace = {**by_mode["op"], "selective_checkpoint": {"ratio": 9.0, "how": "here"}}
+    assert selective_cost(trace, costs).ratio == pytest.approx(3.5)
+    assert selective_cost(trace, HostCosts({})).ratio == 9.0
+    assert selective_cost(by_mode["full"], costs) is None

@@ -293,3 +293,66 @@ def test_a_model_that_cannot_run_on_meta_keeps_the_timed_order_with_a_note():
     assert "gradient-ready order: measured on cpu, although the compute is given" in doc["inputs"]["model"]["source"]
     (note,) = [w for w in doc["warnings"] if "gradient-ready order" in w]
     assert "Tensor.item() cannot be called on meta tensors" in note
+
+
+# ---- --gpu without a link: the GPU's standard node -------------------------------------------
+
+def _no_gpu_here(monkeypatch):
+    from topoprof.topology.build import Topology
+
+    monkeypatch.setattr("topoprof.topology.collect.collect_topology",
+                        lambda: Topology(sources=("this machine",), gpus=(), nics=(), pairs=(), gpu_nic_paths={}))
+
+
+def _assumed(monkeypatch, gpu: str, **cluster):
+    from topoprof.model.inputs.options import build_comm
+    from topoprof.model.inputs.request import ClusterRequest
+
+    _no_gpu_here(monkeypatch)
+    return build_comm(ClusterRequest(**cluster), gpu)
+
+
+def test_an_sxm_gpu_without_a_link_is_on_its_nvswitch_board(monkeypatch):
+    comm, gpn, described = _assumed(monkeypatch, "h100-sxm", world_size=8)
+    # 18 NVLinks x NCCL's sm90 20.6 GB/s .. the datasheet's 25 GB/s (topology/constants.py)
+    assert gpn == 8 and comm.world_size == 8 and comm.bandwidth_range_gbps == pytest.approx((18 * 20.6, 18 * 25.0))
+    assert comm.rings == 18
+    line = described["assumed_node"]
+    assert "NVSwitch" in line and "18 NVLinks" in line and "--link-bandwidth or --topology overrides" in line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("gpu", ["l40s", "a100-pcie-80gb"])
+def test_a_pcie_card_without_a_link_is_on_pcie_of_its_generation(monkeypatch, gpu):
+    comm, gpn, described = _assumed(monkeypatch, gpu, world_size=4)
+    # PCIe Gen4 x16: NCCL's 16 x 120 / 80 = 24 GB/s .. raw 16 x 16 GT/s x 128/130 / 8 = 31.5 GB/s
+    assert gpn == 4 and comm.bandwidth_range_gbps == pytest.approx((24.0, 16 * 16 * 128 / 130 / 8))
+    assert "over PCIe" in described["assumed_node"] and "PCIe Gen4 x16" in described["assumed_node"]
+    assert "NVSwitch" not in described["assumed_node"]
+
+
+def test_a_given_link_bandwidth_overrides_the_standard_node(monkeypatch):
+    comm, _, described = _assumed(monkeypatch, "h100-sxm", world_size=8, link_bandwidth_gbps=100.0)
+    assert comm.link_bandwidth_gbps == 100.0 and "assumed_node" not in described
+
+
+def test_more_gpus_than_one_standard_node_are_refused_in_one_line(monkeypatch):
+    from topoprof.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        _assumed(monkeypatch, "h100-sxm", world_size=16)
+    assert "holds 8" in str(err.value) and "--nodes 2" in str(err.value) and "\n" not in str(err.value)
+    comm, gpn, described = _assumed(monkeypatch, "h100-sxm", world_size=16, nodes=2)
+    assert gpn == 8 and "assumed_node" in described  # two nodes: the network is the user's to give
+
+
+def test_the_assumed_node_is_said_in_text_and_json():
+    # V100 SXM2: 6 NVLinks on NVSwitch; CI machines are not DGX-1s
+    args = ["--params", "125M", "--gpu", "v100-sxm2", "--world-size", "8", "--micro-batch-time", "0.1"]
+    text = _cli("model", *args)
+    assert text.returncode == 0, text.stderr
+    assert "links: assumed v100-sxm2's standard node: 8 GPUs on NVSwitch" in text.stdout
+    doc = _model_json(*args)
+    assert doc["links"]["assumed_node"].startswith("assumed v100-sxm2's standard node")
+    beyond = _cli("model", *args[:4], "--world-size", "16", "--micro-batch-time", "0.1")
+    assert beyond.returncode == 2 and beyond.stderr.count("\n") == 1 and "--link-bandwidth" in beyond.stderr

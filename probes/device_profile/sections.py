@@ -6,6 +6,8 @@ import time
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, autorange
 from topoprof.probes.device_profile.plan import gemm_shapes, sdpa_cases
 from topoprof.probes.device_profile.timing_run import HOST_MAX_CALLS, ProfileRun
+from topoprof.trace.selective_cost import WHAT as SELECTIVE_WHAT
+from topoprof.zoo.checkpoint_wrap import run_under_selective_op
 
 ADAMW_WORDS = 7   # fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written
 # bytes read + written per call over the input's bytes (as shared/gpu-facts/opbench.py counts);
@@ -34,6 +36,7 @@ def _host_costs(run: ProfileRun, out: dict) -> str:
         "autocast_op": (lambda: _autocast_op_s(run), ("torch.mm of an fp32 1x8 input by an 8x8 leaf weight under "
                                                       "bf16 autocast: the input's cast and the mm (the weight's cast "
                                                       "cached)")),
+        "selective_checkpoint_op": (lambda: _selective_checkpoint_op_s(run, w, x), SELECTIVE_WHAT),
         "optimizer_per_tensor": (lambda: _optimizer_per_tensor_s(run), (
             f"AdamW ({'fused' if run.cuda else 'foreach'}) step over {run.plan.optimizer_tensors} tensors of 64 "
             "elements: step time / tensors")),
@@ -62,6 +65,22 @@ def _backward_node_s(run: ProfileRun) -> float:
 
     with torch.enable_grad():
         return run.pick(autorange(chain_backward, HOST_BLOCK_S, 10 * HOST_BLOCK_S, max_calls=HOST_MAX_CALLS))
+
+
+def _selective_checkpoint_op_s(run: ProfileRun, w, x) -> float:
+    """autograd_forward's op under selective op checkpointing's modes, per op (forward and
+    recompute alike: `run_under_selective_op`), blocks of them timed as a host block is."""
+    torch = run.torch
+
+    def blocks(n: int) -> float:
+        run.clock.sync()
+        t0 = time.perf_counter()
+        ops = run_under_selective_op(lambda: torch.mul(w, x), n)
+        run.clock.sync()
+        return (time.perf_counter() - t0) / ops * n  # autorange divides by n: seconds per op
+
+    with torch.enable_grad():
+        return run.pick(autorange(blocks, HOST_BLOCK_S, 10 * HOST_BLOCK_S, max_calls=HOST_MAX_CALLS))
 
 
 def _autocast_op_s(run: ProfileRun) -> float:

@@ -270,9 +270,9 @@ def run_rank(ctx, config: dict) -> None:
         ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)
         return
     if config.get("trace") is not None:  # the same model on meta: its ops and backward FLOPs per tensor
-        from topoprof.trace.op_trace import trace_user_model
+        from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 
         ctx.progress(f"tracing {config['spec']} on meta")
-        record["op_trace"] = trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
-                                              config.get("target"), ctx.progress)
+        record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
+                                                                   config.get("target"), ctx.progress)])[0]
     ctx.emit("user_model", **record)

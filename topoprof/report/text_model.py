@@ -18,6 +18,8 @@ def describe_links(links: dict) -> str:
 def _intra_text(links: dict) -> str:
     if "no_link" in links:  # with several nodes the network line follows
         return links["no_link"] if "network_bandwidth_gbps" in links else f"none needed ({links['no_link']})"
+    if "assumed_node" in links:
+        return links["assumed_node"]
     if "bench" in links:
         return f"all-reduce fit measured by bench ({links['bench']})"
     if "link_bandwidth_gbps" in links:

@@ -57,6 +57,11 @@ PCIE_LANE_RATE_BY_GEN: dict[int, float] = {1: 15.0, 2: 30.0, 3: 60.0, 4: 120.0, 
 # as uncertain, never as a single number, until bench measures it.
 HOST_STAGED_RANGE_GBPS: tuple[float, float] = (1.0, 6.0)
 
+# The standard node: NVIDIA's HGX/DGX baseboards join 8 SXM GPUs through NVSwitch (DGX A100, DGX
+# H100/H200 user guides: 8 GPUs per system), and NVIDIA's PCIe server designs hold up to 8 cards
+# (NVIDIA OVX: 8 L40S per server). The most GPUs one node is assumed to hold where no link is given.
+STANDARD_NODE_GPUS = 8
+
 # NCCL topo.h NET_BW 12.0 for 100 Gbit/s: a NIC's GB/s is its Gbit/s / 8 (before protocol overhead).
 BITS_PER_BYTE = 8
 

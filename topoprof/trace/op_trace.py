@@ -220,6 +220,7 @@ class OpTracer(TorchDispatchMode):
         self.memory = LiveBytes()
         self.lens = lens
         self.storages = StorageKeys()
+        self.selective = 0  # depth of the modules `op` mode checkpoints now running (`_selective_marks`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -243,6 +244,8 @@ class OpTracer(TorchDispatchMode):
             op["causal"] = _is_causal(func, args, kwargs)
         if self.phase == "backward" and _recomputing():
             op["recompute"] = True
+        if self.selective and (self.phase == "forward" or op.get("recompute")):
+            op["selective"] = True
         if not view:
             op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             op["inplace"] = func._schema.is_mutable
@@ -289,6 +292,26 @@ def _block_marks(module, blocks: list[str] | None, tracer: OpTracer):
     return marks, handles
 
 
+def _selective_marks(module, tracer: OpTracer) -> list:
+    """Hooks that mark the ops of the modules `op` mode checkpoints (`selective_modules`), in their
+    forward and in their recompute: the ops its policy's modes see (`topoprof/trace/selective_cost.py`).
+    A recompute stops once it has what the backward needs (torch/utils/checkpoint.py,
+    `_StopRecomputationError`), before its module's forward hook: in the backward, the count only
+    says that such a module's recompute has begun, and its recompute ops are the ones marked."""
+    from topoprof.zoo.checkpoint_wrap import selective_modules
+
+    def enter(_m, _args):
+        tracer.selective += 1
+
+    def leave(_m, _args, _out):
+        tracer.selective -= 1
+
+    handles = []
+    for inner in selective_modules(module):
+        handles += [inner.register_forward_pre_hook(enter), inner.register_forward_hook(leave)]
+    return handles
+
+
 def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
     """The pass's memory (module docstring), after its backward."""
     m = tracer.memory
@@ -317,6 +340,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
     handles = [p.register_post_accumulate_grad_hook(lambda p, i=i: grad_ready(p, i)) for i, p in enumerate(params)
                if p.requires_grad]
     marks, block_handles = _block_marks(module, blocks, tracer)
+    block_handles += _selective_marks(module, tracer)
     try:
         with lens if lens is not None else contextlib.nullcontext(), tracer:
             with lens.region() if lens is not None else contextlib.nullcontext():
@@ -330,6 +354,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
                        if blocks and len(marks) == len(blocks) else {})}
             nodes, leaves = autograd_nodes(loss.grad_fn)
             tracer.phase = "backward"
+            tracer.selective = 0
             tracer.memory.start_backward()
             backward_with_modes_on(loss)
     finally:
@@ -500,11 +525,24 @@ def run_rank(ctx, config: dict) -> None:
     if config.get("cwd"):
         os.chdir(config["cwd"])
     if config.get("variants") is not None:
-        ctx.emit("op_traces", traces=[_variant(ctx, config, v) for v in config["variants"]])
+        ctx.emit("op_traces", traces=with_selective_cost([_variant(ctx, config, v) for v in config["variants"]]))
         return
     ctx.progress(f"tracing {config['spec']} on meta")
-    ctx.emit("op_trace", **trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"),
-                                            config.get("target"), ctx.progress, config.get("blocks")))
+    traced = trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"), config.get("target"),
+                              ctx.progress, config.get("blocks"))
+    ctx.emit("op_trace", **with_selective_cost([traced])[0])
+
+
+def with_selective_cost(traces: list[dict]) -> list[dict]:
+    """The traces, those with ops `op` mode checkpoints given what its modes cost per op on this
+    machine (`selective_cost`, under 0.1 s, once for them all) as `selective_checkpoint`."""
+    if not any(op.get("selective") for t in traces for op in t.get("ops", ())):
+        return traces
+    from topoprof.trace.selective_cost import selective_checkpoint_cost
+
+    cost = selective_checkpoint_cost()
+    return [{**t, "selective_checkpoint": cost} if any(op.get("selective") for op in t.get("ops", ())) else t
+            for t in traces]
 
 
 def _variant(ctx, config: dict, variant: dict) -> dict:

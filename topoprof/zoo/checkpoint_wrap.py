@@ -19,6 +19,7 @@ the presets' own.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 import torch
 
@@ -96,6 +97,38 @@ def apply_activation_checkpointing(module: torch.nn.Module, mode: str, blocks: l
         parent = module.get_submodule(parent_name) if parent_name else module
         parent.register_module(child, _wrap(getattr(parent, child), selective=kind == "op"))
     return module
+
+
+# The ops of one checkpointed block, as `run_under_selective_op` runs them per pair of contexts:
+# a GPT-2 or Llama block's forward runs about 30 to 60 aten ops (topoprof/trace/op_trace.py counts
+# them), so 64 stands for one block's forward. Each block gets contexts of its own
+# (`context_fn` is called per checkpointed call), whose storage grows with the ops it holds.
+OPS_PER_BLOCK = 64
+
+
+def run_under_selective_op(op: Callable[[], object], blocks: int) -> int:
+    """`op` run as `op` mode runs the ops of `blocks` checkpointed blocks: per block, fresh contexts
+    (`_op_contexts`), OPS_PER_BLOCK calls under the forward's mode (the policy asked per op, its
+    output kept or marked for recompute), then as many under the recompute's mode (each looked up
+    and, marked, run again). Returns the ops run: the forward's and the recompute's together."""
+    for _ in range(blocks):
+        forward, recompute = _op_contexts()
+        with forward:
+            for _ in range(OPS_PER_BLOCK):
+                op()
+        with recompute:
+            for _ in range(OPS_PER_BLOCK):
+                op()
+    return 2 * OPS_PER_BLOCK * blocks
+
+
+def selective_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules `op` mode wrapped (`_wrap(selective=True)`), as the wrapper calls them: their
+    forward, and its recompute in backward, run under the op policy's modes."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    return [m._checkpoint_wrapped_module for m in module.modules() if isinstance(m, CheckpointWrapper)
+            and getattr(m.checkpoint_fn, "keywords", {}).get("context_fn") is _op_contexts]
 
 
 def children_of(module: torch.nn.Module, container: str) -> list[str]:

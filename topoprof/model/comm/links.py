@@ -152,14 +152,26 @@ def comm_from_topology(topology, gpus: list[int] | None = None,
     rate = nvlink_rate_text(topology, chosen, rate_origin)
     described.update(rings=rings, bus_bandwidth_gbps=list(total), rings_kind=kind, rings_basis=basis,
                      **({"nvlink_rate": rate} if rate else {}))
-    lo, hi = total
+    comm = nominal_ring(total, constants.HOP_LATENCY_US[hop], len(chosen), f"nominal links of {where}",
+                        _search_rings(topology, chosen, kind, rings))
+    return comm, described
+
+
+def nominal_ring(bandwidth_gbps: tuple[float, float], hop_latency_us: float, world_size: int, source: str,
+                 rings: int) -> RingComm:
+    """A ring over nominal links of (low, high) GB/s: at the range's geometric middle, the range
+    kept where it is one, NCCL's base latency once per collective."""
+    lo, hi = bandwidth_gbps
     rng = None if lo == hi else (lo, hi)
     nominal = lo if rng is None else (lo * hi) ** 0.5  # geometric middle of an uncertain range
-    comm = RingComm(link_bandwidth_gbps=nominal, hop_latency_us=constants.HOP_LATENCY_US[hop],
-                    world_size=len(chosen), bandwidth_range_gbps=rng,
-                    base_latency_us=constants.RING_BASE_LATENCY_US,
-                    source=f"nominal links of {where}", rings=_search_rings(topology, chosen, kind, rings))
-    return comm, described
+    return RingComm(link_bandwidth_gbps=nominal, hop_latency_us=hop_latency_us, world_size=world_size,
+                    bandwidth_range_gbps=rng, base_latency_us=constants.RING_BASE_LATENCY_US, source=source,
+                    rings=rings)
+
+
+def standard_node_comm(link, gpus: int) -> RingComm:
+    """`gpus` GPUs of one standard node (`whatif.standard_link`: NVSwitch or PCIe) as one ring."""
+    return nominal_ring(link.bandwidth_gbps, link.hop_latency_us, gpus, link.basis, link.rings)
 
 
 def _search_rings(topology, gpus: list[int], kind: str, rings: list) -> int:

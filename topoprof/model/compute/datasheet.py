@@ -31,6 +31,7 @@ class GpuSpec:
     memory_bandwidth_gbps: float
     source: str
     compute_capability: tuple[int, int] | None = None  # (major, minor), `_COMPUTE_CAPABILITY`
+    pcie: tuple[int, int] | None = None                # (generation, lanes) of its host link, `_PCIE`
 
     def peak_tflops(self, precision: str) -> float | None:
         """Dense peak for the training precision: bf16/fp16 tensor cores, or plain FP32."""
@@ -110,6 +111,17 @@ _COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
     "rtx-4090": (8, 9), "rtx-3090": (8, 6),
 }
 
+# The host link of each row, (PCIe generation, lanes), from the same datasheets' "Interconnect" rows:
+# V100 and T4 PCIe Gen3 x16 (32 GB/s both directions), A100, A10, L4 and L40S Gen4 x16 (64 GB/s),
+# H100 and H200 (SXM, PCIe and NVL) Gen5 x16 (128 GB/s); RTX 4090 and RTX 3090 PCIe 4.0 x16
+# (NVIDIA's GeForce specifications pages). An SXM part's host link is PCIe too (the CPU's).
+_PCIE: dict[str, tuple[int, int]] = {
+    "v100-sxm2": (3, 16), "v100-pcie": (3, 16), "t4": (3, 16),
+    "a100-sxm4-40gb": (4, 16), "a100-sxm4-80gb": (4, 16), "a100-pcie-40gb": (4, 16), "a100-pcie-80gb": (4, 16),
+    "a10": (4, 16), "l4": (4, 16), "l40s": (4, 16), "rtx-4090": (4, 16), "rtx-3090": (4, 16),
+    "h100-sxm": (5, 16), "h100-pcie": (5, 16), "h100-nvl": (5, 16), "h200-sxm": (5, 16), "h200-nvl": (5, 16),
+}
+
 # GPU memory per row as the datasheets print it: V100 16 or 32 (the name printed by the driver
 # says which; a bare "v100-sxm2" is taken as the smaller), A100 40/80, H100 SXM and PCIe 80, H100
 # NVL 94, H200 141, L40S 48, A10 24, L4 24, T4 16, RTX 4090 24, RTX 3090 24. These "GB" are binary
@@ -166,7 +178,7 @@ def lookup_gpu(name: str) -> GpuSpec | None:
     key = normalize_gpu_name(name)
     key = _ALIASES.get(key, key)
     if key in _TABLE:
-        return GpuSpec(key, *_TABLE[key], compute_capability=_COMPUTE_CAPABILITY[key])
+        return GpuSpec(key, *_TABLE[key], compute_capability=_COMPUTE_CAPABILITY[key], pcie=_PCIE[key])
     candidates = [k for k in _TABLE if k.startswith(key + "-")] if key else []
     if candidates:
         warnings.warn(f"GPU name {name!r} is ambiguous: one of {', '.join(candidates)}",

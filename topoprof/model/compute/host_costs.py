@@ -18,6 +18,14 @@ Eager PyTorch (each op from Python through the dispatcher, autograd and autocast
   nodes x (node - op) + kernels x op, spread evenly over its kernels for the queue's timing;
   a convolution's backward `conv_backward` where the profile has it (a node with its kernels);
 - views launch no kernel and cost nothing here (their dispatch is small beside a kernel's).
+- selective op activation checkpointing (`op` mode, `topoprof/zoo/checkpoint_wrap.py`) runs every
+  op of a checkpointed block's forward and of its recompute through its policy's Python modes
+  (the trace marks them `selective`): each such op costs (ratio - 1) x a recorded op more, the
+  ratio being the time per op under those modes over a plain autograd-recorded op's: from the
+  profile where it measured both (`selective_checkpoint_op` over `autograd_forward`), else as
+  measured on this machine beside the trace (`topoprof/trace/selective_cost.py`). An op the
+  recompute takes from the forward's cache (a kept matmul) passes the mode without a kernel and
+  is not in the trace: its lookup is not priced.
 Under torch.compile (`topoprof.model.compute.fusion`): a launch per kernel of the compiled graphs
 and per graph one call: forward one autograd-recorded call (the compiled graph runs as one
 autograd.Function), backward one node, plus the AccumulateGrad node of each parameter
@@ -31,6 +39,9 @@ from dataclasses import dataclass
 
 from topoprof.model.compute import op_kinds
 from topoprof.model.compute.roofline_terms import COMPILED_HOST_COST_S, EAGER_HOST_COST_S, Span
+
+# the profile's host kind of an autograd-recorded op under selective op checkpointing's modes
+SELECTIVE_KIND = "selective_checkpoint_op"
 
 # for a kind the profile lacks, the kinds that stand in for it, in order
 FALLBACK = {"op": ("autograd_forward",), "autograd_forward": ("op",), "autograd_backward_node": (),
@@ -56,7 +67,7 @@ def host_costs_from(profile) -> HostCosts:
     docstring) where it lacks one."""
     kinds: dict[str, Span] = {}
     for kind in ("op", "autograd_forward", "autograd_backward_node", "autocast_op", "conv_forward", "conv_backward",
-                 "optimizer_per_tensor"):
+                 "optimizer_per_tensor", SELECTIVE_KIND):
         got = profile.host_range(kind)
         if got is not None:
             kinds[kind] = Span(got[0], got[1], got[2])
@@ -72,6 +83,36 @@ def host_costs_from(profile) -> HostCosts:
         kinds["autocast_op"] = Span(2 * recorded.low, 2 * recorded.high,
                                     "not in the profile: its two kernels as two autograd-recorded ops")
     return HostCosts(kinds)
+
+
+@dataclass(frozen=True)
+class SelectiveCost:
+    """Selective op checkpointing's host cost per op it sees, as a multiple of a recorded op's."""
+
+    ratio: float
+    basis: str
+
+    def line(self) -> str:
+        return f"selective op AC: x{self.ratio:.3g} host cost per op its modes see, {self.basis}"
+
+    def extra_s(self, recorded_op_s: float) -> float:
+        """What the modes add to one op, over a recorded op of `recorded_op_s` seconds."""
+        return (self.ratio - 1) * recorded_op_s
+
+
+def selective_cost(trace: dict, costs: HostCosts | None) -> SelectiveCost | None:
+    """The ratio for the trace's `selective` ops (module docstring); None where it has none, or
+    where neither the profile nor the trace's worker measured it."""
+    if not any(op.get("selective") for op in trace["ops"]):
+        return None
+    sac, recorded = (costs.get(SELECTIVE_KIND), costs.get("autograd_forward")) if costs else (None, None)
+    if sac is not None and recorded is not None:
+        return SelectiveCost(sac.at("middle", False) / recorded.at("middle", False),
+                             f"the profile's: {sac.basis}, over its recorded op")
+    here = trace.get("selective_checkpoint")
+    if here is None:
+        return None
+    return SelectiveCost(float(here["ratio"]), here["how"])
 
 
 def _at(span: Span, end: str) -> float:
@@ -92,25 +133,32 @@ def eager_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
     overhead = _node_overhead(costs, end)
     spread = nodes * overhead / backward_kernels if backward_kernels else 0.0
     k = costs.kinds
+    selective = selective_cost(trace, costs)
+    extra = selective.extra_s(_at(k["autograd_forward"], end)) if selective is not None else 0.0
     out = []
     for op in ops:
         if op["view"]:
             out.append(0.0)
             continue
-        conv = op_kinds.is_conv(op)
-        if op_kinds.runs_as_forward(op):
-            if conv and "conv_forward" in k:
-                h = _at(k["conv_forward"], end)
-            elif op_kinds.autocast_wrapped(op, trace):
-                h = max(0.0, _at(k["autocast_op"], end) - _at(k["autograd_forward"], end))
-            else:
-                h = _at(k["autograd_forward"], end)
-        elif conv and "conv_backward" in k:
-            h = max(_at(k["op"], end), _at(k["conv_backward"], end) - overhead) + spread
-        else:
-            h = _at(k["op"], end) + spread
-        out.append(h)
+        out.append(_eager_op(op, trace, k, end, overhead, spread) + (extra if op.get("selective") else 0.0))
     return out
+
+
+def _eager_op(op: dict, trace: dict, k: dict, end: str, overhead: float, spread: float) -> float:
+    """One non-view op's host seconds, eager (module docstring)."""
+    conv = op_kinds.is_conv(op)
+    if op_kinds.runs_as_forward(op):
+        if conv and "conv_forward" in k:
+            h = _at(k["conv_forward"], end)
+        elif op_kinds.autocast_wrapped(op, trace):
+            h = max(0.0, _at(k["autocast_op"], end) - _at(k["autograd_forward"], end))
+        else:
+            h = _at(k["autograd_forward"], end)
+    elif conv and "conv_backward" in k:
+        h = max(_at(k["op"], end), _at(k["conv_backward"], end) - overhead) + spread
+    else:
+        h = _at(k["op"], end) + spread
+    return h
 
 
 def compiled_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:

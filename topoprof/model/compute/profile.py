@@ -41,6 +41,8 @@ HOST_KINDS = {
     "autograd_forward": "an op recorded by autograd (forward)",
     "autograd_backward_node": "one node of the autograd engine's backward",
     "autocast_op": "a matmul under autocast, its input's cast included (2 kernels)",
+    "selective_checkpoint_op": "an op recorded by autograd under selective op checkpointing's forward and recompute "
+                               "modes (per op, the two together)",
     "optimizer_per_tensor": "the optimizer step's host cost per parameter tensor",
     "conv_forward": "a tiny convolution's forward (a CPU's convolution library per call)",
     "conv_backward": "a tiny convolution's backward node",

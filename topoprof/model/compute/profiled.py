@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from topoprof.model.compute import op_kinds
-from topoprof.model.compute.host_costs import HostCosts, compiled_host_seconds, eager_host_seconds
+from topoprof.model.compute.host_costs import HostCosts, compiled_host_seconds, eager_host_seconds, selective_cost
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_interp import Grid
 from topoprof.model.compute.profile_scale import Ratios, ScaledProfile
@@ -183,6 +183,11 @@ class ProfiledDevice:
 
     def host_seconds(self, trace: dict, end: str) -> list[float]:
         return (compiled_host_seconds if self.compiled else eager_host_seconds)(trace, self.host, end)
+
+    def trace_lines(self, trace: dict) -> tuple[str, ...]:
+        """What this trace adds to the basis: selective op checkpointing's host cost, eager."""
+        selective = None if self.compiled else selective_cost(trace, self.host)
+        return () if selective is None else (selective.line(),)
 
     def basis_lines(self) -> tuple[str, ...]:
         p, r = self.profile, self.ratios

@@ -41,7 +41,7 @@ from topoprof.errors import InputError
 from topoprof.model.compute import op_kinds
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.fusion import fuse
-from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs
+from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs, selective_cost
 from topoprof.model.compute.roofline_terms import (COMPILED_HOST_COST_S, EAGER_HOST_COST_S, ENDS,  # noqa: F401
                                                    GEMM_TILE, Span, gemm_dims, measured, quantization)
 
@@ -58,6 +58,8 @@ class Pricer(Protocol):
     def host_seconds(self, trace: dict, end: str) -> list[float]: ...       # one per op of the trace
 
     def basis_lines(self) -> tuple[str, ...]: ...
+
+    def trace_lines(self, trace: dict) -> tuple[str, ...]: ...             # what this trace adds to the basis
 
 
 # ---- the datasheet path: peak and bandwidth with cited shares --------------------------------
@@ -128,7 +130,14 @@ class DeviceModel:
     def host_seconds(self, trace: dict, end: str) -> list[float]:
         if self.compiled:
             return compiled_host_seconds(trace, datasheet_host_costs(EAGER_HOST_COST_S), end)
-        return [0.0 if op["view"] else self.host_cost[op["phase"]].at(end, fast_is_high=False) for op in trace["ops"]]
+        selective = selective_cost(trace, None)
+        extra = selective.extra_s(self.host_cost["forward"].at(end, fast_is_high=False)) if selective else 0.0
+        return [0.0 if op["view"] else self.host_cost[op["phase"]].at(end, fast_is_high=False)
+                + (extra if op.get("selective") else 0.0) for op in trace["ops"]]
+
+    def trace_lines(self, trace: dict) -> tuple[str, ...]:
+        selective = None if self.compiled else selective_cost(trace, None)
+        return () if selective is None else (selective.line(),)
 
     def basis_lines(self) -> tuple[str, ...]:
         quant = (f"; at the slow end x tile and wave quantization ({self.tile[0]}x{self.tile[1]} tiles over "
@@ -239,4 +248,4 @@ def roofline(trace: dict, dev: Pricer) -> Roofline:
                     1 - mid.forward_s / mid.seconds if mid.seconds > 0 else 2 / 3,
                     mid.kernels, views, sum(op["flops"] for op in trace["ops"]),
                     sum(op["bytes_read"] + op["bytes_written"] for op in trace["ops"]), mid, dev.name,
-                    (*dev.basis_lines(), composition), dev.notes)
+                    (*dev.basis_lines(), *dev.trace_lines(trace), composition), dev.notes)

@@ -70,6 +70,8 @@ def build_comm(cluster: ClusterRequest, gpu: str | None = None, progress: Progre
         if progress is not None:
             progress("reading this machine's topology (NVML, nvidia-smi)")
         topology = collect_topology()
+        if gpu is not None and gpn and not _holds(topology, gpu):  # a what-if: the GPU's own node
+            return _standard_node(gpu, gpn, cluster)
         if not topology.gpus:
             raise InputError("no link information: this machine has no GPU; give --bench FILE, "
                              "--topology FILE or --link-bandwidth GB/s (or --world-size 1 for one GPU)")
@@ -77,6 +79,35 @@ def build_comm(cluster: ClusterRequest, gpu: str | None = None, progress: Progre
     comm, ring = links.comm_from_topology(topology, chosen, rate_origin=origin)
     return comm, comm.world_size, {"topology": cluster.topology or "this machine", **ring,
                                    **({"notes": notes} if notes else {})}
+
+
+def _holds(topology, name: str) -> bool:
+    """Whether this machine's GPUs are the one --gpu names (by their datasheet rows)."""
+    wanted = lookup_gpu_quietly(name)
+    here = [lookup_gpu_quietly(g.name) for g in topology.gpus]
+    return wanted is not None and any(row is not None and row.name == wanted.name for row in here)
+
+
+def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
+    """--gpu without a link: the node its datasheet's form is sold in (`whatif.standard_link`),
+    said in one line; refused where it has no such link or the job's node holds more GPUs."""
+    from topoprof.model.comm import links
+    from topoprof.model.strategies.whatif import standard_link
+    from topoprof.topology.constants import STANDARD_NODE_GPUS
+
+    link, spec = standard_link(name), lookup_gpu_quietly(name)
+    if link is None:
+        raise InputError(f"no link information: --gpu {name} has no nominal link in the datasheet table; give "
+                         "--bench FILE, --topology FILE or --link-bandwidth GB/s")
+    if gpn > STANDARD_NODE_GPUS:
+        nodes = -(-gpn * cluster.nodes // STANDARD_NODE_GPUS)
+        raise InputError(f"{gpn} GPUs per node: {spec.name}'s standard node holds {STANDARD_NODE_GPUS} and no network "
+                         f"is assumed; give --nodes {nodes} with --network-bandwidth GB/s, or --link-bandwidth or "
+                         "--topology for a node of your own")
+    where = "on NVSwitch" if link.kind == "NVLink" else "over PCIe"
+    line = (f"assumed {spec.name}'s standard node: {gpn} GPUs {where} (up to {STANDARD_NODE_GPUS} per node), "
+            f"{link.basis}; --link-bandwidth or --topology overrides")
+    return links.standard_node_comm(link, gpn), gpn, {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)}
 
 
 def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None):

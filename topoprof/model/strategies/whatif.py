@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from topoprof.topology import constants
 
-GPU_COUNTS = (2, 4, 8)
+GPU_COUNTS = (2, 4, constants.STANDARD_NODE_GPUS)
 NODE_COUNTS = (2, 3, 4)
 NETWORK_GBIT = (25, 100, 200, 400)
 # NCCL topo.h: NET_BW 12.0 GB/s for a 100 Gbit/s NIC, whose raw rate is 12.5 GB/s.
@@ -30,6 +30,9 @@ class Link:
     bandwidth_gbps: tuple[float, float]
     hop_latency_us: float
     basis: str
+    # the rings NCCL's search runs at once over it: through NVSwitch one per NVLink of a GPU (as
+    # `links.comm_from_topology` counts them), else one
+    rings: int = 1
 
 
 def sxm_part(name: str | None) -> bool:
@@ -52,7 +55,7 @@ def nvlink(gpu) -> Link | None:
     links, raw = sheet
     return Link("NVLink", (links * nccl, links * raw), constants.HOP_LATENCY_US["NV"],
                 f"{links} NVLinks x {nccl:g}..{raw:g} GB/s (NCCL topo.h .. datasheet), sm{gpu.compute_capability[0]}"
-                f"{gpu.compute_capability[1]} SXM on NVSwitch")
+                f"{gpu.compute_capability[1]} SXM on NVSwitch", rings=links)
 
 
 def pcie(gpu) -> Link | None:
@@ -62,6 +65,22 @@ def pcie(gpu) -> Link | None:
         return None
     return Link("PCIe", (nccl, raw or nccl), constants.HOP_LATENCY_US["PCIE"],
                 f"PCIe Gen{gen} x{width} peer to peer, {nccl:g}..{(raw or nccl):.1f} GB/s (NCCL topo.cc .. raw after encoding)")
+
+
+def standard_link(name: str) -> Link | None:
+    """The link of the node a GPU named as --gpu takes it is sold in (its datasheet row): NVLink
+    through NVSwitch for an SXM part, else PCIe of its generation and width, peer to peer; None for
+    a GPU the table does not know or whose link it cannot price."""
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly
+    from topoprof.topology.build import Gpu
+
+    spec = lookup_gpu_quietly(name)
+    if spec is None:
+        return None
+    gen, width = spec.pcie or (None, None)
+    gpu = Gpu(index=0, name=spec.name, compute_capability=spec.compute_capability, pcie_gen_max=gen,
+              pcie_width_max=width)
+    return nvlink(gpu) if sxm_part(spec.name) else pcie(gpu)
 
 
 def network(gbit: float) -> Link:
