@@ -269,19 +269,24 @@ def backward_with_modes_on(loss) -> None:
 
 def _block_marks(module, blocks: list[str] | None, tracer: OpTracer):
     """Hooks that note, per block (qualified names, in forward order), the forward ops it ran:
-    [first op, end) in the trace; a recompute in backward is not its forward. (marks, handles)."""
+    [first op, end) in the trace; a recompute in backward is not its forward. Each block's forward
+    is a segment of the pass's memory (`LiveBytes.enter`), the ops after the last one another.
+    (marks, handles)."""
     marks: dict[str, list[int]] = {}
     handles = []
-    for name in blocks or ():
+    for index, name in enumerate(blocks or ()):
         block = module.get_submodule(name)
 
-        def before(_m, _args, name=name):
+        def before(_m, _args, name=name, index=index):
             if tracer.phase == "forward" and name not in marks:
                 marks[name] = [len(tracer.ops), len(tracer.ops)]
+                tracer.memory.enter(("forward", "block", index))
 
-        def after(_m, _args, _out, name=name):
+        def after(_m, _args, _out, name=name, index=index):
             if tracer.phase == "forward" and name in marks:
                 marks[name][1] = len(tracer.ops)
+                if index == len(blocks) - 1:
+                    tracer.memory.enter(("forward", "after", None))
 
         handles += [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
     return marks, handles
@@ -293,7 +298,14 @@ def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
     return {**at_forward_end, "peak_bytes": m.peak, "rounded_peak_bytes": m.rounded_peak,
             "forward_peak_bytes": m.forward_peak, "forward_transient_bytes": m.forward_peak - m.backward_start,
             "backward_start_bytes": m.backward_start, "backward_peak_bytes": m.backward_peak,
-            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads}
+            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads,
+            "segments": list(m.segments.values())}
+
+
+def _block_of_params(module, params: list, blocks: list[str] | None) -> dict[int, int]:
+    """The index in `params` of each parameter a repeated block holds -> that block's index."""
+    where = {id(p): b for b, name in enumerate(blocks or ()) for p in module.get_submodule(name).parameters()}
+    return {i: where[id(p)] for i, p in enumerate(params) if id(p) in where}
 
 
 def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None, blocks: list[str] | None = None) -> dict:
@@ -307,7 +319,13 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
     tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
 
+    owner = _block_of_params(module, params, blocks)
+
     def grad_ready(p, i):
+        if owner.get(i) is not None:  # the backward's segments (`LiveBytes`): each block from its first gradient
+            tracer.memory.enter(("backward", "block", owner[i]))
+        elif tracer.memory.segment[1] in ("block", "tail"):
+            tracer.memory.enter(("backward", "tail", None))
         tracer.memory.mark_grad(p.grad)
         ready.append((i, tracer.flops["backward"]))
 
@@ -328,6 +346,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
             nodes, leaves = autograd_nodes(loss.grad_fn)
             tracer.phase = "backward"
             tracer.memory.start_backward()
+            tracer.memory.enter(("backward", "head", None))
             backward_with_modes_on(loss)
     finally:
         for h in handles + block_handles:
