@@ -206,6 +206,15 @@ def autograd_nodes(root) -> tuple[int, int]:
     return len(seen), sum(1 for node in seen if type(node).__name__ == "AccumulateGrad")
 
 
+def _has_kernel(func) -> bool:
+    """Whether `func` runs as its own kernel on a device, though it decomposes too (a
+    CompositeImplicitAutograd form beside a backend kernel, as `silu_backward`'s `math_silu_backward`
+    beside its structured kernel in native_functions.yaml): its FLOPs are its parts', its memory
+    its outputs' alone, without the parts' temporaries. Read from the CPU's registration: a CPU
+    build registers no CUDA kernel, and native_functions.yaml gives such ops both."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CPU")
+
+
 class OpTracer(TorchDispatchMode):
     """Records each aten op with its phase, FLOPs and bytes; `phase` is set by the caller. With
     the target's lens, each op first lets the lens drop casts whose autocast region has ended."""
@@ -218,6 +227,7 @@ class OpTracer(TorchDispatchMode):
         self.memory = LiveBytes()
         self.lens = lens
         self.storages = StorageKeys()
+        self._inside_kernel = 0  # decomposing an op that runs as one kernel on the target (`_has_kernel`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -225,9 +235,17 @@ class OpTracer(TorchDispatchMode):
             self.lens.leave_ended_region()
         # As FlopCounterMode does: decompose what can be, so that its parts are what is counted.
         if func is not torch.ops.prim.device.default:
-            with self:
-                decomposed = func.decompose(*args, **kwargs)
+            kernel = self.lens is not None and _has_kernel(func)
+            self._inside_kernel += kernel
+            try:
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+            finally:
+                self._inside_kernel -= kernel
             if decomposed is not NotImplemented:
+                if kernel and not self._inside_kernel:  # its kernel allocates its outputs alone
+                    self.memory.allocated(decomposed, written=(args, kwargs) if func._schema.is_mutable else (),
+                                          op_index=len(self.ops), op=str(func))
                 return decomposed
         out = func(*args, **kwargs)
         flops = _flops(func, args, kwargs, out)
@@ -246,9 +264,10 @@ class OpTracer(TorchDispatchMode):
             op["inplace"] = func._schema.is_mutable
             op["reads"] = self.storages.touched((args, kwargs))
             op["writes"] = [] if func in _UNINITIALIZED and not op["inplace"] else self.storages.touched(out)
-            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
-                                  written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
-                                  op=op["name"])
+            if not self._inside_kernel:
+                self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
+                                      written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
+                                      op=op["name"])
         self.ops.append(op)
         self.flops[self.phase] += flops
         return out
