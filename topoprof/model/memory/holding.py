@@ -85,7 +85,7 @@ class Peak:
         if self.phase == "optimizer step":
             return "the optimizer step"
         if not self.followed:
-            return "the sum of its parts (no op trace to follow the step by: a bound above its peak)"
+            return self.where
         of = f" of {accumulation}" if accumulation > 1 else ""
         at = f", at {self.op.replace('aten.', '').removesuffix('.default')}" if self.op else ""
         return f"{self.phase} of micro-batch {self.micro_batch}{of}, {self.where}{at}"
@@ -129,7 +129,9 @@ class Holding:
                                                 ("optimizer step's transient", self.optimizer_transient)))
         if self.timeline is None:
             bound = self.states + (self.activations or 0.0) + self.logits + self.param_copies + self.backward_transient
-            summed = Peak(bound, "backward", 1, followed=False, parts=(
+            said = ("the sum of its parts (no op trace to follow the step by: a bound above its peak)"
+                    if self.activations is not None else "its states alone (the activations unknown)")
+            summed = Peak(bound, "backward", 1, said, followed=False, parts=(
                 *always, ("grads", self.grads), ("unsharded", self.unsharded), ("activations", self.activations or 0.0),
                 ("logits", self.logits), ("autocast copies", self.param_copies),
                 ("backward transient", self.backward_transient)))
