@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from topoprof.model.memory.timeline import BlockPass, Timeline, composed, from_segments, interpolated
+from topoprof.model.memory.timeline import (
+    BlockPass,
+    Timeline,
+    composed,
+    from_segments,
+    interpolated,
+)
 from topoprof.workload.checkpointing import Checkpointing
 
 # The parts a micro-batch adds, as the trace names them (topoprof/trace/op_trace.py `memory`)
