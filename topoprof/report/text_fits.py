@@ -104,11 +104,20 @@ def memory_parts_lines(payload: dict) -> list[str]:
         if all(v is None or v == 0 for v in values) and key not in ("activations",):
             continue
         out.append("  " + f"{label:<26}" + "".join(f"{_gb(v):>15}" for v in values))
+    if all(mems[n].get("peak_gb") is not None for n in columns):
+        out.append("  " + f"{'allocated peak':<26}" + "".join(f"{_gb(mems[n]['peak_gb']):>15}" for n in columns))
+        out.append("  " + f"{'reserved (range)':<26}" + "".join(f"{_span(mems[n]['reserved_gb']):>15}" for n in columns))
     out.append("  " + f"{'total (range)':<26}" + "".join(f"{_range(mems[n]):>15}" for n in columns))
     fit_text = {True: "fits", False: "no", None: "maybe" if gpu is not None else "?"}
     out.append("  " + f"{'fits':<26}" + "".join(f"{fit_text[mems[n]['fits']]:>15}" for n in columns))
-    out += ["  (the environment's parts at the top of their ranges; the optimizer step's transient counts at the "
-            "step, when the activations are freed: the total is the larger of the two peaks)"]
+    out += ["  (the parts never all coexist: the allocated peak is the most the step holds at once, the reserved range "
+            "adds the caching allocator's reserve above it, the total the rest of the environment at the ends of its "
+            "ranges; the fit reads the total)"]
+    where: dict[str, list[str]] = {}
+    for n in columns:
+        if mems[n].get("peak_at"):
+            where.setdefault(mems[n]["peak_at"], []).append(n)
+    out += [f"  peak of {', '.join(names)}: at {text}" for text, names in where.items()]
     sources = {}
     for n in columns:
         for key, text in (mems[n].get("sources") or {}).items():
@@ -120,6 +129,13 @@ def memory_parts_lines(payload: dict) -> list[str]:
         kept = [t for t in texts if not any(o != t and o.startswith(t) for o in texts)]
         out.append(f"  {labels.get(key, key)}: {' | '.join(kept)}")
     return out
+
+
+def _span(pair) -> str:
+    lo, hi = pair or (None, None)
+    if lo is None:
+        return "-"
+    return f"{lo:,.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:,.1f}-{hi:,.1f}"
 
 
 def _range(mem: dict) -> str:

@@ -15,6 +15,15 @@ flight, a checkpointed block's recompute, the activations not yet freed are alre
 The forward's own peak is kept too: above what the forward ends with, its transient (the logits'
 fp32 upcast before the loss keeps only its log-probabilities).
 
+The pass is also followed segment by segment (`segment`, named by the tracer: in the forward,
+before the repeated blocks, each block, after them; in the backward, the head until the first
+block's gradient is written, each block from its first gradient on, the tail after the last
+block's): per segment the most held (`live`) and the op that reached it, the most held besides
+every gradient written so far (`fresh`: what a later micro-batch holds above its full gradients,
+where a fresh gradient is a temporary added into `.grad`), and the gradients written before the
+segment began (`grads_before`). What a step holds at each point of it follows from these
+(`topoprof.model.memory.timeline`).
+
 The caching allocator (c10/cuda/CUDACachingAllocator.cpp) rounds every block up to 512 bytes
 (`kMinBlockSize`) and gives an allocation of 10 MiB or more (`kMinLargeAlloc`) a segment rounded
 up to 2 MiB (`kRoundLarge`); the peak counted so is `rounded_peak`, the reserve that rounding alone
@@ -66,10 +75,32 @@ class LiveBytes:
         self._copies: set[int] = set()
         # key: (bytes, op index, op, dtype, shape) of each live storage
         self._born: dict[int, tuple[int, int, str, str, tuple[int, ...]]] = {}
+        self.segment: tuple = ("forward", "before", None)
+        self.segments: dict[tuple, dict] = {}
+        self._op = ""
+
+    def enter(self, segment: tuple) -> None:
+        """The ops from here on belong to `segment` ((phase, kind, block index or None))."""
+        if segment != self.segment:
+            self.segment = segment
+            self._touch()
+
+    def _touch(self) -> None:
+        """Note what is held now in the current segment (module docstring)."""
+        row = self.segments.get(self.segment)
+        if row is None:
+            row = self.segments[self.segment] = {"phase": self.segment[0], "kind": self.segment[1],
+                                                 "block": self.segment[2], "live": -1, "fresh": -1,
+                                                 "grads_before": self.grads, "live_op": "", "fresh_op": ""}
+        if self.live > row["live"]:
+            row["live"], row["live_op"] = self.live, self._op
+        if self.live - self.grads > row["fresh"]:
+            row["fresh"], row["fresh_op"] = self.live - self.grads, self._op
 
     def allocated(self, out, param_copy: bool = False, written=(), op_index: int = 0, op: str = "") -> None:
         """`out`'s storages, where new: `written` are the inputs a mutating op wrote (its in-place
         or out= result is one of them: a buffer's `add_` allocates nothing)."""
+        self._op = op
         mutated = {key for t in tree_leaves(written) if (key := storage_key(t)) is not None}
         for t in tree_leaves(out):
             key = storage_key(t)  # one Python object per live storage, kept while the storage lives
@@ -82,6 +113,7 @@ class LiveBytes:
             size = storage.nbytes()
             self._born[key] = (size, op_index, op, str(t.dtype).replace("torch.", ""), tuple(t.shape))
             self._count(size, param_copy)
+            self._touch()
             weakref.finalize(storage, self._freed, key, size, param_copy).atexit = False
 
     def mark_grad(self, grad) -> None:

@@ -208,6 +208,15 @@ def autograd_nodes(root) -> tuple[int, int]:
     return len(seen), sum(1 for node in seen if type(node).__name__ == "AccumulateGrad")
 
 
+def _has_kernel(func) -> bool:
+    """Whether `func` runs as its own kernel on a device, though it decomposes too (a
+    CompositeImplicitAutograd form beside a backend kernel, as `silu_backward`'s `math_silu_backward`
+    beside its structured kernel in native_functions.yaml): its FLOPs are its parts', its memory
+    its outputs' alone, without the parts' temporaries. Read from the CPU's registration: a CPU
+    build registers no CUDA kernel, and native_functions.yaml gives such ops both."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CPU")
+
+
 class OpTracer(TorchDispatchMode):
     """Records each aten op with its phase, FLOPs and bytes; `phase` is set by the caller. With
     the target's lens, each op first lets the lens drop casts whose autocast region has ended."""
@@ -221,6 +230,7 @@ class OpTracer(TorchDispatchMode):
         self.lens = lens
         self.storages = StorageKeys()
         self.selective = 0  # depth of the modules `op` mode checkpoints now running (`_selective_marks`)
+        self._inside_kernel = 0  # decomposing an op that runs as one kernel on the target (`_has_kernel`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -228,9 +238,17 @@ class OpTracer(TorchDispatchMode):
             self.lens.leave_ended_region()
         # As FlopCounterMode does: decompose what can be, so that its parts are what is counted.
         if func is not torch.ops.prim.device.default:
-            with self:
-                decomposed = func.decompose(*args, **kwargs)
+            kernel = self.lens is not None and _has_kernel(func)
+            self._inside_kernel += kernel
+            try:
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+            finally:
+                self._inside_kernel -= kernel
             if decomposed is not NotImplemented:
+                if kernel and not self._inside_kernel:  # its kernel allocates its outputs alone
+                    self.memory.allocated(decomposed, written=(args, kwargs) if func._schema.is_mutable else (),
+                                          op_index=len(self.ops), op=str(func))
                 return decomposed
         out = func(*args, **kwargs)
         flops = _flops(func, args, kwargs, out)
@@ -251,9 +269,10 @@ class OpTracer(TorchDispatchMode):
             op["inplace"] = func._schema.is_mutable
             op["reads"] = self.storages.touched((args, kwargs))
             op["writes"] = [] if func in _UNINITIALIZED and not op["inplace"] else self.storages.touched(out)
-            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
-                                  written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
-                                  op=op["name"])
+            if not self._inside_kernel:
+                self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
+                                      written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
+                                      op=op["name"])
         self.ops.append(op)
         self.flops[self.phase] += flops
         return out
@@ -274,19 +293,24 @@ def backward_with_modes_on(loss) -> None:
 
 def _block_marks(module, blocks: list[str] | None, tracer: OpTracer):
     """Hooks that note, per block (qualified names, in forward order), the forward ops it ran:
-    [first op, end) in the trace; a recompute in backward is not its forward. (marks, handles)."""
+    [first op, end) in the trace; a recompute in backward is not its forward. Each block's forward
+    is a segment of the pass's memory (`LiveBytes.enter`), the ops after the last one another.
+    (marks, handles)."""
     marks: dict[str, list[int]] = {}
     handles = []
-    for name in blocks or ():
+    for index, name in enumerate(blocks or ()):
         block = module.get_submodule(name)
 
-        def before(_m, _args, name=name):
+        def before(_m, _args, name=name, index=index):
             if tracer.phase == "forward" and name not in marks:
                 marks[name] = [len(tracer.ops), len(tracer.ops)]
+                tracer.memory.enter(("forward", "block", index))
 
-        def after(_m, _args, _out, name=name):
+        def after(_m, _args, _out, name=name, index=index):
             if tracer.phase == "forward" and name in marks:
                 marks[name][1] = len(tracer.ops)
+                if index == len(blocks) - 1:
+                    tracer.memory.enter(("forward", "after", None))
 
         handles += [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
     return marks, handles
@@ -318,7 +342,14 @@ def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
     return {**at_forward_end, "peak_bytes": m.peak, "rounded_peak_bytes": m.rounded_peak,
             "forward_peak_bytes": m.forward_peak, "forward_transient_bytes": m.forward_peak - m.backward_start,
             "backward_start_bytes": m.backward_start, "backward_peak_bytes": m.backward_peak,
-            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads}
+            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads,
+            "segments": list(m.segments.values())}
+
+
+def _block_of_params(module, params: list, blocks: list[str] | None) -> dict[int, int]:
+    """The index in `params` of each parameter a repeated block holds -> that block's index."""
+    where = {id(p): b for b, name in enumerate(blocks or ()) for p in module.get_submodule(name).parameters()}
+    return {i: where[id(p)] for i, p in enumerate(params) if id(p) in where}
 
 
 def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None, blocks: list[str] | None = None) -> dict:
@@ -333,7 +364,13 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
     tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
 
+    owner = _block_of_params(module, params, blocks)
+
     def grad_ready(p, i):
+        if owner.get(i) is not None:  # the backward's segments (`LiveBytes`): each block from its first gradient
+            tracer.memory.enter(("backward", "block", owner[i]))
+        elif tracer.memory.segment[1] in ("block", "tail"):
+            tracer.memory.enter(("backward", "tail", None))
         tracer.memory.mark_grad(p.grad)
         ready.append((i, tracer.flops["backward"]))
 
@@ -356,6 +393,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
             tracer.phase = "backward"
             tracer.selective = 0
             tracer.memory.start_backward()
+            tracer.memory.enter(("backward", "head", None))
             backward_with_modes_on(loss)
     finally:
         for h in handles + block_handles:

@@ -30,8 +30,11 @@ each a figure or a range with its source, so the memory count names every part.
   1 - beta2)`), frees it, then one the size of exp_avg_sq (`torch._foreach_sqrt(device_exp_avg_sqs)`):
   one parameter-sized list of state at a time, after the backward has freed the activations. SGD's
   (torch/optim/sgd.py `_multi_tensor_sgd`) updates in place: none. Off CUDA (CPU ranks) the default
-  is the for-loop implementation (`_single_tensor_adam`: `denom = exp_avg_sq.sqrt() / ...` per
-  parameter): one tensor's worth at a time.
+  is the for-loop implementation (`_single_tensor_adam`, per parameter in order: `denom =
+  (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`): the square root and the quotient at once,
+  while the previous parameter's `denom` lives until the name is bound again, so at parameter i
+  two of its size and one of parameter i-1's (`single_tensor_transient`); SGD's (`_single_tensor_sgd`)
+  updates in place: none.
 """
 from __future__ import annotations
 
@@ -83,3 +86,11 @@ def communicators(strategy: str, world_size: int) -> int:
     if world_size <= 1 or strategy == "single":
         return 0
     return 2 if strategy.startswith("hsdp") else 1
+
+
+def single_tensor_transient(optimizer: str, numels: tuple[int, ...]) -> int:
+    """Elements the for-loop optimizer holds at once beyond its states (module docstring):
+    Adam/AdamW the most of 2 x n_i + n_(i-1) over the parameters in order; SGD none."""
+    if OPTIMIZER_TRANSIENT_LISTS.get(optimizer, 0) == 0:
+        return 0
+    return max((2 * n + prev for prev, n in zip((0, *numels), numels)), default=0)

@@ -33,16 +33,30 @@ Counted, and labelled counted, unless a GPU measured it. Bytes per parameter:
 - the optimizer step's transient and what the process holds besides tensors (CUDA context, the
   driver's reserve, NCCL's buffers, the allocator's stranded blocks): `environment`.
 
-The peak is the larger of the backward's (the states, what the micro-batch keeps, the backward's
-transient) and the optimizer step's (the states and its transient, the activations freed); the
-environment's ranges on top give the total as a range, and `fit` says fits (its top fits), does
-not fit (its bottom does not) or may not fit.
+The parts never coexist all at once: the peak is the one the step reaches (`peak`), followed over
+the op trace's timeline (`topoprof.model.memory.timeline`). The weights, the optimizer state and
+DDP's buckets are there throughout; FSDP's unsharded groups in the forward and backward. Then, of
+the K micro-batches of an optimizer step:
+- the first after `zero_grad(set_to_none=True)` (torch's default) starts with no gradient: at each
+  point of its pass it holds what the pass holds there (the gradients it has written among it) and
+  the gradients written before that point; under FSDP those are the reduce-scattered shards, and
+  what a group writes unsharded is its working set's;
+- each later one (and every one with `set_to_none=False`) holds the full gradients from its
+  start, and its fresh gradients are temporaries added into them: the full gradients and, at each
+  point, what the pass holds besides the gradients written so far;
+- the optimizer step holds the weights, the gradients, the optimizer state, DDP's buckets and its
+  transient; the micro-batch's tensors are freed by then.
+Without a timeline (no trace: activations given or by formula) the count cannot follow the step
+and adds its parts: a bound above the peak, and said so. What the caching allocator reserves
+above the peak and the environment's ranges give the total as a range, and `fit` says fits (its
+top fits), does not fit (its bottom does not) or may not fit.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from topoprof.model.memory import environment as env
+from topoprof.model.memory.timeline import Timeline, where
 from topoprof.model.memory.traced import MicroBatchBytes
 
 GB = 1e9
@@ -55,9 +69,35 @@ ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 34
 
 
 @dataclass(frozen=True)
+class Peak:
+    """Where the step's allocated peak falls and what it holds there, by part (bytes)."""
+
+    bytes: float
+    phase: str                 # "forward", "backward", "optimizer step"
+    micro_batch: int           # 1..K; K at the optimizer step
+    where: str = ""            # the segment of the pass (`timeline.where`)
+    op: str = ""               # the op that reached it
+    parts: tuple[tuple[str, float], ...] = ()
+    followed: bool = True      # False: no timeline, the parts added (a bound)
+
+    def text(self, accumulation: int) -> str:
+        """'backward of micro-batch 2 of 4, block 12 of 12, at aten.mm'."""
+        if self.phase == "optimizer step":
+            return "the optimizer step"
+        if not self.followed:
+            return self.where
+        of = f" of {accumulation}" if accumulation > 1 else ""
+        at = f", at {self.op.replace('aten.', '').removesuffix('.default')}" if self.op else ""
+        return f"{self.phase} of micro-batch {self.micro_batch}{of}, {self.where}{at}"
+
+
+@dataclass(frozen=True)
 class Holding:
     """What one GPU holds for one strategy, in bytes; `activations` None when unknown.
-    `environment`: (part, low, high) bytes besides the tensors (module docstring)."""
+    `environment`: (part, low, high) bytes besides the tensors (module docstring). `timeline`:
+    the micro-batch's pass, point by point, where a trace followed it; `accumulation` micro-batches
+    per optimizer step; `set_to_none`: `zero_grad(set_to_none=True)` before the first;
+    `sharded_grads`: FSDP's, its unsharded gradients in `unsharded`."""
 
     params: float
     grads: float
@@ -70,24 +110,61 @@ class Holding:
     backward_transient: float = 0.0
     optimizer_transient: float = 0.0
     environment: tuple[tuple[str, float, float], ...] = ()
+    timeline: Timeline | None = None
+    accumulation: int = 1
+    set_to_none: bool = True
+    sharded_grads: bool = False
 
     @property
     def states(self) -> float:
         return self.params + self.grads + self.optimizer + self.buckets + self.unsharded
 
     @property
-    def backward_peak(self) -> float:
-        """The states and what a micro-batch holds at the backward's peak."""
-        return self.states + (self.activations or 0.0) + self.logits + self.param_copies + self.backward_transient
+    def peak(self) -> Peak:
+        """The most the step holds at once, and where (module docstring)."""
+        always = (("params", self.params), ("optimizer", self.optimizer), ("buckets", self.buckets))
+        k = self.accumulation
+        best = Peak(self.params + self.grads + self.optimizer + self.buckets + self.optimizer_transient,
+                    "optimizer step", k, parts=(*always, ("grads", self.grads),
+                                                ("optimizer step's transient", self.optimizer_transient)))
+        if self.timeline is None:
+            bound = self.states + (self.activations or 0.0) + self.logits + self.param_copies + self.backward_transient
+            said = ("the sum of its parts (no op trace to follow the step by: a bound above its peak)"
+                    if self.activations is not None else "its states alone (the activations unknown)")
+            summed = Peak(bound, "backward", 1, said, followed=False, parts=(
+                *always, ("grads", self.grads), ("unsharded", self.unsharded), ("activations", self.activations or 0.0),
+                ("logits", self.logits), ("autocast copies", self.param_copies),
+                ("backward transient", self.backward_transient)))
+            return summed if summed.bytes > best.bytes else best
+        fixed = sum(v for _, v in always) + self.unsharded
+        line = self.timeline
+        first = 1 if self.set_to_none else 0           # micro-batches that start without gradients
+        for p in line.points:
+            if first:
+                written = self.grads * line.grads_share(p)
+                held, op = (p.fresh, p.fresh_op) if self.sharded_grads else (p.live, p.op)
+                best = self._higher(best, Peak(fixed + written + held, p.phase, 1, where(p, line.blocks), op, (
+                    *always, ("unsharded", self.unsharded), ("grads written before", written), ("micro-batch", held))))
+            if k > first:
+                best = self._higher(best, Peak(fixed + self.grads + p.fresh, p.phase, first + 1, where(p, line.blocks),
+                                               p.fresh_op, (*always, ("unsharded", self.unsharded), ("grads", self.grads),
+                                                            ("micro-batch", p.fresh))))
+        return best
 
-    @property
-    def step_peak(self) -> float:
-        """The states and the optimizer step's transient (the activations are freed by then)."""
-        return self.states + self.optimizer_transient
+    @staticmethod
+    def _higher(a: Peak, b: Peak) -> Peak:
+        return b if b.bytes > a.bytes else a
 
     @property
     def allocated(self) -> float:
-        return max(self.backward_peak, self.step_peak)
+        return self.peak.bytes
+
+    @property
+    def reserved_range(self) -> tuple[float, float]:
+        """The peak and what the caching allocator reserves above it (its rounding and the split
+        blocks it cannot hand out: the environment's `allocator` part)."""
+        lo, hi = next(((lo, hi) for name, lo, hi in self.environment if name == "allocator"), (0.0, 0.0))
+        return self.allocated + lo, self.allocated + hi
 
     @property
     def total_range(self) -> tuple[float, float]:
@@ -126,8 +203,12 @@ class MemoryModel:
     rings: int = 1
     environment: bool = True
     # where the optimizer runs its for-loop implementation (torch's default off CUDA: CPU ranks),
-    # its transient is one tensor's: the largest's numel (0: foreach, `environment`)
-    single_tensor_optimizer_numel: int = 0
+    # the parameters' numels in the optimizer's order (its transient, `environment.single_tensor_
+    # transient`); empty: foreach, one list of the parameters' size
+    single_tensor_optimizer_numels: tuple[int, ...] = ()
+    # micro-batches per optimizer step, and whether zero_grad sets the gradients to None (torch's default)
+    accumulation: int = 1
+    set_to_none: bool = True
     extra: tuple[tuple[str, float, float], ...] = field(default=())
 
 
@@ -139,12 +220,14 @@ def _states(m: MemoryModel, shards: int, micro_batch: MicroBatchBytes | None) ->
     optimizer = per_param * m.params
     mb = micro_batch or MicroBatchBytes(0.0)
     activations = m.activations if micro_batch is None or m.activations is None else micro_batch.activations
-    lists = env.OPTIMIZER_TRANSIENT_LISTS.get(m.optimizer, 0)
-    numel = m.single_tensor_optimizer_numel if m.single_tensor_optimizer_numel else m.params / shards
-    transient = lists * m.param_bytes * numel
+    if m.single_tensor_optimizer_numels:
+        transient = m.param_bytes * env.single_tensor_transient(m.optimizer, m.single_tensor_optimizer_numels)
+    else:
+        transient = env.OPTIMIZER_TRANSIENT_LISTS.get(m.optimizer, 0) * m.param_bytes * m.params / shards
     return Holding(m.param_bytes * m.params / shards, m.grad_bytes * m.params / shards, optimizer / shards,
                    activations=activations, logits=mb.logits, param_copies=mb.param_copies,
-                   backward_transient=mb.backward_transient, optimizer_transient=transient)
+                   backward_transient=mb.backward_transient, optimizer_transient=transient, timeline=mb.timeline,
+                   accumulation=m.accumulation, set_to_none=m.set_to_none)
 
 
 def _environment(strategy: str, m: MemoryModel, held: Holding, rounding: float) -> tuple:
@@ -189,7 +272,7 @@ def _tensors(strategy: str, m: MemoryModel) -> Holding | None:
     if not strategy.startswith(("fsdp_", "hsdp")):
         return None
     shards = m.gpus_per_node if strategy.startswith("hsdp") else m.world_size
-    states = _states(m, shards, _micro_batch_of(strategy, m))
+    states = replace(_states(m, shards, _micro_batch_of(strategy, m)), sharded_grads=True)
     group = m.largest_group_params
     if "shard_grad_op" in strategy:  # every group unsharded from its forward to its backward
         working = m.fsdp_param_bytes * m.params + m.fsdp_reduce_bytes * group
@@ -261,14 +344,8 @@ def parts(h: Holding) -> dict[str, float | None]:
 
 
 def _arithmetic(h: Holding) -> str:
-    at_step = h.step_peak > h.backward_peak
-    shown = [("params", h.params), ("grads", h.grads), ("optimizer", h.optimizer), ("buckets", h.buckets),
-             ("unsharded", h.unsharded)]
-    if at_step:
-        shown.append(("optimizer step's transient", h.optimizer_transient))
-    else:
-        shown += [("activations", h.activations), ("logits", h.logits), ("autocast copies", h.param_copies),
-                  ("backward transient", h.backward_transient)]
-    text = " + ".join(f"{name} {value / GB:.1f}" for name, value in shown if value)
+    """What the peak holds where it falls, and the environment: 'params 1.2 + ... at the optimizer step + ...'."""
+    peak = h.peak
+    text = " + ".join(f"{name} {value / GB:.1f}" for name, value in peak.parts if value)
     rest = " + ".join(f"{name.replace('_', ' ')} {_span(lo, hi)}" for name, lo, hi in h.environment if hi)
-    return text + (f" + {rest}" if rest else "")
+    return f"{text} at {peak.text(h.accumulation)}" + (f" + {rest}" if rest else "")

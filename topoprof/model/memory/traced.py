@@ -13,11 +13,22 @@ micro-batch of 1 is counted as the line through 2 and 3 puts it, a few bytes hig
 depth (its peak is the head's gradient or one block's recompute and backward): it is taken at 2
 blocks, linear in the samples. `layer:N` is composed from `none` and `full`: a block keeps, beside
 its output (which the next block or the final norm keeps in every mode), what its own mode keeps.
+
+Each part is what the micro-batch adds; the step never holds them all at once. What it holds over
+the pass (`timeline`, `topoprof.model.memory.timeline`) is composed from the passes at 2 blocks,
+each block as its mode runs it, at the micro-batch by the line through the two sizes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from topoprof.model.memory.timeline import (
+    BlockPass,
+    Timeline,
+    composed,
+    from_segments,
+    interpolated,
+)
 from topoprof.workload.checkpointing import Checkpointing
 
 # The parts a micro-batch adds, as the trace names them (topoprof/trace/op_trace.py `memory`)
@@ -36,10 +47,16 @@ class MicroBatchBytes:
     backward_transient: float = 0.0
     rounding: float = 0.0       # the caching allocator's rounding of the pass's peak
     logits_detail: str = ""     # the tensors after the last block, with their dtypes
+    timeline: Timeline | None = None  # what the pass holds point by point (`topoprof.model.memory.timeline`)
+
+    @property
+    def forward_end(self) -> float:
+        """What the forward leaves for the backward, autocast's copies included."""
+        return self.activations + self.logits + self.param_copies
 
 
 def from_trace(memory: dict) -> MicroBatchBytes:
-    """The parts of one pass's `memory` (topoprof/trace/op_trace.py)."""
+    """The parts of one pass's `memory` (topoprof/trace/op_trace.py), and its timeline."""
     kept = memory.get("kept") or {}
     logits = float(kept.get("after_blocks_bytes", 0))
     return MicroBatchBytes(
@@ -47,7 +64,8 @@ def from_trace(memory: dict) -> MicroBatchBytes:
         param_copies=float(memory.get("param_copies_bytes", 0)),
         backward_transient=float(max(memory.get("backward_transient_bytes", 0), memory.get("forward_transient_bytes", 0))),
         rounding=float(max(0, memory.get("rounded_peak_bytes", 0) - memory.get("peak_bytes", 0))),
-        logits_detail=describe_tensors(kept.get("after_blocks_tensors") or []))
+        logits_detail=describe_tensors(kept.get("after_blocks_tensors") or []),
+        timeline=from_segments(memory, int(kept.get("blocks", 0))))
 
 
 def describe_tensors(rows: list[dict], largest: int = 3) -> str:
@@ -91,9 +109,27 @@ class TracedMemory:
         """The parts of a micro-batch of `samples` sequences of the whole model under `ac`."""
         if ac.mode == "layer":
             wrapped = self.blocks // ac.every  # torchtitan wraps where the block count % N == 0
-            return _composed(self._at("none", variant, self.blocks - wrapped, samples),
-                             self._at("full", variant, wrapped, samples), self._at("none", variant, 0, samples))
-        return self._at(ac.mode, variant, self.blocks, samples)
+            parts = _composed(self._at("none", variant, self.blocks - wrapped, samples),
+                              self._at("full", variant, wrapped, samples), self._at("none", variant, 0, samples))
+            kinds = ["full" if (i + 1) % ac.every == 0 else "none" for i in range(self.blocks)]
+        else:
+            parts, kinds = self._at(ac.mode, variant, self.blocks, samples), [ac.mode] * self.blocks
+        return replace(parts, timeline=self._timeline(kinds, variant, samples))
+
+    def _timeline(self, kinds: list[str], variant: str, samples: float) -> Timeline | None:
+        """What the whole model holds over its pass, block by block (module docstring)."""
+        passes = {}
+        for mode in set(kinds):
+            pts = self.points[(variant, mode)]
+            m1, m2 = sorted({m for _, m in pts})
+            at = (samples - m1) / (m2 - m1)
+            one, two = pts[(2, m1)].timeline, pts[(2, m2)].timeline
+            if one is None or two is None or not kinds:
+                return None
+            kept = [pts[(2, m)].forward_end - pts[(1, m)].forward_end for m in (m1, m2)]
+            grads = pts[(2, m1)].timeline.grads - (pts[(1, m1)].timeline or one).grads
+            passes[mode] = BlockPass(interpolated(one, two, at), kept[0] + at * (kept[1] - kept[0]), grads)
+        return composed(passes, kinds)
 
     def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
         """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'

@@ -126,8 +126,9 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
         fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
         activations=count.activations, micro_batch=count.micro_batch, fsdp_micro_batch=count.fsdp_micro_batch,
         rings=int(getattr(intra, "rings", 1) or 1), environment=cl.backend not in BLOCKING_BACKENDS,
-        single_tensor_optimizer_numel=(0 if cl.backend not in BLOCKING_BACKENDS
-                                       else max((t.numel for t in work.layout.tensors), default=0)))
+        single_tensor_optimizer_numels=(() if cl.backend not in BLOCKING_BACKENDS
+                                        else tuple(t.numel for t in work.layout.tensors)),
+        accumulation=inputs.accumulation_steps)
 
 
 def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
@@ -145,9 +146,11 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
             continue
         f = holding.fit(held, None if capacity is None else capacity * holding.GB)
         low, high = held.total_range
+        reserved = held.reserved_range
         out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
                            held.total / holding.GB, basis, capacity, f.fits, f.reason, (low / holding.GB, high / holding.GB),
-                           part_sources(name, count, model, measured is not None))
+                           part_sources(name, count, model, measured is not None), held.allocated / holding.GB,
+                           held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB))
     return out
 
 

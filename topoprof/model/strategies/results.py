@@ -41,6 +41,9 @@ class Memory:
     reason: str | None                 # why not, with the arithmetic (or what is unknown)
     range_gb: tuple[float, float] | None = None  # the environment's parts at the ends of their ranges
     sources: dict[str, str] = field(default_factory=dict)  # where each part beyond the states comes from
+    peak_gb: float | None = None       # the allocated peak the step reaches (topoprof.model.memory.holding.Peak)
+    peak_at: str = ""                  # where it falls: phase, micro-batch, block, op
+    reserved_gb: tuple[float, float] | None = None  # the peak and the caching allocator's reserve above it
 
 
 @dataclass(frozen=True)
