@@ -101,20 +101,18 @@ def test_the_counted_peak_is_the_one_a_real_cpu_step_reaches(spec, kwargs, state
             assert summed + _there_throughout(model, batch) > real.peak_bytes
 
 
-HF = sorted(glob.glob(os.path.join(HERE, "fixtures", "hf", "*", "config.json")))
+# the tiny configs of each architecture (the published Llama 3.1 8B one is planned, never built here)
+HF = sorted(c for c in glob.glob(os.path.join(HERE, "fixtures", "hf", "*", "config.json")) if "8b" not in c)
 
 
-@pytest.mark.parametrize("config", HF or [pytest.param(None, marks=pytest.mark.skip(reason="no tests/fixtures/hf/*"))])
+@pytest.mark.parametrize("config", HF, ids=[os.path.basename(os.path.dirname(c)) for c in HF])
 def test_a_hugging_face_model_peaks_where_it_is_counted(config):
-    transformers = pytest.importorskip("transformers")
-    spec = f"{os.path.dirname(config)}"
+    pytest.importorskip("transformers")
+    from topoprof.zoo.hf_models import build_hf
 
     def build(micro_batch: int = 2, seq_len: int = 32):
         torch.manual_seed(0)
-        cfg = transformers.AutoConfig.from_pretrained(spec)
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-        tokens = torch.randint(0, cfg.vocab_size, (micro_batch, seq_len))
-        return model, {"input_ids": tokens, "labels": tokens}, None
+        return build_hf(config, micro_batch=micro_batch, seq_len=seq_len)
 
     from topoprof.trace.meta_device import on_meta
     from topoprof.trace.op_trace import trace_pass
