@@ -90,13 +90,16 @@ from torch.utils.flop_counter import flop_registry
 from topoprof.trace.meta_device import on_meta
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, TargetLens, check_target
 from topoprof.trace.live_bytes import LiveBytes
-from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, to_device,
-                                  user_loss)
+from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
+from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, resize_batch,
+                                        to_device, user_loss)
 
 aten = torch.ops.aten
 
-# What a user's callable may take to build its model and batch at the stated shape.
-SHAPE_KWARGS = ("micro_batch", "seq_len")
+# What a user's callable may take to build its model and batch at the stated shape; `batch_size`
+# takes the stated micro-batch where the callable names it so.
+SHAPE_KWARGS = ("micro_batch", "seq_len", "batch_size")
+_STATED_AS = {"batch_size": "micro_batch"}
 
 # A view the schema does not annotate as one (native_functions.yaml: `_unsafe_view(Tensor self,
 # SymInt[] size) -> Tensor`); matmul reshapes its result with it, without a copy.
@@ -378,8 +381,11 @@ def shape_kwargs(build, stated: dict | None) -> dict:
     except (TypeError, ValueError):  # a builtin or C callable: no signature to read
         return {}
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {k: v for k, v in (stated or {}).items()
-            if k in SHAPE_KWARGS and v is not None and k in accepted and accepted[k].kind in named}
+    stated = stated or {}
+    out = {k: stated.get(_STATED_AS.get(k, k)) for k in SHAPE_KWARGS}
+    if "micro_batch" in accepted:  # both named: micro_batch is the stated one, batch_size the callable's own
+        out.pop("batch_size")
+    return {k: v for k, v in out.items() if v is not None and k in accepted and accepted[k].kind in named}
 
 
 def describe_batch(batch) -> str:
@@ -406,18 +412,21 @@ def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = N
     return module.to("meta"), to_device(batch, "meta"), loss_fn, shape
 
 
-# What is wrong with the callable itself (topoprof/zoo/user_callable.py's stages): the user's to fix,
-# whichever device it is read on.
-USER_ERRORS = ("import", "callable", "return", "loss")
+# What is wrong with the callable itself (topoprof/zoo/user_callable.py's stages), or with it under the
+# checkpointing asked (topoprof/zoo/user_blocks.py): the user's to fix, whichever device it is read on.
+USER_ERRORS = ("import", "callable", "return", "loss", "blocks", "checkpointing")
 
 
 def repeated_blocks(module, container: str | None = None) -> list[str] | None:
     """The qualified names of a model's repeated blocks: the children of `container` (a module
     name, as --fsdp-unit gives it), else those its class names in `BLOCKS` (the presets, the
-    synthetic model); None where neither says."""
+    synthetic model), else the block list found in it (`topoprof/zoo/user_blocks.py`); None where
+    none is."""
     from topoprof.zoo.checkpoint_wrap import children_of
 
-    containers = [container] if container else list(getattr(type(module), "BLOCKS", ()))
+    found = find_block_list(module)
+    containers = ([container] if container else list(getattr(type(module), "BLOCKS", ()))
+                  or ([found] if found is not None else []))
     try:
         return [name for c in containers for name in children_of(module, c)] or None
     except AttributeError:  # no such module: the blocks are not known
@@ -432,15 +441,34 @@ def _import_before_tracing_checkpoints() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
+    """The batch at the stated micro-batch where the callable did not build it so (`shape` holds no
+    micro-batch) and it was built at `resize_from` samples (`resize_batch`); UserModelError("batch")
+    where it cannot be resized."""
+    wanted = (stated or {}).get("micro_batch")
+    if resize_from is None or wanted is None or wanted == resize_from or "micro_batch" in shape or "batch_size" in shape:
+        return batch
+    try:
+        return resize_batch(batch, resize_from, wanted)
+    except ValueError as err:
+        raise UserModelError("batch", f"its example batch ({describe_batch(batch)}) cannot be resized from "
+                             f"micro-batch {resize_from} to {wanted}: {err}; let its callable take micro_batch or "
+                             "batch_size") from None
+
+
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
-                     target: dict | None = None, progress=None, blocks: str | None = None) -> dict:
+                     target: dict | None = None, progress=None, blocks: str | None = None,
+                     ac: str | None = None, resize_from: int | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
     `progress`: called with each stage's text; `blocks`: the module whose children are the
-    repeated blocks (`repeated_blocks`). A failure says where: `user_error` (the stage, in
-    USER_ERRORS, and its `traceback`) when the callable itself is wrong; `params` (its parameter
-    list, read on meta) when the model was built and only its pass failed."""
+    repeated blocks (`repeated_blocks`); `ac`: a user's model's blocks checkpointed so
+    (`topoprof/zoo/user_blocks.py`, said in "checkpointing"; a preset takes it in `kwargs`);
+    `resize_from`: the micro-batch its example batch was built at, resized to the stated one
+    (`resized`). A failure says where: `user_error` (the stage, in USER_ERRORS, and its
+    `traceback`) when the callable itself is wrong; `params` (its parameter list, read on meta)
+    when the model was built and only its pass failed."""
     built: dict = {}
     say = progress or (lambda text: None)
     if (kwargs or {}).get("ac", "none") != "none" or not spec.startswith("topoprof.zoo."):
@@ -450,12 +478,16 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         with on_meta():
             say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
+            batch = resized(batch, shape, stated, resize_from)
             if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
                 module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
             built["params"] = parameter_list(module)
+            done = checkpoint_user_model(module, ac, blocks) if ac else None
+            if done is not None:
+                built["checkpointing"] = {k: v for k, v in done.items() if k != "names"}
             say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
-                                                    repeated_blocks(module, blocks))
+                                                    done["names"] if done else repeated_blocks(module, blocks))
 
     target = check_target(target)
     autocast_failure = None
@@ -472,6 +504,8 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
         if isinstance(err, UserModelError) and err.kind in USER_ERRORS:
             return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
+        if isinstance(err, UserModelError) and err.kind == "batch":
+            return {"failure": str(err), "batch": True}
         return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
     if not traced["ready"]:
         return {"failure": "FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution "
@@ -479,6 +513,7 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
     return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
             "params": parameter_list(module), **traced,
+            **({"checkpointing": built["checkpointing"]} if "checkpointing" in built else {}),
             **({"autocast_failure": autocast_failure} if autocast_failure else {})}
 
 
@@ -497,7 +532,8 @@ def run_rank(ctx, config: dict) -> None:
         return
     ctx.progress(f"tracing {config['spec']} on meta")
     ctx.emit("op_trace", **trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"),
-                                            config.get("target"), ctx.progress, config.get("blocks")))
+                                            config.get("target"), ctx.progress, config.get("blocks"),
+                                            config.get("ac"), config.get("resize_from")))
 
 
 def _variant(ctx, config: dict, variant: dict) -> dict:
@@ -506,5 +542,6 @@ def _variant(ctx, config: dict, variant: dict) -> dict:
     kwargs, stated = {**(config.get("kwargs") or {}), **variant.get("kwargs", {})}, variant.get("stated")
     ctx.progress(f"tracing {config['spec']} {kwargs} {stated} on meta")
     traced = trace_user_model(config["spec"], stated, kwargs, variant.get("target", config.get("target")),
-                              blocks=config.get("blocks"))
+                              blocks=config.get("blocks"), ac=variant.get("ac", config.get("ac")),
+                              resize_from=config.get("resize_from"))
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

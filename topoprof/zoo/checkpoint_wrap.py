@@ -99,5 +99,7 @@ def apply_activation_checkpointing(module: torch.nn.Module, mode: str, blocks: l
 
 
 def children_of(module: torch.nn.Module, container: str) -> list[str]:
-    """The qualified names of a container's children (a ModuleList's or a Sequential's blocks)."""
-    return [f"{container}.{name}" for name, _ in module.get_submodule(container).named_children()]
+    """The qualified names of a container's children (a ModuleList's or a Sequential's blocks); ""
+    names the model itself."""
+    prefix = f"{container}." if container else ""
+    return [f"{prefix}{name}" for name, _ in module.get_submodule(container).named_children()]

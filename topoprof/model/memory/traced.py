@@ -13,6 +13,10 @@ micro-batch of 1 is counted as the line through 2 and 3 puts it, a few bytes hig
 depth (its peak is the head's gradient or one block's recompute and backward): it is taken at 2
 blocks, linear in the samples. `layer:N` is composed from `none` and `full`: a block keeps, beside
 its output (which the next block or the final norm keeps in every mode), what its own mode keeps.
+
+A user's `--model` cannot be built at another depth: it is traced whole (`whole`), at 2 and 3
+samples under each mode the search asks for (`layer:N` too, traced as such), and extended to the
+micro-batch alone, the line through the two: each sample keeps the same.
 """
 from __future__ import annotations
 
@@ -72,23 +76,30 @@ def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: int) -
 class TracedMemory:
     """The parts at 1 and 2 blocks and 1 and 2 samples, per checkpointing mode ("none", "full",
     "op") and variant ("autocast": fp32 weights under autocast, as DDP trains; "cast": the weights
-    in 16 bits, as FSDP2's MixedPrecisionPolicy runs its blocks), extended to `blocks` blocks."""
+    in 16 bits, as FSDP2's MixedPrecisionPolicy runs its blocks), extended to `blocks` blocks.
+    `whole`: the model traced whole (module docstring), its points at (1, samples) per mode as
+    `Checkpointing.text` spells it; `seq_len` 0 (the samples are the micro-batch's own)."""
 
     blocks: int
     seq_len: int
     # (variant, mode) -> {(blocks, samples): MicroBatchBytes}
     points: dict = field(default_factory=dict)
     source: str = ""
+    whole: bool = False
 
     def variants(self) -> tuple[str, ...]:
         return tuple(sorted({v for v, _ in self.points}))
 
     def has(self, variant: str, ac: Checkpointing) -> bool:
+        if self.whole:
+            return (variant, ac.text) in self.points
         modes = ("none", "full") if ac.mode == "layer" else (ac.mode,)
         return all((variant, m) in self.points for m in modes)
 
     def count(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> MicroBatchBytes:
         """The parts of a micro-batch of `samples` sequences of the whole model under `ac`."""
+        if self.whole:
+            return self._at(ac.text, variant, 1, samples)
         if ac.mode == "layer":
             wrapped = self.blocks // ac.every  # torchtitan wraps where the block count % N == 0
             return _composed(self._at("none", variant, self.blocks - wrapped, samples),
@@ -98,6 +109,9 @@ class TracedMemory:
     def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
         """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'
         (and for layer:N, a checkpointed one's beside it)."""
+        if self.whole:
+            return f"the model keeps {self._at(ac.text, variant, 1, samples).activations / 1e9:.3g} GB"
+
         def one(mode):
             return (self._at(mode, variant, 2, samples).activations - self._at(mode, variant, 1, samples).activations) / 1e9
         if ac.mode == "layer":
@@ -107,11 +121,12 @@ class TracedMemory:
     def _at(self, mode: str, variant: str, blocks: int, samples: int) -> MicroBatchBytes:
         pts = self.points[(variant, mode)]
         values = {}
+        deepest = max(d for d, _ in pts)
         for part in PARTS:
             per = {key: getattr(p, part) for key, p in pts.items()}
-            if part == "backward_transient":  # not growing with depth (module docstring)
+            if part == "backward_transient" or self.whole:  # not growing with depth (module docstring)
                 m1, m2 = sorted({m for _, m in per})
-                values[part] = per[(2, m1)] + (samples - m1) * (per[(2, m2)] - per[(2, m1)]) / (m2 - m1)
+                values[part] = per[(deepest, m1)] + (samples - m1) * (per[(deepest, m2)] - per[(deepest, m1)]) / (m2 - m1)
             else:
                 values[part] = _bilinear(per, blocks, samples)
         m1 = min(m for _, m in pts)
