@@ -10,8 +10,9 @@ keyed on a class name. A model with neither is refused in one line that names --
 A model that checkpoints its own blocks is refused in one line when --activation-checkpointing is
 given too, rather than wrapped twice (a block recomputed inside a recompute): its own
 checkpointing is what its trace counts without the option. Found before anything runs where the
-model says so (a block already a `checkpoint_wrapper`; Hugging Face's `gradient_checkpointing_enable()`
-sets `gradient_checkpointing` on the layers it checkpoints, transformers' `modeling_utils.py`),
+model says so (a block already a `checkpoint_wrapper`; Hugging Face's `activation_checkpointing_enable()`,
+`gradient_checkpointing_enable()` before transformers 5, sets `gradient_checkpointing` on the layers
+it checkpoints: transformers' `modeling_layers.py`, `GradientCheckpointingLayer`),
 else when a block is entered under checkpointing: `torch.utils.checkpoint` called in its forward
 (reentrant: the block runs without grad; non-reentrant: inside the checkpoint's saved-tensor hooks).
 """
@@ -67,7 +68,7 @@ def own_checkpointing(module: nn.Module) -> str | None:
         if isinstance(m, CheckpointWrapper):
             return f"{where} is a checkpoint_wrapper"
         if getattr(m, "gradient_checkpointing", False) is True:  # Hugging Face's flag (module docstring)
-            return f"{where} has gradient checkpointing on (gradient_checkpointing_enable())"
+            return f"{where} checkpoints its layers (Hugging Face's activation_checkpointing_enable())"
     return None
 
 
