@@ -51,7 +51,7 @@ as the CUDA flash kernels' formulas do (the same attention, which `flop_registry
 
 Activation checkpointing runs as torch runs it (`torch.utils.checkpoint`, reentrant or not, with
 or without `create_selective_checkpoint_contexts`; `topoprof/zoo/checkpoint_wrap.py` applies the modes
-the tool names): the forward keeps what checkpointing keeps, and the backward recomputes inside
+the tool names, to a user's model through `topoprof/zoo/user_blocks.py`): the forward keeps what checkpointing keeps, and the backward recomputes inside
 the engine. Recomputed ops stay in the backward phase (they take backward time, and they come
 before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
 
@@ -66,8 +66,10 @@ memory plan adds per micro-batch; on a CPU it equals, within the loss, the bytes
 `peak_bytes` is the most the pass held at once, copies included.
 
 The user's model is built under `torch.device("meta")` at the stated micro-batch and sequence
-length when its callable takes `micro_batch` / `seq_len` (as `topoprof/zoo/preset_modules.py:build`
-does), else with its example batch as it is; a device its code names stays meta
+length when its callable takes `micro_batch` (or `batch_size`) / `seq_len` (as
+`topoprof/zoo/preset_modules.py:build` does), else with its example batch as it is, or resized
+along its first dimension to the stated micro-batch where the caller says at which it was built
+(`resized`); a device its code names stays meta
 (`topoprof/trace/meta_device.py`), and a module or batch it built on meta itself is used as it is. Nothing
 of the model runs for real: `topoprof/measure/meta_trace.py` runs this pass alone in a worker, for a
 model that is never to be timed on this machine. Anything that cannot run on meta (an op without a
@@ -424,9 +426,10 @@ def repeated_blocks(module, container: str | None = None) -> list[str] | None:
     none is."""
     from topoprof.zoo.checkpoint_wrap import children_of
 
-    found = find_block_list(module)
-    containers = ([container] if container else list(getattr(type(module), "BLOCKS", ()))
-                  or ([found] if found is not None else []))
+    containers = [container] if container else list(getattr(type(module), "BLOCKS", ()))
+    if not containers:
+        found = find_block_list(module)
+        containers = [found] if found is not None else []
     try:
         return [name for c in containers for name in children_of(module, c)] or None
     except AttributeError:  # no such module: the blocks are not known
