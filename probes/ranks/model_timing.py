@@ -26,6 +26,7 @@ import os
 import time
 import traceback
 
+from topoprof.zoo.user_blocks import checkpoint_user_model
 from topoprof.zoo.user_callable import UserModelError, call_user_callable, parameter_list, to_device, user_loss
 
 
@@ -119,12 +120,14 @@ MAX_PASSES_PER_REPEAT = 10
 
 
 def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw",
-            kwargs: dict | None = None, progress=None) -> dict:
+            kwargs: dict | None = None, progress=None, ac: str | None = None, unit: str | None = None) -> dict:
     """Forward, backward and optimizer times of the user's model on `device`. On a GPU, warm-up
     and timed passes each run for a minimum time (GPU_WARMUP_S, GPU_TIMED_S); on a CPU, where a
     pass is long and steady, one warm-up and `repeats` timed passes. The ready order of the
     gradients comes from the last warm-up pass, so that no timed pass carries a hook per tensor.
-    `progress` is called with each stage's text."""
+    `progress` is called with each stage's text. `ac`: a user's model's blocks (the children of
+    `unit`, else the block list found) checkpointed as the meta trace checkpoints them
+    (`topoprof/zoo/user_blocks.py`); a preset takes it in `kwargs`."""
     import torch
 
     from topoprof.trace.meta_device import has_meta_tensors
@@ -136,6 +139,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
         raise UserModelError("meta", f"{spec}() built its model or batch on the meta device: there is no data "
                              "to time here; it can only be traced (topoprof.measure.meta_trace.trace_model)")
     module, batch = module.to(device), to_device(batch, device)
+    done = checkpoint_user_model(module, ac, unit) if ac else None
     params = list(module.parameters())
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
@@ -174,7 +178,8 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     return {"spec": spec, "device": device, "device_name": _device_name(device),
             "device_memory_bytes": _device_memory_bytes(device), "params": parameter_list(module),
             "ready": ready, "passes": passes, "optimizer_s": optimizer_s,
-            "optimizer": opt_name, "precision": precision_used, "memory": memory.parts()}
+            "optimizer": opt_name, "precision": precision_used, "memory": memory.parts(),
+            **({"checkpointing": {k: v for k, v in done.items() if k != "names"}} if done else {})}
 
 
 def _warm_up(step, cuda: bool) -> list:
@@ -265,7 +270,7 @@ def run_rank(ctx, config: dict) -> None:
     try:
         record = measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
                          config.get("precision", "bf16"), config.get("optimizer", "adamw"), config.get("kwargs"),
-                         ctx.progress)
+                         ctx.progress, config.get("ac"), config.get("unit"))
     except UserModelError as err:
         ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)
         return
@@ -274,5 +279,6 @@ def run_rank(ctx, config: dict) -> None:
 
         ctx.progress(f"tracing {config['spec']} on meta")
         record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
-                                                                   config.get("target"), ctx.progress)])[0]
+                                                                   config.get("target"), ctx.progress, config.get("unit"),
+                                                                   config.get("ac"))])[0]
     ctx.emit("user_model", **record)

@@ -39,13 +39,15 @@ from topoprof.workload.presets import RMSNORMS
                    "(torchtitan's default; torch's docs: reduce in full precision, compute in low).")
 @click.option("--fsdp-unit", metavar="MODULE",
               help="FSDP groups: each child of this module, e.g. model.layers (default: one group per block of "
-                   "a preset, 4 chunks per group of --params; the root holds the rest).")
+                   "a preset, 4 chunks per group of --params; the root holds the rest); for a --model, also the "
+                   "blocks --activation-checkpointing wraps.")
 @click.option("--rmsnorm", type=click.Choice(RMSNORMS), default="eager", show_default=True,
               help="A Llama preset's RMSNorm: eager (Hugging Face's LlamaRMSNorm, torchtitan's rmsnorm: its fp32 "
                    "upcast kept for backward) or fused (one kernel keeping its input and the reciprocal RMS: "
                    "torchtitan's fused_rmsnorm, torch's fused rms_norm).")
 @click.option("--activation-checkpointing", metavar="MODE",
-              help="Activation checkpointing of the blocks, in torchtitan's modes: none (default), full, layer:N "
+              help="Activation checkpointing of the blocks (a --model's: the children of --fsdp-unit, else its "
+                   "list of repeated blocks), in torchtitan's modes: none (default), full, layer:N "
                    "(every N-th block) or op (torchtitan's selective op policy); what each keeps and recomputes is "
                    "counted from the model's own ops.")
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch.")

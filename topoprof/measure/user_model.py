@@ -12,15 +12,18 @@ from topoprof.measure.launch import JobSpec, launch_local, progress_messages
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
                        precision: str = "bf16", optimizer: str = "adamw", kwargs: dict | None = None,
                        trace: dict | None = None, target: dict | None = None,
-                       progress: Callable[[str], None] | None = None) -> dict:
+                       progress: Callable[[str], None] | None = None, ac: str | None = None,
+                       unit: str | None = None) -> dict:
     """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
     traceback as the error's detail, printed once under its one line. With `trace` (the stated
     shape, e.g. {"micro_batch": 4, "seq_len": 512}) the record's "op_trace" is the model's pass
     on the meta device (`topoprof/trace/op_trace.py`) for the `target` device, or {"failure": reason}.
-    `progress` hears each stage the worker reports."""
+    `progress` hears each stage the worker reports. `ac`: the model's blocks (the children of
+    `unit`, else the block list found) checkpointed so, timed and traced (`topoprof/zoo/user_blocks.py`)."""
     job = JobSpec("user_model", {"spec": spec, "device": device, "repeats": repeats, "cwd": os.getcwd(),
                                  "precision": precision, "optimizer": optimizer, "kwargs": kwargs,
-                                 "trace": trace, "target": target},
+                                 "trace": trace, "target": target,
+                                 **({"ac": ac, "unit": unit} if ac and ac != "none" else {})},
                   1, "gloo", timeout_s)
     run = launch_local(job, progress_messages(progress))
     found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("user_model", "user_model_error")}

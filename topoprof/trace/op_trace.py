@@ -51,7 +51,7 @@ as the CUDA flash kernels' formulas do (the same attention, which `flop_registry
 
 Activation checkpointing runs as torch runs it (`torch.utils.checkpoint`, reentrant or not, with
 or without `create_selective_checkpoint_contexts`; `topoprof/zoo/checkpoint_wrap.py` applies the modes
-the tool names): the forward keeps what checkpointing keeps, and the backward recomputes inside
+the tool names, to a user's model through `topoprof/zoo/user_blocks.py`): the forward keeps what checkpointing keeps, and the backward recomputes inside
 the engine. Recomputed ops stay in the backward phase (they take backward time, and they come
 before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
 
@@ -66,8 +66,10 @@ memory plan adds per micro-batch; on a CPU it equals, within the loss, the bytes
 `peak_bytes` is the most the pass held at once, copies included.
 
 The user's model is built under `torch.device("meta")` at the stated micro-batch and sequence
-length when its callable takes `micro_batch` / `seq_len` (as `topoprof/zoo/preset_modules.py:build`
-does), else with its example batch as it is; a device its code names stays meta
+length when its callable takes `micro_batch` (or `batch_size`) / `seq_len` (as
+`topoprof/zoo/preset_modules.py:build` does), else with its example batch as it is, or resized
+along its first dimension to the stated micro-batch where the caller says at which it was built
+(`resized`); a device its code names stays meta
 (`topoprof/trace/meta_device.py`), and a module or batch it built on meta itself is used as it is. Nothing
 of the model runs for real: `topoprof/measure/meta_trace.py` runs this pass alone in a worker, for a
 model that is never to be timed on this machine. Anything that cannot run on meta (an op without a
@@ -90,13 +92,16 @@ from torch.utils.flop_counter import flop_registry
 from topoprof.trace.meta_device import on_meta
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
 from topoprof.trace.live_bytes import LiveBytes
-from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, to_device,
-                                  user_loss)
+from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
+from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, resize_batch,
+                                        to_device, user_loss)
 
 aten = torch.ops.aten
 
-# What a user's callable may take to build its model and batch at the stated shape.
-SHAPE_KWARGS = ("micro_batch", "seq_len")
+# What a user's callable may take to build its model and batch at the stated shape; `batch_size`
+# takes the stated micro-batch where the callable names it so.
+SHAPE_KWARGS = ("micro_batch", "seq_len", "batch_size")
+_STATED_AS = {"batch_size": "micro_batch"}
 
 # A view the schema does not annotate as one (native_functions.yaml: `_unsafe_view(Tensor self,
 # SymInt[] size) -> Tensor`); matmul reshapes its result with it, without a copy.
@@ -445,8 +450,11 @@ def shape_kwargs(build, stated: dict | None) -> dict:
     except (TypeError, ValueError):  # a builtin or C callable: no signature to read
         return {}
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {k: v for k, v in (stated or {}).items()
-            if k in SHAPE_KWARGS and v is not None and k in accepted and accepted[k].kind in named}
+    stated = stated or {}
+    out = {k: stated.get(_STATED_AS.get(k, k)) for k in SHAPE_KWARGS}
+    if "micro_batch" in accepted:  # both named: micro_batch is the stated one, batch_size the callable's own
+        out.pop("batch_size")
+    return {k: v for k, v in out.items() if v is not None and k in accepted and accepted[k].kind in named}
 
 
 def describe_batch(batch) -> str:
@@ -473,18 +481,22 @@ def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = N
     return module.to("meta"), to_device(batch, "meta"), loss_fn, shape
 
 
-# What is wrong with the callable itself (topoprof/zoo/user_callable.py's stages): the user's to fix,
-# whichever device it is read on.
-USER_ERRORS = ("import", "callable", "return", "loss")
+# What is wrong with the callable itself (topoprof/zoo/user_callable.py's stages), or with it under the
+# checkpointing asked (topoprof/zoo/user_blocks.py): the user's to fix, whichever device it is read on.
+USER_ERRORS = ("import", "callable", "return", "loss", "blocks", "checkpointing")
 
 
 def repeated_blocks(module, container: str | None = None) -> list[str] | None:
     """The qualified names of a model's repeated blocks: the children of `container` (a module
     name, as --fsdp-unit gives it), else those its class names in `BLOCKS` (the presets, the
-    synthetic model); None where neither says."""
+    synthetic model), else the block list found in it (`topoprof/zoo/user_blocks.py`); None where
+    none is."""
     from topoprof.zoo.checkpoint_wrap import children_of
 
     containers = [container] if container else list(getattr(type(module), "BLOCKS", ()))
+    if not containers:
+        found = find_block_list(module)
+        containers = [found] if found is not None else []
     try:
         return [name for c in containers for name in children_of(module, c)] or None
     except AttributeError:  # no such module: the blocks are not known
@@ -499,15 +511,34 @@ def _import_before_tracing_checkpoints() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
+    """The batch at the stated micro-batch where the callable did not build it so (`shape` holds no
+    micro-batch) and it was built at `resize_from` samples (`resize_batch`); UserModelError("batch")
+    where it cannot be resized."""
+    wanted = (stated or {}).get("micro_batch")
+    if resize_from is None or wanted is None or wanted == resize_from or "micro_batch" in shape or "batch_size" in shape:
+        return batch
+    try:
+        return resize_batch(batch, resize_from, wanted)
+    except ValueError as err:
+        raise UserModelError("batch", f"its example batch ({describe_batch(batch)}) cannot be resized from "
+                             f"micro-batch {resize_from} to {wanted}: {err}; let its callable take micro_batch or "
+                             "batch_size") from None
+
+
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
-                     target: dict | None = None, progress=None, blocks: str | None = None) -> dict:
+                     target: dict | None = None, progress=None, blocks: str | None = None,
+                     ac: str | None = None, resize_from: int | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
     `progress`: called with each stage's text; `blocks`: the module whose children are the
-    repeated blocks (`repeated_blocks`). A failure says where: `user_error` (the stage, in
-    USER_ERRORS, and its `traceback`) when the callable itself is wrong; `params` (its parameter
-    list, read on meta) when the model was built and only its pass failed."""
+    repeated blocks (`repeated_blocks`); `ac`: a user's model's blocks checkpointed so
+    (`topoprof/zoo/user_blocks.py`, said in "checkpointing"; a preset takes it in `kwargs`);
+    `resize_from`: the micro-batch its example batch was built at, resized to the stated one
+    (`resized`). A failure says where: `user_error` (the stage, in USER_ERRORS, and its
+    `traceback`) when the callable itself is wrong; `params` (its parameter list, read on meta)
+    when the model was built and only its pass failed."""
     built: dict = {}
     say = progress or (lambda text: None)
     if (kwargs or {}).get("ac", "none") != "none" or not spec.startswith("topoprof.zoo."):
@@ -520,12 +551,16 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             hf = getattr(module, "topoprof_hf", None)
             if for_target is not None and hf is not None and hf.price_as_flash:  # flash_attention_2, built as sdpa
                 for_target = {**for_target, "attention": "flash"}
+            batch = resized(batch, shape, stated, resize_from)
             if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
                 module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
             built["params"] = parameter_list(module)
+            done = checkpoint_user_model(module, ac, blocks) if ac else None
+            if done is not None:
+                built["checkpointing"] = {k: v for k, v in done.items() if k != "names"}
             say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
-                                                    repeated_blocks(module, blocks))
+                                                    done["names"] if done else repeated_blocks(module, blocks))
 
     target = check_target(target)
     autocast_failure = None
@@ -542,6 +577,8 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
         if isinstance(err, UserModelError) and err.kind in USER_ERRORS:
             return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
+        if isinstance(err, UserModelError) and err.kind == "batch":
+            return {"failure": str(err), "batch": True}
         return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
     if not traced["ready"]:
         return {"failure": "FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution "
@@ -549,6 +586,7 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
     return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
             "params": parameter_list(module), **traced,
+            **({"checkpointing": built["checkpointing"]} if "checkpointing" in built else {}),
             **({"autocast_failure": autocast_failure} if autocast_failure else {})}
 
 
@@ -567,7 +605,7 @@ def run_rank(ctx, config: dict) -> None:
         return
     ctx.progress(f"tracing {config['spec']} on meta")
     traced = trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"), config.get("target"),
-                              ctx.progress, config.get("blocks"))
+                              ctx.progress, config.get("blocks"), config.get("ac"), config.get("resize_from"))
     ctx.emit("op_trace", **with_selective_cost([traced])[0])
 
 
@@ -589,5 +627,6 @@ def _variant(ctx, config: dict, variant: dict) -> dict:
     kwargs, stated = {**(config.get("kwargs") or {}), **variant.get("kwargs", {})}, variant.get("stated")
     ctx.progress(f"tracing {config['spec']} {kwargs} {stated} on meta")
     traced = trace_user_model(config["spec"], stated, kwargs, variant.get("target", config.get("target")),
-                              blocks=config.get("blocks"))
+                              blocks=config.get("blocks"), ac=variant.get("ac", config.get("ac")),
+                              resize_from=config.get("resize_from"))
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

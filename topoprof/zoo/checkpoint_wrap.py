@@ -132,5 +132,7 @@ def selective_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def children_of(module: torch.nn.Module, container: str) -> list[str]:
-    """The qualified names of a container's children (a ModuleList's or a Sequential's blocks)."""
-    return [f"{container}.{name}" for name, _ in module.get_submodule(container).named_children()]
+    """The qualified names of a container's children (a ModuleList's or a Sequential's blocks); ""
+    names the model itself."""
+    prefix = f"{container}." if container else ""
+    return [f"{prefix}{name}" for name, _ in module.get_submodule(container).named_children()]

@@ -96,6 +96,42 @@ def to_device(batch, device):
     return batch
 
 
+def leading_sizes(batch) -> list[int]:
+    """The first dimension of every tensor in the batch (nested dict, list, tuple), in order."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [batch.shape[0]] if batch.dim() else []
+    if isinstance(batch, dict):
+        return [n for v in batch.values() for n in leading_sizes(v)]
+    if isinstance(batch, (list, tuple)):
+        return [n for v in batch for n in leading_sizes(v)]
+    return []
+
+
+def resize_batch(batch, old: int, new: int):
+    """The example batch at `new` samples: every tensor whose first dimension is `old` taken along
+    it as samples 0, 1, ..., old - 1, 0, 1, ... (nested dict, list, tuple); the rest as it is.
+    ValueError where no tensor has `old` as its first dimension."""
+    import torch
+
+    if old not in leading_sizes(batch):
+        raise ValueError(f"no tensor of its example batch has {old} as its first dimension")
+
+    def one(value):
+        if isinstance(value, torch.Tensor):
+            if not value.dim() or value.shape[0] != old:
+                return value
+            return value[torch.arange(new, device=value.device) % old]
+        if isinstance(value, dict):
+            return {k: one(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(one(v) for v in value)
+        return value
+
+    return one(batch)
+
+
 def user_loss(module, batch, loss_fn):
     import torch
 

@@ -11,6 +11,7 @@ from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.traced import fallback_note
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, MemoryRequest, ModelRequest, WorkloadRequest
+from topoprof.workload.checkpointing import describe_wrapped
 
 Progress = Callable[[str], None]  # hears what a long stage waits for (`topoprof model` shows it on a terminal)
 
@@ -189,6 +190,8 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         stands = timed and _timing_stands(record, compute)
         workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory") if stands else None)
         notes += [order.note] if order.note else []
+        if record.get("checkpointing"):
+            notes.append(describe_wrapped(record["checkpointing"]))
         modelled, why = _user_model_modelled(record, compute)
         if why is not None:  # a what-if whose own ops could not be priced: the datasheet's range stands in
             _need_tokens_for_the_datasheet(w, compute, why)
@@ -224,9 +227,11 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
     if compute.compiled and not modelled.get("modelled_s"):
         notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
                      "measured or given, as it ran")
-    if not w.user_model:  # what a micro-batch holds under each checkpointing mode, from small passes
+    if compute.gpu or timed_gpu:  # what a micro-batch holds under each checkpointing mode, from small passes
         from topoprof.model.inputs.traces import with_traced_memory
 
+        if progress is not None and w.user_model:
+            progress(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
         workload, note = with_traced_memory(workload, w, compute.gpu or timed_gpu, compute.precision)
         notes += [note] if note else []
     return workload, compute, memory, origins, notes, modelled
@@ -257,7 +262,8 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
     say = progress or (lambda text: None)
     if not (w.time_here or _this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
-        return trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, progress, compute.gpu)
+        return trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, progress,
+                          w.checkpointing.text, w.fsdp_unit, compute.gpu)
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
     target = target_for(compute.precision, _gpu_profile(compute), compute.gpu) if priced_for else None
@@ -265,7 +271,7 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
     say(f"timing {w.user_model} on {device} (starting its worker: importing torch)")
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
                           trace=stated_shape(w.micro_batch_size, w.tokens) if wanted else None, target=target,
-                          progress=progress)
+                          progress=progress, ac=w.checkpointing.text, unit=w.fsdp_unit)
     return record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s)
 
 

@@ -168,10 +168,6 @@ class WorkloadRequest:
                 raise InputError(f"--fsdp-unit {self.fsdp_unit!r}: a module name such as model.layers")
             object.__setattr__(self, "fsdp_unit", unit)
         self.checkpointing  # noqa: B018 - parsed now: a bad mode is refused before anything runs
-        if self.user_model is not None and self.checkpointing.mode != "none":
-            raise InputError(f"--activation-checkpointing {self.activation_checkpointing}: applies to a --preset or "
-                             "--params; your --model checkpoints as its own code does (torch.utils.checkpoint), "
-                             "and its trace counts what that keeps")
 
     def _check_rmsnorm(self) -> None:
         from topoprof.workload.presets import LLAMA_PRESETS, RMSNORMS

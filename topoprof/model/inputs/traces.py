@@ -8,8 +8,14 @@ model holds and takes under each activation checkpointing mode at any micro-batc
   model's depth (`topoprof.model.compute.extended`).
 
 Each set is one worker (`topoprof.measure.meta_trace.trace_models`): the CLI imports no torch. A text
-model needs its sequence length (--tokens); an image model's stages are not one block repeated,
-and a `--model`'s depth cannot be changed: for them nothing is traced here, and the caller says why.
+model needs its sequence length (--tokens); an image model's stages are not one block repeated:
+for it nothing is traced here, and the caller says why.
+
+A `--model`'s depth cannot be changed: it is traced whole (`UserShape`), at 2 and 3 samples under
+each mode the search asks for (`user_memory_set`), and at each candidate's (mode, samples) for its
+compute (`user_compute_at`). Its callable builds each size where it takes `micro_batch` (or
+`batch_size`); else its example batch is resized along its first dimension
+(`topoprof/trace/op_trace.py:resized`), and where it cannot be, the search says why.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, gpu_target, target_for
 from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory, from_trace
+from topoprof.model.strategies.search import searched_modes
 
 TRACED_MODES = ("none", "full", "op")
 DEPTHS = (1, 2)
@@ -65,6 +72,72 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
 
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
                       f"the synthetic model of {params:,} parameters (a block: fc1, GELU, fc2)")
+
+
+@dataclass(frozen=True)
+class UserShape:
+    """A user's `--model` as the search traces it: its callable, the micro-batch its example batch
+    was built at, the sequence stated (None without --tokens), its checkpointing's block list
+    (`unit`, --fsdp-unit) and the modes the search asks for."""
+
+    spec: str
+    micro_batch: int
+    seq_len: int | None
+    unit: str | None
+    modes: tuple[str, ...]
+
+
+def _user_variant(shape: UserShape, mode: str, samples: int, target: dict) -> dict:
+    return {"stated": {"micro_batch": samples, "seq_len": shape.seq_len}, "ac": mode, "target": target}
+
+
+def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
+    """The passes, or the first failure's reason."""
+    from topoprof.measure.meta_trace import trace_models
+
+    traces = trace_models(shape.spec, None, variants, unit=shape.unit, resize_from=shape.micro_batch)
+    if isinstance(traces, dict):
+        return traces["failure"]
+    failed = next((t for t in traces if t.get("failure") or t.get("autocast_failure")), None)
+    if failed is not None:
+        return failed.get("failure") or f"in 16 bits: {failed['autocast_failure']}"
+    return traces
+
+
+def user_memory_set(shape: UserShape, precision: str, cast: bool) -> TracedMemory | str:
+    """A user's model traced whole at 2 and 3 samples under each searched mode, or why not."""
+    targets = {"autocast": gpu_target(precision)}
+    if cast and precision != "fp32":
+        targets["cast"] = {**gpu_target(precision), "weights": "cast"}
+    keys = [(v, mode, m) for v in targets for mode in shape.modes for m in SAMPLES]
+    traces = _user_traces(shape, [_user_variant(shape, mode, m, targets[v]) for v, mode, m in keys])
+    if isinstance(traces, str):
+        return traces
+    points: dict = {}
+    for (v, mode, m), trace in zip(keys, traces):
+        points.setdefault((v, mode), {})[(1, m)] = from_trace(trace["memory"])
+    source = (f"passes of {shape.spec} whole at {SAMPLES[0]} and {SAMPLES[1]} samples on meta, extended to the "
+              "micro-batch (each sample the same)")
+    return TracedMemory(1, 0, points, source, whole=True)
+
+
+def user_compute_at(shape: UserShape, wanted: list[tuple[str, int]], gpu: str | None, precision: str,
+                    compiled: bool, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
+    """Modelled compute fields of a user's model per (mode, samples) in `wanted`, each a pass of the
+    whole model priced as the main pass is; or why none."""
+    from topoprof.errors import InputError
+    from topoprof.model.compute.profile import load_profile
+    from topoprof.model.compute.traced import modelled_fields
+
+    profile = load_profile(profile_path) if profile_path else None
+    traces = _user_traces(shape, [_user_variant(shape, mode, m, target_for(precision, profile)) for mode, m in wanted])
+    if isinstance(traces, str):
+        return traces
+    try:
+        return {key: modelled_fields(trace, gpu, precision, compiled, profile=profile, profile_path=profile_path)
+                for key, trace in zip(wanted, traces)}
+    except (InputError, ValueError, KeyError) as err:
+        return f"pricing its ops failed ({err})"
 
 
 def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dict:
@@ -132,6 +205,12 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
     return out
 
 
+def user_shape(w) -> UserShape:
+    """The user's model of a `WorkloadRequest` as the search traces it."""
+    return UserShape(w.user_model, w.micro_batch_size, max(1, w.tokens // w.micro_batch_size) if w.tokens else None,
+                     w.fsdp_unit, searched_modes(w.checkpointing))
+
+
 def micro_batch_bytes(traced: TracedMemory, mode: str, samples: int) -> MicroBatchBytes:
     """For tests and reports: the parts of `samples` sequences under `mode`."""
     from topoprof.workload.checkpointing import parse_checkpointing
@@ -145,8 +224,15 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
     where the passes failed."""
     from dataclasses import replace
 
-    if gpu is None or w.user_model or workload.activation_memory_gb is not None:
+    if gpu is None or workload.activation_memory_gb is not None:
         return workload, None
+    if w.user_model:
+        if workload.measured_memory:  # timed here: its memory as measured, at its own size
+            return workload, None
+        traced = user_memory_set(user_shape(w), precision, cast=workload.fsdp_bytes[0] == 2)
+        if isinstance(traced, str):
+            return replace(workload, traced_memory_failure=traced), None
+        return replace(workload, traced_memory=traced), None
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if isinstance(shape, str):  # an image model, or no --tokens: the main pass alone counts it
         return workload, None

@@ -76,32 +76,36 @@ def names_this_gpu(gpu: str) -> bool:
 
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
                  device: str | None = None, target: dict | None = None,
-                 progress: Callable[[str], None] | None = None) -> dict:
+                 progress: Callable[[str], None] | None = None, ac: str = "none", unit: str | None = None) -> dict:
     """The user's model read and timed on this machine: its first GPU when it has one (under
     `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
     `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
-    `target` device (`topoprof/trace/op_trace.py`) when one is given. `progress` hears each stage."""
+    `target` device (`topoprof/trace/op_trace.py`) when one is given. `progress` hears each stage;
+    `ac`: its blocks (the children of `unit`, else the block list found) checkpointed so, timed and
+    traced (`topoprof/zoo/user_blocks.py`)."""
     from topoprof.measure.user_model import measure_user_model
 
     if optimizer not in ("adamw", "sgd"):
         raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
     return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
-                              optimizer=optimizer, trace=trace, target=target, progress=progress)
+                              optimizer=optimizer, trace=trace, target=target, progress=progress, ac=ac, unit=unit)
 
 
 def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
-               progress: Callable[[str], None] | None = None, gpu: str | None = None) -> tuple[dict, ReadyOrder]:
+               progress: Callable[[str], None] | None = None, ac: str = "none",
+               unit: str | None = None, gpu: str | None = None) -> tuple[dict, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
     for a GPU in `precision` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
     ready order): the record as `user_layout` reads it, with the trace as "op_trace". Where only
     the pass failed, the parameters built on meta stand, in reverse registration order
     (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
-    InputError (exit 2) says so: a what-if never runs the model here to find out."""
+    InputError (exit 2) says so: a what-if never runs the model here to find out. `ac`, `unit`: its
+    blocks checkpointed so (`topoprof/zoo/user_blocks.py`)."""
     from topoprof.measure.meta_trace import trace_model
     from topoprof.model.compute.traced import gpu_target
 
     shape = stated_shape(micro_batch, tokens)
-    trace = trace_model(check_spec(spec), None, shape, gpu_target(precision, gpu), progress=progress)
+    trace = trace_model(check_spec(spec), None, shape, gpu_target(precision, gpu), progress=progress, ac=ac, unit=unit)
     if trace.get("user_error"):
         error = InputError(f"--model {spec}: {trace['failure']}")
         error.detail_text = trace.get("traceback") or ""
@@ -110,7 +114,8 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
         raise InputError(f"--model {spec}: it could not be built on the meta device, or its pass there failed "
                          f"before any parameter was read ({trace['failure']}); a --gpu what-if never runs it on this "
                          "machine: give --time-here to time it here")
-    record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace}
+    record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace,
+              **({"checkpointing": trace["checkpointing"]} if trace.get("checkpointing") else {})}
     if trace.get("failure"):
         return record, registration_order(record, trace["failure"])
     return record, ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "

@@ -17,6 +17,10 @@ its output (which the next block or the final norm keeps in every mode), what it
 Each part is what the micro-batch adds; the step never holds them all at once. What it holds over
 the pass (`timeline`, `topoprof.model.memory.timeline`) is composed from the passes at 2 blocks,
 each block as its mode runs it, at the micro-batch by the line through the two sizes.
+
+A user's `--model` cannot be built at another depth: it is traced whole (`whole`), at 2 and 3
+samples under each mode the search asks for (`layer:N` too, traced as such), and extended to the
+micro-batch alone, the line through the two: each sample keeps the same.
 """
 from __future__ import annotations
 
@@ -90,23 +94,30 @@ def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: int) -
 class TracedMemory:
     """The parts at 1 and 2 blocks and 1 and 2 samples, per checkpointing mode ("none", "full",
     "op") and variant ("autocast": fp32 weights under autocast, as DDP trains; "cast": the weights
-    in 16 bits, as FSDP2's MixedPrecisionPolicy runs its blocks), extended to `blocks` blocks."""
+    in 16 bits, as FSDP2's MixedPrecisionPolicy runs its blocks), extended to `blocks` blocks.
+    `whole`: the model traced whole (module docstring), its points at (1, samples) per mode as
+    `Checkpointing.text` spells it; `seq_len` 0 (the samples are the micro-batch's own)."""
 
     blocks: int
     seq_len: int
     # (variant, mode) -> {(blocks, samples): MicroBatchBytes}
     points: dict = field(default_factory=dict)
     source: str = ""
+    whole: bool = False
 
     def variants(self) -> tuple[str, ...]:
         return tuple(sorted({v for v, _ in self.points}))
 
     def has(self, variant: str, ac: Checkpointing) -> bool:
+        if self.whole:
+            return (variant, ac.text) in self.points
         modes = ("none", "full") if ac.mode == "layer" else (ac.mode,)
         return all((variant, m) in self.points for m in modes)
 
     def count(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> MicroBatchBytes:
         """The parts of a micro-batch of `samples` sequences of the whole model under `ac`."""
+        if self.whole:
+            return replace(self._at(ac.text, variant, 1, samples), timeline=self._whole_timeline(ac.text, variant, samples))
         if ac.mode == "layer":
             wrapped = self.blocks // ac.every  # torchtitan wraps where the block count % N == 0
             parts = _composed(self._at("none", variant, self.blocks - wrapped, samples),
@@ -115,6 +126,14 @@ class TracedMemory:
         else:
             parts, kinds = self._at(ac.mode, variant, self.blocks, samples), [ac.mode] * self.blocks
         return replace(parts, timeline=self._timeline(kinds, variant, samples))
+
+    def _whole_timeline(self, mode: str, variant: str, samples: float) -> Timeline | None:
+        """What a model traced whole holds over its pass, at the micro-batch by the line through
+        the two sizes traced."""
+        pts = self.points[(variant, mode)]
+        m1, m2 = sorted({m for _, m in pts})
+        one, two = pts[(1, m1)].timeline, pts[(1, m2)].timeline
+        return None if one is None or two is None else interpolated(one, two, (samples - m1) / (m2 - m1))
 
     def _timeline(self, kinds: list[str], variant: str, samples: float) -> Timeline | None:
         """What the whole model holds over its pass, block by block (module docstring)."""
@@ -134,6 +153,9 @@ class TracedMemory:
     def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
         """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'
         (and for layer:N, a checkpointed one's beside it)."""
+        if self.whole:
+            return f"the model keeps {self._at(ac.text, variant, 1, samples).activations / 1e9:.3g} GB"
+
         def one(mode):
             return (self._at(mode, variant, 2, samples).activations - self._at(mode, variant, 1, samples).activations) / 1e9
         if ac.mode == "layer":
@@ -143,11 +165,12 @@ class TracedMemory:
     def _at(self, mode: str, variant: str, blocks: int, samples: int) -> MicroBatchBytes:
         pts = self.points[(variant, mode)]
         values = {}
+        deepest = max(d for d, _ in pts)
         for part in PARTS:
             per = {key: getattr(p, part) for key, p in pts.items()}
-            if part == "backward_transient":  # not growing with depth (module docstring)
+            if part == "backward_transient" or self.whole:  # not growing with depth (module docstring)
                 m1, m2 = sorted({m for _, m in per})
-                values[part] = per[(2, m1)] + (samples - m1) * (per[(2, m2)] - per[(2, m1)]) / (m2 - m1)
+                values[part] = per[(deepest, m1)] + (samples - m1) * (per[(deepest, m2)] - per[(deepest, m1)]) / (m2 - m1)
             else:
                 values[part] = _bilinear(per, blocks, samples)
         m1 = min(m for _, m in pts)

@@ -53,6 +53,7 @@ class Workload:
     # holds under each mode, counted from passes of the model on meta (None: not traced so)
     checkpointing: Checkpointing = Checkpointing()
     traced_memory: TracedMemory | None = None
+    traced_memory_failure: str | None = None  # why those passes could not be had, where they were tried
 
     def __post_init__(self) -> None:
         _need(self.grad_bytes in (2, 4), f"grad_bytes must be 2 or 4, got {self.grad_bytes}")

@@ -48,6 +48,9 @@ def why_not_searched(inputs: ModelInputs, capacity: float | None) -> str | None:
         return f"the activations were given for micro-batch {work.micro_batch_size} only (--activation-memory)"
     if work.measured_memory:
         return f"the activations were measured at micro-batch {work.micro_batch_size} only"
+    if work.traced_memory_failure:
+        return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
+                f"only: at other sizes, {work.traced_memory_failure}")
     if work.traced_memory is None and ((inputs.compute.modelled_detail or {}).get("memory") or {}):
         return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
                 "only (other sizes are counted for a text preset or --params with --tokens)")

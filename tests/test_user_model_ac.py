@@ -1,0 +1,173 @@
+"""Activation checkpointing of a user's `--model` (`topoprof/zoo/user_blocks.py`), as a preset gets
+it: its blocks found without a class name, or named by --fsdp-unit; the modes' kept bytes in the
+meta trace and the timing; its own checkpointing refused beside the option; and the fits search,
+which traces it whole at other micro-batch sizes (its example batch resized where its callable
+does not build them)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from helpers.cli import topoprof  # noqa: E402
+from topoprof.model.inputs.traces import UserShape, user_memory_set  # noqa: E402
+from topoprof.model.memory.traced import from_trace  # noqa: E402
+from topoprof.trace.op_trace import trace_user_model  # noqa: E402
+from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
+from topoprof.zoo.user_blocks import find_block_list  # noqa: E402
+from topoprof.zoo.user_callable import call_user_callable, resize_batch  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
+BLOCKS = os.path.join(FIXTURES, "blocks.py")
+CHECKPOINTED = os.path.join(FIXTURES, "checkpointed.py")
+BF16 = {"device": "cuda", "precision": "bf16"}
+WHAT_IF = ("--gpu", "h100-sxm", "--world-size", "8", "--link-bandwidth", "450", "--micro-batch-size", "2",
+           "--tokens", "256")
+
+
+def _trace(name: str, ac: str | None = None, stated: dict | None = None, **more) -> dict:
+    return trace_user_model(f"{BLOCKS}:{name}", stated or {"micro_batch": 2, "seq_len": 64}, target=BF16, ac=ac, **more)
+
+
+def _kept(trace: dict) -> int:
+    assert not trace.get("failure"), trace.get("failure")
+    return trace["memory"]["activations_bytes"]
+
+
+@pytest.mark.parametrize("name", ["build", "encoder", "sequential"])
+def test_the_modes_keep_on_a_users_blocks_what_they_keep_on_a_presets(name):
+    kept = {ac: _kept(_trace(name, ac)) for ac in ("none", "full", "layer:2", "op")}
+    preset = {ac: _kept(trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2, "seq_len": 64},
+                                         {"preset": "gpt2", "n_layer": 4, **({"ac": ac} if ac != "none" else {})},
+                                         target=BF16))
+              for ac in ("none", "full", "layer:2", "op")}
+    for counts in (kept, preset):
+        assert counts["full"] < counts["layer:2"] < counts["none"]
+        assert counts["full"] < counts["op"] < counts["none"]
+    assert _trace(name, "none")["totals"]["recompute"]["ops"] == 0
+    assert _trace(name, "full")["totals"]["recompute"]["ops"] > 0
+
+
+@pytest.mark.parametrize("name, container, blocks", [("build", "model.layers", 4), ("encoder", "encoder.layer", 3),
+                                                     ("sequential", "1", 5)])
+def test_the_blocks_are_found_whatever_their_class_and_place(name, container, blocks):
+    done = _trace(name, "full")["checkpointing"]
+    assert (done["container"], done["blocks"], done["wrapped"]) == (container, blocks, blocks)
+    assert done["chosen"].startswith("found")
+    assert _trace(name, "layer:2")["checkpointing"]["wrapped"] == blocks // 2
+
+
+def test_a_hugging_face_models_layers_are_found_and_not_the_lists_inside_a_layer():
+    pytest.importorskip("transformers")
+    module, _, _ = call_user_callable(f"{BLOCKS}:hf_llama")
+    assert find_block_list(module) == "model.layers"
+    llama_like, _, _ = call_user_callable(f"{BLOCKS}:build")  # 4 layers of 8 experts each: the layers
+    assert find_block_list(llama_like) == "model.layers"
+    assert find_block_list(call_user_callable(f"{BLOCKS}:no_list")[0]) is None
+
+
+def test_fsdp_unit_names_the_blocks_over_the_list_found():
+    done = _trace("build", "full", blocks="model.layers.0.experts")["checkpointing"]
+    assert (done["container"], done["blocks"], done["chosen"]) == ("model.layers.0.experts", 8, "--fsdp-unit")
+    failed = _trace("build", "full", blocks="model.nothing")
+    assert failed["user_error"] == "blocks" and "--fsdp-unit model.nothing" in failed["failure"]
+
+
+def test_a_model_without_a_block_list_is_refused_naming_fsdp_unit():
+    failed = _trace("no_list", "full")
+    assert failed["user_error"] == "blocks" and "--fsdp-unit" in failed["failure"]
+    assert _kept(_trace("no_list")) > 0  # without the option it is traced as before
+    proc = topoprof("model", "--model", f"{BLOCKS}:no_list", *WHAT_IF, "--activation-checkpointing", "full")
+    assert proc.returncode == 2 and "--fsdp-unit" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["reentrant", "non_reentrant", "selective"])
+def test_a_model_that_checkpoints_its_own_blocks_is_refused_beside_the_option(name):
+    own = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=BF16)
+    assert own["totals"]["recompute"]["ops"] > 0  # its own checkpointing, traced as it runs
+    failed = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=BF16, ac="full")
+    assert failed["user_error"] == "checkpointing" and "already checkpoints its blocks" in failed["failure"]
+    plain = trace_user_model(f"{CHECKPOINTED}:plain", {"micro_batch": 2, "seq_len": 16}, target=BF16, ac="full")
+    assert not plain.get("failure")
+
+
+def test_hugging_faces_gradient_checkpointing_is_refused_before_anything_runs():
+    pytest.importorskip("transformers")
+    failed = _trace("hf_checkpointed", "full", {"micro_batch": 2})
+    assert failed["user_error"] == "checkpointing" and "activation_checkpointing_enable()" in failed["failure"]
+
+
+def test_a_dict_batch_is_resized_along_its_first_dimension():
+    tokens = torch.arange(6).view(2, 3)
+    batch = {"input_ids": tokens, "extra": {"mask": [torch.ones(2, 3)], "scale": torch.ones(3)}, "n": 7}
+    out = resize_batch(batch, 2, 5)
+    assert out["input_ids"].tolist() == [[0, 1, 2], [3, 4, 5], [0, 1, 2], [3, 4, 5], [0, 1, 2]]
+    assert out["extra"]["mask"][0].shape == (5, 3) and out["extra"]["scale"].shape == (3,) and out["n"] == 7
+    with pytest.raises(ValueError, match="has 4 as its first dimension"):
+        resize_batch(batch, 4, 8)
+    traced = _trace("build", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2)
+    assert traced["shape"].startswith("input_ids 5x64, labels 5x64")
+    assert _trace("encoder", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2)["shape"].startswith("(5x64x256")
+    failed = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16}, resize_from=2)
+    assert failed["batch"] and "cannot be resized from micro-batch 2 to 5" in failed["failure"]
+
+
+def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():
+    shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
+    traced = user_memory_set(shape, "bf16", cast=False)
+    assert not isinstance(traced, str), traced
+    for mode in shape.modes:
+        direct = from_trace(_trace("build", mode, {"micro_batch": 6, "seq_len": 64}, resize_from=2)["memory"])
+        counted = traced.count(parse_checkpointing(mode), 6)
+        assert counted.activations + counted.logits == pytest.approx(direct.activations + direct.logits, rel=1e-9)
+
+
+def _fits(*args: str) -> dict:
+    proc = topoprof("model", "--model", f"{BLOCKS}:build", "--gpu", "h100-sxm", "--world-size", "1",
+                    "--micro-batch-size", "2", "--tokens", "256", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["fits"]
+
+
+def test_the_fits_search_runs_for_a_users_model_and_full_fits_more():
+    fits = _fits("--gpu-memory", "3")
+    assert "reason" not in fits
+    row = next(r for r in fits["largest"] if r["strategies"] == ["single"])
+    sizes = {mode: row[mode]["micro_batch"] for mode in ("none", "full", "layer:2", "op")}
+    assert 2 < sizes["none"] < sizes["layer:2"] < sizes["full"]
+    assert sizes["none"] < sizes["op"] < sizes["full"]
+    assert fits["fastest"] and fits["mode_costs"]
+
+
+def test_the_fits_search_says_in_one_line_why_a_batch_cannot_be_resized():
+    proc = topoprof("model", "--model", f"{BLOCKS}:unsized", "--gpu", "h100-sxm", "--world-size", "1",
+                    "--micro-batch-size", "2", "--tokens", "32", "--json")
+    assert proc.returncode == 0, proc.stderr
+    reason = json.loads(proc.stdout)["fits"]["reason"]
+    assert "cannot be resized from micro-batch 2" in reason and "\n" not in reason
+
+
+def test_the_command_checkpoints_a_users_model_and_says_which_blocks():
+    proc = topoprof("model", "--model", f"{BLOCKS}:build", *WHAT_IF, "--activation-checkpointing", "full")
+    assert proc.returncode == 0, proc.stderr
+    assert "activation checkpointing full on model.layers (4 blocks; found" in proc.stdout
+    assert "not searched" not in proc.stdout
+    layer = topoprof("model", "--model", f"{BLOCKS}:build", *WHAT_IF, "--activation-checkpointing", "layer:2",
+                     "--fsdp-unit", "model.layers")
+    assert layer.returncode == 0, layer.stderr
+    assert "activation checkpointing layer:2 on model.layers (2 of 4 blocks; --fsdp-unit)" in layer.stdout
+
+
+def test_the_timing_checkpoints_the_same_blocks():
+    from probes.ranks.model_timing import measure
+
+    plain = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32")
+    full = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32", ac="full")
+    assert "checkpointing" not in plain
+    assert full["checkpointing"]["container"] == "model.layers" and full["checkpointing"]["wrapped"] == 4
+    with pytest.raises(Exception, match="already checkpoints its blocks"):
+        measure(f"{CHECKPOINTED}:reentrant", "cpu", 1, precision="fp32", ac="full")
