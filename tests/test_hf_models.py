@@ -158,15 +158,15 @@ def test_error_no_causal_lm_class(tmp_path):
 
 def test_error_bad_attn_and_sizes():
     with pytest.raises(hs.HFModelError) as e:
-        hm.build_hf(fx("llama"), attn="flex")
+        hm.build_hf(fx("llama"), attn="flex", device="meta")
     _one_line_error(e, "sdpa", "eager", "flash_attention_2")
     with pytest.raises(hs.HFModelError) as e:
-        hm.build_hf(fx("llama"), micro_batch=0)
+        hm.build_hf(fx("llama"), micro_batch=0, device="meta")
     _one_line_error(e, "micro_batch")
     with pytest.raises(hs.HFModelError) as e:
-        hm.build_hf(fx("gpt2"), seq_len=65)  # 64 learned positions: would IndexError on CPU, silent on meta
+        hm.build_hf(fx("gpt2"), seq_len=65, device="meta")  # 64 learned positions: would IndexError on CPU, silent on meta
     _one_line_error(e, "exceeds", "64")
-    hm.build_hf(fx("llama"), seq_len=128)  # RoPE: allowed
+    hm.build_hf(fx("llama"), seq_len=128, device="meta")  # RoPE: allowed
 
 
 def test_error_bad_config_value(tmp_path):
@@ -250,19 +250,19 @@ def test_meta_forward_backward(name):
 
 
 def test_meta_default_seq_len_and_dtype():
-    model, batch, _ = hm.build_hf(fx("gpt2"))
+    model, batch, _ = hm.build_hf(fx("gpt2"), device="meta")
     assert batch["input_ids"].shape == (1, 64)  # min(n_positions=64, 2048)
-    model, batch, _ = hm.build_hf(fx("llama"), dtype="bfloat16", micro_batch=2)
+    model, batch, _ = hm.build_hf(fx("llama"), dtype="bfloat16", micro_batch=2, device="meta")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.topoprof_hf.dtype == torch.bfloat16
     with pytest.raises(hs.HFModelError):
-        hm.build_hf(fx("llama"), dtype="int8")
+        hm.build_hf(fx("llama"), dtype="int8", device="meta")
 
 
 def test_tied_weights_on_meta():
-    m, _, _ = hm.build_hf(fx("qwen2"))
+    m, _, _ = hm.build_hf(fx("qwen2"), device="meta")
     assert m.lm_head.weight is m.get_input_embeddings().weight
-    m, _, _ = hm.build_hf(fx("llama"))
+    m, _, _ = hm.build_hf(fx("llama"), device="meta")
     assert m.lm_head.weight is not m.get_input_embeddings().weight
 
 
@@ -271,7 +271,7 @@ def test_llama31_8b_on_meta():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-    hm.build_hf(fx("llama"))  # warm up imports
+    hm.build_hf(fx("llama"), device="meta")  # warm up imports
     r0, t0 = rss_mb(), time.perf_counter()
     model, batch, _ = hm.build_hf(fx("llama31_8b"), micro_batch=1, seq_len=2048, device="meta", dtype=None)
     build_s = time.perf_counter() - t0
@@ -307,7 +307,7 @@ def test_describe_8b():
 
 @pytest.mark.parametrize("name", TINY + ["llama31_8b"])
 def test_find_block_list(name):
-    model, _, _ = hm.build_hf(fx(name))
+    model, _, _ = hm.build_hf(fx(name), device="meta")
     path, blocks = hm.find_block_list(model)
     assert path == EXPECTED[name][1]
     assert model.get_submodule(path) is blocks
@@ -360,12 +360,12 @@ def test_sdpa_vs_eager_same_loss(name):
 
 
 def test_flash_attention_2_built_as_sdpa():
-    model, batch, _ = hm.build_hf(fx("llama"), attn="flash_attention_2")
+    model, batch, _ = hm.build_hf(fx("llama"), attn="flash_attention_2", device="meta")
     info = model.topoprof_hf
     assert info.attn_requested == "flash_attention_2" and info.attn_built == "sdpa" and info.price_as_flash
     assert model.config._attn_implementation == "sdpa"
     model(**batch).loss.backward()
-    model, _, _ = hm.build_hf(fx("llama"), attn="sdpa")
+    model, _, _ = hm.build_hf(fx("llama"), attn="sdpa", device="meta")
     assert model.topoprof_hf.price_as_flash is False
 
 
@@ -437,7 +437,7 @@ def test_gradient_checkpointing_on_meta_reruns_blocks():
     """
     bmm = {}
     for gc in (False, True):
-        model, batch, _ = hm.build_hf(fx("llama"), micro_batch=1, seq_len=16, gradient_checkpointing=gc)
+        model, batch, _ = hm.build_hf(fx("llama"), micro_batch=1, seq_len=16, gradient_checkpointing=gc, device="meta")
         with OpCounter() as ops, SDPACapture() as cap:
             loss = model(**batch).loss
             n_fwd = len(cap.calls)

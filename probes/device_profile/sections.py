@@ -6,8 +6,6 @@ import time
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, autorange
 from topoprof.probes.device_profile.plan import gemm_shapes, sdpa_cases
 from topoprof.probes.device_profile.timing_run import HOST_MAX_CALLS, ProfileRun
-from topoprof.trace.selective_cost import WHAT as SELECTIVE_WHAT
-from topoprof.zoo.checkpoint_wrap import run_under_selective_op
 
 ADAMW_WORDS = 7   # fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written
 # bytes read + written per call over the input's bytes (as shared/gpu-facts/opbench.py counts);
@@ -27,6 +25,9 @@ def _span(rates: list[float], unit: str) -> str:
 
 
 def _host_costs(run: ProfileRun, out: dict) -> str:
+    # imports torch: in the profile's worker, never when the CLI reads this module
+    from topoprof.trace.selective_cost import WHAT as SELECTIVE_WHAT
+
     torch, seconds, how = run.torch, {}, {}
     x, w = run.randn(64, dtype=torch.float32), run.randn(64, dtype=torch.float32, grad=True)
     measured = {
@@ -70,6 +71,8 @@ def _backward_node_s(run: ProfileRun) -> float:
 def _selective_checkpoint_op_s(run: ProfileRun, w, x) -> float:
     """autograd_forward's op under selective op checkpointing's modes, per op (forward and
     recompute alike: `run_under_selective_op`), blocks of them timed as a host block is."""
+    from topoprof.zoo.checkpoint_wrap import run_under_selective_op  # imports torch: the worker's alone
+
     torch = run.torch
 
     def blocks(n: int) -> float:
