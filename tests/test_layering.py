@@ -1,6 +1,6 @@
 """The folders are the data flow: a stage imports only from the stages before it.
 
-topoprof's stages in order: the shared base (errors, jsonio, probing); the definitions both the
+topoprof's stages in order: the shared base (errors, jsonio, probing, progress); the definitions both the
 CLI side and the rank side read (specs: a collective's spec, FSDP2's modes, the device profile's
 schema; workload: layouts, presets, the synthetic model's spec); the model zoo (the torch modules
 and callables); the meta-device trace; the hardware readers (probes/hardware); topology; the
@@ -26,7 +26,7 @@ def _stage(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "topoprof":
         return None
-    if len(parts) == 1 or parts[1] in ("errors", "jsonio", "probing"):
+    if len(parts) == 1 or parts[1] in ("errors", "jsonio", "probing", "progress"):
         return "base"
     if parts[1] == "probes":
         return "hardware" if len(parts) == 2 or parts[2] == "hardware" else "workers"

@@ -1,4 +1,4 @@
-"""`topoprof model`'s progress on stderr (topoprof.commands.progress): on a terminal, the stage and
+"""`topoprof model`'s progress on stderr (topoprof.progress): on a terminal, the stage and
 its clock on one line rewritten in place; nothing where stderr is a file or a pipe; the stages a
 worker reports (building, tracing, timing) reach it; `--json` keeps stdout to the document."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from topoprof.commands.progress import LiveProgress
+from topoprof.progress import LiveProgress
 
 TIED = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py") + ":build"
 
@@ -94,3 +94,13 @@ def test_model_on_a_terminal_shows_progress_on_stderr_and_only_json_on_stdout():
     assert doc["inputs"]["params"]["value"] > 0
     assert b"\x1b[K" in err and b"] tracing tied.py:build on the meta device for h100-sxm" in err
     assert b"] building tied.py:build on meta" in err
+
+
+def test_lines_printed_above_the_progress_line_leave_it_below():
+    """bench's rows as they come: the line is cleared before them and drawn again after."""
+    out = _Terminal()
+    with LiveProgress(out, delay_s=0.0, tick_s=60.0) as progress:
+        progress("measuring all_reduce 1K ...")
+        progress.above(lambda: out.write("row\n"))
+    text = out.getvalue()
+    assert text.index("row\n") > text.index("measuring") and text.rindex("measuring") > text.index("row\n")

@@ -163,7 +163,7 @@ def test_the_command_checkpoints_a_users_model_and_says_which_blocks():
 
 
 def test_the_timing_checkpoints_the_same_blocks():
-    from probes.ranks.model_timing import measure
+    from topoprof.probes.ranks.model_timing import measure
 
     plain = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32")
     full = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32", ac="full")

@@ -6,6 +6,7 @@ import sys
 import click
 
 from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed, SavedElsewhere
+from topoprof.progress import LiveProgress
 
 
 def _size(ctx, param, value):
@@ -17,17 +18,6 @@ def _size(ctx, param, value):
         return parse_size(value)
     except InputError as err:
         raise click.BadParameter(str(err)) from None
-
-
-def _progress(step: str) -> None:
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r\033[K  measuring {step} ...")
-        sys.stderr.flush()
-
-
-def _clear_progress() -> None:
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K")
 
 
 def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
@@ -52,10 +42,7 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
 
     quiet = as_json or not is_reporting_rank()
 
-    def on_row(row):
-        if quiet:
-            return
-        _clear_progress()
+    def row_lines(row) -> None:
         key = (row.collective, row.level, row.group)
         if key != current["coll"]:
             current["coll"] = key
@@ -66,9 +53,9 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
 
     if not quiet:
         click.echo(f"# topoprof bench: {note}\n# {opts.protocol()}")
-    result = run_bench(opts, on_row=on_row, on_progress=None if quiet else _progress)
-    _clear_progress()
-    return result
+    with LiveProgress(show=False if quiet else None) as progress:  # on stderr, when it is a terminal
+        return run_bench(opts, on_row=None if quiet else (lambda row: progress.above(lambda: row_lines(row))),
+                         on_progress=None if quiet else (lambda step: progress(f"measuring {step} ...")))
 
 
 @click.command()

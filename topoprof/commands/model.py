@@ -86,7 +86,7 @@ def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
-    from topoprof.commands.progress import LiveProgress
+    from topoprof.progress import LiveProgress
     from topoprof.model.inputs.options import build_inputs
     from topoprof.model.inputs.request import ModelRequest
     from topoprof.model.inputs.search import applying_strategies, fits_payload
@@ -94,7 +94,7 @@ def model(**opts):
     from topoprof.report.text_model import render_model
 
     request = ModelRequest.from_options(opts)
-    with LiveProgress() as progress:  # on stderr, when it is a terminal (topoprof.commands.progress)
+    with LiveProgress() as progress:  # on stderr, when it is a terminal (topoprof.progress)
         inputs, described = build_inputs(request, progress)
         progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
         payload = model_payload(inputs, described, sweep=request.sweep)

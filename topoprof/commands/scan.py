@@ -2,11 +2,10 @@
 advice, report."""
 from __future__ import annotations
 
-import sys
-
 import click
 
 from topoprof.errors import RunFailed, SavedElsewhere
+from topoprof.progress import LiveProgress
 
 
 @click.command()
@@ -53,8 +52,8 @@ def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_tim
     out_dir = out_dir or default_out_dir()
     if is_reporting_rank():  # rank 0 writes the report: a folder it cannot write ends the scan now
         check_writable_folder(out_dir, "--out")
-    stages = Stages(show=sys.stderr.isatty())
-    written = run(opts, stages, out_dir)
+    with LiveProgress() as progress:  # on stderr, when it is a terminal
+        written = run(opts, Stages(progress), out_dir)
     if written is None:  # a non-zero rank of a torchrun/SLURM job: rank 0 reports
         return
     _finish(written, out_dir)

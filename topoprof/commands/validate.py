@@ -1,11 +1,11 @@
 """`topoprof validate`: real training loops per strategy, predicted vs measured, and numerics."""
 from __future__ import annotations
 
-import sys
 
 import click
 
 from topoprof.errors import InputError, RunFailed, SavedElsewhere
+from topoprof.progress import LiveProgress
 
 
 @click.command()
@@ -72,12 +72,8 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
                            modes=mode_list, threads=threads,
                            numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout, ac=ac)
-    progress = None
-    if not as_json and sys.stderr.isatty():
-        progress = lambda step: (sys.stderr.write(f"\r\033[K  {step}"), sys.stderr.flush())  # noqa: E731
-    result = run_validate(opts, on_progress=progress)
-    if progress:
-        sys.stderr.write("\r\033[K")
+    with LiveProgress(show=False if as_json else None) as progress:  # on stderr, when it is a terminal
+        result = run_validate(opts, on_progress=progress)
     if not is_reporting_rank():
         if result.status != "ok":
             raise RunFailed(f"{result.error}")

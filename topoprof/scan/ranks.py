@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 import time
 
 from topoprof.measure.launch import multi_node
+from topoprof.progress import LiveProgress
 from topoprof.scan.options import ScanOptions, bench_config, validate_options
 
 
@@ -22,10 +22,10 @@ def _phases(opts: ScanOptions, vopts) -> list[dict]:
 
 
 class Stages:
-    """Wall time per stage, and a progress line on a terminal."""
+    """Wall time per stage, and the stage on the progress line (`topoprof.progress`, on a terminal)."""
 
-    def __init__(self, show: bool):
-        self.show, self.times, self._t = show, {}, None
+    def __init__(self, progress: LiveProgress):
+        self.progress, self.times, self._t = progress, {}, None
         self.start = time.monotonic()
 
     def begin(self, name: str) -> None:
@@ -36,13 +36,10 @@ class Stages:
         self.times[self._name] = time.monotonic() - self._t
 
     def say(self, text: str) -> None:
-        if self.show:
-            sys.stderr.write(f"\r\033[K  [{time.monotonic() - self.start:5.1f}s] {text}")
-            sys.stderr.flush()
+        self.progress(text)
 
     def done(self) -> dict:
-        if self.show:
-            sys.stderr.write("\r\033[K")
+        self.progress.close()
         return {**{k: round(v, 2) for k, v in self.times.items()}, "total_s": round(time.monotonic() - self.start, 2)}
 
 

@@ -18,10 +18,12 @@ the presets' own.
 """
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from typing import Callable
 
 import torch
+import torch.utils.checkpoint
 
 VALID_MODES = "none, full, layer:N (N a positive integer) or op"
 
@@ -76,11 +78,20 @@ def _op_contexts():
     return create_selective_checkpoint_contexts(_op_policy())
 
 
+# torch 2.14 added `respect_saved_tensors_hooks` to torch.utils.checkpoint (pytorch/pytorch#190581):
+# its default keeps the old behaviour, in which the tensors selective checkpointing keeps bypass
+# saved_tensors_hooks (with a FutureWarning). Asked for explicitly where torch has it, so that a
+# count through those hooks (`topoprof.trace.activation_bytes`) sees what the policy keeps; what is
+# kept, and so the memory, is the same either way.
+_SAC_HOOKS = ({"respect_saved_tensors_hooks": True}
+              if "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters else {})
+
+
 def _wrap(block, selective: bool):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     if selective:
-        return checkpoint_wrapper(block, context_fn=_op_contexts, preserve_rng_state=False)
+        return checkpoint_wrapper(block, context_fn=_op_contexts, preserve_rng_state=False, **_SAC_HOOKS)
     return checkpoint_wrapper(block, preserve_rng_state=False)
 
 

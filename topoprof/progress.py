@@ -1,9 +1,9 @@
 """What a long command is doing, on stderr: its stage (what it waits for), the time since the
 command began and, after a few seconds, since the stage began, on one line rewritten in place
 every half second, so that a worker that imports torch, builds a model or hangs in it shows its
-clock moving.
+clock moving. The one progress reporter of every command: model, scan, bench and validate.
 
-Only when stderr is a terminal, as scan, bench and validate show theirs: where stderr is a file
+Only when stderr is a terminal: where stderr is a file
 or a pipe (a log, a test, the documented examples), what a command prints must not depend on how
 fast the machine ran it, and a hang still ends at the worker's timeout with the stage it was in.
 A command that ends within `DELAY_S` prints nothing.
@@ -14,6 +14,7 @@ import shutil
 import sys
 import threading
 import time
+from typing import Callable
 
 DELAY_S = 1.0   # nothing shown before this: a quick command stays quiet
 TICK_S = 0.5    # the clock redrawn this often while a stage waits
@@ -49,6 +50,17 @@ class LiveProgress:
         stage = now - self.stage_start
         own = f" ({stage:.0f} s)" if stage >= STAGE_S else ""
         return f"  [{now - self.start:5.1f}s] {self._text}{own}"
+
+    def above(self, write: Callable[[], None]) -> None:
+        """Run `write`, which prints lines of the command's own, with the progress line cleared
+        first and drawn again below them (bench's rows as they come)."""
+        with self._lock:
+            if self._drawn:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+                self._drawn = False
+            write()
+        self._draw()
 
     def _draw(self) -> None:
         if not self.show:
