@@ -137,3 +137,22 @@ def test_a_hugging_face_llama_attends_by_the_fused_kernel():
     assert "failure" not in trace, trace.get("failure")
     assert set(trace["attention"]["calls"]) == {"flash"}
     assert not any("_safe_softmax" in op["name"] or op["name"] == "aten.bmm.default" for op in trace["ops"])
+
+
+@pytest.mark.parametrize("callable_name,recomputes", [("hf_llama", False), ("hf_checkpointed", True)])
+def test_a_users_own_hugging_face_model_traces_with_its_own_checkpointing(callable_name, recomputes):
+    """A Hugging Face model the user's code builds (and checkpoints with activation_checkpointing_enable)
+    runs on meta as the tool's hf: builder does: its mask code's data-dependent check answered for
+    meta tensors (`hf_models.install_meta_patches`), its attention by the fused kernel, its
+    recompute traced."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from topoprof.trace.op_trace import trace_user_model
+
+    blocks = Path(__file__).parent / "fixtures" / "user_models" / "blocks.py"
+    trace = trace_user_model(f"{blocks}:{callable_name}", {"micro_batch": 2, "seq_len": 32}, None,
+                             {"device": "cuda", "precision": "bf16", "capability": A100})
+    assert "failure" not in trace, trace.get("failure")
+    assert set(trace["attention"]["calls"]) == {"flash"}
+    assert (trace["totals"]["recompute"]["ops"] > 0) == recomputes

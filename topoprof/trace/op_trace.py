@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import weakref
 
 import torch
@@ -548,6 +549,10 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         with on_meta():
             say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
+            if "transformers" in sys.modules:  # a Hugging Face model, built by the tool or by the user's code
+                from topoprof.zoo.hf_models import install_meta_patches
+
+                install_meta_patches()
             hf = getattr(module, "topoprof_hf", None)
             if for_target is not None and hf is not None and hf.price_as_flash:  # flash_attention_2, built as sdpa
                 for_target = {**for_target, "attention": "flash"}

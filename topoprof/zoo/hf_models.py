@@ -45,7 +45,7 @@ def _tf():
     )
 
 
-def _install_meta_patches() -> None:
+def install_meta_patches() -> None:
     """Make HF's mask preprocessing usable on meta tensors.
 
     transformers 5.x ``masking_utils._preprocess_mask_arguments`` calls
@@ -225,7 +225,7 @@ def build_hf(
     if tc is not config:
         tc.use_cache = False
 
-    _install_meta_patches()
+    install_meta_patches()
     kwargs: dict[str, Any] = {"attn_implementation": built_attn}
     if dtype is not None:
         kwargs["dtype"] = dtype
