@@ -42,10 +42,11 @@ class ProfileRun:
         self.on_progress(f"{name}: {detail} in {self.seconds[name]:.1f} s ({time.perf_counter() - self.started:.1f} s "
                          "in all)")
 
-    def point(self, section: str, what: str, fn: Callable[[], object], counts: bool = True):
+    def point(self, section: str, what: str, fn: Callable[[], object], counts: bool = True, budgeted: bool = True):
         """fn's result, or None with the point skipped: past the section's time (once the section has
-        one point: every section measures at least one), or failed (out of memory)."""
-        if self.measured_here and time.perf_counter() > self.section_end:
+        one point: every section measures at least one; never where not `budgeted`), or failed (out
+        of memory)."""
+        if budgeted and self.measured_here and time.perf_counter() > self.section_end:
             self.skipped.append({"section": section, "what": what,
                                  "reason": f"time budget: the section's share of {self.plan.budget_s:g} s was spent"})
             return None
