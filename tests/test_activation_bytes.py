@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
-from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, shape_kwargs, trace_pass  # noqa: E402
+from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")

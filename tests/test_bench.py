@@ -11,9 +11,9 @@ import time
 import psutil
 import pytest
 
+from tests.helpers.cli import topoprof as _cli
 from topoprof.measure.bench import BenchOptions, run_bench
 from topoprof.specs.collective_spec import COLLECTIVES, size_sweep
-from tests.helpers.cli import topoprof as _cli
 
 FIXTURE_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
 SMALL = tuple(size_sweep(1024, 256 * 1024, 4))
@@ -85,7 +85,7 @@ def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
     lines = []
     for line in cli.stdout:  # wait for the first measured rows, then kill rank 1
         lines.append(line)
-        if sum(1 for l in lines if l.strip() and not l.startswith("#")) >= 2:
+        if sum(1 for ln in lines if ln.strip() and not ln.startswith("#")) >= 2:
             break
     ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
+from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
-from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.preset_modules import PRESET_MODULES, build, preset_blocks  # noqa: E402
 
 aten = torch.ops.aten

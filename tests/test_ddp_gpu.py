@@ -9,8 +9,14 @@ import pytest
 
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.timing import Compute
-from topoprof.model.ddp.gpu_costs import (ddp_kernels, expected_max_normal, expected_range_normal,
-                                          gpu_speed_spread_range, nccl_sm_slowdown_range, straggler_wait_s)
+from topoprof.model.ddp.gpu_costs import (
+    ddp_kernels,
+    expected_max_normal,
+    expected_range_normal,
+    gpu_speed_spread_range,
+    nccl_sm_slowdown_range,
+    straggler_wait_s,
+)
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.resolve import DDP_GPU_UNPRICED_NOTE

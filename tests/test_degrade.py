@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.fake_driver import driver_env, fixture_body
 
 TOPO = Path(__file__).parent / "fixtures" / "topo"

@@ -194,11 +194,11 @@ def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
 def test_preset_memory_measured_beside_the_count(record_property):
     """gpt2 timed on cuda:0: its memory by phase (weights, optimizer state, activations,
     gradients) measured with torch.cuda.memory_allocated, beside the counted figures."""
-    from topoprof.model.compute.timing import Compute
     from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.compute.timing import Compute
+    from topoprof.model.inputs.user_model import measure_preset
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
     from topoprof.model.strategies.predict import predict
-    from topoprof.model.inputs.user_model import measure_preset
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
     measured = gpt2["memory"]

@@ -23,6 +23,7 @@ FIX = os.path.join(HERE, "fixtures", "hf")
 pytest.importorskip("transformers")
 from topoprof.zoo import hf_models as hm  # noqa: E402
 from topoprof.zoo import hf_spec as hs  # noqa: E402
+
 TINY = ["llama", "qwen2", "mistral", "gpt2", "bert"]
 GQA = {"llama", "qwen2", "mistral"}
 EXPECTED = {

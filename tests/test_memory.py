@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from topoprof.model.memory import holding
-from topoprof.model.compute.timing import Compute
-from topoprof.model.compute.datasheet import gpu_memory_gb
 from topoprof.model.comm.collectives import RingComm
+from topoprof.model.compute.datasheet import gpu_memory_gb
+from topoprof.model.compute.timing import Compute
+from topoprof.model.memory import holding
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.memory import largest_group_params
 from topoprof.model.strategies.predict import predict

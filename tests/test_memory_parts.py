@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, repeated_blocks, trace_pass, trace_user_model  # noqa: E402
-from topoprof.zoo.preset_modules import _next_token_loss, build  # noqa: E402
-from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
+from topoprof.zoo.preset_modules import _next_token_loss, build  # noqa: E402
 
 PRESETS = "topoprof.zoo.preset_modules:build"
 # llama3-8b's design at 4 per head (tests/test_activation_bytes.py's reduction)
@@ -75,6 +75,7 @@ def test_the_backward_peak_is_what_the_cpu_allocator_counts():
     one block's few tensors in its recompute (this reduced Llama: 47 KB of 266 KB, the meta pass
     the higher; the same pass on real CPU tensors counts as on meta), which is not explained yet."""
     from torch.profiler import ProfilerActivity, profile
+
     # torch's own memory timeline of a profile (what export_memory_timeline draws), private API
     from torch.profiler._memory_profiler import Action, MemoryProfile
 

@@ -22,10 +22,7 @@ from tests.test_activation_bytes import REDUCED, VISION  # noqa: E402
 from topoprof.model.memory import holding  # noqa: E402
 from topoprof.model.memory.timeline import Point, Timeline  # noqa: E402
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
-from topoprof.trace.op_trace import (
-    shape_kwargs,  # noqa: E402
-    trace_user_model,  # noqa: E402
-)
+from topoprof.trace.op_trace import shape_kwargs, trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
 

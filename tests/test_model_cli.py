@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+
 from tests.helpers.cli import topoprof as _cli
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")

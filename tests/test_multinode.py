@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.netns import run_pair, shaped_link, unavailable_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,6 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import glued_fixtures
+from tests.helpers.terminal import glued_copy, terminal_copy
+from topoprof.errors import InputError, NothingMeasured, ParseError, TopoprofError
 from topoprof.probes.hardware.nvidia_smi import (
     PATH_KINDS,
     PathCode,
@@ -20,9 +23,6 @@ from topoprof.probes.hardware.nvidia_smi import (
     read_topo_file,
     run_topo_matrix,
 )
-from tests.helpers import glued_fixtures
-from tests.helpers.terminal import glued_copy, terminal_copy
-from topoprof.errors import InputError, NothingMeasured, ParseError, TopoprofError
 
 TOPO_DIR = Path(__file__).parent / "fixtures" / "topo"
 FIXTURES = sorted(

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.workload.presets import PRESETS, get_preset  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS, swiglu_hidden  # noqa: E402
 from topoprof.zoo.preset_modules import DEFAULT_SEQ_LEN, PRESET_MODULES, build  # noqa: E402
-from topoprof.workload.presets import PRESETS, get_preset  # noqa: E402
 
 
 def test_every_preset_of_the_layout_table_is_a_module():

@@ -15,11 +15,10 @@ import pytest
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 from topoprof.errors import InputError
-from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
-from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, load_profile,
-                                    profile_from_dict, profile_to_json)
+from topoprof.model.compute.profile import HOST_KINDS, MEMORY_KINDS, load_profile, profile_from_dict, profile_to_json
 from topoprof.model.compute.profile_facts import SHIPPED, profile_from_gpu_facts
 from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
+from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_FACTS = os.path.join(ROOT, "..", "shared", "gpu-facts", "h200-2026-11-26.jsonl")
@@ -265,6 +264,7 @@ def test_gpu_facts_that_are_not_opbench_lines_are_refused():
 
 def test_the_driver_version_is_read_alone_or_none_with_why():
     from fake_nvml import make_fake_nvml
+
     from topoprof.probes.hardware.nvml import query_driver_version
 
     fake = make_fake_nvml("dgx_h100_nvswitch")

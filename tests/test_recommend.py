@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import glob
-
-import pytest
 import os
 
+import pytest
 from fake_nvml import make_fake_nvml
+
+from topoprof.jsonio import to_jsonable
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.report import recommend as rec
-from topoprof.jsonio import to_jsonable
-from topoprof.topology.build import build_topology
 from topoprof.report.verdict import judge
+from topoprof.topology.build import build_topology
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
 from tests.helpers.cli import topoprof as _cli
+from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
 
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
@@ -127,8 +127,8 @@ def test_a_datasheet_what_if_prediction_is_shown_as_ranges():
     # every step time as a range with its basis, not one number.
     from topoprof.model.comm.collectives import RingComm
     from topoprof.model.compute.timing import Compute
-    from topoprof.model.strategies.payload import model_payload
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+    from topoprof.model.strategies.payload import model_payload
     from topoprof.report.markdown import render_markdown
 
     inputs = ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=2048),

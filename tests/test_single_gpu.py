@@ -10,8 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from helpers.fake_driver import driver_env, fixture_body
+
 from topoprof.model.compute.timing import Compute
 from topoprof.model.strategies.job import Workload
 from topoprof.model.strategies.whatif import GPU_COUNTS, NETWORK_GBIT, NODE_COUNTS, what_ifs

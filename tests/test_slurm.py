@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from helpers.slurm import RESV_PORTS, slurm_cluster, unavailable_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers.cli import topoprof  # noqa: E402
+
 from topoprof.model.inputs.traces import UserShape, user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
@@ -163,7 +164,7 @@ def test_the_command_checkpoints_a_users_model_and_says_which_blocks():
 
 
 def test_the_timing_checkpoints_the_same_blocks():
-    from probes.ranks.model_timing import measure
+    from topoprof.probes.ranks.model_timing import measure
 
     plain = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32")
     full = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32", ac="full")

@@ -10,11 +10,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from fake_nvml import make_fake_nvml
 from helpers.fake_driver import driver_env
-from topoprof.probes.hardware.nvml import query_nvml
+
 from topoprof.jsonio import to_jsonable
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.topology.build import build_topology
 from topoprof.topology.visible import JobView, identify, job_gpu, job_gpus
 

@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 

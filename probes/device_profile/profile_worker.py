@@ -28,8 +28,9 @@ from typing import Callable
 
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, MAX_CALLS
 from topoprof.probes.device_profile.plan import PLANS
-from topoprof.probes.device_profile.timing_run import ProfileRun
 from topoprof.probes.device_profile.sections import ADAMW_WORDS, PASSES, SECTIONS
+from topoprof.probes.device_profile.timing_run import ProfileRun
+
 
 class NoDevice(Exception):
     """The device asked for is not there (no CUDA device visible to torch)."""

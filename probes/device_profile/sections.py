@@ -3,6 +3,7 @@ document on the profile's run (device, plan, clock, budget) and returns a line o
 from __future__ import annotations
 
 import time
+
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, autorange
 from topoprof.probes.device_profile.plan import gemm_shapes, sdpa_cases
 from topoprof.probes.device_profile.timing_run import HOST_MAX_CALLS, ProfileRun

@@ -18,9 +18,19 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from topoprof.probes.hardware.smi_table import (CPU_AFFINITY, GPU_NUMA_ID, NUMA_AFFINITY, PATH_KINDS, AsymmetricTopologyWarning,
-                              PathCode, SmiGpu, SmiNic, SmiTopology, parse_topo_matrix)
 from topoprof.errors import InputError, NothingMeasured, TopoprofError
+from topoprof.probes.hardware.smi_table import (
+    CPU_AFFINITY,
+    GPU_NUMA_ID,
+    NUMA_AFFINITY,
+    PATH_KINDS,
+    AsymmetricTopologyWarning,
+    PathCode,
+    SmiGpu,
+    SmiNic,
+    SmiTopology,
+    parse_topo_matrix,
+)
 
 __all__ = ["CPU_AFFINITY", "GPU_NUMA_ID", "NUMA_AFFINITY", "PATH_KINDS", "AsymmetricTopologyWarning", "PathCode",
            "SmiGpu", "SmiNic", "SmiTopology", "parse_topo_matrix", "read_topo_file", "run_topo_matrix"]

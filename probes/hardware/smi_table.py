@@ -8,10 +8,30 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from topoprof.probes.hardware.smi_text import (APART, EITHER, GLUE, LABEL, PREFIX, SHIFT, TAB, VALUE, VALUE_LIKE, Glue, Word, affinity_fields,
-                             clean_lines, id_list, join_wrapped, layout, split_headings, split_labels,
-                             tail_readings, terminal_width, unglue)
 from topoprof.errors import ParseError
+from topoprof.probes.hardware.smi_text import (
+    APART,
+    EITHER,
+    GLUE,
+    LABEL,
+    PREFIX,
+    SHIFT,
+    TAB,
+    VALUE,
+    VALUE_LIKE,
+    Glue,
+    Word,
+    affinity_fields,
+    clean_lines,
+    id_list,
+    join_wrapped,
+    layout,
+    split_headings,
+    split_labels,
+    tail_readings,
+    terminal_width,
+    unglue,
+)
 
 PATH_KINDS = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
 _OLD_NAMES = {"SOC": "SYS"}  # older drivers printed SOC for the path across CPU sockets

@@ -21,7 +21,6 @@ import time
 
 from topoprof.specs.collective_spec import DTYPES, combine
 
-
 # The check works through the buffer in chunks of this many elements, so its int64 temporaries
 # stay small next to the buffers themselves (a 1 GiB float32 buffer would otherwise need
 # several GiB more for indices and expected values).

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from topoprof.probes.ranks.training import accumulate, make_optimizer, step_batches, wrap_ddp
-from topoprof.zoo.synthetic_lm import build_model
 from topoprof.workload.synthetic import DDP_MODES, NUMERICS_TOLERANCE, TrainConfig, check_supported, parse_config
+from topoprof.zoo.synthetic_lm import build_model
 
 
 def flat_params(model) -> torch.Tensor:

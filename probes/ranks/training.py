@@ -36,9 +36,15 @@ import torch.distributed as dist
 from torch import nn
 
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
+from topoprof.workload.synthetic import (
+    DDP_MODES,
+    STREAM_SEED_BITS,
+    SyntheticSpec,
+    TrainConfig,
+    check_supported,
+    parse_config,
+)
 from topoprof.zoo.synthetic_lm import build_model
-from topoprof.workload.synthetic import (DDP_MODES, STREAM_SEED_BITS, SyntheticSpec, TrainConfig, check_supported,
-                                               parse_config)
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16}
 COMBINE = "max over ranks, median over steps"

@@ -42,10 +42,10 @@ import torch
 import torch.distributed as dist
 
 from topoprof.probes.ranks import training
-from topoprof.zoo.synthetic_lm import build_model
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
 from topoprof.specs.fsdp_modes import FSDP_ONE_NODE
 from topoprof.workload.synthetic import DDP_MODES, check_supported, parse_config
+from topoprof.zoo.synthetic_lm import build_model
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
 # the compute time at the all-reduce rate this rotation measured.

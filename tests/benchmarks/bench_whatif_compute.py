@@ -177,8 +177,8 @@ def describe(preset: str, kwargs: dict) -> str:
 
 def cpu_profile():
     """This CPU's device profile, measured now (the full CPU plan; `topoprof profile --device cpu`)."""
-    from topoprof.probes.device_profile.profile_worker import measure_profile
     from topoprof.model.compute.profile import profile_from_dict
+    from topoprof.probes.device_profile.profile_worker import measure_profile
 
     return profile_from_dict(measure_profile("cpu", quick=False), "this CPU's profile")
 

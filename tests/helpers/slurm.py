@@ -37,7 +37,8 @@ from typing import Iterator, Mapping, Sequence
 if __package__ in (None, ""):  # run as a script: make `helpers` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from helpers.netns import ShapedLink, shaped_link, unavailable_reason as netns_unavailable_reason
+from helpers.netns import ShapedLink, shaped_link
+from helpers.netns import unavailable_reason as netns_unavailable_reason
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")

@@ -32,9 +32,9 @@ def _clear_progress() -> None:
 
 def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
     from topoprof.measure.bench import BenchOptions, collectives_option, default_sizes, run_bench
+    from topoprof.measure.runner import default_backend_and_nproc
     from topoprof.report.text_bench import HEADER, format_row
     from topoprof.specs.collective_spec import size_sweep
-    from topoprof.measure.runner import default_backend_and_nproc
 
     backend, nproc, note = default_backend_and_nproc(opts_kwargs.pop("backend"), opts_kwargs.pop("nproc"))
     lo, hi, factor = default_sizes(backend)

@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from topoprof.specs.collective_spec import COLLECTIVES, BenchRow, CollectiveSpec, algbw_gbps, get_collective
 from topoprof.errors import InputError, ParseError
+from topoprof.specs.collective_spec import COLLECTIVES, BenchRow, CollectiveSpec, algbw_gbps, get_collective
 
 DEFAULT_COLLECTIVE = "all_reduce"
 

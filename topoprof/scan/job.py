@@ -122,8 +122,8 @@ def _copies(opts):
 def _predictions(opts, bench, vres, vopts, topology):
     """Predictions from what was measured; a model that cannot be built is a status, not the end."""
     from topoprof.measure.fit import fit_rows
-    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
     from topoprof.model.inputs.scan import predictions
+    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
     from topoprof.topology.visible import job_gpu
 
     job_rows = [r for r in bench.rows if r.level == "job"]
@@ -207,11 +207,11 @@ class Written:
 
 
 def run(opts, stages, out_dir: str) -> Written | None:
-    from topoprof.measure.bench import bench_payload
-    from topoprof.topology.collect import collect_topology
     from topoprof.jsonio import dumps, envelope, to_jsonable
-    from topoprof.scan.ranks import environment, run_ranks, versions
+    from topoprof.measure.bench import bench_payload
     from topoprof.report.verdict import judge
+    from topoprof.scan.ranks import environment, run_ranks, versions
+    from topoprof.topology.collect import collect_topology
 
     stages.begin("topology")
     topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes

@@ -85,8 +85,8 @@ ROTATIONS, QUICK_ROTATIONS = 8, 6
 
 
 def validate_options(opts: ScanOptions):
-    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
+    from topoprof.workload.synthetic import spec_for_params
 
     gpu = opts.backend == "nccl"
     spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from topoprof.topology import constants
 from topoprof.errors import InputError
 from topoprof.probing import ProbeStatus
+from topoprof.topology import constants
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
     from topoprof.probes.hardware.host import HostInfo

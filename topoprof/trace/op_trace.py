@@ -89,12 +89,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
-from topoprof.trace.live_bytes import LiveBytes
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
-from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, resize_batch,
-                                        to_device, user_loss)
+from topoprof.zoo.user_callable import (
+    UserModelError,
+    call_user_callable,
+    load_callable,
+    parameter_list,
+    resize_batch,
+    to_device,
+    user_loss,
+)
 
 aten = torch.ops.aten
 

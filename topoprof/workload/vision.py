@@ -33,8 +33,12 @@ step (2/3, Kaplan's backward = 2x forward) is 0.664 for ResNet-50 at 224 by the 
 from __future__ import annotations
 
 from topoprof.errors import InputError
-from topoprof.workload.layout import (MATMUL_BACKWARD_FLOPS_PER_PARAM, MATMUL_FORWARD_FLOPS_PER_PARAM, Layout,
-                                            LayoutBuilder)
+from topoprof.workload.layout import (
+    MATMUL_BACKWARD_FLOPS_PER_PARAM,
+    MATMUL_FORWARD_FLOPS_PER_PARAM,
+    Layout,
+    LayoutBuilder,
+)
 
 # torchvision's ImageNet training crop (references/classification/train.py, --train-crop-size
 # default 224; He et al. 2016 §3.4 "a 224x224 crop is randomly sampled")

@@ -20,8 +20,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from topoprof.zoo.hf_spec import (_PIP_HINT, ATTN_CHOICES, DEFAULT_MAX_SEQ_LEN, HFDependencyError, HFModelError,
-                                  _read_json)
+from topoprof.zoo.hf_spec import (
+    _PIP_HINT,
+    ATTN_CHOICES,
+    DEFAULT_MAX_SEQ_LEN,
+    HFDependencyError,
+    HFModelError,
+    _read_json,
+)
 from topoprof.zoo.hf_spec import config_path as checked_config_path
 
 # --------------------------------------------------------------------------- transformers

@@ -305,8 +305,8 @@ def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed
     `n_layer` builds fewer of them, of the same width."""
     from dataclasses import replace
 
-    from topoprof.zoo.synthetic_lm import SyntheticLM
     from topoprof.workload.synthetic import spec_for_params
+    from topoprof.zoo.synthetic_lm import SyntheticLM
 
     spec = spec_for_params(int(params), seq_len)
     if n_layer is not None:

@@ -23,7 +23,6 @@ ring exists).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 

@@ -19,7 +19,6 @@ GB/s = 1e9 B/s; latencies in microseconds.
 from __future__ import annotations
 
 import math
-
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import itertools
 
-from topoprof.topology import constants
+from topoprof.errors import InputError
 from topoprof.model.comm import channels
 from topoprof.model.comm.collectives import CommModel, HierarchicalComm, RingComm, SingleGpuComm
-from topoprof.errors import InputError
+from topoprof.topology import constants
 
 # Exhaustive search over rings is (n-1)!/2 cycles: fine up to 9 GPUs (20160), greedy beyond.
 EXHAUSTIVE_RING_LIMIT = 9

@@ -256,8 +256,14 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
     meta device at the stated shape. The same pass, for the GPU predicted (or timed), prices its
     ops: one pass in the same worker, run where either may be needed."""
     from topoprof.model.compute.traced import target_for
-    from topoprof.model.inputs.user_model import (choose_ready_order, here_device, measure_here, stated_shape,
-                                                  trace_only, trace_wanted)
+    from topoprof.model.inputs.user_model import (
+        choose_ready_order,
+        here_device,
+        measure_here,
+        stated_shape,
+        trace_only,
+        trace_wanted,
+    )
 
     say = progress or (lambda text: None)
     if not (w.time_here or _this_gpu_predicted(compute)):

@@ -58,8 +58,8 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 def _workload(opts, size: str | None):
     from topoprof.model.inputs.request import parse_count
-    from topoprof.workload.presets import is_vision
     from topoprof.model.strategies.job import Workload
+    from topoprof.workload.presets import is_vision
 
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
     tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
@@ -147,8 +147,8 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     """Nothing measured this model on this GPU: its compute priced from its own ops (a what-if
     range), or where they cannot be priced the datasheet peak x a utilization range, saying why."""
     from topoprof.model.compute.timing import Compute
-    from topoprof.model.inputs.request import parse_count
     from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request
+    from topoprof.model.inputs.request import parse_count
 
     preset = opts.preset or SIZE_PRESETS.get(size or "")
     tokens = workload.tokens_per_micro_batch
@@ -250,8 +250,8 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
                 gpu_memory_origin: str = "NVML, GPU0") -> list[dict]:
     """One model payload per model: the user's, or each default size. `gpu_memory_bytes` is the
     memory of the GPU the job's cuda:0 is, which `gpu_memory_origin` names."""
-    from topoprof.model.strategies.job import Cluster, ModelInputs
     from topoprof.model.comm.links import measured_comm
+    from topoprof.model.strategies.job import Cluster, ModelInputs
     from topoprof.model.strategies.payload import model_payload
 
     if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:

@@ -311,8 +311,8 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     is always timed whole (the largest, 88.8M parameters, fits any GPU's training state). `sizes`:
     the module's arguments changed (`WorkloadRequest.preset_sizes`)."""
     from topoprof.measure.user_model import measure_user_model
-    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
     from topoprof.model.compute.scaled import scaled_compute
+    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
 
     def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (topoprof/zoo/checkpoint_wrap.py)
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from topoprof.jsonio import to_jsonable
 
-
 SWEEP_K = (1, 2, 4, 8, 16, 32)
 
 

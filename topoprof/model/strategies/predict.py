@@ -14,10 +14,28 @@ from topoprof.model.strategies.fsdp_costs import fsdp_costs_by_part, hsdp_levels
 from topoprof.model.strategies.job import Cluster, ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
 from topoprof.model.strategies.resolve import Resolved, resolve
-from topoprof.model.strategies.results import (BucketSummary, GlobalBatchOption, HideThreshold, InputValue, Prediction,
-                                               Range, StrategyResult, SweepPoint, Unavailable)
-from topoprof.model.strategies.steps import (ASSUMPTIONS, FORMULAS, ONE_GPU_REASON, STRATEGIES, ddp_costs_by_part,
-                                             ddp_exposed_s, ddp_setting, dp_comm_s, step_times)
+from topoprof.model.strategies.results import (
+    BucketSummary,
+    GlobalBatchOption,
+    HideThreshold,
+    InputValue,
+    Prediction,
+    Range,
+    StrategyResult,
+    SweepPoint,
+    Unavailable,
+)
+from topoprof.model.strategies.steps import (
+    ASSUMPTIONS,
+    FORMULAS,
+    ONE_GPU_REASON,
+    STRATEGIES,
+    ddp_costs_by_part,
+    ddp_exposed_s,
+    ddp_setting,
+    dp_comm_s,
+    step_times,
+)
 
 
 def _samples(res: Resolved, name: str) -> int:

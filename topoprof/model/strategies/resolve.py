@@ -10,14 +10,30 @@ from typing import Any
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.compute.datasheet import SM_COUNT
-from topoprof.model.compute.timing import (FSDP_OVERHEAD_KEYS, MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, compute_times,
-                                           uses_modelled, utilization_is_assumed)
+from topoprof.model.compute.timing import (
+    FSDP_OVERHEAD_KEYS,
+    MEMORY_UNKNOWN_NOTE,
+    UTILIZATION_RANGE,
+    compute_times,
+    uses_modelled,
+    utilization_is_assumed,
+)
 from topoprof.model.ddp.buckets import ddp_bucket_limits
-from topoprof.model.ddp.gpu_costs import (GPU_SPEED_SPREAD_BASIS, KERNEL_COST_BASIS, KERNEL_COST_RANGE_S,
-                                          NCCL_MAX_CHANNELS, geometric_middle, gpu_speed_spread_range,
-                                          nccl_sm_slowdown_range)
-from topoprof.model.fsdp.gpu_costs import (COPY_BANDWIDTH_BASIS, COPY_BANDWIDTH_SHARE_RANGE, HOST_STEP_COST_BASIS,
-                                           HOST_STEP_COST_RANGE_S)
+from topoprof.model.ddp.gpu_costs import (
+    GPU_SPEED_SPREAD_BASIS,
+    KERNEL_COST_BASIS,
+    KERNEL_COST_RANGE_S,
+    NCCL_MAX_CHANNELS,
+    geometric_middle,
+    gpu_speed_spread_range,
+    nccl_sm_slowdown_range,
+)
+from topoprof.model.fsdp.gpu_costs import (
+    COPY_BANDWIDTH_BASIS,
+    COPY_BANDWIDTH_SHARE_RANGE,
+    HOST_STEP_COST_BASIS,
+    HOST_STEP_COST_RANGE_S,
+)
 from topoprof.model.fsdp.plan import describe_plan, fsdp_plan
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.memory import memory_echo

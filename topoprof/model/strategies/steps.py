@@ -16,19 +16,26 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, LinkUnknown
+from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
 from topoprof.model.ddp.buckets import Bucket, ddp_buckets
 from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
 from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
-from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
 from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
 from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan, recompute_shares
-from topoprof.model.fsdp.timeline import (Collectives, FsdpOverhead, FsdpSetting, FsdpStep, collective_times, fsdp_step,
-                                          shard_degree)
-from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, FsdpMode, HSDP_ONE_NODE_REASON, MODES
+from topoprof.model.fsdp.timeline import (
+    Collectives,
+    FsdpOverhead,
+    FsdpSetting,
+    FsdpStep,
+    collective_times,
+    fsdp_step,
+    shard_degree,
+)
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
 from topoprof.model.strategies.results import PartCost, part_costs
+from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpMode
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
                   "ddp_fp16_compress")

@@ -178,7 +178,7 @@ def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
     standard deviations pooled over rotations, the persistent one as a share of the mean
     micro-batch (`rank_speed_spread`) and the jitter also as a share (`rank_jitter`: it is carried
     to other models in proportion to their compute), with the number of ranks; None with one rank
-    or one micro-batch.""" 
+    or one micro-batch."""
     persistent, jitter, means = [], [], []
     for rot in rotations:
         times = [[f + b for f, b in zip(r["calibration"]["forward_s"], r["calibration"]["backward_s"])] for r in rot]

@@ -217,8 +217,8 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
     the bandwidth these ranks measured, and what is left per kernel the reducer launched
     (topoprof.model.ddp.gpu_costs). Where the copies ran faster than that bandwidth, or the tensors are
     not known, as one effective copy rate instead."""
-    from topoprof.model.ddp.timeline import ddp_copy_bytes
     from topoprof.model.ddp.gpu_costs import ddp_kernels
+    from topoprof.model.ddp.timeline import ddp_copy_bytes
 
     traffic = ddp_copy_bytes(msg["params"], 4, False)  # fp32 gradients, no bucket view (as the wrapper there)
     bandwidth = msg.get("memory_bandwidth_gbps")
@@ -296,10 +296,10 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     `topoprof.model.validate.rotations.calibration`): compute, optimizer, each bucket's all-reduce alone
     (the bench curve for other sizes), interference, memory bandwidth."""
     from topoprof.measure.fit import fit_rows
-    from topoprof.model.validate import rotations as rot
-    from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
     from topoprof.model.comm.links import measured_comm
+    from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+    from topoprof.model.validate import rotations as rot
 
     values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations},
                                   len(opts.layout.tensors), opts.layout)
@@ -453,9 +453,8 @@ def validate_payload(result, opts) -> dict:
 
 def save_calibration(path: str, payload: dict):
     """Write the calibration file; the jsonio.Moved when it had to go elsewhere (see write_text)."""
-    from topoprof.model.compute.timing import CALIBRATION_KEYS
-
     from topoprof.jsonio import write_text
+    from topoprof.model.compute.timing import CALIBRATION_KEYS
 
     cal = payload.get("calibration") or {}
     return write_text(path, json.dumps({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},

@@ -4,8 +4,19 @@ from __future__ import annotations
 import math
 import statistics
 
-from topoprof.report.plots.base import (COLLECTIVE_COLORS, WIDE, byte_axis, color_for, finite, fmt_num,
-                                        legend_below, new_figure, no_data, positive, save)
+from topoprof.report.plots.base import (
+    COLLECTIVE_COLORS,
+    WIDE,
+    byte_axis,
+    color_for,
+    finite,
+    fmt_num,
+    legend_below,
+    new_figure,
+    no_data,
+    positive,
+    save,
+)
 
 _TITLE = "Bus bandwidth vs message size"
 _NOMINAL_COLORS = ("#000000", "#8c564b", "#7f7f7f", "#bcbd22")

@@ -4,8 +4,17 @@ from __future__ import annotations
 import math
 import statistics
 
-from topoprof.report.plots.base import (WIDE, finite, fmt_num, label_log_axis, new_figure, no_data,
-                                        positive, save, strategy_style)
+from topoprof.report.plots.base import (
+    WIDE,
+    finite,
+    fmt_num,
+    label_log_axis,
+    new_figure,
+    no_data,
+    positive,
+    save,
+    strategy_style,
+)
 
 _SWEEP_TITLE = "Step time and throughput vs gradient accumulation"
 _PRED_TITLE = "Predicted vs measured step time"
