@@ -393,7 +393,8 @@ def pcie_l40s_l4_8x() -> FakeMachine:
     read = lambda a, b: _real.NVML_P2P_STATUS_OK if same(a, b) else _real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED  # noqa: E731
     return FakeMachine("550.90.07", "12.550.90.07", 12040, gpus,
                        _p2p(read, lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED),
-                       common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_NODE if same(a, b) else _real.NVML_TOPOLOGY_SYSTEM)
+                       common_ancestor=lambda a, b: (_real.NVML_TOPOLOGY_NODE if same(a, b)
+                                                     else _real.NVML_TOPOLOGY_SYSTEM))
 
 
 def no_driver() -> FakeMachine:

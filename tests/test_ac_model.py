@@ -211,7 +211,8 @@ def test_the_search_says_what_fits_and_why_not_when_it_cannot():
     (pair,) = out["no_sync"]
     assert pair["no_sync"] == "fsdp_full_shard_no_sync" and pair["extra_gb"] > 0
     nameless = _inputs()
-    unknown = search(ModelInputs(nameless.workload, Compute(micro_batch_time_s=0.1), nameless.cluster), ["ddp_synced"], None)
+    unknown = search(ModelInputs(nameless.workload, Compute(micro_batch_time_s=0.1), nameless.cluster), ["ddp_synced"],
+                     None)
     assert "memory is unknown" in unknown["reason"]
     given = search(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=1024, activation_memory_gb=3.0),
                                Compute(gpu="h100-sxm", micro_batch_time_s=0.1), Cluster(RingComm(100.0, 3.4, 8), 1, 8)),

@@ -6,7 +6,8 @@ a few shapes, under every activation checkpointing mode the tool applies (and th
 The text presets run at 2 blocks and a reduced width (the head count kept, 4 or 8 per head, the
 feed-forward's and the key/value heads' ratios kept, a 512-token vocabulary), the vision presets
 at one residual block per stage (two in the third) on small images: the same modules, small
-enough to run for real here, at two shapes each; the user models at three. `python tests/test_activation_bytes.py` prints the table."""
+enough to run for real here, at two shapes each; the user models at three. `python tests/test_activation_bytes.py`
+prints the table."""
 from __future__ import annotations
 
 import os

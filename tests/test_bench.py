@@ -65,7 +65,8 @@ def test_cli_json_contract_and_fit():
     proc = _cli("bench", "--nproc", "2", "-b", "256K", "-e", "16M", "-f", "4", "-n", "5", "-w", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit", "fit_by_level",
+    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit",
+            "fit_by_level",
             "slow_ranks", "nccl", "copies", "stopped"} <= set(doc)
     row = doc["rows"][0]
     assert set(row) == {"collective", "size_bytes", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps",
@@ -87,7 +88,8 @@ def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
         lines.append(line)
         if sum(1 for ln in lines if ln.strip() and not ln.startswith("#")) >= 2:
             break
-    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
+    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True)
+             if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")
     victim.send_signal(signal.SIGKILL)
     rest, err = cli.communicate(timeout=120)

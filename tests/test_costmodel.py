@@ -470,7 +470,8 @@ def layouts(draw):
         uses.append(Use((0,), 4.0 * numel[0]))
     # named as blocks half the time, so that FSDP finds one group per tensor (else none: n/a)
     blocks = draw(st.booleans())
-    return Layout("random", tuple(TensorSpec(f"blocks.{i}.w" if blocks else f"t{i}", (m,)) for i, m in enumerate(numel)),
+    return Layout("random",
+                  tuple(TensorSpec(f"blocks.{i}.w" if blocks else f"t{i}", (m,)) for i, m in enumerate(numel)),
                   tuple(uses), "hypothesis")
 
 

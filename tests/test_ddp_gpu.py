@@ -179,7 +179,8 @@ def test_validate_carries_the_copy_cost_per_kernel_when_it_exceeds_the_traffic()
     assert "at the measured 16 GB/s" in out["ddp_copies_basis"] and "51.9 us per kernel" in out["ddp_copies_basis"]
     # faster than the measured bandwidth: one effective copy rate, as before
     faster = _copy_costs(traffic_s / 2, msg, tensors=50)
-    assert faster["ddp_copy_bandwidth_gbps"] == pytest.approx(32.0) and "one effective copy rate" in faster["ddp_copies_basis"]
+    assert faster["ddp_copy_bandwidth_gbps"] == pytest.approx(32.0)
+    assert "one effective copy rate" in faster["ddp_copies_basis"]
 
 
 def test_the_what_if_kernel_range_holds_the_tools_own_gpu_measurement():

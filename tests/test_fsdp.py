@@ -166,7 +166,8 @@ def test_gloo_reduce_scatter_is_an_all_reduce_unless_measured():
 
 
 def _inputs(nodes=1, gpn=2, backend="nccl", k=4, **work):
-    comm = RingComm(10.0, 0.0, gpn) if nodes == 1 else HierarchicalComm(RingComm(10.0, 0.0, gpn), RingComm(1.0, 0.0, nodes), nodes, gpn)
+    comm = RingComm(10.0, 0.0, gpn) if nodes == 1 else HierarchicalComm(RingComm(10.0, 0.0, gpn),
+                                                                        RingComm(1.0, 0.0, nodes), nodes, gpn)
     return ModelInputs(Workload(HAND, **work), Compute(micro_batch_time_s=0.01, optimizer_time_s=0.004),
                        Cluster(comm, nodes, gpn, backend=backend), k)
 

@@ -82,7 +82,8 @@ def test_the_backward_peak_is_what_the_cpu_allocator_counts():
     for mode in ("none",):
         traced = _trace(mode, 2, 2)
         model, tokens, loss_fn = build("llama3-8b", micro_batch=2, seq_len=16, n_layer=2, sizes=SIZES, ac=mode)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
             _next_token_loss(model(tokens), tokens).backward()
         live = peak = 0
         for _, action, _, size in MemoryProfile(prof.profiler.kineto_results).timeline:
@@ -122,7 +123,8 @@ def test_the_activations_per_mode_in_the_models_output_are_the_bytes_hooked(mode
     traced = TracedMemory(4, 16, {("autocast", m): _points(m, CPU) for m in ("none", "full", "op")})
     work = Workload.from_preset("llama3-8b", micro_batch_size=3, tokens_per_micro_batch=48,
                                 checkpointing=parse_checkpointing(mode), traced_memory=traced)
-    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=1.0), Cluster(RingComm(100.0, 1.0, 2), 1, 2)))
+    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=1.0),
+                               Cluster(RingComm(100.0, 1.0, 2), 1, 2)))
     parts = pred.strategies["ddp_synced"].memory.parts_gb
     model, tokens, loss_fn = build("llama3-8b", micro_batch=3, seq_len=16, n_layer=4, sizes=SIZES, ac=mode)
     hooked = saved_activation_bytes(model, tokens, loss_fn)
@@ -135,7 +137,8 @@ def test_the_blocks_of_the_presets_and_the_synthetic_model_are_found():
         assert repeated_blocks(module) == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
         assert repeated_blocks(module, "transformer.h") == repeated_blocks(module)
         assert repeated_blocks(module, "no.such.module") is None
-        synthetic, _, _, _ = build_on_meta("topoprof.zoo.preset_modules:build_synthetic", {"micro_batch": 1, "seq_len": 8},
+        synthetic, _, _, _ = build_on_meta("topoprof.zoo.preset_modules:build_synthetic",
+                                           {"micro_batch": 1, "seq_len": 8},
                                            {"params": 2_000_000, "n_layer": 2})
         assert repeated_blocks(synthetic) == ["blocks.0", "blocks.1"]
 

@@ -81,7 +81,8 @@ def test_the_rate_says_where_it_came_from():
     _, unknown = comm_from_topology(_topo("01"), [0, 1])
     assert "unknown" in unknown["nvlink_rate"] and "--gpu" in unknown["nvlink_rate"]
     _, nvml = comm_from_topology(_topo("18", nvml="dgx_h100_nvswitch"))
-    assert nvml["nvlink_rate"].startswith("NVLink sm90 (20.6 GB/s per link)") and nvml["nvlink_rate"].endswith("the topology")
+    assert nvml["nvlink_rate"].startswith("NVLink sm90 (20.6 GB/s per link)")
+    assert nvml["nvlink_rate"].endswith("the topology")
     _, pcie = comm_from_topology(_topo("24"))
     assert "nvlink_rate" not in pcie
 

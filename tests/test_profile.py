@@ -344,8 +344,10 @@ def test_profile_command_refuses_a_gpu_that_is_not_there_and_a_folder_it_cannot_
 
 def test_profile_help_and_the_profile_model_import_no_torch():
     code = ("import sys\nimport topoprof.cli as c\n"
-            "import topoprof.model.compute.profile, topoprof.model.compute.profile_scale, topoprof.model.compute.profile_facts\n"
-            "import topoprof.report.text_profile, topoprof.measure.profile, topoprof.probes.device_profile.profile_worker, topoprof.probes.device_profile.clock\n"
+            "import topoprof.model.compute.profile, topoprof.model.compute.profile_scale, "
+            "topoprof.model.compute.profile_facts\n"
+            "import topoprof.report.text_profile, topoprof.measure.profile, "
+            "topoprof.probes.device_profile.profile_worker, topoprof.probes.device_profile.clock\n"
             "try:\n    c.main(['profile', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'matplotlib', 'pynvml') if m in sys.modules]\n"
             "assert not heavy, heavy")

@@ -54,7 +54,8 @@ def _pred(synced, no_sync, dp, fp16, k=8, exposed=0.1):
     def s(step):
         return {"step_time_s": step, "comm_exposed_s": exposed, "samples_per_s": 1 / step, "speedup_vs_ddp_synced": 1.0}
     return {"inputs": {"accumulation_steps": {"value": k}, "world_size": {"value": 4}},
-            "strategies": {"ddp_synced": s(synced), "ddp_no_sync": s(no_sync), "dp": s(dp) if dp else {"step_time_s": None},
+            "strategies": {"ddp_synced": s(synced), "ddp_no_sync": s(no_sync),
+                           "dp": s(dp) if dp else {"step_time_s": None},
                            "ddp_fp16_compress": s(fp16)}}
 
 

@@ -90,7 +90,8 @@ def test_calibration_feeds_the_model(tiny_run):
                 "--world-size", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     inputs = json.loads(proc.stdout)["inputs"]
-    assert inputs["micro_batch_time_s"]["source"].startswith("calibration") or "calibration" in inputs["micro_batch_time_s"]["source"]
+    source = inputs["micro_batch_time_s"]["source"]
+    assert source.startswith("calibration") or "calibration" in source
 
 
 def test_one_rank_measures_ddps_own_costs_and_predicts_nothing(tmp_path):

@@ -278,7 +278,9 @@ def run_rank(ctx, config: dict) -> None:
         from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 
         ctx.progress(f"tracing {config['spec']} on meta")
-        record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
-                                                                   config.get("target"), ctx.progress, config.get("unit"),
+        record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"],
+                                                                   config.get("kwargs"),
+                                                                   config.get("target"), ctx.progress,
+                                                                   config.get("unit"),
                                                                    config.get("ac"))])[0]
     ctx.emit("user_model", **record)

@@ -223,12 +223,14 @@ class _Run:
             spec_from_log = next((s for s in COLLECTIVES.values() if s.nccl_tests_binary == f"{binary}_perf"), None)
             if spec_from_log is None:
                 supported = ", ".join(s.nccl_tests_binary for s in COLLECTIVES.values())
-                raise ParseError(self.source, number, f"log is from {binary}_perf, which is not supported; supported: {supported}")
+                raise ParseError(self.source, number, f"log is from {binary}_perf, which is not supported; supported: "
+                                                      f"{supported}")
         if requested is not None:
             spec = get_collective(requested)
             if spec_from_log is not None and spec_from_log is not spec:
                 raise ParseError(
-                    self.source, found[0], f"log is from {spec_from_log.nccl_tests_binary} but collective={requested!r} was given"
+                    self.source, found[0], f"log is from {spec_from_log.nccl_tests_binary} but "
+                                           f"collective={requested!r} was given"
                 )
             return spec, "log" if spec_from_log is not None else "argument"
         if spec_from_log is not None:
@@ -253,7 +255,8 @@ class _Run:
         groups = 2 if len(tokens) >= 11 else 1
         return len(tokens) - 4 * groups, groups
 
-    def row(self, number: int, tokens: list[str], spec: CollectiveSpec, nranks: int | None) -> tuple[BenchRow, bool, bool]:
+    def row(self, number: int, tokens: list[str], spec: CollectiveSpec,
+            nranks: int | None) -> tuple[BenchRow, bool, bool]:
         """The row and whether its algbw and busbw agree with recomputation."""
         lead, groups = self._row_layout(number, tokens)
         if not _UINT_RE.fullmatch(tokens[1]):
@@ -322,7 +325,8 @@ def parse_nccl_tests_runs(
         raise InputError(f"which must be 'out' (out-of-place columns) or 'in' (in-place), got {which!r}")
     blocks = _split_runs(text.splitlines())
     if not blocks:
-        raise ParseError(source, None, "no nccl-tests table rows found (lines like '  8  2  float  sum  -1  12.25  0.00  0.00  0 ...')")
+        raise ParseError(source, None, "no nccl-tests table rows found (lines like '  8  2  float  sum  -1  12.25  "
+                                       "0.00  0.00  0 ...')")
     return [_parse_block(b, source, collective, which) for b in blocks]
 
 
@@ -334,7 +338,8 @@ def parse_nccl_tests(
     if len(runs) > 1:
         second = next(n for n, t in _split_runs(text.splitlines())[1] if _ROW_START_RE.match(_strip(t)))
         raise ParseError(
-            source, second, f"a second nccl-tests run's table starts here ({len(runs)} runs in all); read them with parse_nccl_tests_runs()"
+            source, second, f"a second nccl-tests run's table starts here ({len(runs)} runs in all); read them with "
+                            f"parse_nccl_tests_runs()"
         )
     return runs[0]
 

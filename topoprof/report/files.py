@@ -136,9 +136,11 @@ def load_report(path: str) -> dict:
 
     doc = load_json(path)
     if doc.get("kind") != "scan":
-        raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof scan`")
+        raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof "
+                         f"scan`")
     from topoprof.jsonio import SCHEMA_VERSION
 
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this topoprof reads")
+        raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this "
+                         f"topoprof reads")
     return doc

@@ -115,7 +115,8 @@ def _copies(opts):
     elif copies is not None and not status.detail:
         kinds = sorted({m["kind"] for m in copies.get("measurements", [])})
         status = replace(status, detail=f"{len(copies.get('measurements', []))} copies measured "
-                                                    f"({', '.join(kinds)}), {copies.get('size_bytes', 0) >> 20} MiB each")
+                                                    f"({', '.join(kinds)}), {copies.get('size_bytes', 0) >> 20} MiB "
+                                                    f"each")
     return copies, status
 
 
@@ -264,10 +265,14 @@ def run(opts, stages, out_dir: str) -> Written | None:
     failed_part_way = bench.status != "ok" and bool(bench.rows)
     report = envelope("scan", {
         "status": "error" if failed_part_way else "ok", "error": bench.error,
-        "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
-        "inputs": {k: v for k, v in opts.__dict__.items() if k not in ("user_record", "device_profile")}, "versions": versions(bench.metadata), "environment": environment(),
+        "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary,
+                 "banner": banner},
+        "inputs": {k: v for k, v in opts.__dict__.items() if k not in ("user_record", "device_profile")},
+                               "versions": versions(bench.metadata), "environment": environment(),
         "probes": probes,
-        "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend, bench.metadata.get("ranks") or ())), "bench": bench_payload(bench), "copies": copies,
+        "topology": topology,
+        "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend, bench.metadata.get("ranks") or ())),
+        "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
         "what_if": what_if,
         "validation": validation_payload(vres, vopts, opts),

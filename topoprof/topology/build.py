@@ -377,10 +377,13 @@ def _consistency_notes(smi, nvml) -> tuple[str, ...]:
         for g in nvml.gpus:
             if g.lost:
                 notes.append(f"GPU {g.index} is lost (NVML_ERROR_GPU_IS_LOST): reset or reboot needed")
-            gen_low = g.pcie_gen_current is not None and g.pcie_gen_max is not None and g.pcie_gen_current < g.pcie_gen_max
-            width_low = g.pcie_width_current is not None and g.pcie_width_max is not None and g.pcie_width_current < g.pcie_width_max
+            gen_low = (g.pcie_gen_current is not None and g.pcie_gen_max is not None
+                       and g.pcie_gen_current < g.pcie_gen_max)
+            width_low = (g.pcie_width_current is not None and g.pcie_width_max is not None
+                         and g.pcie_width_current < g.pcie_width_max)
             if width_low:
-                notes.append(f"GPU {g.index} PCIe link runs x{g.pcie_width_current} below its x{g.pcie_width_max}: check the slot/riser")
+                notes.append(f"GPU {g.index} PCIe link runs x{g.pcie_width_current} below its x{g.pcie_width_max}: "
+                             f"check the slot/riser")
             elif gen_low:
                 notes.append(f"GPU {g.index} PCIe link at Gen{g.pcie_gen_current} below Gen{g.pcie_gen_max} "
                              "(normal at idle: GPUs lower the link speed to save power; check under load)")

@@ -47,7 +47,8 @@ def _gpu_rows(topology: Topology) -> list[str]:
     for g in topology.gpus:
         pcie = "-"
         if g.pcie_gen_max is not None:
-            pcie = f"Gen{_opt(g.pcie_gen_current)}x{_opt(g.pcie_width_current)} / Gen{g.pcie_gen_max}x{_opt(g.pcie_width_max)}"
+            pcie = (f"Gen{_opt(g.pcie_gen_current)}x{_opt(g.pcie_width_current)} "
+                    f"/ Gen{g.pcie_gen_max}x{_opt(g.pcie_width_max)}")
         cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}" if g.compute_capability else "-"
         name = "LOST" if g.lost else _opt(g.name)
         job = [marks.get(g.index, "-")] if marks is not None else []

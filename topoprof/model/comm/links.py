@@ -255,7 +255,8 @@ def measured_comm(rows, fit, world_size: int, source: str):
 
     def curve(name):
         return tuple(sorted({get(r, "size_bytes"): get(r, "time_us") for r in rows
-                             if get(r, "collective") == name and not get(r, "wrong") and get(r, "time_us") > 0}.items()))
+                             if get(r, "collective") == name and not get(r, "wrong")
+                             and get(r, "time_us") > 0}.items()))
 
     curves = tuple((name, curve(name)) for name in ("all_gather", "reduce_scatter") if curve(name))
     return MeasuredComm(latency_us=fit.latency_us if hasattr(fit, "latency_us") else fit["latency_us"],

@@ -85,7 +85,8 @@ def nearest_profile(gpu: str, precision: str, candidates=None) -> Choice | None:
         except InputError:
             continue
         same, cc = source.name == target.name, source.compute_capability
-        rule = 0 if same else 1 if cc == target.compute_capability else 2 if cc[0] == target.compute_capability[0] else 3
+        rule = (0 if same else 1 if cc == target.compute_capability
+                else 2 if cc[0] == target.compute_capability[0] else 3)
         distance = abs((cc[0] * 10 + cc[1]) - (target.compute_capability[0] * 10 + target.compute_capability[1]))
         ranked.append(((rule, distance, _preference(profile)), path, profile))
     if not ranked:
@@ -145,7 +146,8 @@ def pricer_for(gpu: str | None, precision: str, compiled: bool, profile: DeviceP
 
 
 def _another_architecture(profiled: str, gpu: str) -> str:
-    return f"{profiled} is another architecture than {gpu}: its kernels differ beyond the datasheet ratios the range spans"
+    return (f"{profiled} is another architecture than {gpu}: its kernels differ beyond the datasheet ratios "
+            "the range spans")
 
 
 def check_pricable(profile: DeviceProfile, gpu: str | None, precision: str, where: str) -> None:

@@ -135,7 +135,8 @@ def profile_from_gpu_facts(jsonl_lines: Iterable[str], source: str = "shared/gpu
         "schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
         "tool": {"name": "opbench.py", "version": None}, "host": None, "created_utc": day,
         "source": f"converted from {source} (shared/gpu-facts/opbench.py output)",
-        "citation": citation or f"measured on an {device}, torch {facts.get('torch')}, {day or 'date unknown'} ({source})",
+        "citation": citation or f"measured on an {device}, torch {facts.get('torch')}, {day or 'date unknown'} "
+                                f"({source})",
         "quick": bool(facts.get("quick", False)), "seconds": None, "dtype": _DTYPE,
         "machine": {"kind": "cuda", "device": device, "cuda": facts.get("cuda"), "torch": facts.get("torch"),
                     "created_utc": day, **extra,

@@ -163,7 +163,8 @@ def collective_times(plan: FsdpPlan, setting: FsdpSetting, shard: CommModel,
     if setting.overhead is not None:  # validate measured FSDP's own work: the copies are in it
         return Collectives(tuple(ag), tuple(rs), ar)
     return Collectives(tuple(ag), tuple(rs), ar, *group_copies_s(plan, n, setting.param_bytes, setting.reduce_bytes,
-                                                                  setting.own_param_bytes, setting.memory_bandwidth_gbps))
+                                                                  setting.own_param_bytes,
+                                                                 setting.memory_bandwidth_gbps))
 
 
 def _memory_s(setting: FsdpSetting, traffic_bytes: float) -> float:

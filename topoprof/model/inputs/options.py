@@ -108,7 +108,8 @@ def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
     where = "on NVSwitch" if link.kind == "NVLink" else "over PCIe"
     line = (f"assumed {spec.name}'s standard node: {gpn} GPUs {where} (up to {STANDARD_NODE_GPUS} per node), "
             f"{link.basis}; --link-bandwidth or --topology overrides")
-    return links.standard_node_comm(link, gpn), gpn, {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)}
+    return (links.standard_node_comm(link, gpn), gpn,
+            {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)})
 
 
 def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None):
@@ -188,7 +189,8 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         record, order = _user_model_here(w, compute, progress)
         timed = "passes" in record  # else traced on meta only
         stands = timed and _timing_stands(record, compute)
-        workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory") if stands else None)
+        workload = Workload(user_layout(record, order), **work_kw,
+                            measured_memory=record.get("memory") if stands else None)
         notes += [order.note] if order.note else []
         if record.get("checkpointing"):
             notes.append(describe_wrapped(record["checkpointing"]))
@@ -202,11 +204,13 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         elif timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
             notes.append(_timed_elsewhere_note(user_compute(record), record, compute.gpu))
         memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
-        if timed and not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
+        # measured here: the model beside it
+        if timed and not modelled and why is None and record["device"].startswith("cuda"):
             from topoprof.model.compute.traced import priced
 
             modelled, why = priced(record.get("op_trace"), compute.gpu or record.get("device_name") or "GPU0",
-                                   compute.precision, compute.compiled, None, _gpu_profile(compute), compute.gpu_profile)
+                                   compute.precision, compute.compiled, None, _gpu_profile(compute),
+                                   compute.gpu_profile)
             if why is not None:
                 notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     else:
@@ -421,5 +425,6 @@ def _read_calibration(path: str) -> dict:
     calibration = doc.get("calibration", doc)
     found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}
     if "micro_batch_time_s" not in found:
-        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` output)")
+        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` "
+                         f"output)")
     return found

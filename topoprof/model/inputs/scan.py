@@ -207,7 +207,8 @@ def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: 
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
     compute = Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
                       origins=tuple((k, source) for k in keys))
-    return compute, source + (f"; its ops could not be priced beside it ({unpriced})" if not modelled and unpriced else "")
+    return compute, source + (f"; its ops could not be priced beside it ({unpriced})"
+                              if not modelled and unpriced else "")
 
 
 def composed_comm(levels: dict, world_size: int):
@@ -261,7 +262,8 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
     # cross-check in the report, not the prediction's input.)
     comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
     nodes = job_nodes(levels or {})
-    sizes = [None] if opts.preset or opts.user_record is not None else ([opts.params] if opts.params else list(DEFAULT_MODELS))
+    sizes = ([None] if opts.preset or opts.user_record is not None
+             else ([opts.params] if opts.params else list(DEFAULT_MODELS)))
     out = []
     for size in sizes:
         workload, label = _workload(opts, size)
@@ -328,8 +330,8 @@ def single_gpu_what_ifs(opts, gpu) -> dict:
     elif opts.user_record is not None or timed_preset(opts, size) is not None:  # timed on this GPU
         compute, source = _compute(opts, workload, None, None, gpu.name, size)
     else:
-        return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model PATH.py:CALLABLE "
-                                           "(timed here) or --micro-batch-time SECONDS"}
+        return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model "
+                                           "PATH.py:CALLABLE (timed here) or --micro-batch-time SECONDS"}
     return {**what_ifs(workload, compute, gpu, opts.accum), "label": label, "compute_source": source,
             # nothing timed where a timing was due: its failure is in the source, the datasheet stood in
             "timing_failed": compute.micro_batch_time_s is None,

@@ -184,7 +184,8 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
     needed = sorted({(mode, wanted_sequences[m]) for text, m in wanted
                      for mode in (("none", "full") if parsed[text].mode == "layer" else (parsed[text].mode,))})
     keys = [(mode, m, d) for mode, m in needed for d in DEPTHS]
-    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target_for(precision, profile, gpu))
+    traces = trace_models(shape.spec, shape.kwargs,
+                          [_variant(mode, d, m, shape.seq_len, target_for(precision, profile, gpu))
                                                      for mode, m, d in keys])
     if isinstance(traces, dict):
         return traces["failure"]

@@ -148,7 +148,8 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
         low, high = held.total_range
         reserved = held.reserved_range
         out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
-                           held.total / holding.GB, basis, capacity, f.fits, f.reason, (low / holding.GB, high / holding.GB),
+                           held.total / holding.GB, basis, capacity, f.fits, f.reason,
+                           (low / holding.GB, high / holding.GB),
                            part_sources(name, count, model, measured is not None), held.allocated / holding.GB,
                            held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB))
     return out
@@ -171,11 +172,13 @@ def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryMod
                    "logits": f"{traced}: what the layers after the last block and the loss keep (a language model's "
                              f"final norm and the logits' log-probabilities; {mb.logits_detail})",
                    "param_copies": (f"none: {count.fsdp_source}" if fsdp else
-                                    f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared when "
-                                    "the forward's autocast region ends, the tensors saved for backward keep theirs)"),
+                                    f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared "
+                                    "when the forward's autocast region ends, the tensors saved for backward keep "
+                                    "theirs)"),
                    "backward_transient": f"{traced}: the most the pass holds above what its forward ends with: in "
                                          "backward, the parameters' gradients apart (the loss's gradient, a recompute, "
-                                         "activation gradients), or in the forward (the loss's fp32 upcast), the larger"}
+                                         "activation gradients), or in the forward (the loss's fp32 upcast), the "
+                                         "larger"}
     sources["optimizer_transient"] = (
         (environment.OPTIMIZER_TRANSIENT_BASIS.get(model.optimizer, "not counted") if model.environment else
          "the for-loop optimizer, torch's default on CPU ranks: one tensor's state at a time (torch/optim/adam.py "

@@ -209,7 +209,8 @@ def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
                     if cl.backend in BLOCKING_BACKENDS else "NCCL: collectives on streams beside compute")}
     try:
         out["fsdp_groups"] = (describe_plan(fsdp_plan(work.layout, work.fsdp_unit)),
-                              f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then the root")
+                              f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then "
+                              f"the root")
     except InputError as err:
         out["fsdp_groups"] = (None, str(err))
     for key in (*FSDP_OVERHEAD_KEYS, "fsdp_optimizer_time_s"):

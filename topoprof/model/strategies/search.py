@@ -186,8 +186,8 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
                      if table[mode][n].micro_batch} | {(mode, now) for mode in modes})
     if price is None:
         return {"fastest_reason": "the compute at other micro-batches and modes is not priced here (it was measured "
-                                  "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them from "
-                                  "the model's own ops"}
+                                  "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them "
+                                  "from the model's own ops"}
     priced = price(wanted)
     if isinstance(priced, str):
         return {"fastest_reason": f"the compute at other sizes and modes could not be priced ({priced})"}
@@ -203,7 +203,8 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
                 continue
             if result.memory is None or result.memory.fits is not True:
                 continue
-            candidates.append(Candidate(name, mode, m, result.step_time_s, result.samples_per_s, result.memory.total_gb))
+            candidates.append(Candidate(name, mode, m, result.step_time_s, result.samples_per_s,
+                                        result.memory.total_gb))
     candidates.sort(key=lambda c: -c.samples_per_s)
     costs = []
     base = priced.get(("none", now))

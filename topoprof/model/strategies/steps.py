@@ -96,8 +96,8 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     # timeline shows them: in compute and in the exposed tail.
     tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s / 2
     # waiting for the slowest rank counts as compute, as validate measures it (rotations.step_parts)
-    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2)
-            + straggler_s(res, n),
+    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s)
+            + n * (slowed + timeline.copies_s / 2) + straggler_s(res, n),
             "exposed_comm": n * tail, "optimizer": res.optimizer_s}
 
 
@@ -269,7 +269,8 @@ FORMULAS = {
     "ddp_fp16_compress": "k*(c + o + E_fp16) + W_k + T_opt",
     # FSDP: F = one micro-batch's timeline (topoprof.model.fsdp): forward and backward compute,
     # FSDP's own work per group, the collectives it leaves exposed
-    "fsdp_full_shard": "k*F_sync(all-gather in forward and again in backward, reduce-scatter per group) + W_k + T_opt/n",
+    "fsdp_full_shard": ("k*F_sync(all-gather in forward and again in backward, reduce-scatter per group) "
+                        "+ W_k + T_opt/n"),
     "fsdp_full_shard_no_sync": "(k-1)*F_nosync + F_sync: no reduce-scatter until the last micro-batch; + W_k + T_opt/n",
     "fsdp_shard_grad_op": "k*F_sync(all-gather in forward only, reduce-scatter per group) + W_k + T_opt/n",
     "fsdp_shard_grad_op_no_sync": "(k-1)*F_nosync + F_sync, no backward all-gather; + W_k + T_opt/n",
@@ -298,8 +299,8 @@ ASSUMPTIONS = (
     "(the all-gather's copy-in on its own stream, its copy-out and the reduce-scatter's chunk-cat on the compute "
     "stream) at the memory bandwidth, 73-86 % of a datasheet's; its hooks' host steps at 6.2-10.7 us each on a GPU, "
     "counted where the device's time (from the model's ops) does not hide them; where the compute is not priced "
-    "from its ops, all of them, and none at the range's fast end (the host ahead throughout); compute slowed by NCCL's SMs "
-    "while any collective runs; each parameter padded to a multiple "
+    "from its ops, all of them, and none at the range's fast end (the host ahead throughout); compute slowed by NCCL's "
+    "SMs while any collective runs; each parameter padded to a multiple "
     "of the shard count; the no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not "
     "modelled",
     "HSDP: per group an all-gather and a reduce-scatter over the GPUs of a node, then its reduced shard all-reduced "
@@ -318,7 +319,8 @@ DDP_COST_PARTS = {
                         "(src/enqueue.cc, src/graph/connect.cc), on CPU ranks gloo's threads share the cores"),
     "ddp_kernels": ("gradient tensors and buckets",
                     "a copy into and out of its bucket per gradient, an all-reduce launch per bucket (reducer.cpp)"),
-    "copy_traffic": ("gradient bytes over memory bandwidth", "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),
+    "copy_traffic": ("gradient bytes over memory bandwidth",
+                     "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),
     "ddp_hooks": ("micro-batches", "DDP's forward and autograd hooks, measured by validate (0 unless measured)"),
     "slowest_rank": ("ranks (the expected maximum of that many) and compute per micro-batch",
                      "every sync waits for the slowest rank (topoprof.model.ddp.gpu_costs.straggler_wait_s)"),

@@ -64,7 +64,8 @@ def pcie(gpu) -> Link | None:
     if nccl is None:
         return None
     return Link("PCIe", (nccl, raw or nccl), constants.HOP_LATENCY_US["PCIE"],
-                f"PCIe Gen{gen} x{width} peer to peer, {nccl:g}..{(raw or nccl):.1f} GB/s (NCCL topo.cc .. raw after encoding)")
+                f"PCIe Gen{gen} x{width} peer to peer, {nccl:g}..{(raw or nccl):.1f} GB/s (NCCL topo.cc .. raw after "
+                f"encoding)")
 
 
 def standard_link(name: str) -> Link | None:
@@ -112,7 +113,8 @@ def _case(label: str, workload, compute, accum: int, nodes: int, gpus_per_node: 
             "world_size": nodes * gpus_per_node, "basis": link.basis, "bandwidth_gbps": list(link.bandwidth_gbps),
             "step_time_s": {name: [fast[name], slow[name]] for name in STRATEGIES},
             # what no_sync saves over syncing every micro-batch, at the slow and the fast end
-            "no_sync_saving": [1 - slow["ddp_no_sync"] / slow["ddp_synced"], 1 - fast["ddp_no_sync"] / fast["ddp_synced"]]}
+            "no_sync_saving": [1 - slow["ddp_no_sync"] / slow["ddp_synced"],
+                               1 - fast["ddp_no_sync"] / fast["ddp_synced"]]}
 
 
 def what_ifs(workload, compute, gpu, accum: int) -> dict:

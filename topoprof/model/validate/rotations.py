@@ -142,7 +142,8 @@ def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
     def less(samples: list[float], level: float) -> Spread | None:
         return spread([x - level for x in samples])
 
-    out = {"fsdp_forward_cost_s": less([x for (w, k, part), v in passes.items() if part == "forward" for x in v], plain_f),
+    out = {"fsdp_forward_cost_s": less([x for (w, k, part), v in passes.items() if part == "forward" for x in v],
+                                       plain_f),
            "fsdp_backward_cost_s": less(passes.get(("shard_grad_op", "sync", "backward"), []), plain_b),
            "fsdp_backward_no_sync_cost_s": less(passes.get(("shard_grad_op", "no_sync", "backward"), []), plain_b)}
     keep = [x for kind in ("no_sync", "sync") for x in passes.get(("shard_grad_op", kind, "backward"), [])]

@@ -6,9 +6,9 @@ per micro-batch alone and through DDP's hooks, the optimizer), one step of each 
 timeline, each bucket's all-reduce alone and the interference between compute and communication
 are measured in turns, so that a drifting machine moves inputs and steps together; then the
 numerics check. FSDP2's modes join the rotations when asked for (`--modes`, or `all`), with the
-inputs their timeline needs (topoprof.model.fsdp). Every mode is predicted from the measured inputs (`topoprof.model.validate.rotations`
-says which statistic of each), with a range from their spread, and compared with what it measured,
-part by part: compute, exposed communication, optimizer, the rest.
+inputs their timeline needs (topoprof.model.fsdp). Every mode is predicted from the measured inputs
+(`topoprof.model.validate.rotations` says which statistic of each), with a range from their spread, and compared with
+what it measured, part by part: compute, exposed communication, optimizer, the rest.
 """
 from __future__ import annotations
 
@@ -157,7 +157,8 @@ class ValidateResult:
             step, predicted = meas.get("step_time_s"), pred.get("step_time_s")
             err = None if step is None or predicted is None else 100.0 * (predicted - step) / step
             if meas.get("per_rotation_s") and pred.get("per_rotation_s"):  # matched rotations
-                err = 100.0 * (statistics.median(p / m for p, m in zip(pred["per_rotation_s"], meas["per_rotation_s"])) - 1)
+                ratios = (p / m for p, m in zip(pred["per_rotation_s"], meas["per_rotation_s"]))
+                err = 100.0 * (statistics.median(ratios) - 1)
             low, high = pred.get("range_s") or (None, None)
             out[mode] = {"measured_step_s": step, "predicted_step_s": predicted, "error_pct": err,
                          "predicted_range_s": pred.get("range_s"),
@@ -233,7 +234,8 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
             f"over {kernels} kernels (ddp_kernel_s)")}
     return {"ddp_copy_bandwidth_gbps": traffic / copies_s / 1e9, "ddp_copies_basis": (
         f"DDP's copies {copies_s * 1e3:.2f} ms for {traffic / 1e9:.3f} GB of traffic: one effective copy rate "
-        "(ddp_copy_bandwidth_gbps), as they ran faster than the measured memory bandwidth or the tensors are not known")}
+        "(ddp_copy_bandwidth_gbps), as they ran faster than the measured memory bandwidth "
+        "or the tensors are not known")}
 
 
 def _fsdp_per_group(cal: dict, layout: Layout | None) -> dict:
@@ -355,7 +357,8 @@ def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
     from topoprof.model.strategies.resolve import resolve
     from topoprof.model.strategies.steps import step_components
 
-    steps = [getattr(model_predict(inputs, parts=False).strategies.get(mode), "step_time_s", None) for inputs in per_rotation]
+    steps = [getattr(model_predict(inputs, parts=False).strategies.get(mode), "step_time_s", None)
+             for inputs in per_rotation]
     if any(s is None for s in steps):
         return {"step_time_s": None}
     parts = None
