@@ -197,7 +197,8 @@ def _timed_passes(step, cuda: bool, repeats: int, say=lambda text: None) -> tupl
     """At least `repeats` timed passes; on a GPU on until GPU_TIMED_S have passed, within
     MAX_PASSES_PER_REPEAT x repeats. The first also reads the memory by phase (the warm-up
     left the optimizer's state and the allocator's blocks in place)."""
-    passes, optimizer_s = [], []
+    passes: list[dict] = []
+    optimizer_s: list[float] = []
     limit = repeats * (MAX_PASSES_PER_REPEAT if cuda else 1)
     start = time.perf_counter()
     while len(passes) < limit and (len(passes) < repeats or (cuda and time.perf_counter() - start < GPU_TIMED_S)):

@@ -64,7 +64,7 @@ class BenchResult:
     error: str | None = None
     nccl: list[dict] = field(default_factory=list)   # per-rank NCCL log summaries
     nccl_explained: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
+    wall_s: float | None = 0.0
 
     def fits(self) -> dict:
         """Per collective, over the whole job's rows (the level every single-node run has). None on

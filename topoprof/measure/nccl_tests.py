@@ -165,7 +165,8 @@ class _Run:
         self.rows: list[tuple[int, list[str]]] = []
         self.ranks: dict[int, tuple[str, str]] = {}
         self.per_process: int | None = None
-        self.nccl_version = self.tests_version = None
+        self.nccl_version: str | None = None
+        self.tests_version: str | None = None
         self.starting: tuple[int, str] | None = None
         self.binary: tuple[int, str] | None = None
         self.oob: int | None = None
@@ -228,6 +229,7 @@ class _Run:
         if requested is not None:
             spec = get_collective(requested)
             if spec_from_log is not None and spec_from_log is not spec:
+                assert found is not None  # the log named its binary
                 raise ParseError(
                     self.source, found[0], f"log is from {spec_from_log.nccl_tests_binary} but "
                                            f"collective={requested!r} was given"
@@ -241,6 +243,7 @@ class _Run:
         """(number of columns before the first time column, number of 4-column groups)."""
         lay = self.layout
         if lay.lead is not None:
+            assert lay.groups is not None  # read from the same header as `lead`
             expected = len(lay.lead) + 4 * lay.groups
             if len(tokens) != expected:
                 names = " ".join(lay.lead + lay.group * lay.groups)
@@ -269,8 +272,8 @@ class _Run:
         t_tok, a_tok, b_tok, w_tok = tokens[at : at + 4]
         names = self.layout.group
         time_us = _number(t_tok, names[0], label, self.source, number)
-        alg = _number(a_tok, names[1], label, self.source, number)
-        bus = _number(b_tok, names[2], label, self.source, number)
+        alg: float | None = _number(a_tok, names[1], label, self.source, number)
+        bus: float | None = _number(b_tok, names[2], label, self.source, number)
         wrong = _wrong(w_tok, names[3], label, self.source, number)
         size = int(tokens[0])
         if nranks == 1:  # nccl-tests prints S / t and a busbw of 0; one rank moves nothing between GPUs

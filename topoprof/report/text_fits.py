@@ -121,7 +121,7 @@ def memory_parts_lines(payload: dict) -> list[str]:
         if mems[n].get("peak_at"):
             where.setdefault(mems[n]["peak_at"], []).append(n)
     out += [f"  peak of {', '.join(names)}: at {text}" for text, names in where.items()]
-    sources = {}
+    sources: dict[str, list[str]] = {}
     for n in columns:
         for key, text in (mems[n].get("sources") or {}).items():
             sources.setdefault(key, [])

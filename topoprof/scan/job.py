@@ -81,7 +81,7 @@ def _recommendations(report: dict) -> list:
     recs += rec.gpu_choice_recommendations(topo)
     numa = rec.numa_recommendation(topo)
     recs += [numa] if numa else []
-    overrides = {}
+    overrides: dict[str, str] = {}
     for log in (report["bench"].get("nccl") or {}).get("logs", []):
         overrides.update(log.get("env_overrides") or {})
     recs += rec.environment_recommendations(topo, report["environment"], overrides)

@@ -25,7 +25,9 @@ class Stages:
     """Wall time per stage, and a progress line on a terminal."""
 
     def __init__(self, show: bool):
-        self.show, self.times, self._t = show, {}, None
+        self.show = show
+        self.times: dict[str, float] = {}
+        self._t = 0.0
         self.start = time.monotonic()
 
     def begin(self, name: str) -> None:
@@ -107,7 +109,7 @@ def versions(bench_metadata: dict | None = None) -> dict:
 
     from topoprof import __version__
 
-    out = {"topoprof": __version__, "python": platform.python_version()}
+    out: dict[str, str | None] = {"topoprof": __version__, "python": platform.python_version()}
     meta = bench_metadata or {}
     try:
         out["torch"] = meta.get("torch_version") or metadata.version("torch")

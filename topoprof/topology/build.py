@@ -301,8 +301,9 @@ def nominal_bandwidth(path, nvlinks, p2p, a: Gpu, b: Gpu, cc_origin: str | None 
 
 
 def _nvlink_bandwidth(nvlinks: int, a: Gpu, b: Gpu, cc_origin: str | None = None):
-    per_link = [constants.nvlink_gbps_per_link(g.compute_capability) for g in (a, b)]
-    if None in per_link:
+    known = [constants.nvlink_gbps_per_link(g.compute_capability) for g in (a, b)]
+    per_link = [r for r in known if r is not None]
+    if len(per_link) < len(known):
         lo, hi = constants.nvlink_gbps_bounds()
         return (None, (nvlinks * lo, nvlinks * hi), True,
                 f"NV{nvlinks}: per-link rate depends on the GPU generation, unknown without NVML "
@@ -330,7 +331,7 @@ def with_compute_capability(topology: Topology, cc: tuple[int, int], origin: str
                      f"{', '.join(map(str, differ))}: the topology's is kept for their NVLink rate")
     if not filled:
         return topology, notes
-    gpus = tuple(replace(g, compute_capability=tuple(cc)) if g.index in filled else g for g in topology.gpus)
+    gpus = tuple(replace(g, compute_capability=(cc[0], cc[1])) if g.index in filled else g for g in topology.gpus)
     by_index = {g.index: g for g in gpus}
     pairs = []
     for p in topology.pairs:

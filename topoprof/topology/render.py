@@ -92,7 +92,7 @@ def _bases(topology: Topology) -> list[str]:
     for basis, pairs in seen.items():
         shown = ", ".join(pairs[:6]) + (f" (+{len(pairs) - 6} more)" if len(pairs) > 6 else "")
         out.append(f"  {basis}   [pairs {shown}]")
-    p2p = {}
+    p2p: dict[str, list[str]] = {}
     for p in topology.pairs:
         p2p.setdefault(f"P2P {p.p2p}: {p.p2p_basis}", []).append(f"{p.gpu_a}-{p.gpu_b}")
     for text, pairs in p2p.items():

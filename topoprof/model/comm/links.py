@@ -39,13 +39,14 @@ def best_ring(topology, gpus: list[int]) -> tuple[list[int], tuple[float, float]
     first, rest = gpus[0], gpus[1:]
     orders = (itertools.permutations(rest) if len(gpus) <= EXHAUSTIVE_RING_LIMIT
               else [tuple(_greedy_ring(topology, gpus)[1:])])
-    best = None
+    best: tuple[list[int], tuple[float, float], str] | None = None
     for tail in orders:
         ring = [first, *tail]
         edges = [_edge(topology, ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
         slowest = min(edges, key=lambda e: (e[0], e[1]))
         if best is None or (slowest[0], slowest[1]) > (best[1][0], best[1][1]):
             best = (ring, (slowest[0], slowest[1]), slowest[2])
+    assert best is not None  # two GPUs or more: one order at least
     return best
 
 

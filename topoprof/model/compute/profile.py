@@ -181,7 +181,8 @@ class DeviceProfile:
         return Read(o.bytes_per_s, f"{o.name}: {o.bytes_per_step:,} B per step over {o.params:,} parameters")
 
     def _grid(self, section: str, *key: Any) -> Grid:
-        return self._grids[(section, *key)]
+        at = (section, *key)
+        return self._grids[at]
 
     @cached_property
     def _grids(self) -> "_Grids":

@@ -294,7 +294,7 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
     order = plan.forward_order()
     compute_start: dict[int, str] = {}
     ag: dict[int, int | None] = {}
-    first_seg = {}
+    first_seg: dict[int, int] = {}
     for s, seg in enumerate(plan.segments):
         first_seg.setdefault(seg.group, s)
 

@@ -5,7 +5,7 @@ or a GPU name. `build_inputs` measures or traces only what the request leaves op
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
@@ -100,6 +100,7 @@ def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
     if link is None:
         raise InputError(f"no link information: --gpu {name} has no nominal link in the datasheet table; give "
                          "--bench FILE, --topology FILE or --link-bandwidth GB/s")
+    assert spec is not None  # a GPU with a standard link is in the datasheet table
     if gpn > STANDARD_NODE_GPUS:
         nodes = -(-gpn * cluster.nodes // STANDARD_NODE_GPUS)
         raise InputError(f"{gpn} GPUs per node: {spec.name}'s standard node holds {STANDARD_NODE_GPUS} and no network "
@@ -124,7 +125,9 @@ def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None)
     origin = f"--gpu {name}"
     used = set(chosen) if chosen is not None else {g.index for g in topology.gpus}
     lacking = any(g.compute_capability is None for g in topology.gpus if g.index in used)
-    topology, notes = with_compute_capability(topology, lookup_gpu(name).compute_capability, origin)
+    spec = lookup_gpu(name)
+    assert spec is not None and spec.compute_capability is not None  # --gpu was looked up before
+    topology, notes = with_compute_capability(topology, spec.compute_capability, origin)
     return topology, origin if lacking else None, notes
 
 
@@ -215,7 +218,7 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
                 notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     else:
         workload = (Workload.from_preset(w.preset, w.image_size, **work_kw) if w.preset
-                    else Workload.from_params(w.param_count, **work_kw))
+                    else Workload.from_params(_param_count(w), **work_kw))
         if w.preset and not compute.given and _this_gpu_predicted(compute):
             measured = _preset_on_this_gpu(w, compute, progress)
             if measured is not None:
@@ -269,6 +272,7 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
         trace_wanted,
     )
 
+    assert w.user_model is not None
     say = progress or (lambda text: None)
     if not (w.time_here or _this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
@@ -294,7 +298,14 @@ def _timing_stands(record: dict, compute: ComputeRequest) -> bool:
                                                     None) is None
 
 
-def _timed_elsewhere_note(measured: dict, record: dict, gpu: str) -> str:
+def _param_count(w: WorkloadRequest) -> int:
+    """--params, where the request names no preset (it names one or the other)."""
+    count = w.param_count
+    assert count is not None
+    return count
+
+
+def _timed_elsewhere_note(measured: dict, record: dict, gpu: str | None) -> str:
     return (f"timed here (--time-here): {measured['micro_batch_time_s'] * 1e3:,.1f} ms per micro-batch on "
             f"{record.get('device_name') or record['device']}, this machine, not the {gpu} predicted: not used")
 
@@ -339,7 +350,7 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
         return {}, f"{timed_gpu} is not in the datasheet table"
     ac = w.checkpointing.text
     request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
-               else params_request(w.param_count, w.micro_batch_size, w.tokens, ac))
+               else params_request(_param_count(w), w.micro_batch_size, w.tokens, ac))
     if progress is not None and not isinstance(request, str):
         progress(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
     return model_on_gpu(request, gpu, compute.precision, compute.compiled, profile, compute.gpu_profile, progress)
@@ -388,9 +399,10 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     from topoprof.workload.presets import context_sequences, is_vision
 
     batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
+    assert preset is not None  # timed only for a preset
     if progress is not None:
         progress(f"timing {preset} on cuda:0 (starting its worker: importing torch)")
-    more = {**({"progress": progress} if progress is not None else {}),
+    more: dict[str, Any] = {**({"progress": progress} if progress is not None else {}),
             **({"sizes": w.preset_sizes} if w.preset_sizes else {})}
     if is_vision(preset):
         return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,

@@ -117,7 +117,8 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         from topoprof.model.inputs.user_model import user_compute
 
         measured = user_compute(opts.user_record)
-        beside, why = {}, None
+        beside: dict = {}
+        why: str | None = None
         if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
             beside, why = priced(opts.user_record.get("op_trace"), *_with_profile(opts, gpu_name, None))
         return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)

@@ -100,7 +100,7 @@ def _step(result):
 
 
 def _strategies(prediction) -> dict:
-    out = {}
+    out: dict = {}
     for name, result in prediction.strategies.items():
         if hasattr(result, "reason"):
             out[name] = None

@@ -107,7 +107,8 @@ def largest(inputs: ModelInputs, names: list[str], mode: str) -> dict[str, Large
 
 def _groups(names: list[str]) -> list[tuple[str, ...]]:
     """The strategies in `names`, those holding the same memory (DDP's) as one group."""
-    out, done = [], set()
+    out: list[tuple[str, ...]] = []
+    done: set[str] = set()
     for name in names:
         if name in done:
             continue
