@@ -217,6 +217,7 @@ def _check_attn_mask_shape(c: SdpaCall):
     if c.mask_requires_grad:
         return "attn_mask requires grad (check_attn_mask_shape returns false, no message)"
     s = c.mshape
+    assert s is not None  # a mask has a shape
     bad = ("Please use the following attn mask shapes: 2d - ({Q_seq_len, 1}  x {KV_seq_len, 1}); "
            "4d - ({Batch, 1} x {Num_heads, 1} x {Q_seq_len, 1}  x {KV_seq_len, 1})")
     if len(s) < 2:
@@ -524,7 +525,7 @@ def saved_for_backward(choice, call: SdpaCall, torch_version: Tuple[int, int] = 
                 ("output", (B, H, Lq, Dv), dt),
                 ("logsumexp", (B, H, Lq, 1) if v.cudnn_lse_4d else (B, H, Lq), "float32"),
                 ("philox_seed", (), "int64"), ("philox_offset", (), "int64")]
-        if c.mask is not None:
+        if c.mshape is not None:  # a mask
             out.append(("attn_bias", tuple(c.mshape), dt if c.mask == "float" else dt + " (from bool)"))
     elif backend == MATH:
         acc = "float32" if (c.dtype in ("fp16", "bf16") and not allow_fp16_bf16_reduction_math) else dt

@@ -164,7 +164,7 @@ def synthetic_layout(params: int, chunks: int = SYNTHETIC_CHUNKS) -> Layout:
     return b.build(f"synthetic-{params}", f"synthetic: {chunks} equal chunks of {params} params")
 
 
-PRESETS: dict[str, Callable[[], Layout]] = {
+PRESETS: dict[str, Callable[..., Layout]] = {
     "bert-base": bert_layout,
     "gpt2": gpt2_layout,
     "gpt2-medium": lambda: gpt2_layout(

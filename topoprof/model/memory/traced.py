@@ -83,7 +83,7 @@ def describe_tensors(rows: list[dict], largest: int = 3) -> str:
     return ", ".join(shown + ([f"{len(rows) - largest} more {rest / 1e9:.2g} GB"] if rows[largest:] else []))
 
 
-def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: int) -> float:
+def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: float) -> float:
     """q(L, m) = a + b·L + c·m + d·L·m through the four points at L in {1, 2} and two sizes."""
     m1, m2 = sorted({m for _, m in points})
     q11, q12, q21, q22 = points[(1, m1)], points[(1, m2)], points[(2, m1)], points[(2, m2)]
@@ -115,7 +115,7 @@ class TracedMemory:
         modes = ("none", "full") if ac.mode == "layer" else (ac.mode,)
         return all((variant, m) in self.points for m in modes)
 
-    def count(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> MicroBatchBytes:
+    def count(self, ac: Checkpointing, samples: float, variant: str = "autocast") -> MicroBatchBytes:
         """The parts of a micro-batch of `samples` sequences of the whole model under `ac`."""
         if self.whole:
             return replace(self._at(ac.text, variant, 1, samples),
@@ -152,7 +152,7 @@ class TracedMemory:
             passes[mode] = BlockPass(interpolated(one, two, at), kept[0] + at * (kept[1] - kept[0]), grads)
         return composed(passes, kinds)
 
-    def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
+    def per_block(self, ac: Checkpointing, samples: float, variant: str = "autocast") -> str:
         """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'
         (and for layer:N, a checkpointed one's beside it)."""
         if self.whole:
@@ -165,7 +165,7 @@ class TracedMemory:
             return f"a block keeps {one('none'):.3g} GB, a checkpointed one {one('full'):.3g} GB"
         return f"a block keeps {one(ac.mode):.3g} GB"
 
-    def _at(self, mode: str, variant: str, blocks: int, samples: int) -> MicroBatchBytes:
+    def _at(self, mode: str, variant: str, blocks: int, samples: float) -> MicroBatchBytes:
         pts = self.points[(variant, mode)]
         values = {}
         deepest = max(d for d, _ in pts)

@@ -51,7 +51,7 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
     trace = (inputs.compute.modelled_detail or {}).get("memory")
     if trace and trace.get("activations_bytes") is not None:  # the model's own autograd graph, at the shape priced
         mb = from_trace(trace)
-        shape = inputs.compute.modelled_detail.get("shape", "the traced shape")
+        shape = (inputs.compute.modelled_detail or {}).get("shape", "the traced shape")
         # FSDP's 16-bit param_dtype gathers 16-bit weights: nothing for autocast to copy
         cast = replace(mb, param_copies=0.0) if work.fsdp_bytes[0] == 2 else None
         return MicroBatchCount(mb.activations, f"counted from the op trace at {shape} ({ac.text}): the tensors "
@@ -120,7 +120,7 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
     intra = getattr(cl.comm, "intra", None) or cl.comm
     return holding.MemoryModel(
         work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes,
-        optimizer=_optimizer_name(inputs.compute.optimizer), world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
+        optimizer=_optimizer_name(inputs.compute.optimizer), world_size=cl.gpus, gpus_per_node=cl.gpus_per_node,
         gradient_as_bucket_view=work.gradient_as_bucket_view,
         largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
         fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],

@@ -74,7 +74,7 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
                echo: dict, notes: list[str]) -> GpuCosts:
     """Each part measured where a calibration has it; else, on a GPU the datasheet table knows,
     its cited what-if range (`end` picks the middle or an end); else not priced, with a note."""
-    comp, n = inputs.compute, inputs.cluster.world_size
+    comp, n = inputs.compute, inputs.cluster.gpus
     on_gpu = gpu_key is not None
     ranges: dict[str, tuple[float, float]] = {}
     kernel = comp.ddp_kernel_s
@@ -190,7 +190,7 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
     notes_list = list(times.warnings)
     gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
-    notes = tuple(w for w in notes_list if cl.world_size > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
+    notes = tuple(w for w in notes_list if cl.gpus > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
     what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
                     times.memory_bandwidth_gbps, echo, notes, gpu, what_if)

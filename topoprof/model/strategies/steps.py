@@ -64,7 +64,7 @@ def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
 
 def straggler_s(res: Resolved, syncs: int) -> float:
     """What a step of `syncs` syncs waits for its slowest rank (`straggler_wait_s`)."""
-    n, k = res.inputs.cluster.world_size, res.inputs.accumulation_steps
+    n, k = res.inputs.cluster.gpus, res.inputs.accumulation_steps
     g = res.gpu
     if n == 1 or (g.speed_spread == 0 and g.jitter == 0):
         return 0.0
@@ -173,7 +173,7 @@ class FsdpJob:
 def fsdp_job(res: Resolved, comm: CommModel, name: str) -> FsdpJob | str:
     """An FSDP strategy's timeline inputs (`topoprof.model.fsdp`), or why it does not apply here."""
     mode, cl, work = MODES[name], res.inputs.cluster, res.inputs.workload
-    if cl.world_size == 1:
+    if cl.gpus == 1:
         return ONE_GPU_REASON
     if mode.hsdp and cl.nodes == 1:
         return HSDP_ONE_NODE_REASON
@@ -198,7 +198,7 @@ def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> FsdpStep | 
     if isinstance(job, str):
         return job
     cl = res.inputs.cluster
-    shards = shard_degree(job.mode, cl.world_size, cl.gpus_per_node)
+    shards = shard_degree(job.mode, cl.gpus, cl.gpus_per_node)
     comp = res.inputs.compute
     t_opt = comp.fsdp_optimizer_time_s if comp.fsdp_optimizer_time_s is not None else res.optimizer_s / shards
     return fsdp_step(job.plan, job.setting, job.coll, job.mode, res.inputs.accumulation_steps, t_opt)
@@ -234,7 +234,7 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
                ) -> dict[str, tuple[float, float] | str]:
     """(step_time_s, comm_exposed_s) per strategy, or why it does not apply."""
     k, c, t_opt = res.inputs.accumulation_steps, res.micro_batch_s, res.optimizer_s
-    if res.inputs.cluster.world_size == 1:
+    if res.inputs.cluster.gpus == 1:
         return {name: (k * c + t_opt, 0.0) if name == "single" else ONE_GPU_REASON
                 for name in STRATEGIES}
     e = ddp_exposed_s(res, buckets, comm)
