@@ -186,6 +186,12 @@ class _Op:
     left: float = 0.0
 
 
+def _op_time(op: _Op) -> OpTime:
+    """A finished op's times (the timeline ends when every op has ended)."""
+    assert op.start is not None and op.end is not None
+    return OpTime(op.kind, op.group, op.start, op.end)
+
+
 @dataclass(frozen=True)
 class Work:
     seconds: float
@@ -411,11 +417,11 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str, recomputes: 
         computing = ci < len(items) and isinstance(items[ci], Work)
         active = []
         for ch in channels:
-            op = head(ch)
-            if op is not None and ready(op):
-                if op.start is None:
-                    op.start = t
-                active.append(op)
+            first = head(ch)
+            if first is not None and ready(first):
+                if first.start is None:
+                    first.start = t
+                active.append(first)
         if not computing and not active:
             if ci >= len(items) and all(op.end is not None for op in ops):
                 break
@@ -443,7 +449,7 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str, recomputes: 
                     left = items[ci].seconds
     else:  # pragma: no cover - the loop ends when every item and op is done
         raise InputError("FSDP timeline did not finish")
-    times = tuple(OpTime(op.kind, op.group, op.start, op.end) for op in ops)
+    times = tuple(_op_time(op) for op in ops)
     spans = tuple(OpTime("recompute", g, reached[a], reached[z]) for g, (a, z) in sorted((recomputes or {}).items()))
     return MicroBatch(t, reached[forward_mark], busy, fsdp, times, parts, spans)
 

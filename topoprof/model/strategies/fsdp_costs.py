@@ -68,6 +68,7 @@ def fsdp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved],
     if middle is None:
         return {}
     slow, fast = fsdp_cost_parts(ends[0], comms[1]), fsdp_cost_parts(ends[1], comms[2])
+    assert slow is not None and fast is not None  # the ends are the middle's job at other rates
     return part_costs(middle, slow, fast, FSDP_COST_PARTS)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
+from topoprof.model.strategies.results import StrategyResult
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
 MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
@@ -200,7 +201,7 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
         for name in names:
             m = table[mode][name].micro_batch
             result = predictions.get((mode, m), {}).get(name) if m else None
-            if result is None or not hasattr(result, "step_time_s"):
+            if not isinstance(result, StrategyResult):
                 continue
             if result.memory is None or result.memory.fits is not True:
                 continue

@@ -92,10 +92,11 @@ def network(gbit: float) -> Link:
 
 def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link, bandwidth: float) -> dict:
     from topoprof.model.comm import links
-    from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.comm.collectives import CommModel, RingComm
     from topoprof.model.strategies.job import Cluster, ModelInputs
     from topoprof.model.strategies.predict import predict
 
+    comm: CommModel
     if nodes == 1:
         comm = RingComm(link_bandwidth_gbps=bandwidth, hop_latency_us=link.hop_latency_us,
                         world_size=gpus_per_node, source=link.basis)
@@ -103,7 +104,7 @@ def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: 
         comm = links.across_nodes(None, nodes, 1, bandwidth, link.hop_latency_us)
     result = predict(ModelInputs(workload, compute, Cluster(comm, nodes=nodes, gpus_per_node=gpus_per_node),
                                  accumulation_steps=accum), parts=False)
-    return {name: result.strategies[name].step_time_s for name in STRATEGIES}
+    return {name: _step_time_s(result.strategies[name]) for name in STRATEGIES}
 
 
 def _case(label: str, workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link) -> dict:
@@ -145,4 +146,12 @@ def _single_step(workload, compute, accum: int) -> float:
     from topoprof.model.strategies.predict import predict
 
     result = predict(ModelInputs(workload, compute, Cluster(SingleGpuComm(), 1, 1), accumulation_steps=accum))
-    return result.strategies["single"].step_time_s
+    return _step_time_s(result.strategies["single"])
+
+
+def _step_time_s(result) -> float:
+    """A what-if's strategy always applies: its step time."""
+    from topoprof.model.strategies.results import StrategyResult
+
+    assert isinstance(result, StrategyResult), result
+    return result.step_time_s

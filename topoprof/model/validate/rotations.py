@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Spread:
         return 50.0 * (self.p75 - self.p25) / self.value if self.value else 0.0
 
 
-def spread(samples: list[float], statistic: str = "median") -> Spread | None:
+def spread(samples: Sequence[float | None], statistic: str = "median") -> Spread | None:
     values = sorted(x for x in samples if x is not None and x == x)
     if not values:
         return None
@@ -153,7 +154,7 @@ def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
+def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread | None]]:
     """(collective, bytes, what one of FSDP's all-gathers or reduce-scatters of that size adds to
     a step on a blocking backend): from the shadow passes before each step (probes/ranks/fsdp.py), the
     plain model's compute with FSDP's collectives where FSDP issues them. Every rank leaves each
@@ -219,6 +220,7 @@ def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None
         out = {}
         for k, values in own.items():
             level = spread(values)
+            assert level is not None  # every rotation timed its compute
             shift = statistics.fmean(pooled[k]) - statistics.median(pooled[k])
             out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
     source = run if run is not None else rotations
@@ -256,7 +258,7 @@ def comm_slowdowns(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     return out
 
 
-def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
+def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread | None]]:
     """(bytes, time of one bucket's all-reduce alone) per bucket size: a collective ends when its
     last rank does, so each rotation counts at the maximum over ranks."""
     numel = rotations[0][0].get("bucket_numel") or []
