@@ -43,7 +43,7 @@ def used_gpus(topology, nproc: int, backend: str, ranks=()) -> list[int]:
         devices = identify(JobView(()), identities, topology.gpus).devices
     if any(d.gpu is None or d.mig for d in devices):
         return []
-    return [d.gpu for d in devices]
+    return [d.gpu for d in devices if d.gpu is not None]  # all of them
 
 
 def _ring(topology, gpus: list[int]) -> dict | None:
@@ -72,7 +72,7 @@ def _recommendations(report: dict) -> list:
         if fewer:
             recs.append(fewer)
     # One model's advice is enough per kind: keep the largest gain of each key.
-    best: dict[str, object] = {}
+    best: dict[str, rec.Recommendation] = {}
     for r in recs:
         if r.key not in best or (r.gain_pct or 0) > (best[r.key].gain_pct or 0):
             best[r.key] = r
@@ -223,9 +223,10 @@ def run(opts, stages, out_dir: str) -> Written | None:
 
         stages.begin("your model")
         device = here_device()  # timed on GPU0: its ops priced beside, from a pass in the same worker
-        traced = {"trace": stated_shape(opts.micro_batch_size, opts.tokens), "target": gpu_target("bf16")} \
-            if device.startswith("cuda") else {}
-        opts = replace(opts, user_record=measure_here(opts.user_model, device=device, **traced))  # bad input: exit 2
+        cuda = device.startswith("cuda")
+        opts = replace(opts, user_record=measure_here(  # bad input: exit 2
+            opts.user_model, device=device, trace=stated_shape(opts.micro_batch_size, opts.tokens) if cuda else None,
+            target=gpu_target("bf16") if cuda else None))
         stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)

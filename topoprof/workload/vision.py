@@ -129,6 +129,6 @@ def resnet_layout(name: str, image_size: int | None = None) -> Layout:
     # avgpool to 1x1, then fc: a matmul applied once per image
     fc = b.linear("fc", inplanes, NUM_CLASSES)
     numel = inplanes * NUM_CLASSES
-    b.use(*fc, flops_per_token=MATMUL_BACKWARD_FLOPS_PER_PARAM * numel,
+    b.use(*filter(None, fc), flops_per_token=MATMUL_BACKWARD_FLOPS_PER_PARAM * numel,
           forward_flops_per_token=MATMUL_FORWARD_FLOPS_PER_PARAM * numel)
     return b.build(name, f"{source}; at {pixels}x{pixels} pixels", unit="image")

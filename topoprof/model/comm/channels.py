@@ -69,7 +69,7 @@ def pack_rings(gpus: Sequence[int], links: Mapping[tuple[int, int], int],
         if a in gpus and b in gpus and count > 0:
             spare[(a, b)] = spare[(b, a)] = count
     rings: list[tuple[int, ...]] = []
-    rates: list[float] = []
+    rates: list[Rate] = []
     while True:
         last = rings[-1] if rings else None
         found = (_best_ring(gpus, spare, per_link, last) if len(gpus) <= exhaustive_limit

@@ -285,9 +285,10 @@ class ClusterRequest:
                 raise InputError(f"{option} {value}: must be >= 1")
         _positive("--link-bandwidth", self.link_bandwidth_gbps, " GB/s")
         _positive("--network-bandwidth", self.network_bandwidth_gbps, " GB/s")
-        for option, value in (("--link-latency", self.link_latency_us), ("--network-latency", self.network_latency_us)):
-            if value is not None and value < 0:
-                raise InputError(f"{option} {value:g}: must be >= 0 microseconds")
+        for option, latency in (("--link-latency", self.link_latency_us),
+                                ("--network-latency", self.network_latency_us)):
+            if latency is not None and latency < 0:
+                raise InputError(f"{option} {latency:g}: must be >= 0 microseconds")
         self.given_gpus_per_node()  # the arithmetic, checked now
 
     def given_gpus_per_node(self) -> int | None:

@@ -75,6 +75,7 @@ def _workload(opts, size: str | None):
     preset = timed_preset(opts, size)
     if preset is not None:
         return Workload.from_preset(preset, **kw), f"{size} params ({preset})"
+    assert size is not None  # no preset: a size
     n = parse_count(size)
     return Workload.from_params(n, **kw), f"{size} params"
 

@@ -70,6 +70,7 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
                           PRESET_DEPTH[name], label, per_sample)
     from topoprof.workload.synthetic import spec_for_params
 
+    assert params is not None  # a preset or --params
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
                       f"the synthetic model of {params:,} parameters (a block: fc1, GELU, fc2)")
 

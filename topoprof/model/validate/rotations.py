@@ -47,6 +47,12 @@ class Spread:
         return 50.0 * (self.p75 - self.p25) / self.value if self.value else 0.0
 
 
+def _timed(level: Spread | None) -> Spread:
+    """The spread of times every rotation measured (so never None)."""
+    assert level is not None
+    return level
+
+
 def spread(samples: Sequence[float | None], statistic: str = "median") -> Spread | None:
     values = sorted(x for x in samples if x is not None and x == x)
     if not values:
@@ -154,7 +160,7 @@ def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread | None]]:
+def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
     """(collective, bytes, what one of FSDP's all-gathers or reduce-scatters of that size adds to
     a step on a blocking backend): from the shadow passes before each step (probes/ranks/fsdp.py), the
     plain model's compute with FSDP's collectives where FSDP issues them. Every rank leaves each
@@ -170,7 +176,7 @@ def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread | No
             events = [r["fsdp_replays"][i]["events"] for r in rot]
             for j, (kind, numel, _) in enumerate(events[0]):
                 samples.setdefault((kind, 4 * numel), []).append(statistics.fmean(e[j][2] for e in events))
-    return [(kind, size, spread(v, "mean")) for (kind, size), v in sorted(samples.items())]
+    return [(kind, size, _timed(spread(v, "mean"))) for (kind, size), v in sorted(samples.items())]
 
 
 def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
@@ -258,11 +264,11 @@ def comm_slowdowns(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     return out
 
 
-def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread | None]]:
+def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     """(bytes, time of one bucket's all-reduce alone) per bucket size: a collective ends when its
     last rank does, so each rotation counts at the maximum over ranks."""
     numel = rotations[0][0].get("bucket_numel") or []
-    return [(4 * n, spread([max(r["allreduce_alone_s"][i] for r in rot) for rot in rotations]))
+    return [(4 * n, _timed(spread([max(r["allreduce_alone_s"][i] for r in rot) for rot in rotations])))
             for i, n in enumerate(numel)]
 
 

@@ -303,6 +303,7 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
     from topoprof.model.validate import rotations as rot
 
+    assert result.rotations is not None  # the ranks sent their rotations
     values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations},
                                   len(opts.layout.tensors), opts.layout)
     values["comm_slowdown_by_size"] = tuple(tuple(p) for p in values["comm_slowdown_by_size"])
@@ -361,13 +362,14 @@ def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
              for inputs in per_rotation]
     if any(s is None for s in steps):
         return {"step_time_s": None}
+    known = [s for s in steps if s is not None]  # all of them
     parts = None
     if mode != "dp":
         inputs = per_rotation[middle]
         work = inputs.workload
         buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
         parts = {**step_components(resolve(inputs), buckets, inputs.cluster.comm, mode), "other": 0.0}
-    return {"step_time_s": statistics.median(steps), "per_rotation_s": steps, "range_s": [min(steps), max(steps)],
+    return {"step_time_s": statistics.median(known), "per_rotation_s": known, "range_s": [min(known), max(known)],
             "parts": parts}
 
 

@@ -64,7 +64,7 @@ def _fit_label(name: str, fit: dict, factor: float) -> str:
     return ", ".join(parts)
 
 
-def _draw_fit(ax, name: str, fit: dict, rows: list[dict], color: str) -> None:
+def _draw_fit(ax, name: str, fit: dict | None, rows: list[dict], color: str) -> None:
     """The fitted busbw curve over the measured sizes (clipped by the axes, never scaling them)."""
     if not isinstance(fit, dict) or not finite(fit.get("latency_us")):
         return
