@@ -141,7 +141,10 @@ def _sweep_rows(payload: dict) -> list[str]:
 
 def _header(payload: dict) -> list[str]:
     inputs = payload["inputs"]
-    value = lambda k: inputs.get(k, {}).get("value")  # noqa: E731
+
+    def value(k: str):
+        return inputs.get(k, {}).get("value")
+
     per = payload["per_micro_batch"]
     assumed = inputs.get("optimizer_time_s", {}).get("source") == OPTIMIZER_UNKNOWN_SOURCE
     optimizer = f"optimizer {_ms(per['optimizer_s'])} ms" + (" (unknown: assumed 0)" if assumed else "")

@@ -518,7 +518,7 @@ def _import_before_tracing_checkpoints() -> None:
     `_disable_dynamo`); imported under the trace's modes, its start-up runs ops on meta tensors
     (torch 2.6 fails on one's item()) that the tracer would count. Imported first, outside them,
     where the model may checkpoint: under the tool's modes, or a user's own model."""
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo  # noqa: F401 - imported for its start-up, run here
 
 
 def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):

@@ -42,7 +42,7 @@ from topoprof.model.compute import op_kinds
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs, selective_cost
-from topoprof.model.compute.roofline_terms import (  # noqa: F401
+from topoprof.model.compute.roofline_terms import (  # noqa: F401 - re-exported: roofline's callers import them here
     COMPILED_HOST_COST_S,
     EAGER_HOST_COST_S,
     ENDS,

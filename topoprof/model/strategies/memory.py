@@ -208,7 +208,10 @@ def _measured_memory(work: Workload, counted):
     if not m or work.layout.params <= 0:
         return None
     n = work.layout.params
-    per = lambda key: max(0.0, m[key]) / n  # noqa: E731
+
+    def per(key: str) -> float:
+        return max(0.0, m[key]) / n
+
     # the measured activations hold the logits and autocast's copies: nothing of a count beside them
     model = changed(counted, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
                     optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]),
