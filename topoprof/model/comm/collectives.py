@@ -291,7 +291,7 @@ class MeasuredComm(FitComm):
         measured = self._measured_s(self.curve("reduce_scatter"), size_bytes)
         return super().reduce_scatter_s(size_bytes) if measured is None else measured
 
-    def all_gather_s(self, size_bytes: float) -> float:  # type: ignore[override]
+    def all_gather_s(self, size_bytes: float) -> float:
         measured = self._measured_s(self.curve("all_gather"), size_bytes)
         return FitComm.all_gather_s(self, size_bytes) if measured is None else measured
 
@@ -311,7 +311,7 @@ class SingleGpuComm(CommModel):
     source: str = "one GPU: no link"
 
     @property
-    def world_size(self) -> int:  # type: ignore[override]
+    def world_size(self) -> int:  # type: ignore[override]  # CommModel's field, derived here
         return 1
 
     @property
@@ -367,7 +367,7 @@ class HierarchicalComm(CommModel):
             raise InputError(f"inter.world_size({self.inter.world_size}) != nodes({self.nodes})")
 
     @property
-    def world_size(self) -> int:  # type: ignore[override]
+    def world_size(self) -> int:  # type: ignore[override]  # CommModel's field, derived here
         return self.nodes * self.gpus_per_node
 
     def _used_intra(self) -> RingComm | None:
@@ -379,7 +379,7 @@ class HierarchicalComm(CommModel):
         return [self.inter] if intra is None else [intra, self.inter]
 
     @property
-    def source(self) -> str:  # type: ignore[override]
+    def source(self) -> str:  # type: ignore[override]  # CommModel's field, derived here
         intra = self._used_intra()
         intra_text = "none (one GPU per node)" if intra is None else intra.source
         return f"intra: {intra_text}; inter: {self.inter.source}"
