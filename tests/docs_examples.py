@@ -342,7 +342,8 @@ def write(outcomes: list[Outcome], recorded: bool) -> list[str]:
         if o.ok and not (recorded and e.kind == "shape"):
             continue
         if e.kind not in ("exact", "shape") or (e.kind == "shape" and not recorded) or not o.raw:
-            failed.append(f"{e.where}: {e.kind}, not rewritten" + (f" ({o.detail.splitlines()[0]})" if o.detail else ""))
+            failed.append(f"{e.where}: {e.kind}, not rewritten"
+                          + (f" ({o.detail.splitlines()[0]})" if o.detail else ""))
             continue
         new = refreshed(o)
         if new is None:

@@ -301,8 +301,11 @@ def nvlink_not_supported() -> FakeMachine:
     gpus = [FakeGpu("Tesla T4", _bus(b), 15360 * MIB, (7, 5), 3, 3, 3, 16, 16, [node], socket[node], None)
             for b, node in layout]
     same_socket = {frozenset(p) for p in ((1, 2), (1, 3), (2, 3))}
-    read = (lambda a, b: _real.NVML_P2P_STATUS_OK if frozenset((a, b)) in same_socket
-            else _real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED)
+
+    def read(a: int, b: int) -> int:
+        return (_real.NVML_P2P_STATUS_OK if frozenset((a, b)) in same_socket
+                else _real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED)
+
     return FakeMachine("450.80.02", "11.450.80.02", 11000, gpus,
                        _p2p(read, lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED),
                        common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_NODE if frozenset((a, b)) in same_socket
@@ -390,7 +393,8 @@ def pcie_l40s_l4_8x() -> FakeMachine:
     read = lambda a, b: _real.NVML_P2P_STATUS_OK if same(a, b) else _real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED  # noqa: E731
     return FakeMachine("550.90.07", "12.550.90.07", 12040, gpus,
                        _p2p(read, lambda a, b: _real.NVML_P2P_STATUS_NOT_SUPPORTED),
-                       common_ancestor=lambda a, b: _real.NVML_TOPOLOGY_NODE if same(a, b) else _real.NVML_TOPOLOGY_SYSTEM)
+                       common_ancestor=lambda a, b: (_real.NVML_TOPOLOGY_NODE if same(a, b)
+                                                     else _real.NVML_TOPOLOGY_SYSTEM))
 
 
 def no_driver() -> FakeMachine:

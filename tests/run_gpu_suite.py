@@ -131,7 +131,8 @@ def main() -> int:
                        "-v", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}"], env)
     tests = outcomes(junit) if junit.exists() else []
     junit.unlink(missing_ok=True)
-    (out / "summary.json").write_text(json.dumps({"machine": facts, "tests": tests, "pytest_exit": code}, indent=1) + "\n")
+    summary = {"machine": facts, "tests": tests, "pytest_exit": code}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(render(facts, tests, (out / "scan" / "report.md").exists()))
     print(f"summary: {out / 'summary.md'}")
     return code

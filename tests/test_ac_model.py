@@ -10,10 +10,10 @@ from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan, recompute_shares
 from topoprof.model.fsdp.timeline import FsdpSetting, collective_times, fsdp_micro_batch
-from topoprof.specs.fsdp_modes import MODES
 from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.specs.fsdp_modes import MODES
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 from topoprof.workload.presets import get_preset
 
@@ -71,8 +71,8 @@ SIZES = {"hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 896, "vocab_s
 
 
 def _priced(mode: str) -> dict:
-    from topoprof.trace.op_trace import trace_user_model
     from topoprof.model.compute.traced import modelled_fields
+    from topoprof.trace.op_trace import trace_user_model
 
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
                              {"preset": "llama3-8b", "n_layer": 2, "sizes": SIZES, "ac": mode, "seq_len": 512},
@@ -211,7 +211,8 @@ def test_the_search_says_what_fits_and_why_not_when_it_cannot():
     (pair,) = out["no_sync"]
     assert pair["no_sync"] == "fsdp_full_shard_no_sync" and pair["extra_gb"] > 0
     nameless = _inputs()
-    unknown = search(ModelInputs(nameless.workload, Compute(micro_batch_time_s=0.1), nameless.cluster), ["ddp_synced"], None)
+    unknown = search(ModelInputs(nameless.workload, Compute(micro_batch_time_s=0.1), nameless.cluster), ["ddp_synced"],
+                     None)
     assert "memory is unknown" in unknown["reason"]
     given = search(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=1024, activation_memory_gb=3.0),
                                Compute(gpu="h100-sxm", micro_batch_time_s=0.1), Cluster(RingComm(100.0, 3.4, 8), 1, 8)),

@@ -6,7 +6,8 @@ a few shapes, under every activation checkpointing mode the tool applies (and th
 The text presets run at 2 blocks and a reduced width (the head count kept, 4 or 8 per head, the
 feed-forward's and the key/value heads' ratios kept, a 512-token vocabulary), the vision presets
 at one residual block per stage (two in the third) on small images: the same modules, small
-enough to run for real here, at two shapes each; the user models at three. `python tests/test_activation_bytes.py` prints the table."""
+enough to run for real here, at two shapes each; the user models at three. `python tests/test_activation_bytes.py`
+prints the table."""
 from __future__ import annotations
 
 import os
@@ -16,9 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
-from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, shape_kwargs, trace_pass  # noqa: E402
+from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")

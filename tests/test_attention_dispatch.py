@@ -47,7 +47,8 @@ def _attention_ops(trace) -> set[str]:
 
 def _score_ops(trace) -> list[dict]:
     """Ops that write a b x h x s x s tensor: the scores or their softmax."""
-    return [op for op in trace["ops"] if any(n == B * H * S * S * 4 or n == B * H * S * S * 2 for n in op.get("outputs", ()))
+    return [op for op in trace["ops"]
+            if any(n == B * H * S * S * 4 or n == B * H * S * S * 2 for n in op.get("outputs", ()))
             and "scaled_dot_product" not in op["name"]]
 
 
@@ -85,7 +86,8 @@ def test_each_call_form_runs_the_kernel_its_rule_names(sdpa, capability, precisi
 
 
 def test_a_forced_backend_runs_as_the_model_attends():
-    trace = _trace(Attend(is_causal=True), {"device": "cuda", "precision": "fp32", "capability": A100, "attention": "flash"})
+    trace = _trace(Attend(is_causal=True),
+                   {"device": "cuda", "precision": "fp32", "capability": A100, "attention": "flash"})
     assert trace["attention"]["calls"] == {"flash": 1}
 
 

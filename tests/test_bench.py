@@ -11,9 +11,9 @@ import time
 import psutil
 import pytest
 
+from tests.helpers.cli import topoprof as _cli
 from topoprof.measure.bench import BenchOptions, run_bench
 from topoprof.specs.collective_spec import COLLECTIVES, size_sweep
-from tests.helpers.cli import topoprof as _cli
 
 FIXTURE_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
 SMALL = tuple(size_sweep(1024, 256 * 1024, 4))
@@ -65,7 +65,8 @@ def test_cli_json_contract_and_fit():
     proc = _cli("bench", "--nproc", "2", "-b", "256K", "-e", "16M", "-f", "4", "-n", "5", "-w", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit", "fit_by_level",
+    assert {"schema_version", "kind", "tool", "host", "created_utc", "status", "metadata", "rows", "fit",
+            "fit_by_level",
             "slow_ranks", "nccl", "copies", "stopped"} <= set(doc)
     row = doc["rows"][0]
     assert set(row) == {"collective", "size_bytes", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps",
@@ -85,9 +86,10 @@ def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
     lines = []
     for line in cli.stdout:  # wait for the first measured rows, then kill rank 1
         lines.append(line)
-        if sum(1 for l in lines if l.strip() and not l.startswith("#")) >= 2:
+        if sum(1 for ln in lines if ln.strip() and not ln.startswith("#")) >= 2:
             break
-    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
+    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True)
+             if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")
     victim.send_signal(signal.SIGKILL)
     rest, err = cli.communicate(timeout=120)

@@ -8,12 +8,17 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 from torch import nn  # noqa: E402
 
-from topoprof.model.ddp.buckets import (DEFAULT_FIRST_BUCKET_BYTES, MIB, compute_bucket_assignment_by_size,
-                                        ddp_bucket_limits, ddp_buckets)
-from topoprof.model.strategies.dataparallel import take_tensors
 from topoprof.errors import InputError  # noqa: E402
-from topoprof.workload.layout import Layout, TensorSpec, Use
-from topoprof.workload.presets import bert_layout, get_preset, gpt2_layout
+from topoprof.model.ddp.buckets import (  # noqa: E402
+    DEFAULT_FIRST_BUCKET_BYTES,
+    MIB,
+    compute_bucket_assignment_by_size,
+    ddp_bucket_limits,
+    ddp_buckets,
+)
+from topoprof.model.strategies.dataparallel import take_tensors  # noqa: E402
+from topoprof.workload.layout import Layout, TensorSpec, Use  # noqa: E402
+from topoprof.workload.presets import bert_layout, get_preset, gpt2_layout  # noqa: E402
 
 DDP_LIMITS = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * MIB]
 

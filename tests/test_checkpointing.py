@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
+from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
-from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.preset_modules import PRESET_MODULES, build, preset_blocks  # noqa: E402
 
 aten = torch.ops.aten
@@ -122,7 +122,8 @@ def test_a_70b_preset_traces_under_every_mode_on_meta():
     config = LLAMA_CONFIGS["llama2-70b"]
     for ac in ("full", "op"):
         trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 1, "seq_len": 64},
-                                 {"preset": "llama2-70b", "n_layer": 2, "ac": ac}, {"device": "cuda", "precision": "bf16"})
+                                 {"preset": "llama2-70b", "n_layer": 2, "ac": ac},
+                                 {"device": "cuda", "precision": "bf16"})
         assert "failure" not in trace and trace["totals"]["recompute"]["flops"] > 0
         assert sum(torch.Size(p["shape"]).numel() for p in trace["params"]) == \
             2 * config.vocab_size * config.hidden + config.hidden + 2 * (

@@ -6,8 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from tests.helpers.cli import topoprof as _cli
 
+from tests.helpers.cli import topoprof as _cli
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 

@@ -7,16 +7,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topoprof.specs.collective_spec import (
-                                          COLLECTIVES,
-                                          BenchRow,
-                                          get_collective,
-                                          make_row,
-                                          parse_size,
-                                          size_sweep,
-                                          )
 from topoprof.errors import InputError
 from topoprof.measure.nccl_tests import parse_nccl_tests
+from topoprof.specs.collective_spec import (
+    COLLECTIVES,
+    BenchRow,
+    get_collective,
+    make_row,
+    parse_size,
+    size_sweep,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GATHERED = ("all_gather", "reduce_scatter", "all_to_all")

@@ -2,22 +2,22 @@
 import dataclasses
 import json
 import math
+from dataclasses import replace
 
 import pytest
-from dataclasses import replace
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from topoprof.model.ddp.timeline import simulate_overlap
+from topoprof.errors import InputError
 from topoprof.model.comm.collectives import FitComm, HierarchicalComm, LinkUnknown, RingComm, SingleGpuComm
-from topoprof.model.strategies.steps import ONE_GPU_REASON, STRATEGIES
-from topoprof.model.strategies.results import StrategyResult, Unavailable
+from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
+from topoprof.model.compute.timing import Compute
+from topoprof.model.ddp.timeline import simulate_overlap
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import fixed_global_batch, hide_threshold, predict, sweep
 from topoprof.model.strategies.resolve import resolve
-from topoprof.errors import InputError
-from topoprof.model.compute.timing import Compute
-from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
+from topoprof.model.strategies.results import StrategyResult, Unavailable
+from topoprof.model.strategies.steps import ONE_GPU_REASON, STRATEGIES
 from topoprof.workload.layout import Layout, TensorSpec, Use
 
 # ---- collective formulas --------------------------------------------------------------------
@@ -470,7 +470,8 @@ def layouts(draw):
         uses.append(Use((0,), 4.0 * numel[0]))
     # named as blocks half the time, so that FSDP finds one group per tensor (else none: n/a)
     blocks = draw(st.booleans())
-    return Layout("random", tuple(TensorSpec(f"blocks.{i}.w" if blocks else f"t{i}", (m,)) for i, m in enumerate(numel)),
+    return Layout("random",
+                  tuple(TensorSpec(f"blocks.{i}.w" if blocks else f"t{i}", (m,)) for i, m in enumerate(numel)),
                   tuple(uses), "hypothesis")
 
 

@@ -9,8 +9,14 @@ import pytest
 
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.timing import Compute
-from topoprof.model.ddp.gpu_costs import (ddp_kernels, expected_max_normal, expected_range_normal,
-                                          gpu_speed_spread_range, nccl_sm_slowdown_range, straggler_wait_s)
+from topoprof.model.ddp.gpu_costs import (
+    ddp_kernels,
+    expected_max_normal,
+    expected_range_normal,
+    gpu_speed_spread_range,
+    nccl_sm_slowdown_range,
+    straggler_wait_s,
+)
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.resolve import DDP_GPU_UNPRICED_NOTE
@@ -173,7 +179,8 @@ def test_validate_carries_the_copy_cost_per_kernel_when_it_exceeds_the_traffic()
     assert "at the measured 16 GB/s" in out["ddp_copies_basis"] and "51.9 us per kernel" in out["ddp_copies_basis"]
     # faster than the measured bandwidth: one effective copy rate, as before
     faster = _copy_costs(traffic_s / 2, msg, tensors=50)
-    assert faster["ddp_copy_bandwidth_gbps"] == pytest.approx(32.0) and "one effective copy rate" in faster["ddp_copies_basis"]
+    assert faster["ddp_copy_bandwidth_gbps"] == pytest.approx(32.0)
+    assert "one effective copy rate" in faster["ddp_copies_basis"]
 
 
 def test_the_what_if_kernel_range_holds_the_tools_own_gpu_measurement():

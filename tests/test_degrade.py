@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.fake_driver import driver_env, fixture_body
 
 TOPO = Path(__file__).parent / "fixtures" / "topo"
@@ -115,11 +114,13 @@ def _scan(env: dict, out: Path, *extra: str) -> tuple[subprocess.CompletedProces
 
 
 def test_scan_with_a_failing_nvidia_smi_and_no_nvml_writes_the_full_report(tmp_path):
-    env = driver_env(tmp_path, smi_script="echo 'Failed to initialize NVML: Driver/library version mismatch' >&2\nexit 18\n")
+    env = driver_env(tmp_path, smi_script="echo 'Failed to initialize NVML: Driver/library version mismatch' >&2\nexit "
+                                          "18\n")
     proc, doc, md = _scan(env, tmp_path / "r")
     assert proc.returncode == 0, proc.stderr
     probes = _probes(doc)
-    assert probes["nvidia-smi"]["status"] == "error" and "Driver/library version mismatch" in probes["nvidia-smi"]["detail"]
+    assert probes["nvidia-smi"]["status"] == "error"
+    assert "Driver/library version mismatch" in probes["nvidia-smi"]["detail"]
     assert probes["NVML"]["status"] == "unavailable"
     assert probes["ranks"]["status"] == "ok" and doc["bench"]["rows"]
     assert "| nvidia-smi | error | nvidia-smi topo -m failed (exit 18): Failed to initialize NVML" in md

@@ -6,9 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import docs_examples as de
+import pytest
 from helpers.ci_torch import other_torch_than_ci
 
 TOPO = "tests/fixtures/topo/24_rtx5090-2x-phb-threadripper.txt"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.specs.collective_spec import BenchRow, get_collective, make_row, size_sweep
 from topoprof.errors import InputError
 from topoprof.measure.fit import Fit, bus_bandwidth_gbps, fit_all, fit_rows, predict_time_us
+from topoprof.specs.collective_spec import BenchRow, get_collective, make_row, size_sweep
 
 SIZES = size_sweep(8, 1 << 30, 2)  # 28 sizes, 8 B .. 1 GiB
 

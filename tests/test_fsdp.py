@@ -7,19 +7,18 @@ import subprocess
 import sys
 
 import pytest
+from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN, ROOT
 
+from topoprof.errors import InputError
 from topoprof.model.comm.collectives import HierarchicalComm, MeasuredComm, RingComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import CHUNKS_PER_GROUP, fsdp_plan
-from topoprof.errors import InputError
 from topoprof.model.fsdp.timeline import FsdpSetting, collective_times, fsdp_micro_batch, fsdp_step
-from topoprof.specs.fsdp_modes import FSDP_ONE_NODE, HSDP_ONE_NODE_REASON, MODES
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import StrategyResult, Unavailable
+from topoprof.specs.fsdp_modes import FSDP_ONE_NODE, HSDP_ONE_NODE_REASON, MODES
 from topoprof.workload.presets import get_preset, synthetic_layout
-
-from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN, ROOT
 
 
 def _setting(**kw):
@@ -167,7 +166,8 @@ def test_gloo_reduce_scatter_is_an_all_reduce_unless_measured():
 
 
 def _inputs(nodes=1, gpn=2, backend="nccl", k=4, **work):
-    comm = RingComm(10.0, 0.0, gpn) if nodes == 1 else HierarchicalComm(RingComm(10.0, 0.0, gpn), RingComm(1.0, 0.0, nodes), nodes, gpn)
+    comm = RingComm(10.0, 0.0, gpn) if nodes == 1 else HierarchicalComm(RingComm(10.0, 0.0, gpn),
+                                                                        RingComm(1.0, 0.0, nodes), nodes, gpn)
     return ModelInputs(Workload(HAND, **work), Compute(micro_batch_time_s=0.01, optimizer_time_s=0.004),
                        Cluster(comm, nodes, gpn, backend=backend), k)
 

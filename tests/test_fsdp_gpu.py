@@ -7,18 +7,23 @@ import subprocess
 import sys
 
 import pytest
+from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN
 
 from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.compute.timing import Compute
-from topoprof.model.fsdp.gpu_costs import (HOST_STEP_COST_RANGE_S, chunk_cat_bytes, copy_in_bytes, copy_out_bytes,
-                                           hidden_by_device_s, hook_steps)
+from topoprof.model.fsdp.gpu_costs import (
+    HOST_STEP_COST_RANGE_S,
+    chunk_cat_bytes,
+    copy_in_bytes,
+    copy_out_bytes,
+    hidden_by_device_s,
+    hook_steps,
+)
 from topoprof.model.fsdp.timeline import FsdpOverhead, FsdpSetting, collective_times, fsdp_micro_batch
-from topoprof.specs.fsdp_modes import MODES
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.predict import predict
-
-from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN
+from topoprof.specs.fsdp_modes import MODES
 
 FULL = MODES["fsdp_full_shard"]
 

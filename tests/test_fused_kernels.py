@@ -302,7 +302,8 @@ def test_softmax_half_to_float(log):
 
 def test_softmax_not_redirected_for_bf16_or_no_dtype():
     xb = meta(4, 64, dtype=torch.bfloat16)
-    assert fk.redirect("torch.nn.functional.softmax", (xb, -1), {"dtype": torch.float32}, "cuda", "2.13") is NotImplemented
+    redirected = fk.redirect("torch.nn.functional.softmax", (xb, -1), {"dtype": torch.float32}, "cuda", "2.13")
+    assert redirected is NotImplemented
     xh = meta(4, 64, dtype=torch.float16)
     assert fk.redirect("torch.nn.functional.softmax", (xh, -1), {}, "cuda", "2.13") is NotImplemented
     assert fk.redirect("torch.softmax", (xh, -1, torch.float32), {}, "cuda", "2.13") is not NotImplemented

@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from helpers.ci_torch import other_torch_than_ci
 
 

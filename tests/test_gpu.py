@@ -84,11 +84,14 @@ def test_bench_nccl_on_every_visible_gpu(tmp_path, record_property):
 def _plain_copy_gbps(kind: str, size: int = 256 << 20, iters: int = 10) -> float:
     """The plainest loop: copy_ `iters` times between two synchronizations, wall clock."""
     if kind == "h2d":
-        src, dst = torch.empty(size, dtype=torch.uint8, pin_memory=True), torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        src = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(size, dtype=torch.uint8, device="cuda:0")
     elif kind == "d2h":
-        src, dst = torch.empty(size, dtype=torch.uint8, device="cuda:0"), torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        src = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        dst = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     else:
-        src, dst = torch.empty(size, dtype=torch.uint8, device="cuda:0"), torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        src = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        dst = torch.empty(size, dtype=torch.uint8, device="cuda:0")
     for _ in range(2):
         dst.copy_(src, non_blocking=True)
     torch.cuda.synchronize()
@@ -194,11 +197,11 @@ def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
 def test_preset_memory_measured_beside_the_count(record_property):
     """gpt2 timed on cuda:0: its memory by phase (weights, optimizer state, activations,
     gradients) measured with torch.cuda.memory_allocated, beside the counted figures."""
-    from topoprof.model.compute.timing import Compute
     from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.compute.timing import Compute
+    from topoprof.model.inputs.user_model import measure_preset
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
     from topoprof.model.strategies.predict import predict
-    from topoprof.model.inputs.user_model import measure_preset
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
     measured = gpt2["memory"]
@@ -252,7 +255,8 @@ def test_validate_on_one_gpu_measures_ddps_own_costs(record_property):
     record_property("ddp_copies_basis", cal["ddp_copies_basis"])
 
 
-@pytest.mark.skipif(GPUS < 2, reason="validate predicts DDP across ranks: needs 2 or more GPUs (one GPU: the test above)")
+@pytest.mark.skipif(GPUS < 2, reason="validate predicts DDP across ranks: needs 2 or more GPUs (one GPU: the test "
+                                     "above)")
 def test_validate_with_nccl(record_property):
     proc = _cli("validate", "--backend", "nccl", "--params", "25M", "--modes",
                 "ddp_synced,ddp_no_sync,ddp_no_sync_backward_only,dp", "--json", timeout=900)

@@ -23,6 +23,7 @@ FIX = os.path.join(HERE, "fixtures", "hf")
 pytest.importorskip("transformers")
 from topoprof.zoo import hf_models as hm  # noqa: E402
 from topoprof.zoo import hf_spec as hs  # noqa: E402
+
 TINY = ["llama", "qwen2", "mistral", "gpt2", "bert"]
 GQA = {"llama", "qwen2", "mistral"}
 EXPECTED = {
@@ -407,7 +408,8 @@ def _gc_enabled(model):
 def test_gradient_checkpointing_same_loss_and_grads(name):
     res = {}
     for gc in (False, True):
-        model, batch, _ = hm.build_hf(fx(name), micro_batch=2, seq_len=24, device="cpu", gradient_checkpointing=gc, seed=5)
+        model, batch, _ = hm.build_hf(fx(name), micro_batch=2, seq_len=24, device="cpu", gradient_checkpointing=gc,
+                                      seed=5)
         assert model.training and _gc_enabled(model) is gc and model.topoprof_hf.gradient_checkpointing is gc
         out, g = loss_and_grads(model, batch)
         res[gc] = (out.loss.item(), g)
@@ -465,9 +467,11 @@ def _sdpa_table():
             c = cap.calls[0]
             rows.append(
                 f"| {name} | {device} | {len(cap.calls)} | {c['q']} | {c['k']} | {c['v']} | {c['dtype']} | "
-                f"{c['attn_mask']} | {c['is_causal']} | {c['enable_gqa']} | {c['dropout_p']} | {c['scale']:.4g} | {', '.join(c['kwargs'])} |"
+                f"{c['attn_mask']} | {c['is_causal']} | {c['enable_gqa']} | {c['dropout_p']} | {c['scale']:.4g} | "
+                f"{', '.join(c['kwargs'])} |"
             )
-    print("| model | device | calls (fwd) | q | k | v | dtype | attn_mask | is_causal | enable_gqa | dropout_p | scale | passed as kwargs |")
+    print("| model | device | calls (fwd) | q | k | v | dtype | attn_mask | is_causal | enable_gqa | dropout_p | scale "
+          "| passed as kwargs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 

@@ -62,7 +62,8 @@ def test_ranks_run_the_same_code_as_the_launcher():
 
     result = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30))
     assert result.failure is None
-    assert {m["probes"] for _, m in result.messages if m["type"] == "row"} == {os.path.abspath(topoprof.probes.ranks.rank_main.__file__)}
+    assert ({m["probes"] for _, m in result.messages if m["type"] == "row"}
+            == {os.path.abspath(topoprof.probes.ranks.rank_main.__file__)})
 
 
 def test_rank_that_raises_is_named_with_its_error():

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from topoprof.model.memory import holding
-from topoprof.model.compute.timing import Compute
-from topoprof.model.compute.datasheet import gpu_memory_gb
 from topoprof.model.comm.collectives import RingComm
+from topoprof.model.compute.datasheet import gpu_memory_gb
+from topoprof.model.compute.timing import Compute
+from topoprof.model.memory import holding
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.memory import largest_group_params
 from topoprof.model.strategies.predict import predict
@@ -83,7 +83,8 @@ def test_largest_group_is_a_block():
 
 
 def _llama(**compute) -> ModelInputs:
-    return ModelInputs(Workload.from_preset("llama-7b", tokens_per_micro_batch=4096), Compute(gpu="h100-sxm", **compute),
+    return ModelInputs(Workload.from_preset("llama-7b", tokens_per_micro_batch=4096),
+                       Compute(gpu="h100-sxm", **compute),
                        Cluster(RingComm(370.0, 3.4, 8), 1, 8))
 
 
@@ -152,7 +153,8 @@ def test_memory_a_gpu_measured_replaces_the_count():
     measured = {"device": "cuda:0", "params_bytes": 4 * n, "optimizer_bytes": 8 * n, "grads_bytes": 4 * n,
                 "activations_bytes": 3e9, "peak_bytes": 5e9}
     work = Workload(layout, tokens_per_micro_batch=1024, measured_memory=measured)
-    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1), Cluster(RingComm(370.0, 3.4, 2), 1, 2)))
+    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1),
+                               Cluster(RingComm(370.0, 3.4, 2), 1, 2)))
     ddp = pred.strategies["ddp_synced"].memory
     assert ddp.basis.startswith("measured on cuda:0")
     assert ddp.parts_gb["activations"] == pytest.approx(3.0)
@@ -231,7 +233,8 @@ def test_every_part_is_named_with_its_source_and_cpu_ranks_hold_no_gpu_environme
     assert ddp.parts_gb["nccl_buffers"] == pytest.approx(env.nccl_bytes(1)[1] / 1e9)  # one communicator
     single = predict(layout_inputs).strategies["single"].memory
     assert single.parts_gb["nccl_buffers"] == 0  # one process alone communicates nothing
-    cpu = ModelInputs(layout_inputs.workload, layout_inputs.compute, Cluster(RingComm(10.0, 30.0, 8), 1, 8, backend="gloo"))
+    cpu = ModelInputs(layout_inputs.workload, layout_inputs.compute,
+                      Cluster(RingComm(10.0, 30.0, 8), 1, 8, backend="gloo"))
     mem = predict(cpu).strategies["ddp_synced"].memory
     assert "cuda_context" not in mem.parts_gb and "CPU ranks" in mem.sources["cuda_context"]
     numels = [t.numel for t in layout_inputs.workload.layout.tensors]

@@ -11,12 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, repeated_blocks, trace_pass, trace_user_model  # noqa: E402
-from topoprof.zoo.preset_modules import _next_token_loss, build  # noqa: E402
-from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
+from topoprof.zoo.preset_modules import _next_token_loss, build  # noqa: E402
 
 PRESETS = "topoprof.zoo.preset_modules:build"
 # llama3-8b's design at 4 per head (tests/test_activation_bytes.py's reduction)
@@ -75,13 +75,15 @@ def test_the_backward_peak_is_what_the_cpu_allocator_counts():
     one block's few tensors in its recompute (this reduced Llama: 47 KB of 266 KB, the meta pass
     the higher; the same pass on real CPU tensors counts as on meta), which is not explained yet."""
     from torch.profiler import ProfilerActivity, profile
+
     # torch's own memory timeline of a profile (what export_memory_timeline draws), private API
     from torch.profiler._memory_profiler import Action, MemoryProfile
 
     for mode in ("none",):
         traced = _trace(mode, 2, 2)
         model, tokens, loss_fn = build("llama3-8b", micro_batch=2, seq_len=16, n_layer=2, sizes=SIZES, ac=mode)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
             _next_token_loss(model(tokens), tokens).backward()
         live = peak = 0
         for _, action, _, size in MemoryProfile(prof.profiler.kineto_results).timeline:
@@ -121,7 +123,8 @@ def test_the_activations_per_mode_in_the_models_output_are_the_bytes_hooked(mode
     traced = TracedMemory(4, 16, {("autocast", m): _points(m, CPU) for m in ("none", "full", "op")})
     work = Workload.from_preset("llama3-8b", micro_batch_size=3, tokens_per_micro_batch=48,
                                 checkpointing=parse_checkpointing(mode), traced_memory=traced)
-    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=1.0), Cluster(RingComm(100.0, 1.0, 2), 1, 2)))
+    pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=1.0),
+                               Cluster(RingComm(100.0, 1.0, 2), 1, 2)))
     parts = pred.strategies["ddp_synced"].memory.parts_gb
     model, tokens, loss_fn = build("llama3-8b", micro_batch=3, seq_len=16, n_layer=4, sizes=SIZES, ac=mode)
     hooked = saved_activation_bytes(model, tokens, loss_fn)
@@ -134,7 +137,8 @@ def test_the_blocks_of_the_presets_and_the_synthetic_model_are_found():
         assert repeated_blocks(module) == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
         assert repeated_blocks(module, "transformer.h") == repeated_blocks(module)
         assert repeated_blocks(module, "no.such.module") is None
-        synthetic, _, _, _ = build_on_meta("topoprof.zoo.preset_modules:build_synthetic", {"micro_batch": 1, "seq_len": 8},
+        synthetic, _, _, _ = build_on_meta("topoprof.zoo.preset_modules:build_synthetic",
+                                           {"micro_batch": 1, "seq_len": 8},
                                            {"params": 2_000_000, "n_layer": 2})
         assert repeated_blocks(synthetic) == ["blocks.0", "blocks.1"]
 

@@ -22,10 +22,7 @@ from tests.test_activation_bytes import REDUCED, VISION  # noqa: E402
 from topoprof.model.memory import holding  # noqa: E402
 from topoprof.model.memory.timeline import Point, Timeline  # noqa: E402
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
-from topoprof.trace.op_trace import (
-    shape_kwargs,  # noqa: E402
-    trace_user_model,  # noqa: E402
-)
+from topoprof.trace.op_trace import shape_kwargs, trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
 
@@ -180,7 +177,8 @@ def test_a_first_micro_batch_after_set_to_none_holds_only_the_gradients_written_
 
 
 def test_later_micro_batches_hold_every_gradient_and_their_fresh_ones_besides():
-    h = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, timeline=_line(FORWARD, EARLY, LATE), accumulation=3)
+    h = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, timeline=_line(FORWARD, EARLY, LATE),
+                        accumulation=3)
     assert h.peak.bytes == 300 + 100 + 70 and h.peak.micro_batch == 2 and "micro-batch 2 of 3" in h.peak.text(3)
     kept = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, timeline=_line(FORWARD, EARLY, LATE),
                            set_to_none=False)

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+
 from tests.helpers.cli import topoprof as _cli
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -152,7 +153,8 @@ def test_one_gpu_is_single_with_its_accumulation():
     ["--nodes", "1", "--gpus-per-node", "1"],
 ])
 def test_every_way_of_saying_one_gpu(args):
-    doc = _model_json("--params", "125M", *args, "--micro-batch-time", "0.1", "--optimizer-time", "0.01", "--accum", "4")
+    doc = _model_json("--params", "125M", *args, "--micro-batch-time", "0.1", "--optimizer-time", "0.01", "--accum",
+                      "4")
     assert doc["inputs"]["world_size"]["value"] == 1
     assert doc["strategies"]["single"]["step_time_s"] == pytest.approx(4 * 0.1 + 0.01)
     assert doc["strategies"]["ddp_synced"]["step_time_s"] is None
@@ -189,7 +191,8 @@ def test_unknown_optimizer_time_is_assumed_zero_and_said():
     assert "optimizer 0.0 ms (unknown: assumed 0)" in proc.stdout
     assert "step times exclude the optimizer step" in proc.stdout
     doc = _model_json(*OPTIMIZER_UNKNOWN)
-    assert doc["inputs"]["optimizer_time_s"] == {"value": 0.0, "source": "unknown: assumed 0 s; give --optimizer-time or --gpu"}
+    assert doc["inputs"]["optimizer_time_s"] == {"value": 0.0, "source": "unknown: assumed 0 s; give --optimizer-time "
+                                                                         "or --gpu"}
     assert any("exclude the optimizer" in w for w in doc["warnings"])
     assert doc["strategies"]["single"]["step_time_s"] == pytest.approx(0.1)
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.netns import run_pair, shaped_link, unavailable_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +46,8 @@ def _torchrun_pair(link, port: int, args: list[str], timeout_s: float = 300):
 
 
 def test_network_level_reaches_the_shaped_rate(link):
-    doc = _torchrun_pair(link, 29631, ["bench", "--backend", "gloo", "-b", "4M", "-e", "16M", "-n", "3", "-w", "1", "--json"])
+    doc = _torchrun_pair(link, 29631,
+                         ["bench", "--backend", "gloo", "-b", "4M", "-e", "16M", "-n", "3", "-w", "1", "--json"])
     assert len(doc["metadata"]["nodes"]) == 2
     net = [r for r in doc["rows"] if r["level"] == "inter"]
     assert net and all(len(r["ranks"]) == 2 for r in net)

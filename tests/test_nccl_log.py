@@ -277,9 +277,11 @@ def test_two_rank_outputs_interleaved_with_launcher_prefixes():
     ]
     rank1 = [
         "2025-11-12 20:42:20,261 - INFO - node-a:102:202 [1] NCCL INFO Using network IB",
-        "2025-11-12 20:42:20,262 - INFO - node-a:102:202 [1] NCCL INFO Channel 00/0 : 1[2000] -> 0[1000] via P2P/IPC/read",
+        "2025-11-12 20:42:20,262 - INFO - node-a:102:202 [1] NCCL INFO Channel 00/0 : 1[2000] -> 0[1000] via "
+        "P2P/IPC/read",
         # Two writers on one stream: rank 1's line is cut by rank 0's
-        "node-a:102:202 [1] NCCL INFO Channel 01/0 : 1[2000] -> 0[1000] via P2P/IPC/readnode-a:101:201 [0] NCCL INFO Connected all rings",
+        "node-a:102:202 [1] NCCL INFO Channel 01/0 : 1[2000] -> 0[1000] via P2P/IPC/readnode-a:101:201 [0] NCCL INFO "
+        "Connected all rings",
     ]
     mixed = [line for pair_of_lines in zip(rank0, rank1) for line in pair_of_lines] + rank0[len(rank1):]
     s = parse_nccl_info("\n".join(mixed))
@@ -334,13 +336,15 @@ def test_transport_text_stops_before_appended_comm_and_other_text():
 @pytest.mark.parametrize(
     ("line", "version", "expected"),
     [
-        ("node-0:309:309 [0] NCCL INFO AllGather: 37756928 Bytes -> Algo 1 proto 2 time 2860.208008", "2.18.5", "Ring/Simple"),
+        ("node-0:309:309 [0] NCCL INFO AllGather: 37756928 Bytes -> Algo 1 proto 2 time 2860.208008", "2.18.5",
+         "Ring/Simple"),
         ("h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo 0 proto 0 time 12.5", None, "Tree/LL"),
         ("h:1:1 [0] NCCL INFO AllReduce: 268435456 Bytes -> Algo 4 proto 2 time 1.0", "2.18.5", "NVLS/Simple"),
         ("h:1:1 [0] NCCL INFO AllReduce: 268435456 Bytes -> Algo 4 proto 2 time 1.0", None, "Algo4/Simple"),
         ("h:1:1 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo 2 proto 1 time 1.0", "2.8.4", "CollNet/LL128"),
         ("h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1}", None, "Tree/LL"),
-        ("h:1:1 [0] NCCL INFO AllReduce: 8388608 Bytes -> Algo NVLS_TREE proto LL128 channel{Lo..Hi}={0..15}", None, "NVLSTree/LL128"),
+        ("h:1:1 [0] NCCL INFO AllReduce: 8388608 Bytes -> Algo NVLS_TREE proto LL128 channel{Lo..Hi}={0..15}", None,
+         "NVLSTree/LL128"),
     ],
 )
 def test_algorithm_lines(line, version, expected):
@@ -362,7 +366,8 @@ def test_environment_values_keep_inner_dots_and_drop_the_final_one():
 
 
 def test_nranks_from_nccl_tests_collective_lines_and_bytes_input():
-    line = b"h:1:1 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f recvbuff 0x7f count 100 datatype 7 op 0 root 0 comm 0x55 [nranks=4] stream 0x55\n"
+    line = (b"h:1:1 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f recvbuff 0x7f count 100 datatype 7 op 0 root 0 "
+            b"comm 0x55 [nranks=4] stream 0x55\n")
     s = parse_nccl_info(line)
     assert s.nranks == 4
     assert s.algorithms == ()

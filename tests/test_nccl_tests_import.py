@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.specs.collective_spec import COLLECTIVES, get_collective, make_row
 from topoprof.errors import InputError, ParseError
 from topoprof.measure.fit import bus_bandwidth_gbps, fit_rows
 from topoprof.measure.nccl_tests import parse_nccl_tests, parse_nccl_tests_runs, read_nccl_tests
+from topoprof.specs.collective_spec import COLLECTIVES, get_collective, make_row
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RTX2080 = "topo/22_rtx2080ti-2x-pix-autodl.nccl-tests.txt"

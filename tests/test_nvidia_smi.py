@@ -12,6 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import glued_fixtures
+from tests.helpers.terminal import glued_copy, terminal_copy
+from topoprof.errors import InputError, NothingMeasured, ParseError, TopoprofError
 from topoprof.probes.hardware.nvidia_smi import (
     PATH_KINDS,
     PathCode,
@@ -20,9 +23,6 @@ from topoprof.probes.hardware.nvidia_smi import (
     read_topo_file,
     run_topo_matrix,
 )
-from tests.helpers import glued_fixtures
-from tests.helpers.terminal import glued_copy, terminal_copy
-from topoprof.errors import InputError, NothingMeasured, ParseError, TopoprofError
 
 TOPO_DIR = Path(__file__).parent / "fixtures" / "topo"
 FIXTURES = sorted(
@@ -294,7 +294,8 @@ def test_35_glued_at_100_every_rest_starting_with_blanks():
     name = "35_rtx4090-8x-sys-2nic-glued100-transcript.txt"
     topo = parse_fixture(name)
     assert all(topo.gpu_path(a, b) == p("SYS") for a in range(8) for b in range(8) if a != b)
-    assert [str(topo.gpu_nic_path(g, n)) for g in range(8) for n in range(2)] == ["SYS"] * 12 + ["PHB"] * 2 + ["SYS"] * 2
+    assert ([str(topo.gpu_nic_path(g, n)) for g in range(8) for n in range(2)]
+            == ["SYS"] * 12 + ["PHB"] * 2 + ["SYS"] * 2)
     assert str(topo.matrix[8][9]) == "PIX"  # NIC0 - NIC1
     low, high = tuple(range(56)) + tuple(range(112, 168)), tuple(range(56, 112)) + tuple(range(168, 224))
     assert [(g.cpu_affinity_text, g.cpu_affinity, g.numa_affinity, g.gpu_numa_id) for g in topo.gpus] == (
@@ -619,7 +620,8 @@ def test_malformed_tables(text, line, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3,9-x\n", "row GPU0: cannot read CPU Affinity '0-3,9-x' ('9-x' is not a number or a range)"),
+    ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3,9-x\n",
+     "row GPU0: cannot read CPU Affinity '0-3,9-x' ('9-x' is not a number or a range)"),
     ("\tGPU0\tCPU Affinity\nGPU0\t X \t5-2\n", "'5-2' is not a plausible range"),
     ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-999999\n", "'0-999999' is not a plausible range"),
     ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3\t4-7\n", "do not fit the header columns (CPU Affinity)"),

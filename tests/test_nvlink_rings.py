@@ -9,14 +9,14 @@ import json
 import os
 
 import pytest
-
 from fake_nvml import make_fake_nvml
-from topoprof.probes.hardware.nvidia_smi import read_topo_file
-from topoprof.probes.hardware.nvml import query_nvml
+
+from tests.helpers.cli import topoprof as _cli
 from topoprof.model.comm import channels
 from topoprof.model.comm.links import comm_from_topology, nvlink_rings
+from topoprof.probes.hardware.nvidia_smi import read_topo_file
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.topology.build import build_topology, with_compute_capability
-from tests.helpers.cli import topoprof as _cli
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 SM70 = 20.0  # NCCL src/graph/topo.h SM70_NVLINK_BW, per link per direction
@@ -81,7 +81,8 @@ def test_the_rate_says_where_it_came_from():
     _, unknown = comm_from_topology(_topo("01"), [0, 1])
     assert "unknown" in unknown["nvlink_rate"] and "--gpu" in unknown["nvlink_rate"]
     _, nvml = comm_from_topology(_topo("18", nvml="dgx_h100_nvswitch"))
-    assert nvml["nvlink_rate"].startswith("NVLink sm90 (20.6 GB/s per link)") and nvml["nvlink_rate"].endswith("the topology")
+    assert nvml["nvlink_rate"].startswith("NVLink sm90 (20.6 GB/s per link)")
+    assert nvml["nvlink_rate"].endswith("the topology")
     _, pcie = comm_from_topology(_topo("24"))
     assert "nvlink_rate" not in pcie
 
@@ -220,8 +221,8 @@ def test_model_refuses_an_unknown_gpu_with_a_topology():
 
 
 def test_scan_verdict_compares_with_the_rings_together():
-    from topoprof.report.verdict import judge
     from topoprof.jsonio import to_jsonable
+    from topoprof.report.verdict import judge
     from topoprof.scan.job import _ring
 
     topo = _topo("13", nvml="a100_nvlink_pairs")  # what a scan reads: NVML gives sm80

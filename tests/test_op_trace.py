@@ -123,7 +123,8 @@ def test_tied_and_frozen_parameters_are_indexed_as_ddp_lists_them():
 
 
 def test_the_stated_shape_reaches_a_callable_that_takes_it():
-    assert trace_user_model(f"{META}:sized", {"micro_batch": 3, "seq_len": 7})["shape"] == "3x7 (micro_batch=3, seq_len=7)"
+    sized = trace_user_model(f"{META}:sized", {"micro_batch": 3, "seq_len": 7})
+    assert sized["shape"] == "3x7 (micro_batch=3, seq_len=7)"
     assert trace_user_model(f"{TIED}:build", {"micro_batch": 3, "seq_len": 7})["shape"] == "4x32"  # as it is
     stated = {"micro_batch": 3, "seq_len": None, "other": 1}
     assert shape_kwargs(lambda micro_batch=1, seq_len=2: None, stated) == {"micro_batch": 3}
@@ -175,8 +176,10 @@ def _gpt2_block(target):
 
 
 @pytest.mark.parametrize("target, forward, backward", [
-    ({"device": "cpu"}, "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"),
-    ({"device": "cuda", "precision": "bf16"}, "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward"),
+    ({"device": "cpu"}, "_scaled_dot_product_flash_attention_for_cpu",
+     "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    ({"device": "cuda", "precision": "bf16"}, "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_flash_attention_backward"),
     ({"device": "cuda", "precision": "fp32"}, "_scaled_dot_product_efficient_attention",
      "_scaled_dot_product_efficient_attention_backward"),
 ])

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import topoprof as _cli
 from tests.helpers.unwritable import broken_after_check, one_error_line
 from topoprof.errors import InputError
 from topoprof.jsonio import check_writable, check_writable_folder, write_text
-from tests.helpers.cli import topoprof as _cli
-
 
 # ---- the checks before a run ----------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.workload.presets import PRESETS, get_preset  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS, swiglu_hidden  # noqa: E402
 from topoprof.zoo.preset_modules import DEFAULT_SEQ_LEN, PRESET_MODULES, build  # noqa: E402
-from topoprof.workload.presets import PRESETS, get_preset  # noqa: E402
 
 
 def test_every_preset_of_the_layout_table_is_a_module():
@@ -84,7 +84,8 @@ def test_the_feed_forward_width_is_metas_rule_from_params_json(dim, multiple_of,
 def test_a_smaller_model_of_the_same_design_and_bad_sizes():
     with torch.device("meta"):
         module, tokens, _ = build("llama3-8b", micro_batch=2, seq_len=16, n_layer=1,
-                                  sizes={"hidden": 128, "heads": 32, "kv_heads": 8, "intermediate": 448, "vocab_size": 512})
+                                  sizes={"hidden": 128, "heads": 32, "kv_heads": 8, "intermediate": 448,
+                                         "vocab_size": 512})
     assert module.model.layers[0].self_attn.k_proj.weight.shape == (32, 128) and tokens.shape == (2, 16)
     with pytest.raises(ValueError, match=r"sizes \['width'\] are not arguments of Llama"):
         build("llama3-8b", sizes={"width": 3})

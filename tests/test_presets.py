@@ -2,9 +2,16 @@
 import pytest
 
 from topoprof.errors import InputError
-from topoprof.workload.presets import (PRESETS, VISION_PRESETS, bert_layout, get_preset, gpt2_layout, is_vision,
-                                             synthetic_layout)
 from topoprof.workload.layout import Layout, TensorSpec, Use
+from topoprof.workload.presets import (
+    PRESETS,
+    VISION_PRESETS,
+    bert_layout,
+    get_preset,
+    gpt2_layout,
+    is_vision,
+    synthetic_layout,
+)
 
 # Totals of the Hugging Face models (sum of p.numel() over model.parameters()).
 EXPECTED_PARAMS = {

@@ -15,11 +15,10 @@ import pytest
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 from topoprof.errors import InputError
-from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
-from topoprof.model.compute.profile import (HOST_KINDS, MEMORY_KINDS, load_profile,
-                                    profile_from_dict, profile_to_json)
+from topoprof.model.compute.profile import HOST_KINDS, MEMORY_KINDS, load_profile, profile_from_dict, profile_to_json
 from topoprof.model.compute.profile_facts import SHIPPED, profile_from_gpu_facts
 from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
+from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_FACTS = os.path.join(ROOT, "..", "shared", "gpu-facts", "h200-2026-11-26.jsonl")
@@ -265,6 +264,7 @@ def test_gpu_facts_that_are_not_opbench_lines_are_refused():
 
 def test_the_driver_version_is_read_alone_or_none_with_why():
     from fake_nvml import make_fake_nvml
+
     from topoprof.probes.hardware.nvml import query_driver_version
 
     fake = make_fake_nvml("dgx_h100_nvswitch")
@@ -344,8 +344,10 @@ def test_profile_command_refuses_a_gpu_that_is_not_there_and_a_folder_it_cannot_
 
 def test_profile_help_and_the_profile_model_import_no_torch():
     code = ("import sys\nimport topoprof.cli as c\n"
-            "import topoprof.model.compute.profile, topoprof.model.compute.profile_scale, topoprof.model.compute.profile_facts\n"
-            "import topoprof.report.text_profile, topoprof.measure.profile, topoprof.probes.device_profile.profile_worker, topoprof.probes.device_profile.clock\n"
+            "import topoprof.model.compute.profile, topoprof.model.compute.profile_scale, "
+            "topoprof.model.compute.profile_facts\n"
+            "import topoprof.report.text_profile, topoprof.measure.profile, "
+            "topoprof.probes.device_profile.profile_worker, topoprof.probes.device_profile.clock\n"
             "try:\n    c.main(['profile', '--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'matplotlib', 'pynvml') if m in sys.modules]\n"
             "assert not heavy, heavy")

@@ -214,7 +214,8 @@ def test_a_cpu_profile_runs_inline_its_points_less_the_calls_host_cost():
 
 
 def test_the_nearest_profile_by_the_stated_rule():
-    def made(device, source="measured by `topoprof profile` (probes/device_profile/profile_worker.py)", quick=False, created="2026-01-01",
+    def made(device, source="measured by `topoprof profile` (probes/device_profile/profile_worker.py)", quick=False,
+             created="2026-01-01",
              dtype="bfloat16"):
         return (f"{device}-{created}.json", profile_from_dict(profile_doc(device=device, gemm=GRID, host=HOST,
                                                                           source=source, quick=quick, created=created,

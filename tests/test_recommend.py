@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import glob
-
-import pytest
 import os
 
+import pytest
 from fake_nvml import make_fake_nvml
+
+from topoprof.jsonio import to_jsonable
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.report import recommend as rec
-from topoprof.jsonio import to_jsonable
-from topoprof.topology.build import build_topology
 from topoprof.report.verdict import judge
+from topoprof.topology.build import build_topology
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 
@@ -54,7 +54,8 @@ def _pred(synced, no_sync, dp, fp16, k=8, exposed=0.1):
     def s(step):
         return {"step_time_s": step, "comm_exposed_s": exposed, "samples_per_s": 1 / step, "speedup_vs_ddp_synced": 1.0}
     return {"inputs": {"accumulation_steps": {"value": k}, "world_size": {"value": 4}},
-            "strategies": {"ddp_synced": s(synced), "ddp_no_sync": s(no_sync), "dp": s(dp) if dp else {"step_time_s": None},
+            "strategies": {"ddp_synced": s(synced), "ddp_no_sync": s(no_sync),
+                           "dp": s(dp) if dp else {"step_time_s": None},
                            "ddp_fp16_compress": s(fp16)}}
 
 

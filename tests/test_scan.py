@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
 from tests.helpers.cli import topoprof as _cli
+from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
 
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
@@ -90,7 +90,8 @@ def test_a_report_folder_that_cannot_be_created_stops_the_scan_before_it_measure
     a_file = tmp_path / "a-file"
     a_file.write_text("a regular file, not a folder\n")
     never_measure = "import topoprof.scan.job as job\njob.run = lambda *a: sys.exit('topoprof scan measured')"
-    for out, why in [("/proc/topoprof-test/report", "No such file or directory"), (f"{a_file}/report", "Not a directory")]:
+    for out, why in [("/proc/topoprof-test/report", "No such file or directory"),
+                     (f"{a_file}/report", "Not a directory")]:
         proc = cli_with(never_measure, *FAST_SCAN, "--out", out)
         assert proc.returncode == 2, proc.stderr
         assert one_error_line(proc) == f"topoprof: error: --out {out}: cannot create the folder: {why}"
@@ -127,8 +128,8 @@ def test_a_datasheet_what_if_prediction_is_shown_as_ranges():
     # every step time as a range with its basis, not one number.
     from topoprof.model.comm.collectives import RingComm
     from topoprof.model.compute.timing import Compute
-    from topoprof.model.strategies.payload import model_payload
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+    from topoprof.model.strategies.payload import model_payload
     from topoprof.report.markdown import render_markdown
 
     inputs = ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=2048),

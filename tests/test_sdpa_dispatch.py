@@ -2,10 +2,23 @@
 against the kernel its rule names (sdp_utils.cpp's checks, per torch version and architecture)."""
 import pytest
 
-from topoprof.trace.sdpa_dispatch import (CUDNN, EFFICIENT, FLASH, MATH, GpuArch, SdpaCall, SdpaConfig, choose_backend,
-                                          hf_sdpa_call, mha_training_sdpa_call, priority_order, saved_for_backward)
+from topoprof.trace.sdpa_dispatch import (
+    CUDNN,
+    EFFICIENT,
+    FLASH,
+    MATH,
+    GpuArch,
+    SdpaCall,
+    SdpaConfig,
+    choose_backend,
+    hf_sdpa_call,
+    mha_training_sdpa_call,
+    priority_order,
+    saved_for_backward,
+)
 
-A100, A10, H100, T4, B200, RTX5090 = GpuArch(8, 0), GpuArch(8, 6), GpuArch(9, 0), GpuArch(7, 5), GpuArch(10, 0), GpuArch(12, 0)
+A100, A10, H100, T4 = GpuArch(8, 0), GpuArch(8, 6), GpuArch(9, 0), GpuArch(7, 5)
+B200, RTX5090 = GpuArch(10, 0), GpuArch(12, 0)
 ALL = [(2, m) for m in range(6, 16)]
 
 

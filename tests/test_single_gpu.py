@@ -10,8 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from helpers.fake_driver import driver_env, fixture_body
+
 from topoprof.model.compute.timing import Compute
 from topoprof.model.strategies.job import Workload
 from topoprof.model.strategies.whatif import GPU_COUNTS, NETWORK_GBIT, NODE_COUNTS, what_ifs
@@ -39,7 +39,8 @@ def test_every_case_is_a_range_that_orders_as_the_links_do():
     # NVLink beats PCIe beats a 25 Gbit/s network for the same count, at the slow end
     nv, pci = by_label[f"2 x {name} over NVLink"], by_label[f"2 x {name} over PCIe"]
     net = by_label[f"2 nodes x 1 {name}, 25 Gbit/s"]
-    assert nv["step_time_s"]["ddp_synced"][1] < pci["step_time_s"]["ddp_synced"][1] < net["step_time_s"]["ddp_synced"][1]
+    assert (nv["step_time_s"]["ddp_synced"][1] < pci["step_time_s"]["ddp_synced"][1]
+            < net["step_time_s"]["ddp_synced"][1])
     # on a slow network, no_sync saves most of the step: K - 1 fewer all-reduces of 124M gradients
     assert min(net["no_sync_saving"]) > 0.5
 

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from helpers.slurm import RESV_PORTS, slurm_cluster, unavailable_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,7 +91,8 @@ def _finish(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
 
 
 def _bench_argv(nodes: int, tasks: int, out: str, extra: list[str], name: str = "topoprof") -> list[str]:
-    return ["srun", f"--job-name={name}", f"-N{nodes}", f"-n{tasks}", "python", "-m", "topoprof", "bench", "--backend", "gloo",
+    return ["srun", f"--job-name={name}", f"-N{nodes}", f"-n{tasks}", "python", "-m", "topoprof", "bench", "--backend",
+            "gloo",
             "-w", "1", "--timeout", str(RANK_TIMEOUT_S), "--out", out, *extra]
 
 

@@ -5,11 +5,11 @@ import glob
 import os
 
 import pytest
-
 from fake_nvml import make_fake_nvml
+
+from topoprof.errors import InputError
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probes.hardware.nvml import query_nvml
-from topoprof.errors import InputError
 from topoprof.topology.build import build_topology
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "topo")

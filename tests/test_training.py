@@ -7,12 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topoprof.model.ddp.buckets import ddp_buckets
 from topoprof.errors import InputError
 from topoprof.measure.launch import JobSpec, launch_local
+from topoprof.model.ddp.buckets import ddp_buckets
 from topoprof.workload.presets import PRESETS, VISION_PRESETS, get_preset
-from topoprof.workload.synthetic import (SyntheticSpec, check_supported, parse_config, spec_for_params,
-                                               spec_for_preset)
+from topoprof.workload.synthetic import SyntheticSpec, check_supported, parse_config, spec_for_params, spec_for_preset
 
 torch = pytest.importorskip("torch")
 training = pytest.importorskip("topoprof.probes.ranks.training")

@@ -10,8 +10,16 @@ import pytest
 
 from topoprof.errors import InputError
 from topoprof.model.ddp.buckets import ddp_buckets
-from topoprof.model.inputs.user_model import (ReadyOrder, check_spec, choose_ready_order, flop_order_reason,
-                                              stated_shape, trace_wanted, user_compute, user_layout)
+from topoprof.model.inputs.user_model import (
+    ReadyOrder,
+    check_spec,
+    choose_ready_order,
+    flop_order_reason,
+    stated_shape,
+    trace_wanted,
+    user_compute,
+    user_layout,
+)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py")
 
@@ -150,9 +158,9 @@ def test_validate_trains_the_user_model_in_every_mode():
         # (bench_validate.py --parts user); here every mode is measured and predicted
         assert m["measured_step_s"] > 0 and m["predicted_step_s"] > 0
     # every step reduced the buckets the model predicted: the rotations' bucket sizes are DDP's
+    from topoprof.measure.user_model import measure_user_model
     from topoprof.model.ddp.buckets import ddp_buckets
     from topoprof.model.inputs.user_model import user_layout
-    from topoprof.measure.user_model import measure_user_model
 
     predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure_user_model(f"{FIXTURE}:build", "cpu", 1)), 4))
     assert sorted(doc["rotations"]["rotations"][0][0]["bucket_numel"]) == predicted
@@ -181,8 +189,8 @@ def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
 
 
 def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
-    from topoprof.probes.ranks.model_timing import precision_context
     from topoprof.measure.user_model import measure_user_model
+    from topoprof.probes.ranks.model_timing import precision_context
 
     for precision in ("bf16", "fp16", "fp32"):
         _, used, scaler = precision_context(precision, "cpu")

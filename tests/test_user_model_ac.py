@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers.cli import topoprof  # noqa: E402
+
 from topoprof.model.inputs.traces import UserShape, user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tests.helpers.cli import topoprof as _cli
 from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
 
@@ -89,7 +90,8 @@ def test_calibration_feeds_the_model(tiny_run):
                 "--world-size", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     inputs = json.loads(proc.stdout)["inputs"]
-    assert inputs["micro_batch_time_s"]["source"].startswith("calibration") or "calibration" in inputs["micro_batch_time_s"]["source"]
+    source = inputs["micro_batch_time_s"]["source"]
+    assert source.startswith("calibration") or "calibration" in source
 
 
 def test_one_rank_measures_ddps_own_costs_and_predicts_nothing(tmp_path):
@@ -133,9 +135,9 @@ def test_the_training_config_checks_its_checkpointing_and_the_model_is_wrapped()
     torch = pytest.importorskip("torch")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from topoprof.zoo.synthetic_lm import build_model
     from topoprof.errors import InputError
     from topoprof.workload.synthetic import parse_config, spec_for_params
+    from topoprof.zoo.synthetic_lm import build_model
 
     spec = spec_for_params(60_000, 16)
     base = {"spec": {"vocab": spec.vocab, "d_model": spec.d_model, "n_layers": spec.n_layers, "d_ff": spec.d_ff,

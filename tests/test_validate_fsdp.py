@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
+from tests.helpers.cli import topoprof as _cli
 from topoprof.errors import InputError, NothingMeasured
 from topoprof.measure import torch_support
 from topoprof.measure.torch_support import FSDP2_VALIDATE
 from topoprof.model.validate.run import ALL_MODES, DDP_MODES, parse_modes
-from tests.helpers.cli import topoprof as _cli
 
 FSDP = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync")
 NO_FSDP = torch_support.missing(FSDP2_VALIDATE)  # why this torch cannot run them, or None
@@ -107,8 +107,8 @@ def test_modes_all_and_what_is_refused():
     assert proc.returncode == 2 and "--modes hsdp" in proc.stderr and "across nodes" in proc.stderr
     proc = _cli("validate", "--modes", "fsdp_nonsense", "--backend", "gloo")
     assert proc.returncode == 2 and "--modes fsdp_nonsense" in proc.stderr
-    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions
+    from topoprof.workload.synthetic import spec_for_params
 
     with pytest.raises(InputError, match="--modes fsdp_full_shard"):
         ValidateOptions(backend="gloo", nproc=2, spec=spec_for_params(60_000), label="x", modes=("fsdp_full_shard",),
@@ -144,8 +144,8 @@ dist.destroy_process_group()
 
 
 def test_fsdp_is_validated_on_gloo_only():
-    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions
+    from topoprof.workload.synthetic import spec_for_params
 
     with pytest.raises(InputError, match="--modes fsdp_full_shard: FSDP is validated on CPU ranks"):
         ValidateOptions(backend="nccl", nproc=2, spec=spec_for_params(60_000), label="x", modes=("fsdp_full_shard",))

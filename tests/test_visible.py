@@ -10,11 +10,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from fake_nvml import make_fake_nvml
 from helpers.fake_driver import driver_env
-from topoprof.probes.hardware.nvml import query_nvml
+
 from topoprof.jsonio import to_jsonable
+from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.topology.build import build_topology
 from topoprof.topology.visible import JobView, identify, job_gpu, job_gpus
 
@@ -269,7 +269,8 @@ def test_one_gpu_what_if_applies_to_the_jobs_one_gpu(node, monkeypatch):
     monkeypatch.setattr(preds, "single_gpu_what_ifs", lambda opts, gpu: asked.append(gpu) or {"label": "x"})
     opts = SimpleNamespace(nproc=1)
     result, status = _what_ifs(opts, _for_job(node, monkeypatch, "5"))
-    assert status.status == "ok" and [(g.index, g.name, g.memory_total_bytes) for g in asked] == [(5, "NVIDIA L4", 23034 * MIB)]
+    assert status.status == "ok"
+    assert [(g.index, g.name, g.memory_total_bytes) for g in asked] == [(5, "NVIDIA L4", 23034 * MIB)]
     assert _what_ifs(opts, _for_job(node, monkeypatch, None)) == (None, None)  # 8 GPUs: not one
     assert _what_ifs(opts, _for_job(node, monkeypatch, "5,6")) == (None, None)
     skipped, status = _what_ifs(opts, _for_job(node, monkeypatch, f"MIG-{GPU6}/1/0"))

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from topoprof.workload.presets import VISION_PRESETS, get_preset  # noqa: E402
 from topoprof.zoo.preset_modules import build  # noqa: E402
-from topoprof.workload.presets import VISION_PRESETS, get_preset
 
 BATCH = 3
 

@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 
@@ -171,7 +172,8 @@ def test_time_here_times_a_what_if_here_and_never_takes_its_time_as_the_gpus():
     assert "model's own ops" in doc["inputs"]["micro_batch_time_s"]["source"]
     (note,) = [w for w in doc["warnings"] if w.startswith("timed here (--time-here)")]
     assert "per micro-batch on cpu, this machine, not the h100-sxm predicted: not used" in note
-    proc = _cli("model", "--preset", "gpt2", "--gpu", "h100-sxm", "--tokens", "1024", "--world-size", "1", "--time-here")
+    proc = _cli("model", "--preset", "gpt2", "--gpu", "h100-sxm", "--tokens", "1024", "--world-size", "1",
+                "--time-here")
     assert proc.returncode == 2 and "--time-here times your --model" in proc.stderr
 
 

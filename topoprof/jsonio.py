@@ -148,7 +148,7 @@ def check_writable_folder(path: str, option: str) -> None:
 
 def _missing_folders(path: str) -> list[str]:
     """The folders `os.makedirs(path)` would create, outermost first."""
-    missing = []
+    missing: list[str] = []
     path = os.path.abspath(path)
     while not os.path.lexists(path):
         missing.insert(0, path)

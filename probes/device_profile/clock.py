@@ -144,7 +144,7 @@ def autorange(block: Callable[[int], float], target_block_s: float, budget_s: fl
     block(1)
     first = block(1)
     n = max(1, min(max_calls, int(target_block_s / max(first, 1e-9))))
-    per_call = []
+    per_call: list[float] = []
     while len(per_call) < rounds and (not per_call or time.perf_counter() - started < budget_s):
         per_call.append(block(n) / n)
     ahead = block.host_ahead if isinstance(block, _DeviceBlock) and block.clock.cuda else None

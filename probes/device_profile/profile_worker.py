@@ -28,8 +28,9 @@ from typing import Callable
 
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, MAX_CALLS
 from topoprof.probes.device_profile.plan import PLANS
-from topoprof.probes.device_profile.timing_run import ProfileRun
 from topoprof.probes.device_profile.sections import ADAMW_WORDS, PASSES, SECTIONS
+from topoprof.probes.device_profile.timing_run import ProfileRun
+
 
 class NoDevice(Exception):
     """The device asked for is not there (no CUDA device visible to torch)."""
@@ -134,7 +135,8 @@ def measure_profile(device: str | None = None, quick: bool = False, budget_s: fl
         "schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
         "tool": {"name": "topoprof", "version": __version__},
         "host": machine["hostname"], "created_utc": machine["created_utc"],
-        "source": "measured by `topoprof profile` (probes/device_profile/profile_worker.py)" + (", quick" if quick else ""),
+        "source": ("measured by `topoprof profile` (probes/device_profile/profile_worker.py)"
+                   + (", quick" if quick else "")),
         "citation": f"measured on {machine['device']}, torch {torch.__version__}, {day} (topoprof profile"
                     + (" --quick)" if quick else ")"),
         "quick": quick, "seconds": time.perf_counter() - started, "dtype": str(run.dtype).split(".")[-1],

@@ -3,6 +3,7 @@ document on the profile's run (device, plan, clock, budget) and returns a line o
 from __future__ import annotations
 
 import time
+
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, autorange
 from topoprof.probes.device_profile.plan import gemm_shapes, sdpa_cases
 from topoprof.probes.device_profile.timing_run import HOST_MAX_CALLS, ProfileRun
@@ -143,13 +144,19 @@ def _memory(run: ProfileRun, out: dict) -> str:
     for size in run.plan.memory_bytes:
         rows = max(1, size // (ROW * torch.empty((), dtype=run.dtype).element_size()))
         rows_bf16 = max(1, size // (ROW * 2))   # the upcast's bf16 input: the same bytes as the others' input
-        tensors = run.point("memory", f"{size} B tensors", lambda rows=rows, rows_bf16=rows_bf16: (
-            run.randn(rows, ROW), run.randn(rows, ROW), run.randn(rows_bf16, ROW, dtype=torch.bfloat16),
-            run.randn(ROW)), counts=False)
+
+        def made(rows=rows, rows_bf16=rows_bf16):
+            return (run.randn(rows, ROW), run.randn(rows, ROW), run.randn(rows_bf16, ROW, dtype=torch.bfloat16),
+                    run.randn(ROW))
+
+        tensors = run.point("memory", f"{size} B tensors", made, counts=False)
         if tensors is None:
             continue
         for kind, (call, moved) in _memory_ops(run, *tensors).items():
-            s = run.point("memory", f"{kind} of {size} B", lambda call=call: run.device_time(call))
+            def timed(call=call):
+                return run.device_time(call)
+
+            s = run.point("memory", f"{kind} of {size} B", timed)
             if s is not None:
                 source = tensors[2] if kind == "upcast" else tensors[0]
                 points.append({"kind": kind, "dtype": dtype,   # the profile's dtype; the upcast's input is bf16

@@ -74,7 +74,8 @@ class ProfileRun:
 
     def pick(self, timing) -> float:
         """A GPU's median block (as shared/gpu-facts' opbench); a CPU's fastest, the one the machine's
-        other work disturbed least (as probes/device_profile/device_costs.py: a CPU shares its cores, a GPU is its own)."""
+        other work disturbed least (as probes/device_profile/device_costs.py: a CPU shares its cores, a GPU is its
+        own)."""
         return timing.fastest if not self.cuda else timing.seconds
 
     def randn(self, *shape, dtype=None, grad: bool = False):

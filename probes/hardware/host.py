@@ -380,7 +380,7 @@ def _ib_port(dev_dir: str, device: str, port: int, shared: tuple) -> IbPort:
         text, reason = _read(os.path.join(dev_dir, "ports", str(port), fname))
         values[attr] = parse(text) if text is not None else None
         if values[attr] is None:
-            missing[attr] = reason or f"ports/{port}/{fname} holds {text.strip()!r}, unrecognised"
+            missing[attr] = reason or f"ports/{port}/{fname} holds {(text or '').strip()!r}, unrecognised"
     return IbPort(device=device, port=port, netdevs=netdevs, numa_node=numa,
                   pci_bus_id=pci, missing=missing, **values)
 

@@ -7,8 +7,8 @@ saved outputs, pasted from issues, chat or Markdown, read exactly like live ones
 
 What matters is the path matrix: GPU x GPU and GPU x NIC cells. It is read wherever it can be:
 through ANSI escapes, tabs or spaces, indentation, quotes and fences, and copies a terminal
-wrapped (`topoprof.probes.hardware.smi_table` reads a table, `topoprof.probes.hardware.smi_text` turns the text into words and
-fields). Only a matrix that cannot be read is refused (ParseError with FILE:LINE). The affinity
+wrapped (`topoprof.probes.hardware.smi_table` reads a table, `topoprof.probes.hardware.smi_text` turns the text into
+words and fields). Only a matrix that cannot be read is refused (ParseError with FILE:LINE). The affinity
 fields after it are secondary and vary between drivers (an empty field before a column, N/A
 anywhere, a GPU NUMA ID column or none, an extra field on one row): one that cannot be read is
 unknown, with a note in `SmiTopology.notes`, never a reason to refuse the file.
@@ -18,9 +18,19 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from topoprof.probes.hardware.smi_table import (CPU_AFFINITY, GPU_NUMA_ID, NUMA_AFFINITY, PATH_KINDS, AsymmetricTopologyWarning,
-                              PathCode, SmiGpu, SmiNic, SmiTopology, parse_topo_matrix)
 from topoprof.errors import InputError, NothingMeasured, TopoprofError
+from topoprof.probes.hardware.smi_table import (
+    CPU_AFFINITY,
+    GPU_NUMA_ID,
+    NUMA_AFFINITY,
+    PATH_KINDS,
+    AsymmetricTopologyWarning,
+    PathCode,
+    SmiGpu,
+    SmiNic,
+    SmiTopology,
+    parse_topo_matrix,
+)
 
 __all__ = ["CPU_AFFINITY", "GPU_NUMA_ID", "NUMA_AFFINITY", "PATH_KINDS", "AsymmetricTopologyWarning", "PathCode",
            "SmiGpu", "SmiNic", "SmiTopology", "parse_topo_matrix", "read_topo_file", "run_topo_matrix"]

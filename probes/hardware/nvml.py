@@ -288,7 +288,8 @@ def _read_nvlinks(query: _Query, handle: Any, gpu_missing: dict) -> tuple[NvLink
 def _read_gpu(query: _Query, index: int) -> tuple[Any, NvmlGpu]:
     values: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    handle, lost, links = None, False, ()
+    handle, lost = None, False
+    links: tuple[NvLink, ...] = ()
     try:
         handle = query(missing, "handle", "nvmlDeviceGetHandleByIndex", index)
         if handle is not None:
@@ -425,7 +426,7 @@ def nvlink_pairs(snapshot: NvmlSnapshot) -> dict[tuple[int, int], int]:
     seen: dict[tuple[int, int], int] = {}
     for gpu in snapshot.gpus:
         for link in gpu.nvlinks:
-            peer = owner.get(link.remote_bus_id) if link.active else None
+            peer = owner.get(link.remote_bus_id) if link.active and link.remote_bus_id is not None else None
             if peer is not None and peer != gpu.index:
                 seen[(gpu.index, peer)] = seen.get((gpu.index, peer), 0) + 1
     pairs: dict[tuple[int, int], int] = {}

@@ -8,10 +8,30 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from topoprof.probes.hardware.smi_text import (APART, EITHER, GLUE, LABEL, PREFIX, SHIFT, TAB, VALUE, VALUE_LIKE, Glue, Word, affinity_fields,
-                             clean_lines, id_list, join_wrapped, layout, split_headings, split_labels,
-                             tail_readings, terminal_width, unglue)
 from topoprof.errors import ParseError
+from topoprof.probes.hardware.smi_text import (
+    APART,
+    EITHER,
+    GLUE,
+    LABEL,
+    SHIFT,
+    TAB,
+    VALUE,
+    VALUE_LIKE,
+    Glue,
+    Word,
+    affinity_fields,
+    clean_lines,
+    id_list,
+    join_wrapped,
+    layout,
+    prefix_of,
+    split_headings,
+    split_labels,
+    tail_readings,
+    terminal_width,
+    unglue,
+)
 
 PATH_KINDS = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")  # best to worst
 _OLD_NAMES = {"SOC": "SYS"}  # older drivers printed SOC for the path across CPU sockets
@@ -215,7 +235,7 @@ def _ends_table(raw: str, next_label: str | None) -> bool:
 
 def _parse_header(words: list[Word], number: int, source: str, cells: int) -> _Header:
     """The header's labels and headings; `cells` is the number of path cells in the GPU0 row."""
-    labels = []
+    labels: list[str] = []
     while len(labels) < len(words) and LABEL.fullmatch(words[len(labels)][1]):
         labels.append(words[len(labels)][1])
     rest = split_headings(words[len(labels):], _HEADING_WORDS)
@@ -322,7 +342,9 @@ def _make_gpu(label: str, row: _Row, source: str, notes: list[str]) -> SmiGpu:
     cpus = _read_ids(row, CPU_AFFINITY, label, source, notes)
     numa = _read_ids(row, NUMA_AFFINITY, label, source, notes)
     numa_id = _read_ids(row, GPU_NUMA_ID, label, source, notes)
-    index = int(_GPU_LABEL.fullmatch(label).group(1))
+    gpu_label = _GPU_LABEL.fullmatch(label)
+    assert gpu_label is not None  # the header's labels were read with LABEL
+    index = int(gpu_label.group(1))
     cpu_text = row.fields.get(CPU_AFFINITY) if cpus is not None else None
     return SmiGpu(index, label, cpus, cpu_text, numa, numa_id[0] if numa_id else None)
 
@@ -346,7 +368,7 @@ def _check_matrix(header: _Header, rows: list[_Row], source: str) -> None:
 
 def _nic_legend(lines: list[str]) -> dict[str, str]:
     """NIC Legend entries ("  NIC0: mlx5_0") printed below the matrix by newer drivers."""
-    entries = [match.groups() for match in map(_LEGEND.fullmatch, lines) if match]
+    entries = [(match[1], match[2]) for match in map(_LEGEND.fullmatch, lines) if match]
     return dict(reversed(entries))  # the first entry for a NIC wins
 
 
@@ -357,7 +379,7 @@ class _Table:
         self.lines, self.at = lines, at
         self.first_row = _header_end(lines, at)
         self.wrapped = self.first_row > at + 1
-        self.prefix = PREFIX.match(lines[self.first_row]).group() if self.first_row < len(lines) else ""
+        self.prefix = prefix_of(lines[self.first_row]) if self.first_row < len(lines) else ""
         block = range(at, next((j for j in range(self.first_row, len(lines)) if not lines[j].strip()), len(lines)))
         self.width = terminal_width([lines[j] for j in block], self.prefix)
 
@@ -385,7 +407,9 @@ def _parse_table(lines: list[str], at: int, source: str, glue: Glue | None) -> S
     second = header_words[1][1] if len(header_words) > 1 else None
     first = table.words(table.first_row, table.row_end(table.first_row, second, len(header_words)))[0]
     header = _parse_header(header_words, at + 1, source, len(_read_codes(first, len(header_words))[0]))
-    rows, notes, index = [], [], table.first_row
+    rows: list[_Row] = []
+    notes: list[str] = []
+    index = table.first_row
     for k, label in enumerate(header.labels):
         if index >= len(lines) or not lines[index].strip():
             found = "a blank line" if any(line.strip() for line in lines[index:]) else "the input ends"
@@ -407,7 +431,7 @@ def _parse_table(lines: list[str], at: int, source: str, glue: Glue | None) -> S
         notes.insert(0, f"{source}:{at + 1}: the table was wrapped at {table.width} columns (a terminal"
                         " copy); its lines were joined back")
     glued = [i for i in glue.lines if at <= i < index] if glue else []
-    if glued:
+    if glue and glued:
         notes.insert(0, _glue_note(glue, glued, len(table.prefix.expandtabs(TAB)), source))
     legend = _nic_legend(lines[index:])
     nics = tuple(SmiNic(i, label, legend.get(label, label)) for i, label in enumerate(header.labels[count:]))
@@ -439,4 +463,5 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> SmiTopology:
             return _parse_table(lines, at, source, glue)
         except ParseError as err:
             first_error = first_error or err
+    assert first_error is not None  # starts is not empty
     raise first_error

@@ -35,6 +35,13 @@ _MAX_SKIPPED_STOPS = 3  # a tab stopped at the margin stood for 1..3 tab stops (
 # two-character escapes; what is left of a lone ESC goes too.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|\x1b")
 PREFIX = re.compile(r"[ \t>]*")  # indentation and Markdown quote markers before a table
+
+
+def prefix_of(text: str) -> str:
+    """The indentation and quote markers `text` starts with (PREFIX matches every line)."""
+    match = PREFIX.match(text)
+    assert match is not None
+    return match.group()
 _WORD = re.compile(r"\S+")
 # Device labels: GPU0, NIC0, or raw RDMA names (mlx5_0, bnxt_re0, ...), which end in a digit.
 LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]*[0-9]")
@@ -62,7 +69,7 @@ def body(raw: str, prefix: str | None = None) -> str:
     even when a whole block was indented.
     """
     if prefix is None or not raw.startswith(prefix):
-        prefix = PREFIX.match(raw).group()
+        prefix = prefix_of(raw)
     return raw[len(prefix):].expandtabs(TAB)
 
 
@@ -98,7 +105,7 @@ def unglue(lines: list[str], blanks_between) -> tuple[list[str], Glue | None]:
     texts = {i: line.expandtabs(TAB) for i, line in enumerate(lines)}
     # the search starts after indentation and quote markers, whose blanks are no pad
     gaps = {i: match.span() for i, text in texts.items()
-            if (match := _GLUE_GAP.search(text, len(PREFIX.match(text).group())))}
+            if (match := _GLUE_GAP.search(text, len(prefix_of(text))))}
     if not gaps:
         return lines, None
     widest_pad = min(end - start for start, end in gaps.values())
@@ -118,13 +125,13 @@ def unglue(lines: list[str], blanks_between) -> tuple[list[str], Glue | None]:
 
 def _is_table_line(text: str) -> bool:
     """A header or row: its first word (after quote markers) is a device label."""
-    words = text[len(PREFIX.match(text).group()):].split(maxsplit=1)
+    words = text[len(prefix_of(text)):].split(maxsplit=1)
     return bool(words) and LABEL.fullmatch(words[0]) is not None
 
 
 def _edge(text: str) -> int:
     """The column of a line's first word, after any quote markers: the table's left edge."""
-    match = _WORD.search(text, len(PREFIX.match(text).group()))
+    match = _WORD.search(text, len(prefix_of(text)))
     return match.start() if match else 0
 
 

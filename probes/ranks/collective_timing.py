@@ -21,7 +21,6 @@ import time
 
 from topoprof.specs.collective_spec import DTYPES, combine
 
-
 # The check works through the buffer in chunks of this many elements, so its int64 temporaries
 # stay small next to the buffers themselves (a 1 GiB float32 buffer would otherwise need
 # several GiB more for indices and expected values).
@@ -180,7 +179,8 @@ class Where:
     this rank's position in it (None when this rank sits this level out), its label."""
 
     def __init__(self, level: str, group, size: int, rank: int | None, label: str, members: list[int]):
-        self.level, self.group, self.size, self.rank, self.label, self.members = level, group, size, rank, label, members
+        self.level, self.group, self.size, self.rank = level, group, size, rank
+        self.label, self.members = label, members
 
 
 def _check(op: "_Op", ctx, config: dict, sync) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def init(backend: str, timeout_s: float) -> RankEnv:
     if backend == "nccl":
         torch.cuda.set_device(torch.device(info.device))
     if not dist.is_initialized():
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if backend == "nccl":
             kwargs["device_id"] = torch.device(info.device)  # eager NCCL init, bound to this GPU
         dist.init_process_group(

@@ -197,7 +197,8 @@ def _timed_passes(step, cuda: bool, repeats: int, say=lambda text: None) -> tupl
     """At least `repeats` timed passes; on a GPU on until GPU_TIMED_S have passed, within
     MAX_PASSES_PER_REPEAT x repeats. The first also reads the memory by phase (the warm-up
     left the optimizer's state and the allocator's blocks in place)."""
-    passes, optimizer_s = [], []
+    passes: list[dict] = []
+    optimizer_s: list[float] = []
     limit = repeats * (MAX_PASSES_PER_REPEAT if cuda else 1)
     start = time.perf_counter()
     while len(passes) < limit and (len(passes) < repeats or (cuda and time.perf_counter() - start < GPU_TIMED_S)):
@@ -278,7 +279,9 @@ def run_rank(ctx, config: dict) -> None:
         from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 
         ctx.progress(f"tracing {config['spec']} on meta")
-        record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"], config.get("kwargs"),
-                                                                   config.get("target"), ctx.progress, config.get("unit"),
+        record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"],
+                                                                   config.get("kwargs"),
+                                                                   config.get("target"), ctx.progress,
+                                                                   config.get("unit"),
                                                                    config.get("ac"))])[0]
     ctx.emit("user_model", **record)

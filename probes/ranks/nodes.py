@@ -13,8 +13,8 @@ import platform
 def run_rank(ctx, config: dict) -> None:
     import torch.distributed as dist
 
-    from topoprof.topology.collect import collect_topology
     from topoprof.jsonio import to_jsonable
+    from topoprof.topology.collect import collect_topology
 
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
     from topoprof.probes.ranks.collective_timing import node_id

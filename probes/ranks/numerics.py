@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from topoprof.probes.ranks.training import accumulate, make_optimizer, step_batches, wrap_ddp
-from topoprof.zoo.synthetic_lm import build_model
 from topoprof.workload.synthetic import DDP_MODES, NUMERICS_TOLERANCE, TrainConfig, check_supported, parse_config
+from topoprof.zoo.synthetic_lm import build_model
 
 
 def flat_params(model) -> torch.Tensor:
@@ -59,7 +59,8 @@ def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
 
         fsdp.quiet()
         ctx.progress("numerics fsdp")
-        finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype, ac=cfg.ac).to(ctx.device), fsdp_modes,
+        finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype, ac=cfg.ac).to(ctx.device),
+                                    fsdp_modes,
                                     [b.to(ctx.device) for b in batches_by_rank[rank]], cfg.accum,
                                     fsdp.mesh_for(ctx.device, world), lambda m: make_optimizer(cfg, m),
                                     fsdp.full_params))

@@ -30,15 +30,22 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
+from topoprof.workload.synthetic import (
+    DDP_MODES,
+    STREAM_SEED_BITS,
+    SyntheticSpec,
+    TrainConfig,
+    check_supported,
+    parse_config,
+)
 from topoprof.zoo.synthetic_lm import build_model
-from topoprof.workload.synthetic import (DDP_MODES, STREAM_SEED_BITS, SyntheticSpec, TrainConfig, check_supported,
-                                               parse_config)
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16}
 COMBINE = "max over ranks, median over steps"
@@ -166,14 +173,15 @@ def _counting_allreduce(counter: _HookCounter, bucket):
 
     counter.calls += 1
     counter.bucket_numel[bucket.index()] = bucket.buffer().numel()
-    return default_hooks.allreduce_hook(None, bucket)  # what DDP does without a hook
+    # what DDP does without a hook: its state None is the default process group, which torch's hints leave out
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
 
 def wrap_ddp(model, device: str, cfg: TrainConfig, counter: _HookCounter | None = None):
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [torch.device(device).index] if device.startswith("cuda") else None
-    kwargs = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
+    kwargs: dict[str, Any] = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
     ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=False, **kwargs)
     if counter is not None:
         ddp.register_comm_hook(counter, _counting_allreduce)
@@ -345,7 +353,11 @@ def _setup(ctx, cfg: TrainConfig):
 
 def run_timed(ctx, cfg: TrainConfig) -> None:
     model, optimizer, batches_for, devices, replicas, counter = _setup(ctx, cfg)
-    sync = lambda: [synchronize(d) for d in devices]  # noqa: E731
+
+    def sync() -> None:
+        for d in devices:
+            synchronize(d)
+
     times, calls = run_steps(ctx, cfg, model, optimizer, batches_for, sync, counter)
     per_rank = _gather(times, ctx.device)  # [rank][step]
     if cfg.mode == "single":

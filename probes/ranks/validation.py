@@ -37,15 +37,16 @@ import contextlib
 import dataclasses
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from topoprof.probes.ranks import training
-from topoprof.zoo.synthetic_lm import build_model
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
 from topoprof.specs.fsdp_modes import FSDP_ONE_NODE
 from topoprof.workload.synthetic import DDP_MODES, check_supported, parse_config
+from topoprof.zoo.synthetic_lm import build_model
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
 # the compute time at the all-reduce rate this rotation measured.
@@ -79,7 +80,7 @@ def _timed_allreduce(clock: _BucketClock, bucket):
     index, tensor = bucket.index(), bucket.buffer()
     clock.numel[index] = tensor.numel()
     if clock.local:
-        future = torch.futures.Future()
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         future.set_result(tensor.div_(clock.world_size))
         return future
     future = dist.all_reduce(tensor.div_(clock.world_size), async_op=True).get_future()
@@ -109,7 +110,7 @@ def _ddp_step(model, ddp, optimizer, batches, mode: str, clock: _BucketClock, sy
     return training.timed_step(optimizer, batches, sync, micro_batch)
 
 
-def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock, ddp_first: bool,
+def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock | None, ddp_first: bool,
                       loss_of) -> dict:
     """Each rank alone, nothing communicated: forward and backward of `batches` through its own
     copy, then the optimizer; and the first of them again through the DDP wrapper inside
@@ -125,6 +126,7 @@ def _calibration_half(model, ddp, optimizer, batches, sync, clock: _BucketClock,
         optimizer.zero_grad(set_to_none=True)
         with ddp.no_sync():
             no_sync = training.timed_passes(ddp, batches[:1], sync, loss_of)
+        assert clock is not None  # DDP's wrapper comes with its clock
         clock.local = True
         try:
             local = training.timed_passes(ddp, batches[:1], sync, loss_of)
@@ -295,15 +297,18 @@ def run_rank(ctx, config: dict) -> None:
         # the start and the end of a rotation is measured at both, as the steps run between them
         half = len(batches) // 2 or 1
         before = _calibration_half(model, ddp, optimizer, batches[:half], sync, clock, r % 2 == 0, loss_of)
-        fsdp_before = fsdp.calibration(copies, batches[0], cfg.accum, fsdp_clock, sync, loss_of) if copies else None
-        record = {"modes": {}}
+        fsdp_before = (fsdp.calibration(copies, batches[0], cfg.accum, fsdp_clock, sync, loss_of)
+                       if copies and fsdp_clock is not None else None)
+        record: dict[str, Any] = {"modes": {}}
         for mode in modes:
+            assert clock is not None  # a DDP mode comes with its clock
             dist.barrier()
             record["modes"][mode] = _ddp_step(model, ddp, optimizer, batches, mode, clock, sync, loss_of)
         replays = []
         for mode in fsdp_modes:
             wrapping = fsdp.wrapping_of(mode)
             # its collectives between the model's own compute first, in the state the step will meet
+            assert fsdp_clock is not None and fsdp_before is not None  # an FSDP mode comes with its copies
             hold = fsdp.own_work(before["forward_s"][0], before["backward_s"][0], fsdp_before, wrapping)
             replays.append(fsdp.shadow_pass(model, batches[0], cfg.accum, loss_of, fsdp.WRAPPINGS[wrapping],
                                             ctx.world_size, ctx.device, synchronize, hold))
@@ -313,7 +318,8 @@ def run_rank(ctx, config: dict) -> None:
                                               fsdp_clock, sync, loss_of)
         dist.barrier()
         rest = batches[half:] or batches
-        fsdp_after = fsdp.calibration(copies, rest[0], cfg.accum, fsdp_clock, sync, loss_of) if copies else None
+        fsdp_after = (fsdp.calibration(copies, rest[0], cfg.accum, fsdp_clock, sync, loss_of)
+                      if copies and fsdp_clock is not None else None)
         after = _calibration_half(model, ddp, optimizer, rest, sync, clock, r % 2 == 1, loss_of)
         record["calibration"] = _joined(before, after, half)
         if copies:
@@ -321,6 +327,7 @@ def run_rank(ctx, config: dict) -> None:
             record["calibration"]["fsdp"] = [fsdp_before, fsdp_after]
             record["fsdp_replays"] = replays
         if modes:
+            assert clock is not None
             if not buffers:  # DDP's buckets are rebuilt after its first step: their sizes are known now
                 buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
             record["bucket_numel"] = [b.numel() for b in buffers]
@@ -334,7 +341,7 @@ def run_rank(ctx, config: dict) -> None:
                                                    record["allreduce_alone_s"], anchor, ctx.device, sync, loss_of)
         if r >= cfg.warmup_steps:
             rotations.append(record)
-    everyone = [None] * ctx.world_size
+    everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, rotations)
     if ctx.rank == 0:
         ctx.emit("validation", rotations=[[everyone[rank][i] for rank in range(ctx.world_size)]

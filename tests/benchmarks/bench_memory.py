@@ -35,7 +35,8 @@ def gpu_point() -> bool:
 
     measured = next(t["measured"] for t in json.load(open(SUMMARY))["tests"]
                     if t["test"] == "test_preset_memory_measured_beside_the_count")
-    trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024}, {"preset": "gpt2"},
+    trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024},
+                             {"preset": "gpt2"},
                              {"device": "cuda", "precision": "bf16"})
     m = trace["memory"]
     kept = m["kept"]
@@ -62,7 +63,8 @@ def gpu_peak() -> bool:
 
     measured = next(t["measured"] for t in json.load(open(SUMMARY))["tests"]
                     if t["test"] == "test_preset_memory_measured_beside_the_count")
-    trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024}, {"preset": "gpt2"},
+    trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024},
+                             {"preset": "gpt2"},
                              {"device": "cuda", "precision": "bf16"})
     mb = from_trace(trace["memory"])
     params = sum(math.prod(p["shape"]) for p in trace["params"] if p["requires_grad"])
@@ -74,7 +76,8 @@ def gpu_peak() -> bool:
     print(f"  measured on the H200 (max_memory_allocated)   {gpu:8.3f}")
     print(f"  followed over the trace                       {counted:8.3f}   ({100 * (counted / gpu - 1):+.1f} %), at "
           f"{held.peak.text(1)}")
-    print(f"  the parts added                               {summed / 1e9:8.3f}   ({100 * (summed / 1e9 / gpu - 1):+.1f} %)")
+    print(f"  the parts added                               {summed / 1e9:8.3f}   "
+          f"({100 * (summed / 1e9 / gpu - 1):+.1f} %)")
     ok = abs(counted / gpu - 1) <= PEAK_TARGET
     print(f"{'PASS' if ok else 'FAIL'}: within {PEAK_TARGET:.0%}")
     return ok

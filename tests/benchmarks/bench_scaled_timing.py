@@ -24,8 +24,8 @@ def main() -> None:
     from topoprof.measure.runner import visible_gpus
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.compute.scaled import scaled_compute
-    from topoprof.workload.presets import PRESET_DEPTH
     from topoprof.model.inputs.user_model import PRESET_SPEC, SCALED_DEPTHS, user_compute
+    from topoprof.workload.presets import PRESET_DEPTH
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="gpt2")
@@ -46,10 +46,12 @@ def main() -> None:
         whole.append(full)
         scaled.append(extended)
         print(f"round {r + 1}: forward+backward whole {full['micro_batch_time_s'] * 1e3:.1f} ms, scaled "
-              f"{extended['micro_batch_time_s'] * 1e3:.1f} ms; optimizer whole {full['optimizer_time_s'] * 1e3:.1f} ms, "
-              f"scaled {extended['optimizer_time_s'] * 1e3:.1f} ms", flush=True)
-    ratio = statistics.median(s["micro_batch_time_s"] for s in scaled) / statistics.median(w["micro_batch_time_s"] for w in whole)
-    opt = statistics.median(s["optimizer_time_s"] for s in scaled) / statistics.median(w["optimizer_time_s"] for w in whole)
+              f"{extended['micro_batch_time_s'] * 1e3:.1f} ms; optimizer whole {full['optimizer_time_s'] * 1e3:.1f} "
+              f"ms, scaled {extended['optimizer_time_s'] * 1e3:.1f} ms", flush=True)
+    ratio = (statistics.median(s["micro_batch_time_s"] for s in scaled)
+             / statistics.median(w["micro_batch_time_s"] for w in whole))
+    opt = (statistics.median(s["optimizer_time_s"] for s in scaled)
+           / statistics.median(w["optimizer_time_s"] for w in whole))
     print(f"RESULT {args.preset} on {device}, micro-batch {batch} x {seq_len} tokens: scaled/whole forward+backward "
           f"{ratio:.3f}, optimizer {opt:.3f}; within 5 %: {'PASS' if abs(ratio - 1) <= 0.05 else 'FAIL'}")
 

@@ -34,14 +34,16 @@ def main() -> None:
         out = tempfile.mkdtemp(prefix=f"topoprof-scan-{name}-")
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--out", out, *extra],
-                              capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                              capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         wall = time.monotonic() - t0
         if proc.returncode != 0:
             raise SystemExit(f"scan {name} failed: {proc.stderr[-500:]}")
         ratios[name] = wall / TARGETS[name]
         print(f"{name:>8}: {wall:5.1f} s (target {TARGETS[name]:.0f} s, ratio {ratios[name]:.2f})  report {out}")
         print(f"{'':>10}stages: {stage_times(out)}")
-    print(f"RESULT scan time / target: worst ratio {max(ratios.values()):.2f}: {'PASS' if max(ratios.values()) <= 1 else 'FAIL'}")
+    print(f"RESULT scan time / target: worst ratio {max(ratios.values()):.2f}: "
+          f"{'PASS' if max(ratios.values()) <= 1 else 'FAIL'}")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def main() -> None:
         for row in doc["rows"]:
             ratio = row["busbw_gbps"] / shaped_gbps
             worst = min(worst, ratio)
-            print(f"  {row['size_bytes'] >> 20:3d} MiB  busbw {row['busbw_gbps']:.4f} GB/s  = {ratio:.3f} of the shaped rate")
+            print(f"  {row['size_bytes'] >> 20:3d} MiB  busbw {row['busbw_gbps']:.4f} GB/s  = {ratio:.3f} of the "
+                  f"shaped rate")
     print(f"RESULT physical-limit ratio (worst) = {worst:.3f}: {'PASS' if worst >= 0.85 else 'FAIL'}")
 
 

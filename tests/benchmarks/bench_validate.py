@@ -138,7 +138,8 @@ def run_parts(parts: list[str], runs: int, save: str | None = None) -> None:
             print(f"shaped link: skipped ({unavailable_reason()})")
             continue
         for i in range(runs):
-            doc = {"validate": lambda: validate_loopback([]), "shaped": lambda: validate_shaped(1000.0, []), "user": validate_user,
+            doc = {"validate": lambda: validate_loopback([]), "shaped": lambda: validate_shaped(1000.0, []),
+                   "user": validate_user,
                    "scan": lambda: scan(False), "quick": lambda: scan(True),
                    "fsdp": lambda: validate_loopback(["--modes", FSDP_MODES, "--backend", "gloo"])}[part]()
             docs.append(doc)
@@ -161,7 +162,8 @@ def run_parts(parts: list[str], runs: int, save: str | None = None) -> None:
         ok &= abs(mean) <= 4
         cover = min(v.get("measured_parts_cover_pct") or 0.0 for d in every for v in d["modes"].values())
         print(f"RESULT over {len(every)} runs, {len(signed)} modes: mean signed error {mean:+.2f}%; "
-              f"every run within its bounds (median <= 8% and worst <= 15%; user model: median <= 10%), mean within +-4%: {'PASS' if ok else 'FAIL'}; "
+              f"every run within its bounds (median <= 8% and worst <= 15%; user model: median <= 10%), mean within "
+              f"+-4%: {'PASS' if ok else 'FAIL'}; "
               f"every factor within +-20% run to run: {'PASS' if factors_ok else 'FAIL'}; "
               f"timeline parts cover >= {cover:.1f}% of each step: {'PASS' if cover >= 97 else 'FAIL'}")
 

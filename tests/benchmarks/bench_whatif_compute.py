@@ -49,7 +49,8 @@ a 1x1 convolution ran at 119-247 GFLOP/s on 2 images of 3x3 px, 367-464 at 8x8 a
 16x16. oneDNN also reorders each weight between PyTorch's plain layout and its blocked one on every
 call (forward, input gradient, and the weight gradient back), and on 2 images of 3x3 to 8x8 px its
 weight gradient cost 0.04-0.24 ns per weight byte beyond its FLOPs at the large one's rate (0.2-0.24
-for weights of 4 and 8 MB, past the caches; at 16x16 px the excess was within -0.07..+0.13). Two other pricings were tried on the convolution models, timed beside them:
+for weights of 4 and 8 MB, past the caches; at 16x16 px the excess was within -0.07..+0.13). Two other pricings were
+tried on the convolution models, timed beside them:
 - every convolution at that large convolution's rate: measured 40-109 % above the prediction
   (ResNet-50 2x96 px: 29 ms predicted vs 61 measured; 8x128 px: 172 vs 240);
 - that rate plus a cost per weight byte, measured on a 1x1 1024 -> 1024 convolution on 2 images
@@ -177,8 +178,8 @@ def describe(preset: str, kwargs: dict) -> str:
 
 def cpu_profile():
     """This CPU's device profile, measured now (the full CPU plan; `topoprof profile --device cpu`)."""
-    from topoprof.probes.device_profile.profile_worker import measure_profile
     from topoprof.model.compute.profile import profile_from_dict
+    from topoprof.probes.device_profile.profile_worker import measure_profile
 
     return profile_from_dict(measure_profile("cpu", quick=False), "this CPU's profile")
 
@@ -240,7 +241,8 @@ def _figures(profile) -> str:
     host = profile.host_seconds_per_op
     pages = profile.cpu.fresh_page_s_per_byte * 1e9 if profile.cpu else float("nan")
     return (f"{gemm / 1e9:.0f} GFLOP/s, copy {copy.bytes_per_s / 1e9 if copy else float('nan'):.1f} GB/s, "
-            f"{host.get('autograd_forward', float('nan')) * 1e6:.2f}/{host.get('autograd_backward_node', float('nan')) * 1e6:.2f}"
+            f"{host.get('autograd_forward', float('nan')) * 1e6:.2f}/"
+            f"{host.get('autograd_backward_node', float('nan')) * 1e6:.2f}"
             f" us, {pages:.3f} ns/B")
 
 

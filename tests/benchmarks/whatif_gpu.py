@@ -101,10 +101,10 @@ def main_committed(path: str, shapes, traced, describe) -> None:
 def main_cuda(shapes, traced, describe, measured_on_gpu_s, repeats: int) -> None:
     import torch
 
-    from topoprof.probes.device_profile.profile_worker import measure_profile
     from topoprof.model.compute.profile import profile_from_dict
     from topoprof.model.compute.profile_choice import pricer_for
     from topoprof.model.compute.roofline import roofline
+    from topoprof.probes.device_profile.profile_worker import measure_profile
 
     name = torch.cuda.get_device_name(0)
     doc = measure_profile("cuda", quick=True, on_progress=lambda line: print(f"# profile: {line}", flush=True))

@@ -122,7 +122,8 @@ def drifts(found: dict[str, str]) -> list[str]:
         path = HERE / f"{name}.txt"
         kept = path.read_text() if path.exists() else ""
         if kept != text:
-            diff = difflib.unified_diff(kept.splitlines(True), text.splitlines(True), f"kept/{name}", f"now/{name}", n=2)
+            diff = difflib.unified_diff(kept.splitlines(True), text.splitlines(True), f"kept/{name}", f"now/{name}",
+                                        n=2)
             out.append("".join(list(diff)[:80]))
     return out
 

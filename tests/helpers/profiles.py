@@ -7,7 +7,8 @@ from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
 
 def profile_doc(device="NVIDIA H100 80GB HBM3", kind="cuda", dtype="bfloat16", gemm=(), memory=(), sdpa=(),
-                host=None, ranges=None, sm_count=None, source="measured by `topoprof profile` (probes/device_profile/profile_worker.py)",
+                host=None, ranges=None, sm_count=None,
+                source="measured by `topoprof profile` (probes/device_profile/profile_worker.py)",
                 created="2026-11-20T00:00:00Z", quick=False, cpu=None) -> dict:
     """gemm: [((m, n, k), FLOP/s)]; memory: [((kind, bytes moved), B/s)]; sdpa: [((seq, head dim,
     causal), FLOP/s)]; host: {kind: seconds}; ranges: {kind: [low, high]}."""

@@ -37,7 +37,8 @@ from typing import Iterator, Mapping, Sequence
 if __package__ in (None, ""):  # run as a script: make `helpers` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from helpers.netns import ShapedLink, shaped_link, unavailable_reason as netns_unavailable_reason
+from helpers.netns import ShapedLink, shaped_link
+from helpers.netns import unavailable_reason as netns_unavailable_reason
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -303,7 +304,8 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - by hand and from .ci
     with slurm_cluster(rate) as cluster:
         print(f"cluster up: nodes {', '.join(NODES)} at {cluster.link.addr_a}, {cluster.link.addr_b}; link shaped to "
               f"{rate:g} Mbit/s; partition {PARTITION}; config, logs and spool in {cluster.root}")
-        print(f"clients run on the head node, for example:\n  SLURM_CONF={cluster.conf} {shlex.join(cluster.client(['sinfo']))}")
+        print(f"clients run on the head node, for example:\n  SLURM_CONF={cluster.conf} "
+              f"{shlex.join(cluster.client(['sinfo']))}")
         try:
             input("press Enter to stop the cluster ")
         except (EOFError, KeyboardInterrupt):

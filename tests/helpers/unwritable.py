@@ -14,7 +14,8 @@ def cli_with(setup: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
 
-def broken_after_check(check: str, folder: Path, spare: Path, *args: str, also: str = "") -> subprocess.CompletedProcess:
+def broken_after_check(check: str, folder: Path, spare: Path, *args: str,
+                       also: str = "") -> subprocess.CompletedProcess:
     """Run the CLI with `folder` turned into a regular file right after topoprof.jsonio.`check`
     passed for a path in it, as a disk that fills or a mount that goes read-only during the run,
     and the temporary directory set to `spare`; `also`: more statements to run first."""

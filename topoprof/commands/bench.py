@@ -22,9 +22,9 @@ def _size(ctx, param, value):
 
 def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
     from topoprof.measure.bench import BenchOptions, collectives_option, default_sizes, run_bench
+    from topoprof.measure.runner import default_backend_and_nproc
     from topoprof.report.text_bench import HEADER, format_row
     from topoprof.specs.collective_spec import size_sweep
-    from topoprof.measure.runner import default_backend_and_nproc
 
     backend, nproc, note = default_backend_and_nproc(opts_kwargs.pop("backend"), opts_kwargs.pop("nproc"))
     lo, hi, factor = default_sizes(backend)
@@ -64,7 +64,8 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
 @click.option("--nproc", type=click.IntRange(min=1), default=None,
               help="Local ranks. Default: one per visible GPU (nccl) or 2 (gloo).")
 @click.option("--collectives", default="all_reduce", show_default=True,
-              help="Comma list of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv, reduce; or 'all'.")
+              help="Comma list of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv, reduce; or "
+                   "'all'.")
 @click.option("-b", "--min-bytes", callback=_size, help="Smallest size (8, 1K, 64M, 1G). Default 8.")
 @click.option("-e", "--max-bytes", callback=_size, help="Largest size. Default 1G (nccl) or 64M (gloo).")
 @click.option("-f", "--factor", type=click.IntRange(min=1), default=None, help="Size multiplier. Default 2.")

@@ -27,7 +27,8 @@ from topoprof.workload.presets import RMSNORMS
                    "only traces it on the meta device); the time is shown, never used as that GPU's.")
 @click.option("--grad-bytes", type=click.Choice(["2", "4"]), default="4", show_default=True,
               help="Bytes per gradient element: 4 under autocast (fp32 params), 2 for pure bf16/fp16.")
-@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per GPU per micro-batch.")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Samples per GPU per micro-batch.")
 @click.option("--tokens", type=click.IntRange(min=1),
               help="Tokens per GPU per micro-batch (for the FLOPs estimate; not for an image --preset).")
 @click.option("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: torch's 25 with a 1 MiB first bucket).")
@@ -56,8 +57,8 @@ from topoprof.workload.presets import RMSNORMS
 @click.option("--gpu", help="GPU name for datasheet peak FLOP/s and memory bandwidth (e.g. 'H100 SXM'); "
                            "with --topology it also pins the NVLink generation (NCCL's per-link rate).")
 @click.option("--precision", default="bf16", show_default=True)
-@click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu what-if "
-                                                "is priced from the model's own ops (op trace and roofline).")
+@click.option("--utilization", type=float, help="Share of peak FLOP/s reached, if you know it; without it a --gpu "
+                                                "what-if is priced from the model's own ops (op trace and roofline).")
 @click.option("--compiled", is_flag=True, help="The modelled compute under torch.compile: chains of elementwise and "
                                                "norm ops fused into one memory pass each, a host cost per graph and "
                                                "per kernel instead of eager PyTorch's per op.")
@@ -66,21 +67,30 @@ from topoprof.workload.presets import RMSNORMS
                    "of the --gpu named (or without --gpu), scaled by datasheet ratios to another GPU (default: the "
                    "nearest profile shipped with topoprof).")
 @click.option("--optimizer", default="adamw", show_default=True)
-@click.option("--optimizer-time", type=float, help="Measured optimizer step seconds (>= 0). If neither this, --calibration nor --gpu gives it, 0 is assumed and the output says so.")
-@click.option("--bench", type=click.Path(dir_okay=False), help="Use the all_reduce fit of a `bench --json` or scan report.")
+@click.option("--optimizer-time", type=float, help="Measured optimizer step seconds (>= 0). If neither this, "
+                                                   "--calibration nor --gpu gives it, 0 is assumed and the output says "
+                                                   "so.")
+@click.option("--bench", type=click.Path(dir_okay=False),
+              help="Use the all_reduce fit of a `bench --json` or scan report.")
 @click.option("--topology", type=click.Path(dir_okay=False), help="Saved `nvidia-smi topo -m` text or `topo --json`.")
 @click.option("--gpus", help="GPU indices of the job within the topology, e.g. 0,1,2,3.")
 @click.option("--link-bandwidth", type=float, help="Explicit per-direction link bandwidth, GB/s.")
 @click.option("--link-latency", type=float, help="Explicit per-hop latency, microseconds.")
-@click.option("--world-size", type=click.IntRange(min=1), help="Total GPUs (checked against --nodes x GPUs per node); 1 needs no link.")
+@click.option("--world-size", type=click.IntRange(min=1),
+              help="Total GPUs (checked against --nodes x GPUs per node); 1 needs no link.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), help="With --nodes; 1 GPU per node needs only --network-bandwidth.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1),
+              help="With --nodes; 1 GPU per node needs only --network-bandwidth.")
 @click.option("--network-bandwidth", type=float, help="Each node's NICs together, GB/s per direction (multi-node).")
 @click.option("--network-latency", type=float, help="Per network hop, microseconds (default NCCL's 14).")
-@click.option("--accum", type=int, default=1, show_default=True, help="Gradient accumulation steps K (micro-batches per optimizer step).")
+@click.option("--accum", type=int, default=1, show_default=True,
+              help="Gradient accumulation steps K (micro-batches per optimizer step).")
 @click.option("--sweep/--no-sweep", default=True, show_default=True, help="Also print the sweep over K and world size.")
-@click.option("--activation-memory", type=click.FloatRange(min=0), help="Activations per GPU per micro-batch, GB, if you know them (counted for the transformer presets, else unknown).")
-@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="The GPU's memory, GB (default: from --gpu's name or datasheet).")
+@click.option("--activation-memory", type=click.FloatRange(min=0),
+              help="Activations per GPU per micro-batch, GB, if you know them (counted for the transformer presets, "
+                   "else unknown).")
+@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True),
+              help="The GPU's memory, GB (default: from --gpu's name or datasheet).")
 @click.option("--json", "as_json", is_flag=True)
 def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,

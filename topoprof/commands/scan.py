@@ -24,14 +24,16 @@ from topoprof.progress import LiveProgress
 @click.option("--tokens", type=click.IntRange(min=1),
               help="Tokens per GPU per micro-batch (default 2048; an image --preset counts --micro-batch-size images).")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--accum", type=click.IntRange(min=1), default=8, show_default=True, help="Gradient accumulation steps K.")
+@click.option("--accum", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Gradient accumulation steps K.")
 @click.option("--activation-checkpointing", metavar="MODE",
               help="Activation checkpointing of the predicted model's blocks: none (default), full, layer:N or op "
                    "(torchtitan's modes); timed and traced so where the model is.")
 @click.option("--validate/--no-validate", default=True, show_default=True, help="Run the short real training loops.")
 @click.option("--quick", is_flag=True, help="Fewer sizes and steps, no numerics check.")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Report folder (default reports/<host>-<UTC time>/).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Report folder (default reports/<host>-<UTC time>/).")
 def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_time, tokens, micro_batch_size, accum,
          activation_checkpointing, validate, quick, timeout_s, out_dir):
     """Profile this node and write a report: wiring, measured bandwidth, DP/DDP/accumulation

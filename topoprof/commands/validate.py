@@ -12,16 +12,19 @@ from topoprof.progress import LiveProgress
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default=None)
 @click.option("--nproc", type=click.IntRange(min=1), default=None)
 @click.option("--params", help="Synthetic model size (default 2M): 500K, 10M, 125M.")
-@click.option("--preset", help="A text preset's shape, scaled by --scale: gpt2, gpt2-medium, bert-base, gpt3-xl, llama-7b.")
+@click.option("--preset", help="A text preset's shape, scaled by --scale: gpt2, gpt2-medium, bert-base, gpt3-xl, "
+                               "llama-7b.")
 @click.option("--model", "user_model", metavar="PATH.py:CALLABLE",
               help="Train your own model instead: a function returning (module, example_batch[, loss_fn]).")
 @click.option("--scale", type=float, default=0.05, show_default=True, help="Parameter scale for --preset.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--micro-batch", type=click.IntRange(min=1), default=4, show_default=True, help="Samples per rank per micro-batch.")
+@click.option("--micro-batch", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Samples per rank per micro-batch.")
 @click.option("--accum", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Timed rotations: each measures every input and one step of every mode.")
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True, help="Rotations run first, untimed.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Rotations run first, untimed.")
 @click.option("--modes", default="ddp_synced,ddp_no_sync,ddp_no_sync_backward_only", show_default=True,
               help="Comma list of ddp_synced, ddp_no_sync, ddp_no_sync_backward_only, fsdp_full_shard, "
                    "fsdp_full_shard_no_sync, fsdp_shard_grad_op, fsdp_shard_grad_op_no_sync (torch >= 2.9), or all "
@@ -33,21 +36,28 @@ from topoprof.progress import LiveProgress
               help="torch threads per CPU rank (default: the cores divided among the ranks).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
-@click.option("--save-calibration", "save_calibration_to", type=click.Path(dir_okay=False), help="Write the calibration for `topoprof model --calibration`.")
+@click.option("--save-calibration", "save_calibration_to", type=click.Path(dir_okay=False),
+              help="Write the calibration for `topoprof model --calibration`.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Also write the JSON here.")
 def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_batch, accum, steps, warmup_steps, modes,
              ac, threads, numerics, timeout_s, save_calibration_to, as_json, out_path):
     """Run short real training loops for each strategy and compare with the model's prediction."""
-    from topoprof.jsonio import dumps, envelope, write_text
+    from topoprof.jsonio import check_writable, dumps, envelope, write_text
     from topoprof.measure.launch import is_reporting_rank
     from topoprof.measure.runner import default_backend_and_nproc
     from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
-    from topoprof.model.validate.run import (FSDP_BACKENDS, ValidateOptions, cpu_threads_per_rank, parse_modes,
-                                             run_validate, save_calibration, spec_from_options, validate_payload)
+    from topoprof.model.validate.run import (
+        FSDP_BACKENDS,
+        ValidateOptions,
+        cpu_threads_per_rank,
+        parse_modes,
+        run_validate,
+        save_calibration,
+        spec_from_options,
+        validate_payload,
+    )
     from topoprof.report.text_validate import render_validate
-
-    from topoprof.jsonio import check_writable
 
     check_writable(out_path, "--out")
     check_writable(save_calibration_to, "--save-calibration")

@@ -10,9 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from topoprof.specs.collective_spec import (COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective,
-                                          row_from_dict)
 from topoprof.errors import InputError, NothingMeasured
+from topoprof.specs.collective_spec import COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective, row_from_dict
 
 PROTOCOL = (
     "nccl-tests method: per size, a correctness run on small-integer data (#wrong), {warmup} warm-up "
@@ -65,7 +64,7 @@ class BenchResult:
     error: str | None = None
     nccl: list[dict] = field(default_factory=list)   # per-rank NCCL log summaries
     nccl_explained: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
+    wall_s: float | None = 0.0
 
     def fits(self) -> dict:
         """Per collective, over the whole job's rows (the level every single-node run has). None on
@@ -144,8 +143,8 @@ def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = No
 def read_nccl_logs(result: BenchResult, rank_logs: dict[str, str]) -> None:
     """NCCL's own INFO lines in the ranks' output (`RunResult.rank_logs`): its version, the
     transport it chose per pair, and what that means."""
-    from topoprof.measure.nccl_log import explain, parse_nccl_info
     from topoprof.jsonio import to_jsonable
+    from topoprof.measure.nccl_log import explain, parse_nccl_info
 
     for path, text in rank_logs.items():
         summary = parse_nccl_info(text, source=path)
@@ -221,8 +220,8 @@ def _fit_dict(fit) -> dict:
 def copies_payload(enabled: bool) -> dict | None:
     if not enabled:
         return None
-    from topoprof.probes.ranks.copy_bandwidth import measure_copies
     from topoprof.jsonio import to_jsonable
+    from topoprof.probes.ranks.copy_bandwidth import measure_copies
 
     try:
         return {"status": "ok", **to_jsonable(measure_copies())}

@@ -18,8 +18,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from topoprof.specs.collective_spec import BenchRow, get_collective
 from topoprof.errors import InputError
+from topoprof.specs.collective_spec import BenchRow, get_collective
 
 # A row is an outlier when |measured/predicted - 1| > OUTLIER_THRESHOLD: 0.5 flags sizes 50 %
 # slower (or faster) than the fitted line, well beyond run-to-run noise of a few percent.

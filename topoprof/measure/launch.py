@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import topoprof
 from topoprof.errors import InputError
@@ -156,7 +156,7 @@ def free_port() -> int:
 class _Rank:
     rank: int
     proc: subprocess.Popen
-    reader: object
+    reader: BinaryIO  # the rank's message pipe, unbuffered
     log_path: str
     buffer: bytes = b""
     last_progress_t: float = 0.0

@@ -144,7 +144,7 @@ def transport_kind(detail: str) -> str:
 def version_tuple(version: str | None) -> tuple[int, int, int] | None:
     """(2, 23, 4) for "2.23.4+cuda12.4"; None when absent or unreadable."""
     match = re.match(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", version or "")
-    return tuple(int(g) for g in match.groups()) if match else None  # type: ignore[return-value]
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
 @dataclass

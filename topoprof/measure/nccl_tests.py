@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from topoprof.specs.collective_spec import COLLECTIVES, BenchRow, CollectiveSpec, algbw_gbps, get_collective
 from topoprof.errors import InputError, ParseError
+from topoprof.specs.collective_spec import COLLECTIVES, BenchRow, CollectiveSpec, algbw_gbps, get_collective
 
 DEFAULT_COLLECTIVE = "all_reduce"
 
@@ -165,7 +165,8 @@ class _Run:
         self.rows: list[tuple[int, list[str]]] = []
         self.ranks: dict[int, tuple[str, str]] = {}
         self.per_process: int | None = None
-        self.nccl_version = self.tests_version = None
+        self.nccl_version: str | None = None
+        self.tests_version: str | None = None
         self.starting: tuple[int, str] | None = None
         self.binary: tuple[int, str] | None = None
         self.oob: int | None = None
@@ -223,12 +224,15 @@ class _Run:
             spec_from_log = next((s for s in COLLECTIVES.values() if s.nccl_tests_binary == f"{binary}_perf"), None)
             if spec_from_log is None:
                 supported = ", ".join(s.nccl_tests_binary for s in COLLECTIVES.values())
-                raise ParseError(self.source, number, f"log is from {binary}_perf, which is not supported; supported: {supported}")
+                raise ParseError(self.source, number, f"log is from {binary}_perf, which is not supported; supported: "
+                                                      f"{supported}")
         if requested is not None:
             spec = get_collective(requested)
             if spec_from_log is not None and spec_from_log is not spec:
+                assert found is not None  # the log named its binary
                 raise ParseError(
-                    self.source, found[0], f"log is from {spec_from_log.nccl_tests_binary} but collective={requested!r} was given"
+                    self.source, found[0], f"log is from {spec_from_log.nccl_tests_binary} but "
+                                           f"collective={requested!r} was given"
                 )
             return spec, "log" if spec_from_log is not None else "argument"
         if spec_from_log is not None:
@@ -239,6 +243,7 @@ class _Run:
         """(number of columns before the first time column, number of 4-column groups)."""
         lay = self.layout
         if lay.lead is not None:
+            assert lay.groups is not None  # read from the same header as `lead`
             expected = len(lay.lead) + 4 * lay.groups
             if len(tokens) != expected:
                 names = " ".join(lay.lead + lay.group * lay.groups)
@@ -253,7 +258,8 @@ class _Run:
         groups = 2 if len(tokens) >= 11 else 1
         return len(tokens) - 4 * groups, groups
 
-    def row(self, number: int, tokens: list[str], spec: CollectiveSpec, nranks: int | None) -> tuple[BenchRow, bool, bool]:
+    def row(self, number: int, tokens: list[str], spec: CollectiveSpec,
+            nranks: int | None) -> tuple[BenchRow, bool, bool]:
         """The row and whether its algbw and busbw agree with recomputation."""
         lead, groups = self._row_layout(number, tokens)
         if not _UINT_RE.fullmatch(tokens[1]):
@@ -266,8 +272,8 @@ class _Run:
         t_tok, a_tok, b_tok, w_tok = tokens[at : at + 4]
         names = self.layout.group
         time_us = _number(t_tok, names[0], label, self.source, number)
-        alg = _number(a_tok, names[1], label, self.source, number)
-        bus = _number(b_tok, names[2], label, self.source, number)
+        alg: float | None = _number(a_tok, names[1], label, self.source, number)
+        bus: float | None = _number(b_tok, names[2], label, self.source, number)
         wrong = _wrong(w_tok, names[3], label, self.source, number)
         size = int(tokens[0])
         if nranks == 1:  # nccl-tests prints S / t and a busbw of 0; one rank moves nothing between GPUs
@@ -322,7 +328,8 @@ def parse_nccl_tests_runs(
         raise InputError(f"which must be 'out' (out-of-place columns) or 'in' (in-place), got {which!r}")
     blocks = _split_runs(text.splitlines())
     if not blocks:
-        raise ParseError(source, None, "no nccl-tests table rows found (lines like '  8  2  float  sum  -1  12.25  0.00  0.00  0 ...')")
+        raise ParseError(source, None, "no nccl-tests table rows found (lines like '  8  2  float  sum  -1  12.25  "
+                                       "0.00  0.00  0 ...')")
     return [_parse_block(b, source, collective, which) for b in blocks]
 
 
@@ -334,7 +341,8 @@ def parse_nccl_tests(
     if len(runs) > 1:
         second = next(n for n, t in _split_runs(text.splitlines())[1] if _ROW_START_RE.match(_strip(t)))
         raise ParseError(
-            source, second, f"a second nccl-tests run's table starts here ({len(runs)} runs in all); read them with parse_nccl_tests_runs()"
+            source, second, f"a second nccl-tests run's table starts here ({len(runs)} runs in all); read them with "
+                            f"parse_nccl_tests_runs()"
         )
     return runs[0]
 

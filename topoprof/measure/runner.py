@@ -8,8 +8,16 @@ import signal
 import threading
 import time
 
-from topoprof.measure.launch import (ExternalJob, JobSpec, OnMessage, RankFailure, RunResult, external_job,
-                                    launch_local, read_rank_logs)
+from topoprof.measure.launch import (
+    ExternalJob,
+    JobSpec,
+    OnMessage,
+    RankFailure,
+    RunResult,
+    external_job,
+    launch_local,
+    read_rank_logs,
+)
 
 
 def visible_gpus() -> int:

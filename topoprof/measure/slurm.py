@@ -72,7 +72,7 @@ def _expand_item(item: str, whole: str) -> list[str]:
 
 
 def _expand_ranges(body: str, whole: str) -> list[str]:
-    values = []
+    values: list[str] = []
     for part in body.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
         if m is None:

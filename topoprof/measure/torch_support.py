@@ -4,8 +4,8 @@ TORCH_FLOOR is pyproject.toml's `torch>=`: the oldest release the whole test sui
 (docs/testing.md, "torch versions checked"). Older releases lack what the op trace needs (the meta
 kernels of CUDA's fused attention came in 2.5; on 2.5 non-reentrant `torch.utils.checkpoint` looks
 for a device module of meta tensors and fails, pytorch/pytorch#133550) and much of the GPU path
-(`init_process_group(device_id=...)`, `torch.amp.GradScaler("cuda")`, `torch.OutOfMemoryError`). A feature that needs more than the
-floor is listed here, once: the command that would use it stops before any rank starts, with one
+(`init_process_group(device_id=...)`, `torch.amp.GradScaler("cuda")`, `torch.OutOfMemoryError`). A feature that needs
+more than the floor is listed here, once: the command that would use it stops before any rank starts, with one
 line and exit 1 (nothing could be measured), and its tests skip with the same words.
 
 torch is not imported here: its version comes from the package's metadata.

@@ -54,7 +54,8 @@ def _copy_reference(report: dict) -> dict:
     links = [r["nominal_gbps"] for r in copy_verdicts(copies, report.get("topology") or {}) if r["nominal_gbps"]]
     # an unknown GPU has no figure: nothing is drawn for it
     specs = {lookup_gpu_quietly(name) for name in copies.get("device_names") or ()}
-    hbm = next(iter(specs)).memory_bandwidth_gbps if len(specs) == 1 and None not in specs else None
+    spec = next(iter(specs)) if len(specs) == 1 else None
+    hbm = spec.memory_bandwidth_gbps if spec is not None else None
     return {"pcie_gbps": max(links) if links else None, "hbm_gbps": hbm}
 
 
@@ -136,9 +137,11 @@ def load_report(path: str) -> dict:
 
     doc = load_json(path)
     if doc.get("kind") != "scan":
-        raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof scan`")
+        raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof "
+                         f"scan`")
     from topoprof.jsonio import SCHEMA_VERSION
 
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this topoprof reads")
+        raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this "
+                         f"topoprof reads")
     return doc

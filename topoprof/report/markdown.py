@@ -31,8 +31,8 @@ def _todo(report: dict) -> list[str]:
             no_sync = (p["strategies"].get("ddp_no_sync") or {}).get("step_time_s")
             if synced and no_sync:
                 k = p["inputs"]["accumulation_steps"]["value"]
-                out.append(f"- {p['label']}, K = {k}: `no_sync()` {100 * (synced - no_sync) / synced:.1f} % faster than "
-                           f"syncing every micro-batch; exposed communication "
+                out.append(f"- {p['label']}, K = {k}: `no_sync()` {100 * (synced - no_sync) / synced:.1f} % faster "
+                           f"than syncing every micro-batch; exposed communication "
                            f"{100 * p['strategies']['ddp_synced']['comm_exposed_s'] / synced:.1f} % of a synced step.")
         return out + [""]
     for i, r in enumerate(recs[:3], 1):
@@ -66,8 +66,10 @@ def _topology(report: dict) -> list[str]:
         rows = [[f"GPU{g['index']}" + ("\\*" if g["index"] in (marks or {}) else ""),
                  *([marks.get(g["index"], "–")] if marks is not None else []), g.get("name") or "–",
                  g.get("pci_bus_id") or "–",
-                 f"Gen{g.get('pcie_gen_current')}x{g.get('pcie_width_current')} / Gen{g.get('pcie_gen_max')}x{g.get('pcie_width_max')}"
-                 if g.get("pcie_gen_max") else "–", g.get("numa_node", "–"), g.get("nvlinks_active", "–")] for g in gpus]
+                 f"Gen{g.get('pcie_gen_current')}x{g.get('pcie_width_current')} / "
+                 f"Gen{g.get('pcie_gen_max')}x{g.get('pcie_width_max')}"
+                 if g.get("pcie_gen_max") else "–", g.get("numa_node", "–"),
+                 g.get("nvlinks_active", "–")] for g in gpus]
         out += _table(["GPU", *(["this job"] if marks is not None else []), "name", "bus id", "PCIe now / max",
                        "NUMA", "NVLinks"], rows) + [""]
         if marks is not None:
@@ -81,11 +83,12 @@ def _topology(report: dict) -> list[str]:
     host = topo.get("host") or {}
     cpu = host.get("cpu") or {}
     if host:
-        out += [f"Host `{host.get('hostname')}`: {cpu.get('model') or 'CPU model unknown'}, {cpu.get('sockets')} socket(s), "
-                f"{cpu.get('cpus_logical')} logical CPUs, {len(host.get('numa_nodes', []))} NUMA node(s), "
+        out += [f"Host `{host.get('hostname')}`: {cpu.get('model') or 'CPU model unknown'}, {cpu.get('sockets')} "
+                f"socket(s), {cpu.get('cpus_logical')} logical CPUs, {len(host.get('numa_nodes', []))} NUMA node(s), "
                 f"{(host.get('memory_total_bytes') or 0) / 2**30:.0f} GiB.", ""]
     for nic in topo.get("nics", []):
-        out.append(f"- NIC {nic['device']}: {nic.get('rate_gbit') or '?'} Gb/s, {nic.get('link_layer') or '?'}, {nic.get('state') or '?'}")
+        out.append(f"- NIC {nic['device']}: {nic.get('rate_gbit') or '?'} Gb/s, {nic.get('link_layer') or '?'}, "
+                   f"{nic.get('state') or '?'}")
     notes = topo.get("notes", [])
     return out + ([""] if topo.get("nics") else []) + [f"> {n}" for n in notes] + ([""] if notes else [])
 
@@ -236,7 +239,8 @@ def _ddp_costs(p: dict) -> list[str]:
     knobs = p.get("ddp_knobs") or []
     if knobs:
         out += ["DDP options with a predicted gain on `ddp_synced`: " + "; ".join(
-            f"`{o['knob']}` {o['gain_s'] * 1e3:.1f} ms ({o['gain_pct']:.1f} %, on {o['part']})" for o in knobs) + ".", ""]
+            f"`{o['knob']}` {o['gain_s'] * 1e3:.1f} ms ({o['gain_pct']:.1f} %, on {o['part']})" for o in knobs) + ".",
+                ""]
     return out
 
 
@@ -353,7 +357,8 @@ def _calibration_rows(cal: dict) -> list[list]:
     for key, label, unit in INPUTS:
         s = spread.get(key)
         if s and key != "comm_slowdown_during_compute":
-            rows.append([label, _value(s["value"], unit), f"{_value(s['p25'], unit)} – {_value(s['p75'], unit)}", s["n"]])
+            rows.append([label, _value(s["value"], unit), f"{_value(s['p25'], unit)} – {_value(s['p75'], unit)}",
+                         s["n"]])
     for key, s in spread.items():
         if key.startswith("comm_slowdown_at_"):
             size = int(key.split("_")[-2])
@@ -442,9 +447,11 @@ def _cluster(report: dict) -> list[str]:
             fit = e["fit"]
             bw = fit.get("bandwidth_gbps")
             rows.append([label, group, len(e["ranks"]), f"{e['peak_busbw_gbps']:.3f} @ {e['peak_size_bytes']:,} B",
-                         f"{fit['latency_us']:.0f} µs + S / {bw:.3f} GB/s" if bw else f"{fit['latency_us']:.0f} µs (latency only)"])
+                         f"{fit['latency_us']:.0f} µs + S / {bw:.3f} GB/s" if bw else f"{fit['latency_us']:.0f} µs "
+                                                                                      f"(latency only)"])
     if rows:
-        out += ["All-reduce at each level:", ""] + _table(["level", "group", "ranks", "peak busbw GB/s", "fit"], rows) + [""]
+        out += (["All-reduce at each level:", ""]
+                + _table(["level", "group", "ranks", "peak busbw GB/s", "fit"], rows) + [""])
     check = cluster.get("composed_check")
     if check:
         out += [f"Cross-check: the per-node ring and the network measured alone, composed as NCCL's ring crosses "

@@ -106,6 +106,7 @@ def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
     synced, no_sync = _step(pred, "ddp_synced"), _step(pred, "ddp_no_sync")
     gain = _saving(synced, no_sync)
     if k > 1 and gain is not None and gain >= 100 * MIN_GAIN:
+        assert synced is not None and no_sync is not None  # a saving is between two step times
         out.append(Recommendation(
             "no_sync", f"Accumulate with no_sync() around forward and backward ({label}, K={k})",
             f"Syncing every micro-batch costs {synced * 1e3:.1f} ms per step; no_sync() on the first "
@@ -116,6 +117,7 @@ def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
     dp = _step(pred, "dp")
     gain = _saving(dp, synced)
     if dp and gain is not None and gain > 0:
+        assert synced is not None
         n = pred["inputs"]["world_size"]["value"]
         out.append(Recommendation(
             "ddp_over_dp", f"Use DistributedDataParallel, not DataParallel ({label})",
@@ -126,6 +128,7 @@ def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
     fp16 = _step(pred, "ddp_fp16_compress")
     gain = _saving(synced, fp16)
     if gain is not None and gain >= 100 * MIN_GAIN:
+        assert fp16 is not None
         out.append(Recommendation(
             "fp16_compress", f"Compress gradients to fp16 for the all-reduce ({label})",
             f"Communication is exposed: {pred['strategies']['ddp_synced']['comm_exposed_s'] * 1e3:.1f} ms "
@@ -143,6 +146,7 @@ def knob_recommendations(pred: dict, label: str) -> list[Recommendation]:
     for o in pred.get("ddp_knobs") or []:
         if o["knob"].startswith("register_comm_hook") or o["gain_pct"] < 100 * MIN_GAIN:
             continue
+        assert synced is not None  # DDP's options are priced on its synced step
         out.append(Recommendation(
             f"ddp_{o['knob'].split('=')[0]}", f"DistributedDataParallel(..., {o['knob']}) ({label})",
             f"It acts on {o['part']} of what DDP adds to a synced micro-batch: {synced * 1e3:.1f} ms per step "

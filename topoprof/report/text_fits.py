@@ -34,7 +34,8 @@ def fits_lines(fits: dict | None) -> list[str]:
         return []
     gpu = fits.get("gpu_memory_gb")
     seq = f", {fits['tokens_per_sample']} tokens per sequence" if fits.get("tokens_per_sample") else ""
-    head = (f"What fits on a GPU of {gpu:,.1f} GB ({fits.get('gpu_memory_source')}){seq}, K = {fits['accumulation_steps']}:"
+    head = (f"What fits on a GPU of {gpu:,.1f} GB ({fits.get('gpu_memory_source')}){seq}, K = "
+            f"{fits['accumulation_steps']}:"
             if gpu else "What fits:")
     if fits.get("reason"):
         return [head, f"  not searched: {fits['reason']}", ""]
@@ -74,7 +75,8 @@ def _cost_lines(fits: dict) -> list[str]:
     if not costs:
         return []
     now = fits["micro_batch_now"]
-    parts = [f"{c['mode']} +{c['extra_s'] * 1e3:,.0f} ms ({100 * c['extra_s'] / (c['micro_batch_s'] - c['extra_s']):+.0f} %"
+    parts = [f"{c['mode']} +{c['extra_s'] * 1e3:,.0f} ms "
+             f"({100 * c['extra_s'] / (c['micro_batch_s'] - c['extra_s']):+.0f} %"
              f", recompute {c['recompute_s'] * 1e3:,.0f} ms)" for c in costs]
     return [f"  What checkpointing costs per micro-batch of {now} (its compute over none's; its recompute priced "
             f"alone): {'; '.join(parts)}."]
@@ -106,7 +108,8 @@ def memory_parts_lines(payload: dict) -> list[str]:
         out.append("  " + f"{label:<26}" + "".join(f"{_gb(v):>15}" for v in values))
     if all(mems[n].get("peak_gb") is not None for n in columns):
         out.append("  " + f"{'allocated peak':<26}" + "".join(f"{_gb(mems[n]['peak_gb']):>15}" for n in columns))
-        out.append("  " + f"{'reserved (range)':<26}" + "".join(f"{_span(mems[n]['reserved_gb']):>15}" for n in columns))
+        out.append("  " + f"{'reserved (range)':<26}"
+                   + "".join(f"{_span(mems[n]['reserved_gb']):>15}" for n in columns))
     out.append("  " + f"{'total (range)':<26}" + "".join(f"{_range(mems[n]):>15}" for n in columns))
     fit_text = {True: "fits", False: "no", None: "maybe" if gpu is not None else "?"}
     out.append("  " + f"{'fits':<26}" + "".join(f"{fit_text[mems[n]['fits']]:>15}" for n in columns))
@@ -118,7 +121,7 @@ def memory_parts_lines(payload: dict) -> list[str]:
         if mems[n].get("peak_at"):
             where.setdefault(mems[n]["peak_at"], []).append(n)
     out += [f"  peak of {', '.join(names)}: at {text}" for text, names in where.items()]
-    sources = {}
+    sources: dict[str, list[str]] = {}
     for n in columns:
         for key, text in (mems[n].get("sources") or {}).items():
             sources.setdefault(key, [])

@@ -141,7 +141,10 @@ def _sweep_rows(payload: dict) -> list[str]:
 
 def _header(payload: dict) -> list[str]:
     inputs = payload["inputs"]
-    value = lambda k: inputs.get(k, {}).get("value")  # noqa: E731
+
+    def value(k: str):
+        return inputs.get(k, {}).get("value")
+
     per = payload["per_micro_batch"]
     assumed = inputs.get("optimizer_time_s", {}).get("source") == OPTIMIZER_UNKNOWN_SOURCE
     optimizer = f"optimizer {_ms(per['optimizer_s'])} ms" + (" (unknown: assumed 0)" if assumed else "")
@@ -149,7 +152,8 @@ def _header(payload: dict) -> list[str]:
     # the user's own model: which parameters and which gradient-ready order the buckets follow
     model = [f"model: {inputs['model']['source']}"] if str(value("model")).startswith("user:") else []
     return [f"topoprof model: {value('model')} ({value('params'):,} params), world size {value('world_size')} "
-            f"({value('nodes')} node(s)), K = {value('accumulation_steps')}, micro-batch {value('micro_batch_size')} sample(s)",
+            f"({value('nodes')} node(s)), K = {value('accumulation_steps')}, micro-batch {value('micro_batch_size')} "
+            f"sample(s)",
             *model, f"links: {describe_links(payload['links'])}",
             f"per micro-batch: {_compute_text(inputs, per)}, {optimizer}{buckets}", *_compute_model_lines(inputs), ""]
 
@@ -174,7 +178,8 @@ def _compute_text(inputs: dict, per: dict) -> str:
             fast, middle, slow = beside["value"]
             gap = per["micro_batch_s"] / middle - 1
             text += (f"; modelled from its ops {_ms(fast)}-{_ms(slow)} ms (middle {_ms(middle)} ms): measured is "
-                     f"{100 * gap:+.0f} % of the middle, {'inside' if fast <= per['micro_batch_s'] <= slow else 'outside'} "
+                     f"{100 * gap:+.0f} % of the middle, "
+                     f"{'inside' if fast <= per['micro_batch_s'] <= slow else 'outside'} "
                      "the range")
         return text
     fast, slow = what_if["value"]
@@ -261,7 +266,8 @@ def _ddp_cost_rows(payload: dict) -> list[str]:
     span = share_span(low, high)
     out.append(f"  DDP takes {nominal:.1f} % of a ddp_synced step{span}.")
     if high < NOTHING_TO_GAIN_PCT:
-        out.append(f"  Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking.")
+        out.append(f"  Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: "
+                   "nothing worth attacking.")
     knobs = payload.get("ddp_knobs") or []
     if knobs:
         out.append("DDP options the model predicts a gain for (ddp_synced, nominal):")
@@ -273,7 +279,8 @@ def _fixed_rows(fixed: dict) -> list[str]:
     """Fewer GPUs with more accumulation; nothing to compare when there is one shape."""
     if len(fixed["options"]) < 2:
         return []
-    out = ["", f"Same global batch ({fixed['global_batch_samples']} samples) on fewer GPUs with more accumulation (ddp_no_sync):"]
+    out = ["", f"Same global batch ({fixed['global_batch_samples']} samples) on fewer GPUs with more accumulation "
+               f"(ddp_no_sync):"]
     for o in fixed["options"]:
         if o["step_time_s"] is None:
             out.append(f"  {o['world_size']:>3} GPU(s): {o['reason']}")

@@ -14,6 +14,7 @@ def summary_lines(report: dict, out_dir: str) -> list[str]:
     val = report.get("validation") or {}
     if val.get("summary", {}).get("cases"):
         s = val["summary"]
-        out.append(f"  validation: median |error| {s['median_abs_error_pct']:.1f}%, worst {s['worst_abs_error_pct']:.1f}%")
+        out.append(f"  validation: median |error| {s['median_abs_error_pct']:.1f}%, worst "
+                   f"{s['worst_abs_error_pct']:.1f}%")
     out += [f"  {i}. {r['title']}" for i, r in enumerate(report.get("recommendations", [])[:3], 1)]
     return out

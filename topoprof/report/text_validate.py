@@ -66,8 +66,8 @@ MATCHED_NOTE = ("(medians over rotations; the error compares each rotation's pre
 # What a one-rank run is for: DDP's own costs, measured, carried to more GPUs by `model`.
 ONE_RANK_NOTE = ("One rank: nothing is all-reduced across ranks, so no mode is predicted here. The calibration "
                  "above is what this run gives: DDP's own costs at world size 1 (its hooks, bucket copies and "
-                 "kernels; FSDP's where its modes ran), measured; `--save-calibration FILE` and `topoprof model --calibration FILE` carry "
-                 "them to more GPUs.")
+                 "kernels; FSDP's where its modes ran), measured; `--save-calibration FILE` and `topoprof model "
+                 "--calibration FILE` carry them to more GPUs.")
 
 
 def parts_lines(modes: dict) -> list[str]:
@@ -103,7 +103,8 @@ def render_validate(payload: dict) -> str:
         plain = f" (every mode checkpointed {num['ac']}, the process not)" if num.get("ac", "none") != "none" else ""
         out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
                     f"vs one process accumulating the whole batch{plain}:"]
-        for mode in [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]:
+        for mode in [m for m, v in num.items()
+                     if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]:
             if mode in num:
                 ok = "agree" if num[mode]["allclose"] else "DIFFER"
                 out.append(f"  {mode:<28} max |diff| {num[mode]['max_abs_diff_vs_single']:.2e}  {ok}")

@@ -78,7 +78,8 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
     rings = ring.get("rings") or [ring["ring"]]
     level = (f"intra-node ring {'-'.join(map(str, ring['ring']))} ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
              if len(rings) == 1 else
-             f"intra-node rings over GPUs {','.join(map(str, sorted(ring['ring'])))} ({len(rings)} at once over NVLink)")
+             f"intra-node rings over GPUs {','.join(map(str, sorted(ring['ring'])))} "
+             f"({len(rings)} at once over NVLink)")
     causes = tuple(likely_causes(topology, bench))
     if lo == hi:
         ratio = measured / lo
@@ -114,7 +115,8 @@ def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
         ordinal = int((m["dst"] if m["kind"] == "h2d" else m["src"]).split(":")[1])
         index = devices[ordinal].gpu if ordinal < len(devices) else None
         gpu = gpus.get(index) or {}
-        gen, width = gpu.get("pcie_gen_max") or gpu.get("pcie_gen_current"), gpu.get("pcie_width_max") or gpu.get("pcie_width_current")
+        gen = gpu.get("pcie_gen_max") or gpu.get("pcie_gen_current")
+        width = gpu.get("pcie_width_max") or gpu.get("pcie_width_current")
         nominal = constants.pcie_raw_gbps(gen, width)
         row = {"gpu": index, "device": f"cuda:{ordinal}", "kind": m["kind"], "measured_gbps": m["bandwidth_gbps"],
                "nominal_gbps": nominal, "link": f"Gen{gen} x{width}" if nominal else "unknown", "ratio": None,
@@ -128,6 +130,7 @@ def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
                  if now and best and now < best]
         if below and row["status"] == "low":
             row["cause"] = "the link runs below what it can (" + ", ".join(below) + \
-                           "): check `nvidia-smi -q -d PCIE` while a copy runs (an idle GPU lowers its generation on purpose)"
+                           "): check `nvidia-smi -q -d PCIE` while a copy runs " + \
+                           "(an idle GPU lowers its generation on purpose)"
         out.append(row)
     return out

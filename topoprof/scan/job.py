@@ -43,7 +43,7 @@ def used_gpus(topology, nproc: int, backend: str, ranks=()) -> list[int]:
         devices = identify(JobView(()), identities, topology.gpus).devices
     if any(d.gpu is None or d.mig for d in devices):
         return []
-    return [d.gpu for d in devices]
+    return [d.gpu for d in devices if d.gpu is not None]  # all of them
 
 
 def _ring(topology, gpus: list[int]) -> dict | None:
@@ -72,7 +72,7 @@ def _recommendations(report: dict) -> list:
         if fewer:
             recs.append(fewer)
     # One model's advice is enough per kind: keep the largest gain of each key.
-    best: dict[str, object] = {}
+    best: dict[str, rec.Recommendation] = {}
     for r in recs:
         if r.key not in best or (r.gain_pct or 0) > (best[r.key].gain_pct or 0):
             best[r.key] = r
@@ -81,7 +81,7 @@ def _recommendations(report: dict) -> list:
     recs += rec.gpu_choice_recommendations(topo)
     numa = rec.numa_recommendation(topo)
     recs += [numa] if numa else []
-    overrides = {}
+    overrides: dict[str, str] = {}
     for log in (report["bench"].get("nccl") or {}).get("logs", []):
         overrides.update(log.get("env_overrides") or {})
     recs += rec.environment_recommendations(topo, report["environment"], overrides)
@@ -115,15 +115,16 @@ def _copies(opts):
     elif copies is not None and not status.detail:
         kinds = sorted({m["kind"] for m in copies.get("measurements", [])})
         status = replace(status, detail=f"{len(copies.get('measurements', []))} copies measured "
-                                                    f"({', '.join(kinds)}), {copies.get('size_bytes', 0) >> 20} MiB each")
+                                                    f"({', '.join(kinds)}), {copies.get('size_bytes', 0) >> 20} MiB "
+                                                    f"each")
     return copies, status
 
 
 def _predictions(opts, bench, vres, vopts, topology):
     """Predictions from what was measured; a model that cannot be built is a status, not the end."""
     from topoprof.measure.fit import fit_rows
-    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
     from topoprof.model.inputs.scan import predictions
+    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
     from topoprof.topology.visible import job_gpu
 
     job_rows = [r for r in bench.rows if r.level == "job"]
@@ -207,11 +208,11 @@ class Written:
 
 
 def run(opts, stages, out_dir: str) -> Written | None:
-    from topoprof.measure.bench import bench_payload
-    from topoprof.topology.collect import collect_topology
     from topoprof.jsonio import dumps, envelope, to_jsonable
-    from topoprof.scan.ranks import environment, run_ranks, versions
+    from topoprof.measure.bench import bench_payload
     from topoprof.report.verdict import judge
+    from topoprof.scan.ranks import environment, run_ranks, versions
+    from topoprof.topology.collect import collect_topology
 
     stages.begin("topology")
     topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes
@@ -222,9 +223,10 @@ def run(opts, stages, out_dir: str) -> Written | None:
 
         stages.begin("your model")
         device = here_device()  # timed on GPU0: its ops priced beside, from a pass in the same worker
-        traced = {"trace": stated_shape(opts.micro_batch_size, opts.tokens), "target": gpu_target("bf16")} \
-            if device.startswith("cuda") else {}
-        opts = replace(opts, user_record=measure_here(opts.user_model, device=device, **traced))  # bad input: exit 2
+        cuda = device.startswith("cuda")
+        opts = replace(opts, user_record=measure_here(  # bad input: exit 2
+            opts.user_model, device=device, trace=stated_shape(opts.micro_batch_size, opts.tokens) if cuda else None,
+            target=gpu_target("bf16") if cuda else None))
         stages.end()
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)
@@ -264,10 +266,14 @@ def run(opts, stages, out_dir: str) -> Written | None:
     failed_part_way = bench.status != "ok" and bool(bench.rows)
     report = envelope("scan", {
         "status": "error" if failed_part_way else "ok", "error": bench.error,
-        "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary, "banner": banner},
-        "inputs": {k: v for k, v in opts.__dict__.items() if k not in ("user_record", "device_profile")}, "versions": versions(bench.metadata), "environment": environment(),
+        "mode": {"backend": opts.backend, "nproc": opts.nproc, "gpu": bool(topology.gpus), "summary": summary,
+                 "banner": banner},
+        "inputs": {k: v for k, v in opts.__dict__.items() if k not in ("user_record", "device_profile")},
+                               "versions": versions(bench.metadata), "environment": environment(),
         "probes": probes,
-        "topology": topology, "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend, bench.metadata.get("ranks") or ())), "bench": bench_payload(bench), "copies": copies,
+        "topology": topology,
+        "ring": _ring(topology, used_gpus(topology, opts.nproc, opts.backend, bench.metadata.get("ranks") or ())),
+        "bench": bench_payload(bench), "copies": copies,
         "predictions": preds,
         "what_if": what_if,
         "validation": validation_payload(vres, vopts, opts),

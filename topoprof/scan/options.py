@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
@@ -85,12 +86,12 @@ ROTATIONS, QUICK_ROTATIONS = 8, 6
 
 
 def validate_options(opts: ScanOptions):
-    from topoprof.workload.synthetic import spec_for_params
     from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
+    from topoprof.workload.synthetic import spec_for_params
 
     gpu = opts.backend == "nccl"
     spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)
-    user = {}
+    user: dict[str, Any] = {}
     if opts.user_record is not None:  # the user's own model is trained instead
         from topoprof.model.inputs.user_model import user_layout
 

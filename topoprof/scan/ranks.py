@@ -25,7 +25,9 @@ class Stages:
     """Wall time per stage, and the stage on the progress line (`topoprof.progress`, on a terminal)."""
 
     def __init__(self, progress: LiveProgress):
-        self.progress, self.times, self._t = progress, {}, None
+        self.progress = progress
+        self.times: dict[str, float] = {}
+        self._t = 0.0
         self.start = time.monotonic()
 
     def begin(self, name: str) -> None:
@@ -104,7 +106,7 @@ def versions(bench_metadata: dict | None = None) -> dict:
 
     from topoprof import __version__
 
-    out = {"topoprof": __version__, "python": platform.python_version()}
+    out: dict[str, str | None] = {"topoprof": __version__, "python": platform.python_version()}
     meta = bench_metadata or {}
     try:
         out["torch"] = meta.get("torch_version") or metadata.version("torch")

@@ -238,11 +238,13 @@ def parse_size(text: str) -> int:
     """'8' -> 8, '1K' -> 1024, '64M', '1G', '512KB', '64MiB' (K/M/G are powers of 1024)."""
     match = _SIZE_RE.match(text) if isinstance(text, str) else None
     if match is None:
-        raise InputError(f"bad size {text!r}: expected a number with optional K, M or G (powers of 1024), e.g. 8, 512K, 64M, 1G")
+        raise InputError(f"bad size {text!r}: expected a number with optional K, M or G (powers of 1024), e.g. 8, "
+                         f"512K, 64M, 1G")
     number, unit = match.groups()
     scaled = float(number) * (_UNITS[unit.lower()] if unit else 1)
     if scaled != int(scaled):
-        raise InputError(f"bad size {text!r}: {number} x {_UNITS[unit.lower()] if unit else 1} = {scaled:g} is not a whole number of bytes")
+        raise InputError(f"bad size {text!r}: {number} x {_UNITS[unit.lower()] if unit else 1} = {scaled:g} is not a "
+                         f"whole number of bytes")
     return int(scaled)
 
 
@@ -261,7 +263,8 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int = 2, step_bytes: int 
         raise InputError(f"factor must be a whole number >= 1 (nccl-tests -f), got {factor!r}")
     if factor > 1:
         if step_bytes is not None:
-            raise InputError(f"give either factor > 1 or step_bytes, not both (nccl-tests ignores -i {step_bytes} when -f {factor})")
+            raise InputError(f"give either factor > 1 or step_bytes, not both (nccl-tests ignores -i {step_bytes} when "
+                             f"-f {factor})")
         if min_bytes == 0:
             raise InputError(f"min size 0 with factor {factor} never grows (0 x {factor} = 0); start at >= 1 B")
         count = 1
@@ -270,12 +273,14 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int = 2, step_bytes: int 
         sizes = [min_bytes * factor**i for i in range(count)]
     else:
         if step_bytes is None or not isinstance(step_bytes, int) or step_bytes < 1:
-            raise InputError(f"factor 1 steps by adding step_bytes (nccl-tests -i, default 1M): give step_bytes >= 1, got {step_bytes!r}")
+            raise InputError(f"factor 1 steps by adding step_bytes (nccl-tests -i, default 1M): give step_bytes >= 1, "
+                             f"got {step_bytes!r}")
         count = (max_bytes - min_bytes) // step_bytes + 1
         sizes = [] if count > MAX_SWEEP_POINTS else [min_bytes + i * step_bytes for i in range(count)]
     if len(sizes) > MAX_SWEEP_POINTS or not sizes:
         raise InputError(
-            f"sweep {min_bytes}..{max_bytes} B gives {count} sizes, more than {MAX_SWEEP_POINTS}; use a larger factor or step"
+            f"sweep {min_bytes}..{max_bytes} B gives {count} sizes, more than {MAX_SWEEP_POINTS}; use a larger factor "
+            f"or step"
         )
     return sizes
 

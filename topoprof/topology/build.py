@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from topoprof.topology import constants
 from topoprof.errors import InputError
 from topoprof.probing import ProbeStatus
+from topoprof.topology import constants
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
     from topoprof.probes.hardware.host import HostInfo
@@ -301,8 +301,9 @@ def nominal_bandwidth(path, nvlinks, p2p, a: Gpu, b: Gpu, cc_origin: str | None 
 
 
 def _nvlink_bandwidth(nvlinks: int, a: Gpu, b: Gpu, cc_origin: str | None = None):
-    per_link = [constants.nvlink_gbps_per_link(g.compute_capability) for g in (a, b)]
-    if None in per_link:
+    known = [constants.nvlink_gbps_per_link(g.compute_capability) for g in (a, b)]
+    per_link = [r for r in known if r is not None]
+    if len(per_link) < len(known):
         lo, hi = constants.nvlink_gbps_bounds()
         return (None, (nvlinks * lo, nvlinks * hi), True,
                 f"NV{nvlinks}: per-link rate depends on the GPU generation, unknown without NVML "
@@ -330,7 +331,7 @@ def with_compute_capability(topology: Topology, cc: tuple[int, int], origin: str
                      f"{', '.join(map(str, differ))}: the topology's is kept for their NVLink rate")
     if not filled:
         return topology, notes
-    gpus = tuple(replace(g, compute_capability=tuple(cc)) if g.index in filled else g for g in topology.gpus)
+    gpus = tuple(replace(g, compute_capability=(cc[0], cc[1])) if g.index in filled else g for g in topology.gpus)
     by_index = {g.index: g for g in gpus}
     pairs = []
     for p in topology.pairs:
@@ -377,10 +378,13 @@ def _consistency_notes(smi, nvml) -> tuple[str, ...]:
         for g in nvml.gpus:
             if g.lost:
                 notes.append(f"GPU {g.index} is lost (NVML_ERROR_GPU_IS_LOST): reset or reboot needed")
-            gen_low = g.pcie_gen_current is not None and g.pcie_gen_max is not None and g.pcie_gen_current < g.pcie_gen_max
-            width_low = g.pcie_width_current is not None and g.pcie_width_max is not None and g.pcie_width_current < g.pcie_width_max
+            gen_low = (g.pcie_gen_current is not None and g.pcie_gen_max is not None
+                       and g.pcie_gen_current < g.pcie_gen_max)
+            width_low = (g.pcie_width_current is not None and g.pcie_width_max is not None
+                         and g.pcie_width_current < g.pcie_width_max)
             if width_low:
-                notes.append(f"GPU {g.index} PCIe link runs x{g.pcie_width_current} below its x{g.pcie_width_max}: check the slot/riser")
+                notes.append(f"GPU {g.index} PCIe link runs x{g.pcie_width_current} below its x{g.pcie_width_max}: "
+                             f"check the slot/riser")
             elif gen_low:
                 notes.append(f"GPU {g.index} PCIe link at Gen{g.pcie_gen_current} below Gen{g.pcie_gen_max} "
                              "(normal at idle: GPUs lower the link speed to save power; check under load)")

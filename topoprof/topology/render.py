@@ -47,7 +47,8 @@ def _gpu_rows(topology: Topology) -> list[str]:
     for g in topology.gpus:
         pcie = "-"
         if g.pcie_gen_max is not None:
-            pcie = f"Gen{_opt(g.pcie_gen_current)}x{_opt(g.pcie_width_current)} / Gen{g.pcie_gen_max}x{_opt(g.pcie_width_max)}"
+            pcie = (f"Gen{_opt(g.pcie_gen_current)}x{_opt(g.pcie_width_current)} "
+                    f"/ Gen{g.pcie_gen_max}x{_opt(g.pcie_width_max)}")
         cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}" if g.compute_capability else "-"
         name = "LOST" if g.lost else _opt(g.name)
         job = [marks.get(g.index, "-")] if marks is not None else []
@@ -91,7 +92,7 @@ def _bases(topology: Topology) -> list[str]:
     for basis, pairs in seen.items():
         shown = ", ".join(pairs[:6]) + (f" (+{len(pairs) - 6} more)" if len(pairs) > 6 else "")
         out.append(f"  {basis}   [pairs {shown}]")
-    p2p = {}
+    p2p: dict[str, list[str]] = {}
     for p in topology.pairs:
         p2p.setdefault(f"P2P {p.p2p}: {p.p2p_basis}", []).append(f"{p.gpu_a}-{p.gpu_b}")
     for text, pairs in p2p.items():

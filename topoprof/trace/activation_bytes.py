@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -67,7 +68,7 @@ def _selective_cache_seen(storages: _Storages):
     """Each output selective checkpointing caches for backward, added to `storages` while inside."""
     import torch.utils.checkpoint as checkpoint
 
-    wrapper = getattr(checkpoint, "_VersionWrapper", None)
+    wrapper: Any = getattr(checkpoint, "_VersionWrapper", None)
     if wrapper is None:  # a torch that caches elsewhere: its cache would go uncounted, so say so
         raise RuntimeError("torch.utils.checkpoint has no _VersionWrapper: selective checkpointing's "
                            "cache cannot be watched in this torch")
@@ -77,11 +78,11 @@ def _selective_cache_seen(storages: _Storages):
             super().__init__(val)
             storages.add(val)
 
-    checkpoint._VersionWrapper = Seen
+    setattr(checkpoint, "_VersionWrapper", Seen)  # torch's private class, replaced while inside
     try:
         yield
     finally:
-        checkpoint._VersionWrapper = wrapper
+        setattr(checkpoint, "_VersionWrapper", wrapper)
 
 
 def saved_activation_bytes(module, batch, loss_fn=None) -> SavedBytes:

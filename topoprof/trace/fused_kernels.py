@@ -180,7 +180,7 @@ def _impl(lib, name, fn):
 
 
 _lock = threading.RLock()
-_bwd_lib = None  # kept alive for the life of the process
+_bwd_lib: torch.library.Library | bool | None = None  # kept alive for the life of the process
 
 
 def _has_fused_rms_norm_op() -> bool:

@@ -157,7 +157,7 @@ class LiveBytes:
         last = blocks[-1][1] if blocks else None
         for key in self._held - self._copies:
             size, index, op, dtype, shape = self._born[key]
-            if first is None or index < first:
+            if first is None or last is None or index < first:
                 before += size
             elif index >= last:
                 after += size

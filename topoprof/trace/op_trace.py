@@ -51,9 +51,9 @@ as the CUDA flash kernels' formulas do (the same attention, which `flop_registry
 
 Activation checkpointing runs as torch runs it (`torch.utils.checkpoint`, reentrant or not, with
 or without `create_selective_checkpoint_contexts`; `topoprof/zoo/checkpoint_wrap.py` applies the modes
-the tool names, to a user's model through `topoprof/zoo/user_blocks.py`): the forward keeps what checkpointing keeps, and the backward recomputes inside
-the engine. Recomputed ops stay in the backward phase (they take backward time, and they come
-before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
+the tool names, to a user's model through `topoprof/zoo/user_blocks.py`): the forward keeps what checkpointing keeps,
+and the backward recomputes inside the engine. Recomputed ops stay in the backward phase (they take backward time, and
+they come before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
 
 Memory (`memory`): `activations_bytes` is what stays in memory from the end of the forward to
 the start of the backward, of what the pass itself allocated: autograd's saved tensors, the
@@ -90,12 +90,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
-from topoprof.trace.live_bytes import LiveBytes
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
-from topoprof.zoo.user_callable import (UserModelError, call_user_callable, load_callable, parameter_list, resize_batch,
-                                        to_device, user_loss)
+from topoprof.zoo.user_callable import (
+    UserModelError,
+    call_user_callable,
+    load_callable,
+    parameter_list,
+    resize_batch,
+    to_device,
+    user_loss,
+)
 
 aten = torch.ops.aten
 
@@ -358,14 +365,16 @@ def _block_of_params(module, params: list, blocks: list[str] | None) -> dict[int
     return {i: where[id(p)] for i, p in enumerate(params) if id(p) in where}
 
 
-def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None, blocks: list[str] | None = None) -> dict:
+def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
+               blocks: list[str] | None = None) -> dict:
     """One forward and backward of `module` under the tracer; `params` is the parameter list
     whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
     `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it. `blocks`:
     the repeated blocks' qualified names, to say what each keeps for backward (`memory.kept`)."""
     target = check_target(target)
     autocast = None if target is None or target.get("weights") == "cast" else AUTOCAST_DTYPES.get(target["precision"])
-    lens = None if target is None else TargetLens(target["device"], autocast, target.get("capability", DEFAULT_CAPABILITY),
+    lens = None if target is None else TargetLens(target["device"], autocast,
+                                                  target.get("capability", DEFAULT_CAPABILITY),
                                                   target.get("attention"))
     tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
@@ -411,7 +420,8 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
             "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
             "autograd_nodes": nodes, "autograd_leaves": leaves,
             **({"target": target} if target is not None else {}),
-            **({"attention": {"calls": lens.attention, "refused": lens.attention_reasons}} if lens and lens.attention else {})}
+            **({"attention": {"calls": lens.attention, "refused": lens.attention_reasons}}
+               if lens and lens.attention else {})}
 
 
 def aggregate(ops: list[dict]) -> list[dict]:
@@ -509,7 +519,7 @@ def _import_before_tracing_checkpoints() -> None:
     `_disable_dynamo`); imported under the trace's modes, its start-up runs ops on meta tensors
     (torch 2.6 fails on one's item()) that the tracer would count. Imported first, outside them,
     where the model may checkpoint: under the tool's modes, or a user's own model."""
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo  # noqa: F401 - imported for its start-up, run here
 
 
 def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
@@ -517,7 +527,8 @@ def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
     micro-batch) and it was built at `resize_from` samples (`resize_batch`); UserModelError("batch")
     where it cannot be resized."""
     wanted = (stated or {}).get("micro_batch")
-    if resize_from is None or wanted is None or wanted == resize_from or "micro_batch" in shape or "batch_size" in shape:
+    if (resize_from is None or wanted is None or wanted == resize_from
+            or "micro_batch" in shape or "batch_size" in shape):
         return batch
     try:
         return resize_batch(batch, resize_from, wanted)

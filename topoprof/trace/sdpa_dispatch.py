@@ -130,16 +130,26 @@ class _V:
 
 
 _VERSIONS = {
-    (2, 6): _V((9, 0), False, False, False, "none", "any", False, False, "A", False, False, 90100, 12, "philox_seed/philox_offset", False),
-    (2, 7): _V((12, 0), True, False, False, "none", "any", False, False, "A", False, False, 90501, 12, "rng_state/unused", False),
-    (2, 8): _V((12, 1), True, False, True, "none", "any", False, False, "B", False, False, 91002, 12, "rng_state/unused", False),
-    (2, 9): _V((12, 1), True, False, True, "B", "kv_or_q_dropout", True, False, "B", False, False, 91002, 12, "rng_state/unused", True),
-    (2, 10): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, False, "B", False, False, 91002, 12, "rng_state/unused", True),
-    (2, 11): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, False, "B", False, False, 91900, 13, "rng_state/unused", True),
-    (2, 12): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, True, "B", False, False, 92000, 13, "rng_state/unused", True),
-    (2, 13): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, True, "B", True, True, 92000, 13, "rng_state/unused", True),
-    (2, 14): _V((12, 1), True, True, True, "C", "kv_or_q_dropout", True, True, "main", True, True, 92400, 13, "rng_state/unused", True),
-    (2, 15): _V((12, 1), True, True, True, "C", "kv_or_q_dropout", True, True, "main", True, True, 92600, 13, "rng_state/unused", True),
+    (2, 6): _V((9, 0), False, False, False, "none", "any", False, False, "A", False, False, 90100, 12,
+               "philox_seed/philox_offset", False),
+    (2, 7): _V((12, 0), True, False, False, "none", "any", False, False, "A", False, False, 90501, 12,
+               "rng_state/unused", False),
+    (2, 8): _V((12, 1), True, False, True, "none", "any", False, False, "B", False, False, 91002, 12,
+               "rng_state/unused", False),
+    (2, 9): _V((12, 1), True, False, True, "B", "kv_or_q_dropout", True, False, "B", False, False, 91002, 12,
+               "rng_state/unused", True),
+    (2, 10): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, False, "B", False, False, 91002, 12,
+                "rng_state/unused", True),
+    (2, 11): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, False, "B", False, False, 91900, 13,
+                "rng_state/unused", True),
+    (2, 12): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, True, "B", False, False, 92000, 13,
+                "rng_state/unused", True),
+    (2, 13): _V((12, 1), True, False, True, "C", "kv_or_q_dropout", True, True, "B", True, True, 92000, 13,
+                "rng_state/unused", True),
+    (2, 14): _V((12, 1), True, True, True, "C", "kv_or_q_dropout", True, True, "main", True, True, 92400, 13,
+                "rng_state/unused", True),
+    (2, 15): _V((12, 1), True, True, True, "C", "kv_or_q_dropout", True, True, "main", True, True, 92600, 13,
+                "rng_state/unused", True),
 }
 
 
@@ -207,7 +217,9 @@ def _check_attn_mask_shape(c: SdpaCall):
     if c.mask_requires_grad:
         return "attn_mask requires grad (check_attn_mask_shape returns false, no message)"
     s = c.mshape
-    bad = "Please use the following attn mask shapes: 2d - ({Q_seq_len, 1}  x {KV_seq_len, 1}); 4d - ({Batch, 1} x {Num_heads, 1} x {Q_seq_len, 1}  x {KV_seq_len, 1})"
+    assert s is not None  # a mask has a shape
+    bad = ("Please use the following attn mask shapes: 2d - ({Q_seq_len, 1}  x {KV_seq_len, 1}); "
+           "4d - ({Batch, 1} x {Num_heads, 1} x {Q_seq_len, 1}  x {KV_seq_len, 1})")
     if len(s) < 2:
         return bad
     if s[-2] not in (c.q_len, 1) or s[-1] not in (c.kv_len, 1):
@@ -513,7 +525,7 @@ def saved_for_backward(choice, call: SdpaCall, torch_version: Tuple[int, int] = 
                 ("output", (B, H, Lq, Dv), dt),
                 ("logsumexp", (B, H, Lq, 1) if v.cudnn_lse_4d else (B, H, Lq), "float32"),
                 ("philox_seed", (), "int64"), ("philox_offset", (), "int64")]
-        if c.mask is not None:
+        if c.mshape is not None:  # a mask
             out.append(("attn_bias", tuple(c.mshape), dt if c.mask == "float" else dt + " (from bool)"))
     elif backend == MATH:
         acc = "float32" if (c.dtype in ("fp16", "bf16") and not allow_fp16_bf16_reduction_math) else dt

@@ -135,7 +135,8 @@ class TargetLens(TorchFunctionMode):
             elif name in _FP32:
                 args, kwargs = self._cast((args, kwargs), torch.float32)
             elif name in _FP32_RESULT and "dtype" not in kwargs and any(
-                    isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16) for t in tree_leaves(args)):
+                    isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
+                    for t in tree_leaves(args)):
                 kwargs["dtype"] = torch.float32
         if name == "scaled_dot_product_attention":
             fused = self._fused_attention(args, kwargs)
@@ -283,15 +284,17 @@ def check_target(target: dict | None) -> dict | None:
     """{"device": "cuda"|"cpu", "precision": "bf16"|"fp16"|"fp32"[, "weights": "cast"][, "capability":
     [major, minor]][, "attention": a backend]}; a CPU trains in fp32. "capability" is the CUDA GPU's
     (its SDPA backend depends on it; DEFAULT_CAPABILITY when not named); "attention" forces a
-    backend where the model's own attention is that kernel (Hugging Face's flash_attention_2). "weights": "cast" runs a 16-bit CUDA pass with the model's weights cast to that
-    dtype and no autocast, as FSDP2's MixedPrecisionPolicy(param_dtype) runs its blocks (the
-    all-gathered parameters in param_dtype, the inputs cast to it: `cast_forward_inputs`)."""
+    backend where the model's own attention is that kernel (Hugging Face's flash_attention_2). "weights": "cast" runs a
+    16-bit CUDA pass with the model's weights cast to that dtype and no autocast, as FSDP2's
+    MixedPrecisionPolicy(param_dtype) runs its blocks (the all-gathered parameters in param_dtype, the inputs cast to
+    it: `cast_forward_inputs`)."""
     if target is None:
         return None
     device, precision = target.get("device"), target.get("precision", "fp32")
     weights = target.get("weights", "autocast")
     capability, attention = target.get("capability"), target.get("attention")
-    if device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32") or weights not in ("autocast", "cast"):
+    if (device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32")
+            or weights not in ("autocast", "cast")):
         raise ValueError(f"op trace target {target!r}: device cuda or cpu, precision bf16, fp16 or fp32, "
                          "weights autocast or cast")
     if capability is not None and (len(capability) != 2 or not all(isinstance(n, int) for n in capability)):

@@ -136,17 +136,15 @@ class LayoutBuilder:
         self.use(*names, flops_per_token=MATMUL_BACKWARD_FLOPS_PER_PARAM * numel * tokens_share)
 
     def norm(self, prefix: str, dim: int, bias: bool = True) -> tuple[str, ...]:
-        names = (self.param(f"{prefix}.weight", dim),)
+        names: tuple[str, ...] = (self.param(f"{prefix}.weight", dim),)
         if bias:
             names += (self.param(f"{prefix}.bias", dim),)
         return names
 
-    def linear(self, prefix: str, d_in: int, d_out: int, bias: bool = True) -> tuple[str, ...]:
-        """nn.Linear registers weight (d_out, d_in) then bias."""
-        names = (self.param(f"{prefix}.weight", d_out, d_in),)
-        if bias:
-            names += (self.param(f"{prefix}.bias", d_out),)
-        return names
+    def linear(self, prefix: str, d_in: int, d_out: int, bias: bool = True) -> tuple[str, str | None]:
+        """nn.Linear registers weight (d_out, d_in) then bias: (weight, bias or None), `matmul`'s arguments."""
+        weight = self.param(f"{prefix}.weight", d_out, d_in)
+        return weight, self.param(f"{prefix}.bias", d_out) if bias else None
 
     def build(self, name: str, source: str, unit: str = "token") -> Layout:
         return Layout(name, tuple(self.tensors), tuple(self.uses), source, unit)

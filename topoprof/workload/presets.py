@@ -12,7 +12,7 @@ Their convolutions are not matmuls of their weights, so each use carries its for
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeGuard
 
 from topoprof.errors import InputError
 from topoprof.workload.layout import Layout, LayoutBuilder
@@ -164,7 +164,7 @@ def synthetic_layout(params: int, chunks: int = SYNTHETIC_CHUNKS) -> Layout:
     return b.build(f"synthetic-{params}", f"synthetic: {chunks} equal chunks of {params} params")
 
 
-PRESETS: dict[str, Callable[[], Layout]] = {
+PRESETS: dict[str, Callable[..., Layout]] = {
     "bert-base": bert_layout,
     "gpt2": gpt2_layout,
     "gpt2-medium": lambda: gpt2_layout(
@@ -214,7 +214,7 @@ def context_sequences(name: str, micro_batch: int, tokens: int) -> tuple[int, in
     return micro_batch * per_sample, per_sample_tokens // per_sample, per_sample
 
 
-def is_vision(name: str | None) -> bool:
+def is_vision(name: str | None) -> TypeGuard[str]:
     """A preset that reads images (and takes an image size), not tokens."""
     return name is not None and name.strip().lower() in VISION_PRESETS
 

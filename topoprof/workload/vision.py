@@ -33,8 +33,12 @@ step (2/3, Kaplan's backward = 2x forward) is 0.664 for ResNet-50 at 224 by the 
 from __future__ import annotations
 
 from topoprof.errors import InputError
-from topoprof.workload.layout import (MATMUL_BACKWARD_FLOPS_PER_PARAM, MATMUL_FORWARD_FLOPS_PER_PARAM, Layout,
-                                            LayoutBuilder)
+from topoprof.workload.layout import (
+    MATMUL_BACKWARD_FLOPS_PER_PARAM,
+    MATMUL_FORWARD_FLOPS_PER_PARAM,
+    Layout,
+    LayoutBuilder,
+)
 
 # torchvision's ImageNet training crop (references/classification/train.py, --train-crop-size
 # default 224; He et al. 2016 §3.4 "a 224x224 crop is randomly sampled")
@@ -125,6 +129,6 @@ def resnet_layout(name: str, image_size: int | None = None) -> Layout:
     # avgpool to 1x1, then fc: a matmul applied once per image
     fc = b.linear("fc", inplanes, NUM_CLASSES)
     numel = inplanes * NUM_CLASSES
-    b.use(*fc, flops_per_token=MATMUL_BACKWARD_FLOPS_PER_PARAM * numel,
+    b.use(*filter(None, fc), flops_per_token=MATMUL_BACKWARD_FLOPS_PER_PARAM * numel,
           forward_flops_per_token=MATMUL_FORWARD_FLOPS_PER_PARAM * numel)
     return b.build(name, f"{source}; at {pixels}x{pixels} pixels", unit="image")

@@ -55,7 +55,7 @@ def check_mode(mode: str) -> tuple[str, int]:
     raise ValueError(f"activation checkpointing {mode!r}: valid modes are {VALID_MODES}")
 
 
-def _op_policy():
+def _op_policy() -> Callable:
     """torchtitan's `_custom_policy`, with its own count of matmuls per block's forward and
     recompute: every second `mm` is recomputed, the rest of SAVE_LIST kept."""
     from torch.utils.checkpoint import CheckpointPolicy

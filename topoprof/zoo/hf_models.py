@@ -20,8 +20,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from topoprof.zoo.hf_spec import (_PIP_HINT, ATTN_CHOICES, DEFAULT_MAX_SEQ_LEN, HFDependencyError, HFModelError,
-                                  _read_json)
+from topoprof.zoo.hf_spec import (
+    _PIP_HINT,
+    ATTN_CHOICES,
+    DEFAULT_MAX_SEQ_LEN,
+    HFDependencyError,
+    HFModelError,
+    _read_json,
+)
 from topoprof.zoo.hf_spec import config_path as checked_config_path
 
 # --------------------------------------------------------------------------- transformers
@@ -70,8 +76,8 @@ def install_meta_patches() -> None:
             return None
         return orig(position_ids, *args, **kwargs)
 
-    find_packed_sequence_indices._topoprof_meta_safe = True
-    find_packed_sequence_indices._topoprof_orig = orig
+    setattr(find_packed_sequence_indices, "_topoprof_meta_safe", True)
+    setattr(find_packed_sequence_indices, "_topoprof_orig", orig)
     mu.find_packed_sequence_indices = find_packed_sequence_indices
 
 
@@ -297,7 +303,8 @@ def find_block_list(module: nn.Module) -> tuple[str | None, nn.ModuleList | None
     MoE experts (often more children than layers, but nested inside a layer) from winning.
     Works on meta.  Returns ``(dotted attribute path, the list)`` or ``(None, None)``.
     """
-    best_key, best = None, (None, None)
+    best_key: tuple[int, int, int] | None = None
+    best: tuple[str | None, torch.nn.ModuleList | None] = (None, None)
     for name, mod in module.named_modules():
         if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
             continue

@@ -80,7 +80,8 @@ def config_path(spec: str) -> str:
     names its `model_type`; one-line `HFModelError` otherwise."""
     raw, _ = split_spec(spec)
     if not raw:
-        raise HFModelError(f"empty path in {spec!r}: use {HF_PREFIX}PATH where PATH is a config.json or a folder holding one")
+        raise HFModelError(f"empty path in {spec!r}: use {HF_PREFIX}PATH where PATH is a config.json or a folder "
+                           f"holding one")
     path = os.path.abspath(os.path.expanduser(raw))
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):

@@ -121,6 +121,8 @@ class _RmsNorm(nn.Module):
 class _Rotary(nn.Module):
     """HF's LlamaRotaryEmbedding: inverse frequencies as a buffer; cos and sin per position."""
 
+    inv_freq: torch.Tensor  # registered as a buffer
+
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

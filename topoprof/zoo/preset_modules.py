@@ -263,7 +263,8 @@ DEFAULT_SEQ_LEN = {"gpt2": 1024, "gpt2-medium": 1024, "bert-base": 512, "gpt3-xl
 def preset_blocks(module: nn.Module) -> list[str]:
     """A preset module's repeated blocks (qualified names, in forward order): what activation
     checkpointing wraps."""
-    return [name for container in type(module).BLOCKS for name in children_of(module, container)]
+    containers: tuple[str, ...] = getattr(type(module), "BLOCKS")  # every preset module's class names them
+    return [name for container in containers for name in children_of(module, container)]
 
 
 def build(preset: str, micro_batch: int = 1, seq_len: int | None = None, n_layer: int | None = None, seed: int = 0,
@@ -305,8 +306,8 @@ def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed
     `n_layer` builds fewer of them, of the same width."""
     from dataclasses import replace
 
-    from topoprof.zoo.synthetic_lm import SyntheticLM
     from topoprof.workload.synthetic import spec_for_params
+    from topoprof.zoo.synthetic_lm import SyntheticLM
 
     spec = spec_for_params(int(params), seq_len)
     if n_layer is not None:

@@ -104,7 +104,8 @@ def checkpoint_user_model(module: nn.Module, mode: str, unit: str | None = None)
 
     def refuse_nested(block, _args):
         if _under_checkpointing():
-            raise _refusal(mode, f"the blocks of {container or 'the model'} run under torch.utils.checkpoint in its forward")
+            raise _refusal(mode, f"the blocks of {container or 'the model'} run under torch.utils.checkpoint in its "
+                                 f"forward")
 
     for name in names:
         module.get_submodule(name).register_forward_pre_hook(refuse_nested)

@@ -41,6 +41,8 @@ def load_callable(spec: str):
             sys.path.insert(0, os.path.dirname(path))
             module_spec = importlib.util.spec_from_file_location(
                 os.path.splitext(os.path.basename(path))[0], path)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"no Python module can be loaded from {path}")
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:

@@ -23,7 +23,6 @@ ring exists).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -69,7 +68,8 @@ def pack_rings(gpus: Sequence[int], links: Mapping[tuple[int, int], int],
     for (a, b), count in links.items():
         if a in gpus and b in gpus and count > 0:
             spare[(a, b)] = spare[(b, a)] = count
-    rings, rates = [], []
+    rings: list[tuple[int, ...]] = []
+    rates: list[Rate] = []
     while True:
         last = rings[-1] if rings else None
         found = (_best_ring(gpus, spare, per_link, last) if len(gpus) <= exhaustive_limit

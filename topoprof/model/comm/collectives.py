@@ -19,7 +19,6 @@ GB/s = 1e9 B/s; latencies in microseconds.
 from __future__ import annotations
 
 import math
-
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
@@ -153,14 +152,14 @@ class RingComm(CommModel):
                 "world_size": self.world_size, "source": self.source,
                 "formula": "allreduce = base + 2(n-1)*hop + 2(n-1)/n * S/B"}
 
-    def bounds(self) -> tuple[CommModel, CommModel] | None:
+    def bounds(self) -> tuple[RingComm, RingComm] | None:
         if self.bandwidth_range_gbps is None:
             return None
         low, high = self.bandwidth_range_gbps
         return (replace(self, link_bandwidth_gbps=low, bandwidth_range_gbps=None),
                 replace(self, link_bandwidth_gbps=high, bandwidth_range_gbps=None))
 
-    def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
+    def at_shape(self, nodes: int, gpus_per_node: int) -> RingComm:
         return replace(self, world_size=nodes * gpus_per_node)
 
 
@@ -192,8 +191,13 @@ class FitComm(CommModel):
             object.__setattr__(self, "measured_world_size", self.world_size)
         _check_range("algbw_gbps", self.algbw_gbps, self.algbw_range_gbps)
 
-    def _factor(self) -> float:
+    def _measured(self) -> int:
         m = self.measured_world_size
+        assert m is not None  # set by __post_init__
+        return m
+
+    def _factor(self) -> float:
+        m = self._measured()
         return 2 * (m - 1) / m
 
     @property
@@ -201,7 +205,7 @@ class FitComm(CommModel):
         return self.algbw_gbps * self._factor()
 
     def _latency_s(self, hops: str) -> float:
-        m = self.measured_world_size
+        m = self._measured()
         per_hop_us = self.latency_us / (2 * (m - 1))
         return _hop_count(hops, self.world_size) * per_hop_us * US
 
@@ -287,7 +291,7 @@ class MeasuredComm(FitComm):
         measured = self._measured_s(self.curve("reduce_scatter"), size_bytes)
         return super().reduce_scatter_s(size_bytes) if measured is None else measured
 
-    def all_gather_s(self, size_bytes: float) -> float:  # type: ignore[override]
+    def all_gather_s(self, size_bytes: float) -> float:
         measured = self._measured_s(self.curve("all_gather"), size_bytes)
         return FitComm.all_gather_s(self, size_bytes) if measured is None else measured
 
@@ -307,7 +311,7 @@ class SingleGpuComm(CommModel):
     source: str = "one GPU: no link"
 
     @property
-    def world_size(self) -> int:  # type: ignore[override]
+    def world_size(self) -> int:  # type: ignore[override]  # CommModel's field, derived here
         return 1
 
     @property
@@ -363,7 +367,7 @@ class HierarchicalComm(CommModel):
             raise InputError(f"inter.world_size({self.inter.world_size}) != nodes({self.nodes})")
 
     @property
-    def world_size(self) -> int:  # type: ignore[override]
+    def world_size(self) -> int:  # type: ignore[override]  # CommModel's field, derived here
         return self.nodes * self.gpus_per_node
 
     def _used_intra(self) -> RingComm | None:
@@ -375,7 +379,7 @@ class HierarchicalComm(CommModel):
         return [self.inter] if intra is None else [intra, self.inter]
 
     @property
-    def source(self) -> str:  # type: ignore[override]
+    def source(self) -> str:  # type: ignore[override]  # CommModel's field, derived here
         intra = self._used_intra()
         intra_text = "none (one GPU per node)" if intra is None else intra.source
         return f"intra: {intra_text}; inter: {self.inter.source}"
@@ -410,10 +414,10 @@ class HierarchicalComm(CommModel):
         inter_b = self.inter.bounds()
         if intra_b is None and inter_b is None:
             return None
-        intra_b = intra_b or (self.intra, self.intra)
-        inter_b = inter_b or (self.inter, self.inter)
-        return (replace(self, intra=intra_b[0], inter=inter_b[0]),
-                replace(self, intra=intra_b[1], inter=inter_b[1]))
+        intra_low, intra_high = intra_b or (self.intra, self.intra)
+        inter_low, inter_high = inter_b or (self.inter, self.inter)
+        return (replace(self, intra=intra_low, inter=inter_low),
+                replace(self, intra=intra_high, inter=inter_high))
 
     def at_shape(self, nodes: int, gpus_per_node: int) -> CommModel:
         if self.intra is None and gpus_per_node > 1:

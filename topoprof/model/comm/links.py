@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import itertools
 
-from topoprof.topology import constants
+from topoprof.errors import InputError
 from topoprof.model.comm import channels
 from topoprof.model.comm.collectives import CommModel, HierarchicalComm, RingComm, SingleGpuComm
-from topoprof.errors import InputError
+from topoprof.topology import constants
 
 # Exhaustive search over rings is (n-1)!/2 cycles: fine up to 9 GPUs (20160), greedy beyond.
 EXHAUSTIVE_RING_LIMIT = 9
@@ -39,13 +39,14 @@ def best_ring(topology, gpus: list[int]) -> tuple[list[int], tuple[float, float]
     first, rest = gpus[0], gpus[1:]
     orders = (itertools.permutations(rest) if len(gpus) <= EXHAUSTIVE_RING_LIMIT
               else [tuple(_greedy_ring(topology, gpus)[1:])])
-    best = None
+    best: tuple[list[int], tuple[float, float], str] | None = None
     for tail in orders:
         ring = [first, *tail]
         edges = [_edge(topology, ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
         slowest = min(edges, key=lambda e: (e[0], e[1]))
         if best is None or (slowest[0], slowest[1]) > (best[1][0], best[1][1]):
             best = (ring, (slowest[0], slowest[1]), slowest[2])
+    assert best is not None  # two GPUs or more: one order at least
     return best
 
 
@@ -255,7 +256,8 @@ def measured_comm(rows, fit, world_size: int, source: str):
 
     def curve(name):
         return tuple(sorted({get(r, "size_bytes"): get(r, "time_us") for r in rows
-                             if get(r, "collective") == name and not get(r, "wrong") and get(r, "time_us") > 0}.items()))
+                             if get(r, "collective") == name and not get(r, "wrong")
+                             and get(r, "time_us") > 0}.items()))
 
     curves = tuple((name, curve(name)) for name in ("all_gather", "reduce_scatter") if curve(name))
     return MeasuredComm(latency_us=fit.latency_us if hasattr(fit, "latency_us") else fit["latency_us"],

@@ -145,7 +145,8 @@ def gpu_memory_gb(name: str) -> tuple[float, str] | None:
     sized = re.search(r"(\d+)gb", normalize_gpu_name(name))
     if sized:
         return float(sized.group(1)) * BINARY_GB, f"{sized.group(1)} GB in the name {name!r}, {BINARY_BASIS}"
-    note = " (the smaller of its sizes: give the full name, e.g. V100-SXM2-32GB)" if spec.name.startswith("v100") else ""
+    note = (" (the smaller of its sizes: give the full name, e.g. V100-SXM2-32GB)"
+            if spec.name.startswith("v100") else "")
     size = _MEMORY_GB[spec.name]
     return size * BINARY_GB, f"{spec.name} datasheet {size:g} GB{note}, {BINARY_BASIS}"
 

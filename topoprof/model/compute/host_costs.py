@@ -13,8 +13,8 @@ Eager PyTorch (each op from Python through the dispatcher, autograd and autocast
   counts them: views' backward and AccumulateGrad included, whether or not they launch a
   kernel) and each kernel its nodes launch is a plain op (`op`: the backward runs with grad
   mode off). Activation checkpointing's recompute, in the backward, is priced as the forward ops
-  it repeats (`op_kinds.runs_as_forward`). The profile's `autograd_backward_node` is a node that launches one kernel, so a
-  node's own cost is autograd_backward_node - op and the backward's host time is
+  it repeats (`op_kinds.runs_as_forward`). The profile's `autograd_backward_node` is a node that launches one kernel, so
+  a node's own cost is autograd_backward_node - op and the backward's host time is
   nodes x (node - op) + kernels x op, spread evenly over its kernels for the queue's timing;
   a convolution's backward `conv_backward` where the profile has it (a node with its kernels);
 - views launch no kernel and cost nothing here (their dispatch is small beside a kernel's).
@@ -59,7 +59,8 @@ class HostCosts:
         return self.kinds.get(kind)
 
     def lines(self) -> list[str]:
-        return [f"host {kind.replace('_', ' ')} {span.text(1e6, ' us')}: {span.basis}" for kind, span in self.kinds.items()]
+        return [f"host {kind.replace('_', ' ')} {span.text(1e6, ' us')}: {span.basis}"
+                for kind, span in self.kinds.items()]
 
 
 def host_costs_from(profile) -> HostCosts:

@@ -30,9 +30,16 @@ from topoprof import __version__
 from topoprof.errors import InputError
 from topoprof.model.compute.profile_interp import Grid, Read
 from topoprof.model.compute.profile_reader import Reader
+from topoprof.model.compute.profile_records import (  # noqa: F401 - re-exported: profile's callers import them here
+    FreshPages,
+    GemmPoint,
+    Machine,
+    MemoryPoint,
+    OptimizerRate,
+    SdpaPoint,
+    Skipped,
+)
 from topoprof.specs.profile_schema import OLDEST_SCHEMA_VERSION, PROFILE_KIND, PROFILE_SCHEMA_VERSION
-from topoprof.model.compute.profile_records import (FreshPages, GemmPoint, Machine, MemoryPoint,  # noqa: F401
-                                                     OptimizerRate, SdpaPoint, Skipped)
 
 SECTIONS = ("machine", "host_costs", "gemm", "memory", "sdpa", "optimizer")
 
@@ -174,7 +181,8 @@ class DeviceProfile:
         return Read(o.bytes_per_s, f"{o.name}: {o.bytes_per_step:,} B per step over {o.params:,} parameters")
 
     def _grid(self, section: str, *key: Any) -> Grid:
-        return self._grids[(section, *key)]
+        at = (section, *key)
+        return self._grids[at]
 
     @cached_property
     def _grids(self) -> "_Grids":

@@ -85,7 +85,8 @@ def nearest_profile(gpu: str, precision: str, candidates=None) -> Choice | None:
         except InputError:
             continue
         same, cc = source.name == target.name, source.compute_capability
-        rule = 0 if same else 1 if cc == target.compute_capability else 2 if cc[0] == target.compute_capability[0] else 3
+        rule = (0 if same else 1 if cc == target.compute_capability
+                else 2 if cc[0] == target.compute_capability[0] else 3)
         distance = abs((cc[0] * 10 + cc[1]) - (target.compute_capability[0] * 10 + target.compute_capability[1]))
         ranked.append(((rule, distance, _preference(profile)), path, profile))
     if not ranked:
@@ -109,11 +110,14 @@ def _profiled(profile: DeviceProfile, gpu: str | None, precision: str, compiled:
         return ProfiledDevice(f"{profile.machine.device} ({profile.dtype}, {'compiled' if compiled else 'eager'}, "
                               "profile)", profile, host_costs_from(profile), False, choice, compiled=compiled,
                               notes=notes)
-    ratios = None if same else datasheet_ratios(profile, gpu)
+    ratios = None if same or gpu is None else datasheet_ratios(profile, gpu)
     profile_sms = profile.machine.sm_count or (SM_COUNT.get(source.name) if source else None)
-    target_sms = profile_sms if same else SM_COUNT.get(target.name)
+    if same:
+        target_sms, how = profile_sms, "profile"
+    else:
+        assert source is not None and target is not None  # datasheet_ratios found both
+        target_sms, how = SM_COUNT.get(target.name), f"scaled from the {source.name} profile"
     where = (target.name if target else profile.machine.device)
-    how = "profile" if same else f"scaled from the {source.name} profile"
     return ProfiledDevice(f"{where} ({precision}, {'compiled' if compiled else 'eager'}, {how})", profile,
                           host_costs_from(profile), True, choice, ratios, compiled, profile_sms, target_sms,
                           notes=notes)
@@ -128,12 +132,13 @@ def pricer_for(gpu: str | None, precision: str, compiled: bool, profile: DeviceP
         source, target = lookup_gpu_quietly(profile.machine.device), lookup_gpu_quietly(gpu)
         # as the shipped profiles' rule has it (RULES): another compute capability is another architecture
         other = source is not None and target is not None and source.compute_capability != target.compute_capability
-        notes = (_another_architecture(profile.machine.device, target.name),) if other else ()
+        notes = (_another_architecture(profile.machine.device, target.name),) if other and target is not None else ()
         return _profiled(profile, gpu, precision, compiled, f"given ({profile_path or 'a profile'})", notes), \
             list(notes)
     spec = lookup_gpu_quietly(gpu)
     if spec is None:
         raise InputError(f"GPU {gpu!r} is not in the datasheet table")
+    assert gpu is not None  # the table has no row for None
     choice = nearest_profile(gpu, precision)
     if choice is not None:
         notes = () if choice.rule < 2 else (_another_architecture(choice.profile.machine.device, spec.name),)
@@ -145,7 +150,8 @@ def pricer_for(gpu: str | None, precision: str, compiled: bool, profile: DeviceP
 
 
 def _another_architecture(profiled: str, gpu: str) -> str:
-    return f"{profiled} is another architecture than {gpu}: its kernels differ beyond the datasheet ratios the range spans"
+    return (f"{profiled} is another architecture than {gpu}: its kernels differ beyond the datasheet ratios "
+            "the range spans")
 
 
 def check_pricable(profile: DeviceProfile, gpu: str | None, precision: str, where: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Iterable
+from typing import Any, Iterable
 
 from topoprof.errors import InputError
 from topoprof.specs.profile_schema import PROFILE_KIND, PROFILE_SCHEMA_VERSION, SDPA_CONVENTION
@@ -110,7 +110,10 @@ def profile_from_gpu_facts(jsonl_lines: Iterable[str], source: str = "shared/gpu
     facts = next(r for r in rows if r["kind"] == "machine")
     dated = re.search(r"\d{4}-\d{2}-\d{2}", source)
     day = dated.group(0) if dated else None
-    notes, host, how, calls = [], {}, {}, {}
+    notes: list[str] = []
+    host: dict[str, float] = {}
+    how: dict[str, str] = {}
+    calls: dict = {}
     for r in rows:
         if r["kind"] == "host" and r.get("what") in _HOST_KINDS:
             host[_HOST_KINDS[r["what"]]] = r["us_per_op"] * 1e-6
@@ -135,7 +138,8 @@ def profile_from_gpu_facts(jsonl_lines: Iterable[str], source: str = "shared/gpu
         "schema_version": PROFILE_SCHEMA_VERSION, "kind": PROFILE_KIND,
         "tool": {"name": "opbench.py", "version": None}, "host": None, "created_utc": day,
         "source": f"converted from {source} (shared/gpu-facts/opbench.py output)",
-        "citation": citation or f"measured on an {device}, torch {facts.get('torch')}, {day or 'date unknown'} ({source})",
+        "citation": citation or f"measured on an {device}, torch {facts.get('torch')}, {day or 'date unknown'} "
+                                f"({source})",
         "quick": bool(facts.get("quick", False)), "seconds": None, "dtype": _DTYPE,
         "machine": {"kind": "cuda", "device": device, "cuda": facts.get("cuda"), "torch": facts.get("torch"),
                     "created_utc": day, **extra,
@@ -164,7 +168,7 @@ def profile_from_gpu_facts(jsonl_lines: Iterable[str], source: str = "shared/gpu
 # The conversions shipped in topoprof/model/compute/profiles/ (`topoprof.model.compute.profile_choice`):
 # by the gpu-facts file's name, its citation and what the folder's README says of the machine
 # beyond the JSON lines ("one NVIDIA H200 SXM (141 GB, 132 SMs, driver 580.159.04)").
-SHIPPED = {
+SHIPPED: dict[str, dict[str, Any]] = {
     "h200-2026-11-26.jsonl": {
         "out": "nvidia-h200-sxm-gpu-facts-20261126.json",
         "citation": "measured on an NVIDIA H200 SXM, torch 2.11, 2026-11-26 (shared/gpu-facts)",

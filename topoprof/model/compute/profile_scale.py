@@ -111,15 +111,17 @@ def datasheet_ratios(profile: DeviceProfile, target_gpu: str) -> Ratios:
     from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
 
     precision = PRECISION_OF_DTYPE.get(profile.dtype)
-    specs = []
+    specs, peaks = [], []
     for name in (profile.machine.device, target_gpu):
         spec = lookup_gpu_quietly(name)
-        if spec is None or precision is None or spec.peak_tflops(precision) is None or spec.name not in SM_COUNT:
+        peak = spec.peak_tflops(precision) if spec is not None and precision is not None else None
+        if spec is None or peak is None or spec.name not in SM_COUNT:
             raise InputError(f"GPU {name!r}: no datasheet peak at {profile.dtype}, bandwidth and SM count to scale "
                              "a profile by")
         specs.append(spec)
+        peaks.append(peak)
     src, dst = specs
-    return Ratios(peak=dst.peak_tflops(precision) / src.peak_tflops(precision),
+    return Ratios(peak=peaks[1] / peaks[0],
                   bandwidth=dst.memory_bandwidth_gbps / src.memory_bandwidth_gbps,
                   sms=SM_COUNT[dst.name] / SM_COUNT[src.name],
                   basis=f"{dst.name} / {src.name}: datasheet {precision} peak, memory bandwidth and SM count")

@@ -10,8 +10,8 @@ that could bind it), and its host time by kind (`host_costs`). The composition i
   neighbours, clamped at the edges). The measured rate is the whole kernel's, its memory traffic
   included. Two corrections, each where the reading does not carry it already:
   - below the smallest measured shape (on any axis) the rate is clamped to the edge's (the
-    query with each such axis raised to the smallest measured); where both fill less than a wave of tiles (latency and occupancy, not FLOPs,
-    bound them) the smaller kernel runs between that rate (the fast end) and the edge's time
+    query with each such axis raised to the smallest measured); where both fill less than a wave of tiles (latency and
+    occupancy, not FLOPs, bound them) the smaller kernel runs between that rate (the fast end) and the edge's time
     (the slow end);
   - tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide": ceil(M/T_m)
     x ceil(N/T_n) tiles run in waves of one per SM): a measured shape's rate carries its own, but a

@@ -42,8 +42,17 @@ from topoprof.model.compute import op_kinds
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs, selective_cost
-from topoprof.model.compute.roofline_terms import (COMPILED_HOST_COST_S, EAGER_HOST_COST_S, ENDS,  # noqa: F401
-                                                   GEMM_TILE, Span, gemm_dims, measured, quantization)
+from topoprof.model.compute.roofline_terms import (  # noqa: F401 - re-exported: roofline's callers import them here
+    COMPILED_HOST_COST_S,
+    EAGER_HOST_COST_S,
+    ENDS,
+    GEMM_TILE,
+    Span,
+    gemm_dims,
+    measured,
+    quantization,
+)
+
 
 class Pricer(Protocol):
     """What the composition needs of a device: each op's device time and each op's host time."""

@@ -240,6 +240,7 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
             echo["compute_model"] = (comp.modelled_detail, "topoprof.model.compute.roofline over the model's op trace")
         return comp.micro_batch_time_s
     if uses_modelled(comp):
+        assert comp.modelled_s is not None
         fast, middle, slow = comp.modelled_s
         seconds = {None: middle, "fast": fast, "slow": slow}[end]
         echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled_basis}")
@@ -254,6 +255,7 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
               "choose another precision")
     _need(peak is not None and tokens is not None, "compute per micro-batch: give "
           "micro_batch_time_s, or tokens_per_micro_batch with a known gpu or peak_tflops")
+    assert peak is not None and tokens is not None
     util = comp.utilization if comp.utilization is not None else DEFAULT_UTILIZATION
     flops = flops_per_token * tokens
     seconds = flops / (peak * 1e12 * util)

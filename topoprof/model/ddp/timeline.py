@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.ddp.buckets import Bucket
 from topoprof.model.comm.collectives import GB, CommModel
 from topoprof.model.compute.timing import slowdown_at
-
+from topoprof.model.ddp.buckets import Bucket
 
 FP16_BYTES = 2  # torch.float16, what fp16_compress_hook sends per element
 

@@ -177,7 +177,8 @@ def hook_seconds(plan: FsdpPlan, resharded: list[bool], synced: bool, live: list
         if not live[g]:  # no parameters: fully_shard makes no group of it
             steps.append({"forward": 0, "unshard": 0, "backward": 0})
             continue
-        steps.append({"forward": hook_steps("pre_forward", params) + (hook_steps("reshard", params) if resharded[g] else 0),
+        steps.append({"forward": (hook_steps("pre_forward", params)
+                                  + (hook_steps("reshard", params) if resharded[g] else 0)),
                       "unshard": hook_steps("unshard", params) if resharded[g] else 0,
                       "backward": hook_steps("post_backward" if synced else "post_backward_no_sync", params)})
     total = step_s * sum(sum(s.values()) for s in steps)

@@ -163,7 +163,8 @@ def collective_times(plan: FsdpPlan, setting: FsdpSetting, shard: CommModel,
     if setting.overhead is not None:  # validate measured FSDP's own work: the copies are in it
         return Collectives(tuple(ag), tuple(rs), ar)
     return Collectives(tuple(ag), tuple(rs), ar, *group_copies_s(plan, n, setting.param_bytes, setting.reduce_bytes,
-                                                                  setting.own_param_bytes, setting.memory_bandwidth_gbps))
+                                                                  setting.own_param_bytes,
+                                                                 setting.memory_bandwidth_gbps))
 
 
 def _memory_s(setting: FsdpSetting, traffic_bytes: float) -> float:
@@ -183,6 +184,12 @@ class _Op:
     start: float | None = None
     end: float | None = None
     left: float = 0.0
+
+
+def _op_time(op: _Op) -> OpTime:
+    """A finished op's times (the timeline ends when every op has ended)."""
+    assert op.start is not None and op.end is not None
+    return OpTime(op.kind, op.group, op.start, op.end)
 
 
 @dataclass(frozen=True)
@@ -293,7 +300,7 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
     order = plan.forward_order()
     compute_start: dict[int, str] = {}
     ag: dict[int, int | None] = {}
-    first_seg = {}
+    first_seg: dict[int, int] = {}
     for s, seg in enumerate(plan.segments):
         first_seg.setdefault(seg.group, s)
 
@@ -410,11 +417,11 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str, recomputes: 
         computing = ci < len(items) and isinstance(items[ci], Work)
         active = []
         for ch in channels:
-            op = head(ch)
-            if op is not None and ready(op):
-                if op.start is None:
-                    op.start = t
-                active.append(op)
+            first = head(ch)
+            if first is not None and ready(first):
+                if first.start is None:
+                    first.start = t
+                active.append(first)
         if not computing and not active:
             if ci >= len(items) and all(op.end is not None for op in ops):
                 break
@@ -442,7 +449,7 @@ def _simulate(b: _Builder, setting: FsdpSetting, forward_mark: str, recomputes: 
                     left = items[ci].seconds
     else:  # pragma: no cover - the loop ends when every item and op is done
         raise InputError("FSDP timeline did not finish")
-    times = tuple(OpTime(op.kind, op.group, op.start, op.end) for op in ops)
+    times = tuple(_op_time(op) for op in ops)
     spans = tuple(OpTime("recompute", g, reached[a], reached[z]) for g, (a, z) in sorted((recomputes or {}).items()))
     return MicroBatch(t, reached[forward_mark], busy, fsdp, times, parts, spans)
 

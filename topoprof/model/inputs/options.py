@@ -5,7 +5,7 @@ or a GPU name. `build_inputs` measures or traces only what the request leaves op
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
@@ -100,6 +100,7 @@ def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
     if link is None:
         raise InputError(f"no link information: --gpu {name} has no nominal link in the datasheet table; give "
                          "--bench FILE, --topology FILE or --link-bandwidth GB/s")
+    assert spec is not None  # a GPU with a standard link is in the datasheet table
     if gpn > STANDARD_NODE_GPUS:
         nodes = -(-gpn * cluster.nodes // STANDARD_NODE_GPUS)
         raise InputError(f"{gpn} GPUs per node: {spec.name}'s standard node holds {STANDARD_NODE_GPUS} and no network "
@@ -108,7 +109,8 @@ def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
     where = "on NVSwitch" if link.kind == "NVLink" else "over PCIe"
     line = (f"assumed {spec.name}'s standard node: {gpn} GPUs {where} (up to {STANDARD_NODE_GPUS} per node), "
             f"{link.basis}; --link-bandwidth or --topology overrides")
-    return links.standard_node_comm(link, gpn), gpn, {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)}
+    return (links.standard_node_comm(link, gpn), gpn,
+            {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)})
 
 
 def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None):
@@ -123,7 +125,9 @@ def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None)
     origin = f"--gpu {name}"
     used = set(chosen) if chosen is not None else {g.index for g in topology.gpus}
     lacking = any(g.compute_capability is None for g in topology.gpus if g.index in used)
-    topology, notes = with_compute_capability(topology, lookup_gpu(name).compute_capability, origin)
+    spec = lookup_gpu(name)
+    assert spec is not None and spec.compute_capability is not None  # --gpu was looked up before
+    topology, notes = with_compute_capability(topology, spec.compute_capability, origin)
     return topology, origin if lacking else None, notes
 
 
@@ -188,7 +192,8 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         record, order = _user_model_here(w, compute, progress)
         timed = "passes" in record  # else traced on meta only
         stands = timed and _timing_stands(record, compute)
-        workload = Workload(user_layout(record, order), **work_kw, measured_memory=record.get("memory") if stands else None)
+        workload = Workload(user_layout(record, order), **work_kw,
+                            measured_memory=record.get("memory") if stands else None)
         notes += [order.note] if order.note else []
         if record.get("checkpointing"):
             notes.append(describe_wrapped(record["checkpointing"]))
@@ -202,16 +207,18 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         elif timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
             notes.append(_timed_elsewhere_note(user_compute(record), record, compute.gpu))
         memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
-        if timed and not modelled and why is None and record["device"].startswith("cuda"):  # measured here: the model beside it
+        # measured here: the model beside it
+        if timed and not modelled and why is None and record["device"].startswith("cuda"):
             from topoprof.model.compute.traced import priced
 
             modelled, why = priced(record.get("op_trace"), compute.gpu or record.get("device_name") or "GPU0",
-                                   compute.precision, compute.compiled, None, _gpu_profile(compute), compute.gpu_profile)
+                                   compute.precision, compute.compiled, None, _gpu_profile(compute),
+                                   compute.gpu_profile)
             if why is not None:
                 notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     else:
         workload = (Workload.from_preset(w.preset, w.image_size, **work_kw) if w.preset
-                    else Workload.from_params(w.param_count, **work_kw))
+                    else Workload.from_params(_param_count(w), **work_kw))
         if w.preset and not compute.given and _this_gpu_predicted(compute):
             measured = _preset_on_this_gpu(w, compute, progress)
             if measured is not None:
@@ -256,9 +263,16 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
     meta device at the stated shape. The same pass, for the GPU predicted (or timed), prices its
     ops: one pass in the same worker, run where either may be needed."""
     from topoprof.model.compute.traced import target_for
-    from topoprof.model.inputs.user_model import (choose_ready_order, here_device, measure_here, stated_shape,
-                                                  trace_only, trace_wanted)
+    from topoprof.model.inputs.user_model import (
+        choose_ready_order,
+        here_device,
+        measure_here,
+        stated_shape,
+        trace_only,
+        trace_wanted,
+    )
 
+    assert w.user_model is not None
     say = progress or (lambda text: None)
     if not (w.time_here or _this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
@@ -284,7 +298,14 @@ def _timing_stands(record: dict, compute: ComputeRequest) -> bool:
                                                     None) is None
 
 
-def _timed_elsewhere_note(measured: dict, record: dict, gpu: str) -> str:
+def _param_count(w: WorkloadRequest) -> int:
+    """--params, where the request names no preset (it names one or the other)."""
+    count = w.param_count
+    assert count is not None
+    return count
+
+
+def _timed_elsewhere_note(measured: dict, record: dict, gpu: str | None) -> str:
     return (f"timed here (--time-here): {measured['micro_batch_time_s'] * 1e3:,.1f} ms per micro-batch on "
             f"{record.get('device_name') or record['device']}, this machine, not the {gpu} predicted: not used")
 
@@ -329,7 +350,7 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
         return {}, f"{timed_gpu} is not in the datasheet table"
     ac = w.checkpointing.text
     request = (preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
-               else params_request(w.param_count, w.micro_batch_size, w.tokens, ac))
+               else params_request(_param_count(w), w.micro_batch_size, w.tokens, ac))
     if progress is not None and not isinstance(request, str):
         progress(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
     return model_on_gpu(request, gpu, compute.precision, compute.compiled, profile, compute.gpu_profile, progress)
@@ -378,9 +399,10 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
     from topoprof.workload.presets import context_sequences, is_vision
 
     batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
+    assert preset is not None  # timed only for a preset
     if progress is not None:
         progress(f"timing {preset} on cuda:0 (starting its worker: importing torch)")
-    more = {**({"progress": progress} if progress is not None else {}),
+    more: dict[str, Any] = {**({"progress": progress} if progress is not None else {}),
             **({"sizes": w.preset_sizes} if w.preset_sizes else {})}
     if is_vision(preset):
         return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,
@@ -415,5 +437,6 @@ def _read_calibration(path: str) -> dict:
     calibration = doc.get("calibration", doc)
     found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}
     if "micro_batch_time_s" not in found:
-        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` output)")
+        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` "
+                         f"output)")
     return found

@@ -137,7 +137,8 @@ class WorkloadRequest:
         if sum(x is not None for x in (self.params, self.preset, self.user_model)) != 1:
             raise InputError("give exactly one of --params N, --preset NAME or --model PATH.py:CALLABLE")
         if self.time_here and self.user_model is None:
-            raise InputError("--time-here times your --model on this machine; it does not apply to a preset or --params")
+            raise InputError("--time-here times your --model on this machine; "
+                             "it does not apply to a preset or --params")
         if self.params is not None:
             parse_count(self.params)
         if self.preset is not None:
@@ -152,7 +153,8 @@ class WorkloadRequest:
         check_image_options(self.preset, self.image_size, self.tokens)
         self._check_rmsnorm()
         if self.grad_bytes not in (2, 4):
-            raise InputError(f"--grad-bytes {self.grad_bytes}: 4 under autocast (fp32 parameters) or 2 (pure bf16/fp16)")
+            raise InputError(f"--grad-bytes {self.grad_bytes}: "
+                             "4 under autocast (fp32 parameters) or 2 (pure bf16/fp16)")
         if self.micro_batch_size < 1:
             raise InputError(f"--micro-batch-size {self.micro_batch_size}: must be >= 1")
         if self.tokens is not None and self.tokens < 1:
@@ -283,9 +285,10 @@ class ClusterRequest:
                 raise InputError(f"{option} {value}: must be >= 1")
         _positive("--link-bandwidth", self.link_bandwidth_gbps, " GB/s")
         _positive("--network-bandwidth", self.network_bandwidth_gbps, " GB/s")
-        for option, value in (("--link-latency", self.link_latency_us), ("--network-latency", self.network_latency_us)):
-            if value is not None and value < 0:
-                raise InputError(f"{option} {value:g}: must be >= 0 microseconds")
+        for option, latency in (("--link-latency", self.link_latency_us),
+                                ("--network-latency", self.network_latency_us)):
+            if latency is not None and latency < 0:
+                raise InputError(f"{option} {latency:g}: must be >= 0 microseconds")
         self.given_gpus_per_node()  # the arithmetic, checked now
 
     def given_gpus_per_node(self) -> int | None:
@@ -334,7 +337,8 @@ class ModelRequest:
         if ((c.gpu is None and c.gpu_profile is None) or w.tokens is not None or c.given or w.user_model
                 or is_vision(w.preset)):
             return
-        raise InputError(f"--tokens: a {'--gpu' if c.gpu else '--gpu-profile'} what-if of {w.what()} needs the tokens per GPU per micro-batch (e.g. "
+        raise InputError(f"--tokens: a {'--gpu' if c.gpu else '--gpu-profile'} what-if of {w.what()} needs the tokens "
+                         f"per GPU per micro-batch (e.g. "
                          f"--tokens 1024 for one sequence of 1024), or give --micro-batch-time SECONDS (measured)")
 
     @classmethod
@@ -342,11 +346,13 @@ class ModelRequest:
         """The request from `topoprof model`'s options (click's names): the command's one edge."""
         return cls(
             workload=WorkloadRequest(
-                params=opts["params"], preset=opts["preset"], user_model=_with_hf_attn(opts["user_model"], opts.get("hf_attn")),
+                params=opts["params"], preset=opts["preset"],
+                user_model=_with_hf_attn(opts["user_model"], opts.get("hf_attn")),
                 image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"], tokens=opts["tokens"],
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],
-                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")), rmsnorm=opts.get("rmsnorm") or "eager",
+                fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")),
+                                     rmsnorm=opts.get("rmsnorm") or "eager",
                 activation_checkpointing=opts.get("activation_checkpointing")),
             compute=ComputeRequest(
                 gpu=opts["gpu"], precision=opts["precision"], micro_batch_time_s=opts["micro_batch_time"],

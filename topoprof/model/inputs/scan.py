@@ -58,8 +58,8 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 def _workload(opts, size: str | None):
     from topoprof.model.inputs.request import parse_count
-    from topoprof.workload.presets import is_vision
     from topoprof.model.strategies.job import Workload
+    from topoprof.workload.presets import is_vision
 
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
     tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
@@ -75,6 +75,7 @@ def _workload(opts, size: str | None):
     preset = timed_preset(opts, size)
     if preset is not None:
         return Workload.from_preset(preset, **kw), f"{size} params ({preset})"
+    assert size is not None  # no preset: a size
     n = parse_count(size)
     return Workload.from_params(n, **kw), f"{size} params"
 
@@ -117,7 +118,8 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         from topoprof.model.inputs.user_model import user_compute
 
         measured = user_compute(opts.user_record)
-        beside, why = {}, None
+        beside: dict = {}
+        why: str | None = None
         if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
             beside, why = priced(opts.user_record.get("op_trace"), *_with_profile(opts, gpu_name, None))
         return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)
@@ -147,8 +149,8 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     """Nothing measured this model on this GPU: its compute priced from its own ops (a what-if
     range), or where they cannot be priced the datasheet peak x a utilization range, saying why."""
     from topoprof.model.compute.timing import Compute
-    from topoprof.model.inputs.request import parse_count
     from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request
+    from topoprof.model.inputs.request import parse_count
 
     preset = opts.preset or SIZE_PRESETS.get(size or "")
     tokens = workload.tokens_per_micro_batch
@@ -207,7 +209,8 @@ def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: 
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
     compute = Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
                       origins=tuple((k, source) for k in keys))
-    return compute, source + (f"; its ops could not be priced beside it ({unpriced})" if not modelled and unpriced else "")
+    return compute, source + (f"; its ops could not be priced beside it ({unpriced})"
+                              if not modelled and unpriced else "")
 
 
 def composed_comm(levels: dict, world_size: int):
@@ -250,8 +253,8 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
                 gpu_memory_origin: str = "NVML, GPU0") -> list[dict]:
     """One model payload per model: the user's, or each default size. `gpu_memory_bytes` is the
     memory of the GPU the job's cuda:0 is, which `gpu_memory_origin` names."""
-    from topoprof.model.strategies.job import Cluster, ModelInputs
     from topoprof.model.comm.links import measured_comm
+    from topoprof.model.strategies.job import Cluster, ModelInputs
     from topoprof.model.strategies.payload import model_payload
 
     if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:
@@ -261,7 +264,8 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
     # cross-check in the report, not the prediction's input.)
     comm = measured_comm(rows, fit, world_size, "all-reduce measured by this scan")
     nodes = job_nodes(levels or {})
-    sizes = [None] if opts.preset or opts.user_record is not None else ([opts.params] if opts.params else list(DEFAULT_MODELS))
+    sizes = ([None] if opts.preset or opts.user_record is not None
+             else ([opts.params] if opts.params else list(DEFAULT_MODELS)))
     out = []
     for size in sizes:
         workload, label = _workload(opts, size)
@@ -328,8 +332,8 @@ def single_gpu_what_ifs(opts, gpu) -> dict:
     elif opts.user_record is not None or timed_preset(opts, size) is not None:  # timed on this GPU
         compute, source = _compute(opts, workload, None, None, gpu.name, size)
     else:
-        return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model PATH.py:CALLABLE "
-                                           "(timed here) or --micro-batch-time SECONDS"}
+        return {"label": label, "skipped": "this GPU's compute for your model is unknown: give --model "
+                                           "PATH.py:CALLABLE (timed here) or --micro-batch-time SECONDS"}
     return {**what_ifs(workload, compute, gpu, opts.accum), "label": label, "compute_source": source,
             # nothing timed where a timing was due: its failure is in the source, the datasheet stood in
             "timing_failed": compute.micro_batch_time_s is None,

@@ -7,11 +7,19 @@ priced from the model's ops; elsewhere (measured, given, a utilization) only the
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from topoprof.jsonio import to_jsonable
 from topoprof.model.compute.timing import uses_modelled
 from topoprof.model.inputs.request import ModelRequest
-from topoprof.model.inputs.traces import compute_at, model_shape, user_compute_at, user_shape
+from topoprof.model.inputs.traces import (
+    ModelShape,
+    UserShape,
+    compute_at,
+    model_shape,
+    user_compute_at,
+    user_shape,
+)
 from topoprof.model.strategies.search import search
 
 
@@ -25,6 +33,8 @@ def fits_payload(inputs, request: ModelRequest, applying: list[str], progress=No
     """The search's JSON for the strategies that apply here (`applying`); `progress` hears its stages."""
     w, c = request.workload, inputs.compute
     price = None
+    shape: UserShape | ModelShape | str
+    at: Callable[..., dict | str]
     if w.user_model:
         shape, at, how = user_shape(w), user_compute_at, "passes of the whole model"
     else:

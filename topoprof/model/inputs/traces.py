@@ -70,6 +70,7 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
                           PRESET_DEPTH[name], label, per_sample)
     from topoprof.workload.synthetic import spec_for_params
 
+    assert params is not None  # a preset or --params
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
                       f"the synthetic model of {params:,} parameters (a block: fc1, GELU, fc2)")
 
@@ -184,7 +185,8 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
     needed = sorted({(mode, wanted_sequences[m]) for text, m in wanted
                      for mode in (("none", "full") if parsed[text].mode == "layer" else (parsed[text].mode,))})
     keys = [(mode, m, d) for mode, m in needed for d in DEPTHS]
-    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target_for(precision, profile, gpu))
+    traces = trace_models(shape.spec, shape.kwargs,
+                          [_variant(mode, d, m, shape.seq_len, target_for(precision, profile, gpu))
                                                      for mode, m, d in keys])
     if isinstance(traces, dict):
         return traces["failure"]

@@ -119,7 +119,8 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
     if trace.get("failure"):
         return record, registration_order(record, trace["failure"])
     return record, ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "
-                                              f"meta at {trace['shape']}); a what-if traces the model, never runs it here")
+                                              f"meta at {trace['shape']}); a what-if traces the model, never runs it "
+                                              f"here")
 
 
 def registration_order(record: dict, why: str) -> ReadyOrder:
@@ -234,7 +235,8 @@ def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
     frozen = len(params) - len(trainable)
     shared = sum(1 for p in params if p["aliases"])
     return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
-                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); {order.text}")
+                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); "
+                  f"{order.text}")
 
 
 def user_compute(record: dict) -> dict:
@@ -311,8 +313,8 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     is always timed whole (the largest, 88.8M parameters, fits any GPU's training state). `sizes`:
     the module's arguments changed (`WorkloadRequest.preset_sizes`)."""
     from topoprof.measure.user_model import measure_user_model
-    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
     from topoprof.model.compute.scaled import scaled_compute
+    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
 
     def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (topoprof/zoo/checkpoint_wrap.py)
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,

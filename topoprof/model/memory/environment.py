@@ -45,7 +45,8 @@ CUDA_CONTEXT_BASIS = ("0.29-0.67 GB: a process with one tensor, kernels loaded l
                       "(pytorch/pytorch#86509)")
 
 DRIVER_RESERVE_BYTES = 150_754_820_096 - 150_109_880_320  # NVML total (143771 MiB) - CUDA total, H200
-DRIVER_RESERVE_BASIS = ("NVML's total over what CUDA hands out: 0.64 GB on the H200 of reports/gpu-nvidia-h200-20261126 "
+DRIVER_RESERVE_BASIS = ("NVML's total over what CUDA hands out: 0.64 GB on the H200 of "
+                        "reports/gpu-nvidia-h200-20261126 "
                         "(machine.txt), taken for every GPU")
 
 NCCL_SIMPLE_BYTES = 4 * MB                  # NCCL_BUFFSIZE default
@@ -54,12 +55,13 @@ NCCL_LL128_BYTES = 120 * 640 * 8 * 8        # elements/thread x threads x steps 
 NCCL_CONNECTION_BYTES = NCCL_SIMPLE_BYTES + NCCL_LL_BYTES + NCCL_LL128_BYTES
 NCCL_CHANNELS_PER_RING = 2                  # src/graph/connect.cc
 NCCL_MAX_CHANNELS = 32                      # MAXCHANNELS, src/include/device.h
-NCCL_BASIS = ("per channel and peer, Simple 4 MiB (NCCL_BUFFSIZE) + LL 0.5 MiB + LL128 4.7 MiB (NCCL src/include/device.h, "
-              "src/init.cc); 2 channels per ring and one ring peer, up to 32 channels with a ring and a tree peer")
+NCCL_BASIS = ("per channel and peer, Simple 4 MiB (NCCL_BUFFSIZE) + LL 0.5 MiB + LL128 4.7 MiB (NCCL "
+              "src/include/device.h, src/init.cc); 2 channels per ring and one ring peer, up to 32 channels with a "
+              "ring and a tree peer")
 
 FRAGMENTATION_SHARE = (0.0, 0.024)
-ALLOCATOR_BASIS = ("the caching allocator's rounding (512 B blocks, large segments to 2 MiB, counted from the op trace) "
-                   "and up to 2.4 % of what is allocated stranded in split blocks at an out-of-memory "
+ALLOCATOR_BASIS = ("the caching allocator's rounding (512 B blocks, large segments to 2 MiB, counted from the op "
+                   "trace) and up to 2.4 % of what is allocated stranded in split blocks at an out-of-memory "
                    "(vllm-project/compressed-tensors#587: 1.83 of 75.31 GiB; vllm#10637: 0.9 %)")
 
 # Optimizer state lists the foreach step holds at once, in parameters' worth of state (module docstring)

@@ -147,8 +147,8 @@ class Holding:
                     *always, ("unsharded", self.unsharded), ("grads written before", written), ("micro-batch", held))))
             if k > first:
                 best = self._higher(best, Peak(fixed + self.grads + p.fresh, p.phase, first + 1, where(p, line.blocks),
-                                               p.fresh_op, (*always, ("unsharded", self.unsharded), ("grads", self.grads),
-                                                            ("micro-batch", p.fresh))))
+                                               p.fresh_op, (*always, ("unsharded", self.unsharded),
+                                                            ("grads", self.grads), ("micro-batch", p.fresh))))
         return best
 
     @staticmethod

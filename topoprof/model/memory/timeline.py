@@ -61,6 +61,7 @@ def from_segments(memory: dict, blocks: int = 0) -> Timeline | None:
 def where(point: Point, blocks: int) -> str:
     """'block 3 of 12', 'after the blocks (the final layers and the loss)', ..."""
     if point.kind == "block":
+        assert point.block is not None  # a block's point has its index
         return f"block {point.block + 1} of {blocks}" if blocks else f"block {point.block + 1}"
     if not blocks:
         return "the whole pass"

@@ -9,8 +9,8 @@ Four passes on meta, at 1 and 2 blocks and 2 and 3 samples, give the four coeffi
 with them any depth and any micro-batch (`TracedMemory`; `tests/test_memory_parts.py` checks the
 extension against the pass of the whole model). Not 1 sample: there a slice of the batch can be a
 view where from 2 samples on it is a copy (the next-token labels, `tokens[:, 1:].flatten()`), so a
-micro-batch of 1 is counted as the line through 2 and 3 puts it, a few bytes high. The backward's transient does not grow with the
-depth (its peak is the head's gradient or one block's recompute and backward): it is taken at 2
+micro-batch of 1 is counted as the line through 2 and 3 puts it, a few bytes high. The backward's transient does not
+grow with the depth (its peak is the head's gradient or one block's recompute and backward): it is taken at 2
 blocks, linear in the samples. `layer:N` is composed from `none` and `full`: a block keeps, beside
 its output (which the next block or the final norm keeps in every mode), what its own mode keeps.
 
@@ -66,7 +66,8 @@ def from_trace(memory: dict) -> MicroBatchBytes:
     return MicroBatchBytes(
         activations=float(memory["activations_bytes"]) - logits, logits=logits,
         param_copies=float(memory.get("param_copies_bytes", 0)),
-        backward_transient=float(max(memory.get("backward_transient_bytes", 0), memory.get("forward_transient_bytes", 0))),
+        backward_transient=float(max(memory.get("backward_transient_bytes", 0),
+                                     memory.get("forward_transient_bytes", 0))),
         rounding=float(max(0, memory.get("rounded_peak_bytes", 0) - memory.get("peak_bytes", 0))),
         logits_detail=describe_tensors(kept.get("after_blocks_tensors") or []),
         timeline=from_segments(memory, int(kept.get("blocks", 0))))
@@ -82,7 +83,7 @@ def describe_tensors(rows: list[dict], largest: int = 3) -> str:
     return ", ".join(shown + ([f"{len(rows) - largest} more {rest / 1e9:.2g} GB"] if rows[largest:] else []))
 
 
-def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: int) -> float:
+def _bilinear(points: dict[tuple[int, int], float], blocks: int, samples: float) -> float:
     """q(L, m) = a + b·L + c·m + d·L·m through the four points at L in {1, 2} and two sizes."""
     m1, m2 = sorted({m for _, m in points})
     q11, q12, q21, q22 = points[(1, m1)], points[(1, m2)], points[(2, m1)], points[(2, m2)]
@@ -114,10 +115,11 @@ class TracedMemory:
         modes = ("none", "full") if ac.mode == "layer" else (ac.mode,)
         return all((variant, m) in self.points for m in modes)
 
-    def count(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> MicroBatchBytes:
+    def count(self, ac: Checkpointing, samples: float, variant: str = "autocast") -> MicroBatchBytes:
         """The parts of a micro-batch of `samples` sequences of the whole model under `ac`."""
         if self.whole:
-            return replace(self._at(ac.text, variant, 1, samples), timeline=self._whole_timeline(ac.text, variant, samples))
+            return replace(self._at(ac.text, variant, 1, samples),
+                           timeline=self._whole_timeline(ac.text, variant, samples))
         if ac.mode == "layer":
             wrapped = self.blocks // ac.every  # torchtitan wraps where the block count % N == 0
             parts = _composed(self._at("none", variant, self.blocks - wrapped, samples),
@@ -150,19 +152,20 @@ class TracedMemory:
             passes[mode] = BlockPass(interpolated(one, two, at), kept[0] + at * (kept[1] - kept[0]), grads)
         return composed(passes, kinds)
 
-    def per_block(self, ac: Checkpointing, samples: int, variant: str = "autocast") -> str:
+    def per_block(self, ac: Checkpointing, samples: float, variant: str = "autocast") -> str:
         """What one block keeps for backward at `samples` sequences, as text: 'a block keeps 2.08 GB'
         (and for layer:N, a checkpointed one's beside it)."""
         if self.whole:
             return f"the model keeps {self._at(ac.text, variant, 1, samples).activations / 1e9:.3g} GB"
 
         def one(mode):
-            return (self._at(mode, variant, 2, samples).activations - self._at(mode, variant, 1, samples).activations) / 1e9
+            return (self._at(mode, variant, 2, samples).activations
+                    - self._at(mode, variant, 1, samples).activations) / 1e9
         if ac.mode == "layer":
             return f"a block keeps {one('none'):.3g} GB, a checkpointed one {one('full'):.3g} GB"
         return f"a block keeps {one(ac.mode):.3g} GB"
 
-    def _at(self, mode: str, variant: str, blocks: int, samples: int) -> MicroBatchBytes:
+    def _at(self, mode: str, variant: str, blocks: int, samples: float) -> MicroBatchBytes:
         pts = self.points[(variant, mode)]
         values = {}
         deepest = max(d for d, _ in pts)
@@ -170,7 +173,8 @@ class TracedMemory:
             per = {key: getattr(p, part) for key, p in pts.items()}
             if part == "backward_transient" or self.whole:  # not growing with depth (module docstring)
                 m1, m2 = sorted({m for _, m in per})
-                values[part] = per[(deepest, m1)] + (samples - m1) * (per[(deepest, m2)] - per[(deepest, m1)]) / (m2 - m1)
+                values[part] = (per[(deepest, m1)]
+                                + (samples - m1) * (per[(deepest, m2)] - per[(deepest, m1)]) / (m2 - m1))
             else:
                 values[part] = _bilinear(per, blocks, samples)
         m1 = min(m for _, m in pts)

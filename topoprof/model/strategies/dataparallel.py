@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from topoprof.model.comm.collectives import CommModel
 
-
 DATAPARALLEL_COALESCE_BYTES = 10485760  # torch/nn/parallel/comm.py buffer_size (10 MiB)
 
 

@@ -14,7 +14,8 @@ from topoprof.model.strategies.steps import fsdp_job, fsdp_wait_s
 FSDP_COST_PARTS = {
     "exposed_comm": ("the collectives' bytes over the links, against the compute there is to hide them behind",
                      "all-gathers and reduce-scatters the compute stream waits for: the root's and the first block's "
-                     "all-gather, the last reduce-scatter, any that compute could not hide (topoprof.model.fsdp.timeline)"),
+                     "all-gather, the last reduce-scatter, any that compute could not hide "
+                     "(topoprof.model.fsdp.timeline)"),
     "compute_slowed": ("the time collectives overlap compute",
                        "compute slowed while a collective runs: on GPUs NCCL's kernels hold 2 SMs per ring "
                        "(src/enqueue.cc, src/graph/connect.cc)"),
@@ -51,7 +52,8 @@ def fsdp_cost_parts(res: Resolved, comm: CommModel) -> dict[str, float] | None:
     copy_in = job.coll.copy_in_s
     parts = {"exposed_comm": mb.exposed_s,
              "compute_slowed": max(0.0, mb.compute_busy_s - model - mb.fsdp_work_s),
-             "all_gather_copy_in": sum(copy_in[op.group] for op in mb.ops if op.kind == "all_gather") if copy_in else 0.0}
+             "all_gather_copy_in": (sum(copy_in[op.group] for op in mb.ops if op.kind == "all_gather")
+                                    if copy_in else 0.0)}
     own = ("measured",) if job.setting.overhead is not None else (
         "all_gather_copy_out", "reduce_scatter_copy_in", "fsdp_hooks")
     parts.update({name: mb.fsdp_parts.get(name, 0.0) for name in own})
@@ -66,6 +68,7 @@ def fsdp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved],
     if middle is None:
         return {}
     slow, fast = fsdp_cost_parts(ends[0], comms[1]), fsdp_cost_parts(ends[1], comms[2])
+    assert slow is not None and fast is not None  # the ends are the middle's job at other rates
     return part_costs(middle, slow, fast, FSDP_COST_PARTS)
 
 

@@ -116,6 +116,11 @@ class Cluster:
                   f"comm model nodes({self.comm.nodes}) != nodes({self.nodes})")
         object.__setattr__(self, "world_size", n)
 
+    @property
+    def gpus(self) -> int:
+        """The world size, nodes x gpus_per_node (`world_size` once constructed)."""
+        return self.nodes * self.gpus_per_node
+
 
 @dataclass(frozen=True)
 class ModelInputs:

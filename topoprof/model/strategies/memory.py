@@ -51,7 +51,7 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
     trace = (inputs.compute.modelled_detail or {}).get("memory")
     if trace and trace.get("activations_bytes") is not None:  # the model's own autograd graph, at the shape priced
         mb = from_trace(trace)
-        shape = inputs.compute.modelled_detail.get("shape", "the traced shape")
+        shape = (inputs.compute.modelled_detail or {}).get("shape", "the traced shape")
         # FSDP's 16-bit param_dtype gathers 16-bit weights: nothing for autocast to copy
         cast = replace(mb, param_copies=0.0) if work.fsdp_bytes[0] == 2 else None
         return MicroBatchCount(mb.activations, f"counted from the op trace at {shape} ({ac.text}): the tensors "
@@ -120,7 +120,7 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
     intra = getattr(cl.comm, "intra", None) or cl.comm
     return holding.MemoryModel(
         work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes,
-        optimizer=_optimizer_name(inputs.compute.optimizer), world_size=cl.world_size, gpus_per_node=cl.gpus_per_node,
+        optimizer=_optimizer_name(inputs.compute.optimizer), world_size=cl.gpus, gpus_per_node=cl.gpus_per_node,
         gradient_as_bucket_view=work.gradient_as_bucket_view,
         largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
         fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
@@ -148,7 +148,8 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
         low, high = held.total_range
         reserved = held.reserved_range
         out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
-                           held.total / holding.GB, basis, capacity, f.fits, f.reason, (low / holding.GB, high / holding.GB),
+                           held.total / holding.GB, basis, capacity, f.fits, f.reason,
+                           (low / holding.GB, high / holding.GB),
                            part_sources(name, count, model, measured is not None), held.allocated / holding.GB,
                            held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB))
     return out
@@ -171,11 +172,13 @@ def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryMod
                    "logits": f"{traced}: what the layers after the last block and the loss keep (a language model's "
                              f"final norm and the logits' log-probabilities; {mb.logits_detail})",
                    "param_copies": (f"none: {count.fsdp_source}" if fsdp else
-                                    f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared when "
-                                    "the forward's autocast region ends, the tensors saved for backward keep theirs)"),
+                                    f"{traced}: autocast's 16-bit weights the backward reads (its cache is cleared "
+                                    "when the forward's autocast region ends, the tensors saved for backward keep "
+                                    "theirs)"),
                    "backward_transient": f"{traced}: the most the pass holds above what its forward ends with: in "
                                          "backward, the parameters' gradients apart (the loss's gradient, a recompute, "
-                                         "activation gradients), or in the forward (the loss's fp32 upcast), the larger"}
+                                         "activation gradients), or in the forward (the loss's fp32 upcast), the "
+                                         "larger"}
     sources["optimizer_transient"] = (
         (environment.OPTIMIZER_TRANSIENT_BASIS.get(model.optimizer, "not counted") if model.environment else
          "the for-loop optimizer, torch's default on CPU ranks: one tensor's state at a time (torch/optim/adam.py "
@@ -205,7 +208,10 @@ def _measured_memory(work: Workload, counted):
     if not m or work.layout.params <= 0:
         return None
     n = work.layout.params
-    per = lambda key: max(0.0, m[key]) / n  # noqa: E731
+
+    def per(key: str) -> float:
+        return max(0.0, m[key]) / n
+
     # the measured activations hold the logits and autocast's copies: nothing of a count beside them
     model = changed(counted, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
                     optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]),

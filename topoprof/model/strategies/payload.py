@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from topoprof.jsonio import to_jsonable
 
-
 SWEEP_K = (1, 2, 4, 8, 16, 32)
 
 
@@ -70,19 +69,21 @@ def ddp_knobs(inputs, prediction) -> list[dict]:
     from dataclasses import replace
 
     from topoprof.model.strategies.predict import predict
+    from topoprof.model.strategies.results import StrategyResult
 
     now = prediction.strategies.get("ddp_synced")
-    if not hasattr(now, "step_time_s"):
+    if not isinstance(now, StrategyResult):
         return []
-    out = []
+    out: list[dict] = []
     for knob, part, change in KNOBS:
         if all(getattr(inputs.workload, k) == v for k, v in change.items()):
             continue
         changed = replace(inputs, workload=replace(inputs.workload, **change))
         after = predict(changed, parts=False).strategies["ddp_synced"]
+        assert isinstance(after, StrategyResult)  # as `now`: an option does not make DDP unavailable
         out.append({"knob": knob, "part": part, "step_time_s": after.step_time_s})
     fp16 = prediction.strategies.get("ddp_fp16_compress")
-    if hasattr(fp16, "step_time_s"):
+    if isinstance(fp16, StrategyResult):
         out.append({"knob": "register_comm_hook(fp16_compress_hook)", "part": "allreduce_tail",
                     "step_time_s": fp16.step_time_s})
     for o in out:
@@ -101,7 +102,7 @@ def _step(result):
 
 
 def _strategies(prediction) -> dict:
-    out = {}
+    out: dict = {}
     for name, result in prediction.strategies.items():
         if hasattr(result, "reason"):
             out[name] = None

@@ -14,14 +14,32 @@ from topoprof.model.strategies.fsdp_costs import fsdp_costs_by_part, hsdp_levels
 from topoprof.model.strategies.job import Cluster, ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
 from topoprof.model.strategies.resolve import Resolved, resolve
-from topoprof.model.strategies.results import (BucketSummary, GlobalBatchOption, HideThreshold, InputValue, Prediction,
-                                               Range, StrategyResult, SweepPoint, Unavailable)
-from topoprof.model.strategies.steps import (ASSUMPTIONS, FORMULAS, ONE_GPU_REASON, STRATEGIES, ddp_costs_by_part,
-                                             ddp_exposed_s, ddp_setting, dp_comm_s, step_times)
+from topoprof.model.strategies.results import (
+    BucketSummary,
+    GlobalBatchOption,
+    HideThreshold,
+    InputValue,
+    Prediction,
+    Range,
+    StrategyResult,
+    SweepPoint,
+    Unavailable,
+)
+from topoprof.model.strategies.steps import (
+    ASSUMPTIONS,
+    FORMULAS,
+    ONE_GPU_REASON,
+    STRATEGIES,
+    ddp_costs_by_part,
+    ddp_exposed_s,
+    ddp_setting,
+    dp_comm_s,
+    step_times,
+)
 
 
 def _samples(res: Resolved, name: str) -> int:
-    gpus = 1 if name == "single" else res.inputs.cluster.world_size
+    gpus = 1 if name == "single" else res.inputs.cluster.gpus
     return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
 
 
@@ -46,7 +64,8 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
     memory = memory_by_strategy(res.inputs, [n for n, r in out.items() if isinstance(r, StrategyResult)])
     # nothing is ranked against a strategy that does not fit
     unranked = getattr(memory.get("ddp_synced"), "fits", None) is False
-    return {n: replace(r, memory=memory.get(n), **({"speedup_vs_ddp_synced": None} if unranked else {}))
+    return {n: replace(r, memory=memory.get(n),
+                       speedup_vs_ddp_synced=None if unranked else r.speedup_vs_ddp_synced)
             if isinstance(r, StrategyResult) else r for n, r in out.items()}
 
 
@@ -71,14 +90,14 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
                             tuple(b.ready_fraction for b in buckets), first, cap)
     pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,
               "optimizer_s": res.optimizer_s}
-    if inputs.cluster.world_size > 1:  # DDP's and DP's pieces only where they apply
+    if inputs.cluster.gpus > 1:  # DDP's and DP's pieces only where they apply
         pieces["ddp_exposed_s"] = ddp_exposed_s(res, buckets, comm)
         pieces["ddp_fp16_exposed_s"] = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
-    if inputs.cluster.world_size > 1 and inputs.cluster.nodes == 1:
+    if inputs.cluster.gpus > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
     costs, fsdp, hsdp = {}, {}, None
-    if parts and inputs.cluster.world_size > 1:
+    if parts and inputs.cluster.gpus > 1:
         costs = ddp_costs_by_part(res, (slow_res, fast_res), buckets, (comm, slow_comm, fast_comm))
         fsdp = fsdp_costs_by_part(res, (slow_res, fast_res), (comm, slow_comm, fast_comm))
         hsdp = hsdp_levels(res, comm)
@@ -111,7 +130,7 @@ def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
 
 
 def hide_threshold(inputs: ModelInputs) -> HideThreshold | Unavailable:
-    if inputs.cluster.world_size == 1:
+    if inputs.cluster.gpus == 1:
         return Unavailable(ONE_GPU_REASON)
     res = resolve(inputs)
     work = inputs.workload

@@ -10,14 +10,30 @@ from typing import Any
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.compute.datasheet import SM_COUNT
-from topoprof.model.compute.timing import (FSDP_OVERHEAD_KEYS, MEMORY_UNKNOWN_NOTE, UTILIZATION_RANGE, compute_times,
-                                           uses_modelled, utilization_is_assumed)
+from topoprof.model.compute.timing import (
+    FSDP_OVERHEAD_KEYS,
+    MEMORY_UNKNOWN_NOTE,
+    UTILIZATION_RANGE,
+    compute_times,
+    uses_modelled,
+    utilization_is_assumed,
+)
 from topoprof.model.ddp.buckets import ddp_bucket_limits
-from topoprof.model.ddp.gpu_costs import (GPU_SPEED_SPREAD_BASIS, KERNEL_COST_BASIS, KERNEL_COST_RANGE_S,
-                                          NCCL_MAX_CHANNELS, geometric_middle, gpu_speed_spread_range,
-                                          nccl_sm_slowdown_range)
-from topoprof.model.fsdp.gpu_costs import (COPY_BANDWIDTH_BASIS, COPY_BANDWIDTH_SHARE_RANGE, HOST_STEP_COST_BASIS,
-                                           HOST_STEP_COST_RANGE_S)
+from topoprof.model.ddp.gpu_costs import (
+    GPU_SPEED_SPREAD_BASIS,
+    KERNEL_COST_BASIS,
+    KERNEL_COST_RANGE_S,
+    NCCL_MAX_CHANNELS,
+    geometric_middle,
+    gpu_speed_spread_range,
+    nccl_sm_slowdown_range,
+)
+from topoprof.model.fsdp.gpu_costs import (
+    COPY_BANDWIDTH_BASIS,
+    COPY_BANDWIDTH_SHARE_RANGE,
+    HOST_STEP_COST_BASIS,
+    HOST_STEP_COST_RANGE_S,
+)
 from topoprof.model.fsdp.plan import describe_plan, fsdp_plan
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.memory import memory_echo
@@ -58,7 +74,7 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
                echo: dict, notes: list[str]) -> GpuCosts:
     """Each part measured where a calibration has it; else, on a GPU the datasheet table knows,
     its cited what-if range (`end` picks the middle or an end); else not priced, with a note."""
-    comp, n = inputs.compute, inputs.cluster.world_size
+    comp, n = inputs.compute, inputs.cluster.gpus
     on_gpu = gpu_key is not None
     ranges: dict[str, tuple[float, float]] = {}
     kernel = comp.ddp_kernel_s
@@ -174,7 +190,7 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
     notes_list = list(times.warnings)
     gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
-    notes = tuple(w for w in notes_list if cl.world_size > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
+    notes = tuple(w for w in notes_list if cl.gpus > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
     what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
                     times.memory_bandwidth_gbps, echo, notes, gpu, what_if)
@@ -193,7 +209,8 @@ def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
                     if cl.backend in BLOCKING_BACKENDS else "NCCL: collectives on streams beside compute")}
     try:
         out["fsdp_groups"] = (describe_plan(fsdp_plan(work.layout, work.fsdp_unit)),
-                              f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then the root")
+                              f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then "
+                              f"the root")
     except InputError as err:
         out["fsdp_groups"] = (None, str(err))
     for key in (*FSDP_OVERHEAD_KEYS, "fsdp_optimizer_time_s"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
+from topoprof.model.strategies.results import StrategyResult
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
 MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
@@ -107,7 +108,8 @@ def largest(inputs: ModelInputs, names: list[str], mode: str) -> dict[str, Large
 
 def _groups(names: list[str]) -> list[tuple[str, ...]]:
     """The strategies in `names`, those holding the same memory (DDP's) as one group."""
-    out, done = [], set()
+    out: list[tuple[str, ...]] = []
+    done: set[str] = set()
     for name in names:
         if name in done:
             continue
@@ -186,8 +188,8 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
                      if table[mode][n].micro_batch} | {(mode, now) for mode in modes})
     if price is None:
         return {"fastest_reason": "the compute at other micro-batches and modes is not priced here (it was measured "
-                                  "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them from "
-                                  "the model's own ops"}
+                                  "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them "
+                                  "from the model's own ops"}
     priced = price(wanted)
     if isinstance(priced, str):
         return {"fastest_reason": f"the compute at other sizes and modes could not be priced ({priced})"}
@@ -199,11 +201,12 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
         for name in names:
             m = table[mode][name].micro_batch
             result = predictions.get((mode, m), {}).get(name) if m else None
-            if result is None or not hasattr(result, "step_time_s"):
+            if not isinstance(result, StrategyResult):
                 continue
             if result.memory is None or result.memory.fits is not True:
                 continue
-            candidates.append(Candidate(name, mode, m, result.step_time_s, result.samples_per_s, result.memory.total_gb))
+            candidates.append(Candidate(name, mode, m, result.step_time_s, result.samples_per_s,
+                                        result.memory.total_gb))
     candidates.sort(key=lambda c: -c.samples_per_s)
     costs = []
     base = priced.get(("none", now))

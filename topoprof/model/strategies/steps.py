@@ -16,19 +16,26 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, LinkUnknown
+from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
 from topoprof.model.ddp.buckets import Bucket, ddp_buckets
 from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
 from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
-from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
 from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
 from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan, recompute_shares
-from topoprof.model.fsdp.timeline import (Collectives, FsdpOverhead, FsdpSetting, FsdpStep, collective_times, fsdp_step,
-                                          shard_degree)
-from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, FsdpMode, HSDP_ONE_NODE_REASON, MODES
+from topoprof.model.fsdp.timeline import (
+    Collectives,
+    FsdpOverhead,
+    FsdpSetting,
+    FsdpStep,
+    collective_times,
+    fsdp_step,
+    shard_degree,
+)
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
 from topoprof.model.strategies.results import PartCost, part_costs
+from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpMode
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
                   "ddp_fp16_compress")
@@ -57,7 +64,7 @@ def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
 
 def straggler_s(res: Resolved, syncs: int) -> float:
     """What a step of `syncs` syncs waits for its slowest rank (`straggler_wait_s`)."""
-    n, k = res.inputs.cluster.world_size, res.inputs.accumulation_steps
+    n, k = res.inputs.cluster.gpus, res.inputs.accumulation_steps
     g = res.gpu
     if n == 1 or (g.speed_spread == 0 and g.jitter == 0):
         return 0.0
@@ -89,8 +96,8 @@ def step_components(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     # timeline shows them: in compute and in the exposed tail.
     tail = max(0.0, overlap.comm_end_s - overlap.backward_end_s) + timeline.copies_s / 2
     # waiting for the slowest rank counts as compute, as validate measures it (rotations.step_parts)
-    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s) + n * (slowed + timeline.copies_s / 2)
-            + straggler_s(res, n),
+    return {"compute": k * (res.micro_batch_s + res.inputs.compute.ddp_overhead_s)
+            + n * (slowed + timeline.copies_s / 2) + straggler_s(res, n),
             "exposed_comm": n * tail, "optimizer": res.optimizer_s}
 
 
@@ -166,7 +173,7 @@ class FsdpJob:
 def fsdp_job(res: Resolved, comm: CommModel, name: str) -> FsdpJob | str:
     """An FSDP strategy's timeline inputs (`topoprof.model.fsdp`), or why it does not apply here."""
     mode, cl, work = MODES[name], res.inputs.cluster, res.inputs.workload
-    if cl.world_size == 1:
+    if cl.gpus == 1:
         return ONE_GPU_REASON
     if mode.hsdp and cl.nodes == 1:
         return HSDP_ONE_NODE_REASON
@@ -191,7 +198,7 @@ def fsdp_strategy_step(res: Resolved, comm: CommModel, name: str) -> FsdpStep | 
     if isinstance(job, str):
         return job
     cl = res.inputs.cluster
-    shards = shard_degree(job.mode, cl.world_size, cl.gpus_per_node)
+    shards = shard_degree(job.mode, cl.gpus, cl.gpus_per_node)
     comp = res.inputs.compute
     t_opt = comp.fsdp_optimizer_time_s if comp.fsdp_optimizer_time_s is not None else res.optimizer_s / shards
     return fsdp_step(job.plan, job.setting, job.coll, job.mode, res.inputs.accumulation_steps, t_opt)
@@ -227,7 +234,7 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
                ) -> dict[str, tuple[float, float] | str]:
     """(step_time_s, comm_exposed_s) per strategy, or why it does not apply."""
     k, c, t_opt = res.inputs.accumulation_steps, res.micro_batch_s, res.optimizer_s
-    if res.inputs.cluster.world_size == 1:
+    if res.inputs.cluster.gpus == 1:
         return {name: (k * c + t_opt, 0.0) if name == "single" else ONE_GPU_REASON
                 for name in STRATEGIES}
     e = ddp_exposed_s(res, buckets, comm)
@@ -262,7 +269,8 @@ FORMULAS = {
     "ddp_fp16_compress": "k*(c + o + E_fp16) + W_k + T_opt",
     # FSDP: F = one micro-batch's timeline (topoprof.model.fsdp): forward and backward compute,
     # FSDP's own work per group, the collectives it leaves exposed
-    "fsdp_full_shard": "k*F_sync(all-gather in forward and again in backward, reduce-scatter per group) + W_k + T_opt/n",
+    "fsdp_full_shard": ("k*F_sync(all-gather in forward and again in backward, reduce-scatter per group) "
+                        "+ W_k + T_opt/n"),
     "fsdp_full_shard_no_sync": "(k-1)*F_nosync + F_sync: no reduce-scatter until the last micro-batch; + W_k + T_opt/n",
     "fsdp_shard_grad_op": "k*F_sync(all-gather in forward only, reduce-scatter per group) + W_k + T_opt/n",
     "fsdp_shard_grad_op_no_sync": "(k-1)*F_nosync + F_sync, no backward all-gather; + W_k + T_opt/n",
@@ -291,8 +299,8 @@ ASSUMPTIONS = (
     "(the all-gather's copy-in on its own stream, its copy-out and the reduce-scatter's chunk-cat on the compute "
     "stream) at the memory bandwidth, 73-86 % of a datasheet's; its hooks' host steps at 6.2-10.7 us each on a GPU, "
     "counted where the device's time (from the model's ops) does not hide them; where the compute is not priced "
-    "from its ops, all of them, and none at the range's fast end (the host ahead throughout); compute slowed by NCCL's SMs "
-    "while any collective runs; each parameter padded to a multiple "
+    "from its ops, all of them, and none at the range's fast end (the host ahead throughout); compute slowed by NCCL's "
+    "SMs while any collective runs; each parameter padded to a multiple "
     "of the shard count; the no_sync gradient accumulation in reduce_dtype and the optimizer's DTensor cost not "
     "modelled",
     "HSDP: per group an all-gather and a reduce-scatter over the GPUs of a node, then its reduced shard all-reduced "
@@ -311,7 +319,8 @@ DDP_COST_PARTS = {
                         "(src/enqueue.cc, src/graph/connect.cc), on CPU ranks gloo's threads share the cores"),
     "ddp_kernels": ("gradient tensors and buckets",
                     "a copy into and out of its bucket per gradient, an all-reduce launch per bucket (reducer.cpp)"),
-    "copy_traffic": ("gradient bytes over memory bandwidth", "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),
+    "copy_traffic": ("gradient bytes over memory bandwidth",
+                     "4G bytes of bucket copies, 2G with gradient_as_bucket_view"),
     "ddp_hooks": ("micro-batches", "DDP's forward and autograd hooks, measured by validate (0 unless measured)"),
     "slowest_rank": ("ranks (the expected maximum of that many) and compute per micro-batch",
                      "every sync waits for the slowest rank (topoprof.model.ddp.gpu_costs.straggler_wait_s)"),

@@ -64,7 +64,8 @@ def pcie(gpu) -> Link | None:
     if nccl is None:
         return None
     return Link("PCIe", (nccl, raw or nccl), constants.HOP_LATENCY_US["PCIE"],
-                f"PCIe Gen{gen} x{width} peer to peer, {nccl:g}..{(raw or nccl):.1f} GB/s (NCCL topo.cc .. raw after encoding)")
+                f"PCIe Gen{gen} x{width} peer to peer, {nccl:g}..{(raw or nccl):.1f} GB/s (NCCL topo.cc .. raw after "
+                f"encoding)")
 
 
 def standard_link(name: str) -> Link | None:
@@ -91,10 +92,11 @@ def network(gbit: float) -> Link:
 
 def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link, bandwidth: float) -> dict:
     from topoprof.model.comm import links
-    from topoprof.model.comm.collectives import RingComm
+    from topoprof.model.comm.collectives import CommModel, RingComm
     from topoprof.model.strategies.job import Cluster, ModelInputs
     from topoprof.model.strategies.predict import predict
 
+    comm: CommModel
     if nodes == 1:
         comm = RingComm(link_bandwidth_gbps=bandwidth, hop_latency_us=link.hop_latency_us,
                         world_size=gpus_per_node, source=link.basis)
@@ -102,7 +104,7 @@ def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: 
         comm = links.across_nodes(None, nodes, 1, bandwidth, link.hop_latency_us)
     result = predict(ModelInputs(workload, compute, Cluster(comm, nodes=nodes, gpus_per_node=gpus_per_node),
                                  accumulation_steps=accum), parts=False)
-    return {name: result.strategies[name].step_time_s for name in STRATEGIES}
+    return {name: _step_time_s(result.strategies[name]) for name in STRATEGIES}
 
 
 def _case(label: str, workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link) -> dict:
@@ -112,7 +114,8 @@ def _case(label: str, workload, compute, accum: int, nodes: int, gpus_per_node: 
             "world_size": nodes * gpus_per_node, "basis": link.basis, "bandwidth_gbps": list(link.bandwidth_gbps),
             "step_time_s": {name: [fast[name], slow[name]] for name in STRATEGIES},
             # what no_sync saves over syncing every micro-batch, at the slow and the fast end
-            "no_sync_saving": [1 - slow["ddp_no_sync"] / slow["ddp_synced"], 1 - fast["ddp_no_sync"] / fast["ddp_synced"]]}
+            "no_sync_saving": [1 - slow["ddp_no_sync"] / slow["ddp_synced"],
+                               1 - fast["ddp_no_sync"] / fast["ddp_synced"]]}
 
 
 def what_ifs(workload, compute, gpu, accum: int) -> dict:
@@ -143,4 +146,12 @@ def _single_step(workload, compute, accum: int) -> float:
     from topoprof.model.strategies.predict import predict
 
     result = predict(ModelInputs(workload, compute, Cluster(SingleGpuComm(), 1, 1), accumulation_steps=accum))
-    return result.strategies["single"].step_time_s
+    return _step_time_s(result.strategies["single"])
+
+
+def _step_time_s(result) -> float:
+    """A what-if's strategy always applies: its step time."""
+    from topoprof.model.strategies.results import StrategyResult
+
+    assert isinstance(result, StrategyResult), result
+    return result.step_time_s

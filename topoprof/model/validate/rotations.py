@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,13 @@ class Spread:
         return 50.0 * (self.p75 - self.p25) / self.value if self.value else 0.0
 
 
-def spread(samples: list[float], statistic: str = "median") -> Spread | None:
+def _timed(level: Spread | None) -> Spread:
+    """The spread of times every rotation measured (so never None)."""
+    assert level is not None
+    return level
+
+
+def spread(samples: Sequence[float | None], statistic: str = "median") -> Spread | None:
     values = sorted(x for x in samples if x is not None and x == x)
     if not values:
         return None
@@ -142,7 +149,8 @@ def fsdp_costs(rotations: list[list[dict]]) -> dict[str, Spread]:
     def less(samples: list[float], level: float) -> Spread | None:
         return spread([x - level for x in samples])
 
-    out = {"fsdp_forward_cost_s": less([x for (w, k, part), v in passes.items() if part == "forward" for x in v], plain_f),
+    out = {"fsdp_forward_cost_s": less([x for (w, k, part), v in passes.items() if part == "forward" for x in v],
+                                       plain_f),
            "fsdp_backward_cost_s": less(passes.get(("shard_grad_op", "sync", "backward"), []), plain_b),
            "fsdp_backward_no_sync_cost_s": less(passes.get(("shard_grad_op", "no_sync", "backward"), []), plain_b)}
     keep = [x for kind in ("no_sync", "sync") for x in passes.get(("shard_grad_op", kind, "backward"), [])]
@@ -168,7 +176,7 @@ def fsdp_points(rotations: list[list[dict]]) -> list[tuple[str, int, Spread]]:
             events = [r["fsdp_replays"][i]["events"] for r in rot]
             for j, (kind, numel, _) in enumerate(events[0]):
                 samples.setdefault((kind, 4 * numel), []).append(statistics.fmean(e[j][2] for e in events))
-    return [(kind, size, spread(v, "mean")) for (kind, size), v in sorted(samples.items())]
+    return [(kind, size, _timed(spread(v, "mean"))) for (kind, size), v in sorted(samples.items())]
 
 
 def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
@@ -178,7 +186,7 @@ def rank_spread(rotations: list[list[dict]]) -> dict[str, float] | None:
     standard deviations pooled over rotations, the persistent one as a share of the mean
     micro-batch (`rank_speed_spread`) and the jitter also as a share (`rank_jitter`: it is carried
     to other models in proportion to their compute), with the number of ranks; None with one rank
-    or one micro-batch.""" 
+    or one micro-batch."""
     persistent, jitter, means = [], [], []
     for rot in rotations:
         times = [[f + b for f, b in zip(r["calibration"]["forward_s"], r["calibration"]["backward_s"])] for r in rot]
@@ -218,6 +226,7 @@ def calibration(rotations: list[list[dict]], run: list[list[dict]] | None = None
         out = {}
         for k, values in own.items():
             level = spread(values)
+            assert level is not None  # every rotation timed its compute
             shift = statistics.fmean(pooled[k]) - statistics.median(pooled[k])
             out[k] = dataclasses.replace(level, value=level.median + shift, statistic="median + run's mean-median")
     source = run if run is not None else rotations
@@ -259,7 +268,7 @@ def allreduce_points(rotations: list[list[dict]]) -> list[tuple[int, Spread]]:
     """(bytes, time of one bucket's all-reduce alone) per bucket size: a collective ends when its
     last rank does, so each rotation counts at the maximum over ranks."""
     numel = rotations[0][0].get("bucket_numel") or []
-    return [(4 * n, spread([max(r["allreduce_alone_s"][i] for r in rot) for rot in rotations]))
+    return [(4 * n, _timed(spread([max(r["allreduce_alone_s"][i] for r in rot) for rot in rotations])))
             for i, n in enumerate(numel)]
 
 

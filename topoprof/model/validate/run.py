@@ -6,9 +6,9 @@ per micro-batch alone and through DDP's hooks, the optimizer), one step of each 
 timeline, each bucket's all-reduce alone and the interference between compute and communication
 are measured in turns, so that a drifting machine moves inputs and steps together; then the
 numerics check. FSDP2's modes join the rotations when asked for (`--modes`, or `all`), with the
-inputs their timeline needs (topoprof.model.fsdp). Every mode is predicted from the measured inputs (`topoprof.model.validate.rotations`
-says which statistic of each), with a range from their spread, and compared with what it measured,
-part by part: compute, exposed communication, optimizer, the rest.
+inputs their timeline needs (topoprof.model.fsdp). Every mode is predicted from the measured inputs
+(`topoprof.model.validate.rotations` says which statistic of each), with a range from their spread, and compared with
+what it measured, part by part: compute, exposed communication, optimizer, the rest.
 """
 from __future__ import annotations
 
@@ -157,7 +157,8 @@ class ValidateResult:
             step, predicted = meas.get("step_time_s"), pred.get("step_time_s")
             err = None if step is None or predicted is None else 100.0 * (predicted - step) / step
             if meas.get("per_rotation_s") and pred.get("per_rotation_s"):  # matched rotations
-                err = 100.0 * (statistics.median(p / m for p, m in zip(pred["per_rotation_s"], meas["per_rotation_s"])) - 1)
+                ratios = (p / m for p, m in zip(pred["per_rotation_s"], meas["per_rotation_s"]))
+                err = 100.0 * (statistics.median(ratios) - 1)
             low, high = pred.get("range_s") or (None, None)
             out[mode] = {"measured_step_s": step, "predicted_step_s": predicted, "error_pct": err,
                          "predicted_range_s": pred.get("range_s"),
@@ -217,8 +218,8 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
     the bandwidth these ranks measured, and what is left per kernel the reducer launched
     (topoprof.model.ddp.gpu_costs). Where the copies ran faster than that bandwidth, or the tensors are
     not known, as one effective copy rate instead."""
-    from topoprof.model.ddp.timeline import ddp_copy_bytes
     from topoprof.model.ddp.gpu_costs import ddp_kernels
+    from topoprof.model.ddp.timeline import ddp_copy_bytes
 
     traffic = ddp_copy_bytes(msg["params"], 4, False)  # fp32 gradients, no bucket view (as the wrapper there)
     bandwidth = msg.get("memory_bandwidth_gbps")
@@ -233,7 +234,8 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
             f"over {kernels} kernels (ddp_kernel_s)")}
     return {"ddp_copy_bandwidth_gbps": traffic / copies_s / 1e9, "ddp_copies_basis": (
         f"DDP's copies {copies_s * 1e3:.2f} ms for {traffic / 1e9:.3f} GB of traffic: one effective copy rate "
-        "(ddp_copy_bandwidth_gbps), as they ran faster than the measured memory bandwidth or the tensors are not known")}
+        "(ddp_copy_bandwidth_gbps), as they ran faster than the measured memory bandwidth "
+        "or the tensors are not known")}
 
 
 def _fsdp_per_group(cal: dict, layout: Layout | None) -> dict:
@@ -296,11 +298,12 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     `topoprof.model.validate.rotations.calibration`): compute, optimizer, each bucket's all-reduce alone
     (the bench curve for other sizes), interference, memory bandwidth."""
     from topoprof.measure.fit import fit_rows
-    from topoprof.model.validate import rotations as rot
-    from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
     from topoprof.model.comm.links import measured_comm
+    from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+    from topoprof.model.validate import rotations as rot
 
+    assert result.rotations is not None  # the ranks sent their rotations
     values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations},
                                   len(opts.layout.tensors), opts.layout)
     values["comm_slowdown_by_size"] = tuple(tuple(p) for p in values["comm_slowdown_by_size"])
@@ -355,16 +358,18 @@ def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
     from topoprof.model.strategies.resolve import resolve
     from topoprof.model.strategies.steps import step_components
 
-    steps = [getattr(model_predict(inputs, parts=False).strategies.get(mode), "step_time_s", None) for inputs in per_rotation]
+    steps = [getattr(model_predict(inputs, parts=False).strategies.get(mode), "step_time_s", None)
+             for inputs in per_rotation]
     if any(s is None for s in steps):
         return {"step_time_s": None}
+    known = [s for s in steps if s is not None]  # all of them
     parts = None
     if mode != "dp":
         inputs = per_rotation[middle]
         work = inputs.workload
         buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
         parts = {**step_components(resolve(inputs), buckets, inputs.cluster.comm, mode), "other": 0.0}
-    return {"step_time_s": statistics.median(steps), "per_rotation_s": steps, "range_s": [min(steps), max(steps)],
+    return {"step_time_s": statistics.median(known), "per_rotation_s": known, "range_s": [min(known), max(known)],
             "parts": parts}
 
 
@@ -453,9 +458,8 @@ def validate_payload(result, opts) -> dict:
 
 def save_calibration(path: str, payload: dict):
     """Write the calibration file; the jsonio.Moved when it had to go elsewhere (see write_text)."""
-    from topoprof.model.compute.timing import CALIBRATION_KEYS
-
     from topoprof.jsonio import write_text
+    from topoprof.model.compute.timing import CALIBRATION_KEYS
 
     cal = payload.get("calibration") or {}
     return write_text(path, json.dumps({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TypeGuard
 
 DPI = 120
 # ~1080 px wide at DPI: fills GitHub's content column without being scaled down much.
@@ -117,7 +118,8 @@ def finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def positive(value) -> bool:
+def positive(value) -> TypeGuard[float]:
+    """A finite number above 0 (None, NaN and the rest are not)."""
     return finite(value) and value > 0
 
 

@@ -4,8 +4,19 @@ from __future__ import annotations
 import math
 import statistics
 
-from topoprof.report.plots.base import (COLLECTIVE_COLORS, WIDE, byte_axis, color_for, finite, fmt_num,
-                                        legend_below, new_figure, no_data, positive, save)
+from topoprof.report.plots.base import (
+    COLLECTIVE_COLORS,
+    WIDE,
+    byte_axis,
+    color_for,
+    finite,
+    fmt_num,
+    legend_below,
+    new_figure,
+    no_data,
+    positive,
+    save,
+)
 
 _TITLE = "Bus bandwidth vs message size"
 _NOMINAL_COLORS = ("#000000", "#8c564b", "#7f7f7f", "#bcbd22")
@@ -53,7 +64,7 @@ def _fit_label(name: str, fit: dict, factor: float) -> str:
     return ", ".join(parts)
 
 
-def _draw_fit(ax, name: str, fit: dict, rows: list[dict], color: str) -> None:
+def _draw_fit(ax, name: str, fit: dict | None, rows: list[dict], color: str) -> None:
     """The fitted busbw curve over the measured sizes (clipped by the axes, never scaling them)."""
     if not isinstance(fit, dict) or not finite(fit.get("latency_us")):
         return

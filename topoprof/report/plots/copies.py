@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import math
 
-from topoprof.report.plots.base import (finite, fmt_bytes, fmt_num, legend_below, new_figure, no_data,
-                                        positive, save)
-from topoprof.report.plots.matrix import (axes_labels, colorbar, heatmap, log_norm, hatch_cell, annotate,
-                                          cell_font_size, footnote, gpu_tick_labels)
+from topoprof.report.plots.base import finite, fmt_bytes, fmt_num, legend_below, new_figure, no_data, positive, save
+from topoprof.report.plots.matrix import (
+    annotate,
+    axes_labels,
+    cell_font_size,
+    colorbar,
+    footnote,
+    gpu_tick_labels,
+    hatch_cell,
+    heatmap,
+    log_norm,
+)
 
 _TITLE = "Copy bandwidth"
 _BAR_COLORS = {"h2d": "#1f77b4", "d2h": "#ff7f0e"}

@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import math
 
-from topoprof.report.plots.base import (finite, fmt_num, label_log_axis, new_figure, no_data,
-                                        positive, save, text_color_on)
+from topoprof.report.plots.base import (
+    finite,
+    fmt_num,
+    label_log_axis,
+    new_figure,
+    no_data,
+    positive,
+    save,
+    text_color_on,
+)
 
 _LINK_TITLE = "GPU link matrix: nominal per-direction bandwidth"
 _CMAP = "viridis"

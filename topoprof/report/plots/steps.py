@@ -4,8 +4,17 @@ from __future__ import annotations
 import math
 import statistics
 
-from topoprof.report.plots.base import (WIDE, finite, fmt_num, label_log_axis, new_figure, no_data,
-                                        positive, save, strategy_style)
+from topoprof.report.plots.base import (
+    WIDE,
+    finite,
+    fmt_num,
+    label_log_axis,
+    new_figure,
+    no_data,
+    positive,
+    save,
+    strategy_style,
+)
 
 _SWEEP_TITLE = "Step time and throughput vs gradient accumulation"
 _PRED_TITLE = "Predicted vs measured step time"
@@ -132,7 +141,7 @@ def speedup_note(accum: list[int], strategies: dict[str, list[float]]) -> str:
     """ddp_no_sync's gain over ddp_synced at the largest K both ran: the sweep's headline."""
     fast, slow = strategies.get("ddp_no_sync"), strategies.get("ddp_synced")
     both = [i for i in range(len(accum)) if fast and slow and finite(fast[i]) and finite(slow[i])]
-    if not both:
+    if not both or not fast or not slow:
         return ""
     i = both[-1]
     return f"at K = {accum[i]}, ddp_no_sync steps {slow[i] / fast[i]:.2f}\u00d7 faster than ddp_synced"

@@ -37,7 +37,7 @@ def _drawable(what_if: dict | None) -> list[dict]:
 def plot_what_if(what_if: dict | None, path, title: str | None = None) -> str:
     """Horizontal bars per job, grouped by how its GPUs are joined; x: throughput over one GPU."""
     cases = _drawable(what_if)
-    if not cases:
+    if not what_if or not cases:
         return no_data(path, title or _TITLE, "no what-if job priced")
     single_s = what_if["single_step_s"]
     fig = new_figure(WIDE, 1.9 + 0.42 * len(cases))
@@ -79,7 +79,8 @@ def _group_marks(ax, cases: list[dict]) -> None:
         if y == len(cases) or cases[y].get("kind") != cases[start].get("kind"):
             if y < len(cases):
                 ax.axhline(y - 0.5, color="#666666", linewidth=0.6)
-            ax.text(1.0, (start + y - 1) / 2, " " + _GROUPS.get(cases[start].get("kind"), cases[start].get("kind", "")),
+            kind: str = cases[start].get("kind", "")
+            ax.text(1.0, (start + y - 1) / 2, " " + _GROUPS.get(kind, kind),
                     transform=ax.get_yaxis_transform(), rotation=90, va="center", ha="left", fontsize=7,
                     color="#444444")
             start = y
