@@ -165,7 +165,8 @@ def test_error_bad_attn_and_sizes():
         hm.build_hf(fx("llama"), micro_batch=0, device="meta")
     _one_line_error(e, "micro_batch")
     with pytest.raises(hs.HFModelError) as e:
-        hm.build_hf(fx("gpt2"), seq_len=65, device="meta")  # 64 learned positions: would IndexError on CPU, silent on meta
+        # 64 learned positions: would IndexError on CPU, silent on meta
+        hm.build_hf(fx("gpt2"), seq_len=65, device="meta")
     _one_line_error(e, "exceeds", "64")
     hm.build_hf(fx("llama"), seq_len=128, device="meta")  # RoPE: allowed
 

@@ -36,7 +36,7 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
                         sizes=tuple(size_sweep(min_b if min_b is not None else lo,
                                                max_b if max_b is not None else hi, fac or factor)),
                         **opts_kwargs)
-    current = {"coll": None}
+    current: dict[str, tuple | None] = {"coll": None}
 
     from topoprof.measure.launch import is_reporting_rank
 

@@ -96,11 +96,11 @@ def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
-    from topoprof.progress import LiveProgress
     from topoprof.model.inputs.options import build_inputs
     from topoprof.model.inputs.request import ModelRequest
     from topoprof.model.inputs.search import applying_strategies, fits_payload
     from topoprof.model.strategies.payload import model_payload
+    from topoprof.progress import LiveProgress
     from topoprof.report.text_model import render_model
 
     request = ModelRequest.from_options(opts)

@@ -1,7 +1,6 @@
 """`topoprof validate`: real training loops per strategy, predicted vs measured, and numerics."""
 from __future__ import annotations
 
-
 import click
 
 from topoprof.errors import InputError, RunFailed, SavedElsewhere

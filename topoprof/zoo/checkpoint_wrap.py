@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.utils.checkpoint
@@ -83,8 +83,9 @@ def _op_contexts():
 # saved_tensors_hooks (with a FutureWarning). Asked for explicitly where torch has it, so that a
 # count through those hooks (`topoprof.trace.activation_bytes`) sees what the policy keeps; what is
 # kept, and so the memory, is the same either way.
-_SAC_HOOKS = ({"respect_saved_tensors_hooks": True}
-              if "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters else {})
+_CHECKPOINT_ARGS = inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+_SAC_HOOKS: dict[str, Any] = (
+    {"respect_saved_tensors_hooks": True} if "respect_saved_tensors_hooks" in _CHECKPOINT_ARGS else {})
 
 
 def _wrap(block, selective: bool):
