@@ -151,7 +151,8 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
                            held.total / holding.GB, basis, capacity, f.fits, f.reason,
                            (low / holding.GB, high / holding.GB),
                            part_sources(name, count, model, measured is not None), held.allocated / holding.GB,
-                           held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB))
+                           held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB),
+                           {part: value / holding.GB for part, value in held.peak.parts})
     return out
 
 

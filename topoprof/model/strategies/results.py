@@ -44,6 +44,7 @@ class Memory:
     peak_gb: float | None = None       # the allocated peak the step reaches (topoprof.model.memory.holding.Peak)
     peak_at: str = ""                  # where it falls: phase, micro-batch, block, op
     reserved_gb: tuple[float, float] | None = None  # the peak and the caching allocator's reserve above it
+    peak_parts_gb: dict[str, float] = field(default_factory=dict)  # what the step holds at its peak, by part
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,20 @@ from __future__ import annotations
 from topoprof.report.plots.base import WIDE, new_figure, no_data, save
 from topoprof.report.plots.matrix import footnote
 
-# The parts of topoprof.model.memory.holding, bottom to top, each with one colour in every chart.
+# What the step holds at its allocated peak (topoprof.model.memory.holding.Peak's parts), bottom to
+# top, each with one colour in every chart; the parts never all coexist, so only those at the peak
+# are stacked.
 PARTS = (("params", "weights", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
+         ("grads written before", "gradients written by then", "#ffbb78"),
          ("optimizer", "optimizer state", "#2ca02c"), ("buckets", "DDP buckets", "#9467bd"),
-         ("unsharded", "FSDP unsharded", "#8c564b"), ("activations", "activations", "#7f7f7f"),
-         ("logits", "logits and loss", "#bcbd22"), ("param_copies", "autocast copies", "#17becf"),
-         ("backward_transient", "backward transient", "#e377c2"))
-# What the parts above leave of the total: the environment at the top of its range (CUDA context,
-# NCCL, the allocator), or the optimizer step's transient where that peak is the larger.
-REST = ("the rest: CUDA context, NCCL, allocator (top of range)", "#c7c7c7")
+         ("unsharded", "FSDP unsharded", "#8c564b"),
+         ("micro-batch", "the micro-batch's tensors there (activations, logits, copies, transients)", "#7f7f7f"),
+         ("activations", "activations", "#7f7f7f"), ("logits", "logits and loss", "#bcbd22"),
+         ("autocast copies", "autocast copies", "#17becf"), ("backward transient", "backward transient", "#e377c2"),
+         ("optimizer step's transient", "optimizer step's transient", "#f7b6d2"))
+# What the peak leaves of the total: the allocator's reserve and the environment at the top of
+# their ranges (CUDA context, the driver, NCCL).
+REST = ("the rest: allocator reserve, CUDA context, NCCL (top of range)", "#c7c7c7")
 
 
 def _rows(strategies: dict) -> list[tuple[str, dict]]:
@@ -24,15 +29,22 @@ def _rows(strategies: dict) -> list[tuple[str, dict]]:
         mem = (s or {}).get("memory")
         if not mem:
             continue
-        key = tuple(round(mem["parts_gb"].get(p) or 0.0, 3) for p, _, _ in PARTS)
+        key = tuple(round(_at_peak(mem).get(p) or 0.0, 3) for p, _, _ in PARTS)
         seen.setdefault(key, []).append(name)
         memory[key] = mem
     return [(" = ".join(names) if len(names) < 3 else f"{names[0]} (+{len(names) - 1})", memory[key])
             for key, names in seen.items()]
 
 
+def _at_peak(memory: dict) -> dict:
+    """What the step holds at its peak, by part; a report written before the peak was followed
+    has only the parts (then added)."""
+    return memory.get("peak_parts_gb") or memory["parts_gb"]
+
+
 def plot_memory(strategies: dict, path, title: str) -> str:
-    """Stacked bars of each strategy's memory per GPU, the GPU's memory as a line."""
+    """Each strategy's memory per GPU: what it holds at its allocated peak, stacked, then the
+    rest of the total; the GPU's memory as a line."""
     rows = _rows(strategies)
     if not rows:
         return no_data(path, title, "no strategy with a memory count")
@@ -42,7 +54,7 @@ def plot_memory(strategies: dict, path, title: str) -> str:
     labels = [name for name, _ in rows]
     left = [0.0] * len(rows)
     for part, label, color in PARTS:
-        widths = [m["parts_gb"].get(part) or 0.0 for _, m in rows]
+        widths = [_at_peak(m).get(part) or 0.0 for _, m in rows]
         if any(widths):
             ax.barh(labels, widths, left=left, color=color, label=label, height=0.6)
             left = [a + b for a, b in zip(left, widths)]
@@ -62,8 +74,9 @@ def plot_memory(strategies: dict, path, title: str) -> str:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.set_title(title, fontsize=10)
     fig.subplots_adjust(left=0.2, right=0.8)
-    footnote(fig, ax, ["Counted: bytes per parameter by dtype and optimizer, DDP's buckets, FSDP's unsharded groups; "
-                       "activations, logits, autocast copies and the backward's transient from the op trace (the "
-                       "activations by formula for transformer presets without one), else given or unknown; the "
-                       "rest at the top of its cited range"], width=110)
+    footnote(fig, ax, ["Stacked: what the step holds at its allocated peak, followed over the op trace (where it "
+                       "falls: the memory table's 'peak of' line); without a trace, the parts added, a bound. "
+                       "Counted: bytes per parameter by dtype and optimizer, DDP's buckets, FSDP's unsharded "
+                       "groups, the micro-batch's tensors from the op trace; the rest at the top of its cited "
+                       "range"], width=110)
     return save(fig, path)
