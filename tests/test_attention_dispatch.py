@@ -114,6 +114,20 @@ class EncoderStack(nn.Module):
         return x.float().mean()
 
 
+def test_checkpointed_transformer_encoder_layers_recompute_through_the_fused_kernel():
+    """Under full activation checkpointing the recompute in backward calls nn.MultiheadAttention
+    again, inside torch.utils.checkpoint's own device context: it runs the fused kernel again."""
+    from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of
+
+    with on_meta():
+        module = EncoderStack(True, True).to("meta")
+        module = apply_activation_checkpointing(module, "full", children_of(module, "layers"))
+        trace = trace_pass(module, torch.empty(B, S, H * 8), lambda out, _: out, list(module.parameters()),
+                           {"device": "cuda", "precision": "bf16", "capability": A100})
+    assert trace["attention"]["calls"] == {"flash": 4}  # two blocks, each forward and recompute
+    assert trace["totals"]["recompute"]["ops"] > 0 and _score_ops(trace) == []
+
+
 @pytest.mark.parametrize("causal,hint,backend", [(False, False, "flash"), (True, True, "flash"),
                                                  (True, False, "efficient")])
 def test_transformer_encoder_layers_keep_no_score_matrix(causal, hint, backend):

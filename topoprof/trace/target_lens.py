@@ -159,17 +159,9 @@ class TargetLens(TorchFunctionMode):
         (nn.MultiheadAttention's projections and its SDPA, under F.multi_head_attention_forward)
         would run as meta runs them, in fp32 and by the math path."""
         saved = {n: getattr(module, n) for n in names}
-        # the modes under this one (the meta device's), on again for each routed call, as for any
-        # call this lens passes on; the function's own body runs with them all off
-        below = torch.overrides._get_current_function_mode_stack()
 
         def routed(original):
-            def call(*args, **kwargs):
-                with contextlib.ExitStack() as modes:
-                    for mode in below:
-                        modes.enter_context(mode)
-                    return self.__torch_function__(original, (), args, kwargs)
-            return call
+            return lambda *args, **kwargs: self.__torch_function__(original, (), args, kwargs)
 
         try:
             for n, original in saved.items():
