@@ -68,12 +68,12 @@ CUDA_CASES = [
 
 @pytest.mark.parametrize("sdpa,capability,precision,backend", CUDA_CASES)
 def test_each_call_form_runs_the_kernel_its_rule_names(sdpa, capability, precision, backend):
-    from topoprof.trace.target_lens import _torch_version
+    from topoprof.trace.target_lens import TORCH_VERSION
 
-    if backend == "math" and _torch_version() >= (2, 14):
+    if backend == "math" and TORCH_VERSION >= (2, 14):
         pytest.skip("the memory-efficient kernel takes GQA natively from torch 2.14 (sdpa_dispatch)")
     if backend == "cudnn-from-2.11":
-        backend = "cudnn" if _torch_version() >= (2, 11) else "flash"
+        backend = "cudnn" if TORCH_VERSION >= (2, 11) else "flash"
     kv_heads = sdpa.pop("kv_heads", H)
     trace = _trace(Attend(kv_heads, **sdpa), {"device": "cuda", "precision": precision, "capability": capability})
     assert trace["attention"]["calls"] == {backend: 1}

@@ -151,7 +151,7 @@ def test_local_torch_agrees_with_fallback_rules():
     rms_norm_symint, so the fallback conditions can be checked against the real code."""
     def goes_fused(x, w):
         r = Rec()
-        with fk._ScopedFusedRmsNormMeta(), r, warnings.catch_warnings():
+        with fk._scoped_fused_rms_norm_meta(), r, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.rms_norm(x, [x.shape[-1]], w)
         return "aten._fused_rms_norm.default" in r.ops

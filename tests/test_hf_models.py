@@ -23,6 +23,7 @@ FIX = os.path.join(HERE, "fixtures", "hf")
 pytest.importorskip("transformers")
 from topoprof.zoo import hf_models as hm  # noqa: E402
 from topoprof.zoo import hf_spec as hs  # noqa: E402
+from topoprof.zoo.user_blocks import find_block_list  # noqa: E402
 
 TINY = ["llama", "qwen2", "mistral", "gpt2", "bert"]
 GQA = {"llama", "qwen2", "mistral"}
@@ -284,8 +285,8 @@ def test_llama31_8b_on_meta():
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}  # config torch_dtype
     assert model.config.rope_parameters["rope_type"] == "llama3"
     assert model.config.rope_parameters["factor"] == 8.0
-    path, blocks = hm.find_block_list(model)
-    assert path == "model.layers" and len(blocks) == 32
+    path = find_block_list(model)
+    assert path == "model.layers" and len(model.get_submodule(path)) == 32
     out = model(**batch)
     assert out.logits.shape == (1, 2048, 128256) and out.loss.dtype == torch.float32
     out.loss.backward()
@@ -294,7 +295,7 @@ def test_llama31_8b_on_meta():
 
 
 def test_describe_8b():
-    d = hm.describe_hf("hf:" + fx("llama31_8b"))
+    d = describe_hf("hf:" + fx("llama31_8b"))
     assert d["architecture"] == "LlamaForCausalLM"
     assert (d["num_layers"], d["hidden_size"], d["num_attention_heads"], d["num_key_value_heads"]) == (32, 4096, 32, 8)
     assert d["head_dim"] == 128 and d["intermediate_size"] == 14336 and d["vocab_size"] == 128256
@@ -304,18 +305,57 @@ def test_describe_8b():
     assert d["tie_word_embeddings"] is False and d["dtype"] == "float32"  # fp32 weights, as autocast trains
 
 
+# What the tests read of a built architecture (its block list by the tool's one finder).
+def _count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())  # parameters() dedups tied weights
+
+
+def describe_hf(config_path: str) -> dict:
+    """Summary of the architecture (built on meta; takes about a second even for 8B)."""
+    model, _, _ = hm.build_hf(config_path, device="meta", seq_len=1)
+    config = model.config
+    tc = config.get_text_config() if hasattr(config, "get_text_config") else config
+    path = find_block_list(model)  # the one finder the tool wraps a user's blocks by
+    blocks = model.get_submodule(path) if path is not None else None
+    heads = getattr(tc, "num_attention_heads", None)
+    hidden = getattr(tc, "hidden_size", None)
+    kv = getattr(tc, "num_key_value_heads", None) or heads
+    head_dim = getattr(tc, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    n_params = _count_params(model)
+    return {
+        "architecture": type(model).__name__,
+        "model_type": config.model_type,
+        "num_layers": getattr(tc, "num_hidden_layers", None),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "intermediate_size": getattr(tc, "intermediate_size", None) or getattr(tc, "n_inner", None),
+        "vocab_size": getattr(tc, "vocab_size", None),
+        "max_positions": hm._max_positions(config),
+        "default_seq_len": hm.default_seq_len(config),
+        "tie_word_embeddings": bool(getattr(tc, "tie_word_embeddings", False)),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "num_params": n_params,
+        "block_list": path,
+        "block_class": type(blocks[0]).__name__ if blocks is not None else None,
+        "num_blocks": len(blocks) if blocks is not None else 0,
+        "params_per_block": _count_params(blocks[0]) if blocks is not None else 0,
+    }
+
+
 # --------------------------------------------------------------------------- block list
 
 
 @pytest.mark.parametrize("name", TINY + ["llama31_8b"])
 def test_find_block_list(name):
     model, _, _ = hm.build_hf(fx(name), device="meta")
-    path, blocks = hm.find_block_list(model)
+    path = find_block_list(model)
     assert path == EXPECTED[name][1]
-    assert model.get_submodule(path) is blocks
+    blocks = model.get_submodule(path)
     assert type(blocks[0]).__name__ == EXPECTED[name][2]
     assert len(blocks) == model.config.num_hidden_layers
-    d = hm.describe_hf(fx(name))
+    d = describe_hf(fx(name))
     assert d["block_list"] == path and d["block_class"] == EXPECTED[name][2]
 
 
@@ -338,12 +378,12 @@ def test_find_block_list_generic():
             self.body = nn.Sequential()
             self.body.blocks = nn.ModuleList(Layer() for _ in range(3))
 
-    path, blocks = hm.find_block_list(Net())
-    assert path == "body.blocks" and len(blocks) == 3
+    net = Net()
+    path = find_block_list(net)
+    assert path == "body.blocks" and len(net.get_submodule(path)) == 3
     with torch.device("meta"):
-        path, _ = hm.find_block_list(Net())
-    assert path == "body.blocks"
-    assert hm.find_block_list(nn.Linear(2, 2)) == (None, None)
+        assert find_block_list(Net()) == "body.blocks"
+    assert find_block_list(nn.Linear(2, 2)) is None
 
 
 # --------------------------------------------------------------------------- attention

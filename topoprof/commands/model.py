@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from topoprof.workload.presets import RMSNORMS
+from topoprof.zoo.hf_spec import ATTN_CHOICES
 
 
 @click.command()
@@ -19,7 +20,7 @@ from topoprof.workload.presets import RMSNORMS
                    "gradient-ready order and compute are measured here, or for a --gpu what-if read from its pass "
                    "on the meta device without running it (also as package.module:CALLABLE). hf:PATH builds a "
                    "Hugging Face causal LM from a local config.json (or its folder); needs topoprof[hf].")
-@click.option("--hf-attn", type=click.Choice(["sdpa", "eager", "flash_attention_2"]),
+@click.option("--hf-attn", type=click.Choice(ATTN_CHOICES),
               help="With --model hf:PATH: the attention implementation the model is built with (default sdpa; "
                    "flash_attention_2 is built as sdpa and priced as flash attention).")
 @click.option("--time-here", is_flag=True,

@@ -86,6 +86,7 @@ queries that cannot be answered on meta.  See NOTES.md.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import warnings
@@ -104,6 +105,9 @@ __all__ = [
     "ensure_fused_rms_norm_backward_meta",
 ]
 
+# The fused ops `redirect` runs, each one kernel on the target: the trace records it whole, never
+# its CompositeImplicitAutograd decomposition.
+FUSED_OPS = frozenset({torch.ops.aten._fused_rms_norm.default} if hasattr(torch.ops.aten, "_fused_rms_norm") else ())
 # The functions' own names (`func.__name__`), checked before the full name is resolved.
 REDIRECTED = frozenset({"rms_norm", "dropout", "softmax", "log_softmax"})
 RMS_NORM_NAMES = frozenset({"torch.nn.functional.rms_norm", "torch.rms_norm"})
@@ -205,25 +209,22 @@ def ensure_fused_rms_norm_backward_meta() -> None:
             _bwd_lib = lib
 
 
-class _ScopedFusedRmsNormMeta:
+@contextlib.contextmanager
+def _scoped_fused_rms_norm_meta():
     """Register the forward Meta kernel only while the redirected call runs, so that
-    ``torch.rms_norm`` on meta elsewhere keeps its composite (CPU-like) behaviour."""
-
-    def __enter__(self):
-        _lock.acquire()
-        self.lib = None
-        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "Meta"):
-            self.lib = torch.library.Library("aten", "IMPL")
-            _impl(self.lib, "_fused_rms_norm", _fused_rms_norm_meta)
-        return self
-
-    def __exit__(self, *exc):
+    ``torch.rms_norm`` on meta elsewhere keeps its composite (CPU-like) behaviour. The
+    registration is process-wide while it lasts: the trace runs in one thread (the lock keeps two
+    of its own calls apart), and a registration that fails part-way is undone."""
+    with _lock:
+        lib = None
         try:
-            if self.lib is not None:
-                self.lib._destroy()
+            if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "Meta"):
+                lib = torch.library.Library("aten", "IMPL")
+                _impl(lib, "_fused_rms_norm", _fused_rms_norm_meta)
+            yield
         finally:
-            _lock.release()
-        return False
+            if lib is not None:
+                lib._destroy()
 
 
 # --------------------------------------------------------------------------------------
@@ -287,7 +288,7 @@ def _rms_norm(args, kwargs, ver, autocast, allow_non_meta):
         return NotImplemented
     if x.device.type == "meta":
         ensure_fused_rms_norm_backward_meta()
-        with _ScopedFusedRmsNormMeta():
+        with _scoped_fused_rms_norm_meta():
             y, _rstd = torch.ops.aten._fused_rms_norm(x, shape, w, eps)
         return y
     y, _rstd = torch.ops.aten._fused_rms_norm(x, shape, w, eps)

@@ -90,6 +90,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from topoprof.trace.fused_kernels import FUSED_OPS
 from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
@@ -249,8 +250,9 @@ class OpTracer(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.lens is not None:
             self.lens.leave_ended_region()
-        # As FlopCounterMode does: decompose what can be, so that its parts are what is counted.
-        if func is not torch.ops.prim.device.default:
+        # As FlopCounterMode does: decompose what can be, so that its parts are what is counted; not
+        # a fused kernel the lens ran for the target (`fused_kernels`): it is that one kernel
+        if func is not torch.ops.prim.device.default and func not in FUSED_OPS:
             kernel = self.lens is not None and _has_kernel(func)
             self._inside_kernel += kernel
             try:

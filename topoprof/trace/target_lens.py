@@ -134,16 +134,16 @@ class TargetLens(TorchFunctionMode):
                 args, kwargs = self._cast((args, kwargs), self.dtype)
             elif name in _FP32:
                 args, kwargs = self._cast((args, kwargs), torch.float32)
-            elif name in _FP32_RESULT and "dtype" not in kwargs and any(
+            elif name in _FP32_RESULT and kwargs.get("dtype") is None and not _dtype_given(args) and any(
                     isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)
                     for t in tree_leaves(args)):
-                kwargs["dtype"] = torch.float32
+                kwargs["dtype"] = torch.float32  # F.softmax passes dtype=None by name: None is not given
         if name == "scaled_dot_product_attention":
             fused = self._fused_attention(args, kwargs)
             if fused is not None:
                 return fused
         if self.device == "cuda" and name in fused_kernels.REDIRECTED:
-            fused = fused_kernels.redirect(fused_kernels.canonical_name(func), args, kwargs, "cuda", _torch_version(),
+            fused = fused_kernels.redirect(fused_kernels.canonical_name(func), args, kwargs, "cuda", TORCH_VERSION,
                                            autocast=self.casting())
             if fused is not NotImplemented:
                 return fused
@@ -191,7 +191,7 @@ class TargetLens(TorchFunctionMode):
         if self.attention_override is not None:
             return self.attention_override, f"{self.attention_override}: as the model's own attention runs"
         choice = sdpa_dispatch.choose_backend(call.sdpa_call(), sdpa_dispatch.GpuArch(*self.capability),
-                                              _torch_version())
+                                              TORCH_VERSION)
         refused = "; ".join(f"{b}: {why}" for b, why in choice.refused.items() if not why.startswith("(not reached"))
         return choice.backend, refused
 
@@ -210,6 +210,12 @@ class TargetLens(TorchFunctionMode):
             backend = torch._fused_sdp_choice(stand_in(call.q), stand_in(call.k), stand_in(call.v), mask, call.dropout,
                                               call.causal, scale=call.scale, enable_gqa=call.gqa)
         return (sdpa_dispatch.FLASH if backend == _FLASH_CHOICE else sdpa_dispatch.MATH), ""
+
+
+def _dtype_given(args) -> bool:
+    """A dtype passed by position (`torch.softmax(x, -1, torch.float32)`): autocast's fp32 result
+    policy leaves it as given."""
+    return any(isinstance(a, torch.dtype) for a in args)
 
 
 # torch.nn.attention.SDPBackend.FLASH_ATTENTION's value, as `_fused_sdp_choice` returns it
@@ -248,10 +254,8 @@ class AttentionCall:
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
-def _torch_version() -> tuple[int, int]:
-    """The torch this trace runs, as the job is taken to run it."""
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
+# The torch this trace runs, as the job is taken to run it: (major, minor)
+TORCH_VERSION = fused_kernels.parse_version(torch.__version__)
 
 
 def _run_backend(backend: str, call: AttentionCall, device: str):

@@ -18,7 +18,6 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from topoprof.zoo.hf_spec import (
     _PIP_HINT,
@@ -289,71 +288,3 @@ def build_hf(
         transformers_version=tf["version"],
     )
     return model, {"input_ids": input_ids, "labels": labels}, None
-
-
-# --------------------------------------------------------------------------- inspection
-
-
-def find_block_list(module: nn.Module) -> tuple[str | None, nn.ModuleList | None]:
-    """The model's repeated-block list, found generically.
-
-    Among all ``nn.ModuleList`` s whose children are all of one class, pick the one holding
-    the most (unique) parameter elements; ties go to the shallower path, then to the
-    longer list.  Counting parameters rather than children keeps per-layer lists such as
-    MoE experts (often more children than layers, but nested inside a layer) from winning.
-    Works on meta.  Returns ``(dotted attribute path, the list)`` or ``(None, None)``.
-    """
-    best_key: tuple[int, int, int] | None = None
-    best: tuple[str | None, torch.nn.ModuleList | None] = (None, None)
-    for name, mod in module.named_modules():
-        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
-            continue
-        if len({type(c) for c in mod}) != 1:
-            continue
-        seen, numel = set(), 0
-        for p in mod.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                numel += p.numel()
-        depth = name.count(".") + 1 if name else 0
-        key = (numel, -depth, len(mod))
-        if best_key is None or key > best_key:
-            best_key, best = key, (name, mod)
-    return best
-
-
-def _count_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())  # parameters() dedups tied weights
-
-
-def describe_hf(config_path: str) -> dict:
-    """Summary of the architecture (built on meta; takes about a second even for 8B)."""
-    model, _, _ = build_hf(config_path, device="meta", seq_len=1)
-    config = model.config
-    tc = config.get_text_config() if hasattr(config, "get_text_config") else config
-    path, blocks = find_block_list(model)
-    heads = getattr(tc, "num_attention_heads", None)
-    hidden = getattr(tc, "hidden_size", None)
-    kv = getattr(tc, "num_key_value_heads", None) or heads
-    head_dim = getattr(tc, "head_dim", None) or (hidden // heads if hidden and heads else None)
-    n_params = _count_params(model)
-    return {
-        "architecture": type(model).__name__,
-        "model_type": config.model_type,
-        "num_layers": getattr(tc, "num_hidden_layers", None),
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
-        "head_dim": head_dim,
-        "intermediate_size": getattr(tc, "intermediate_size", None) or getattr(tc, "n_inner", None),
-        "vocab_size": getattr(tc, "vocab_size", None),
-        "max_positions": _max_positions(config),
-        "default_seq_len": default_seq_len(config),
-        "tie_word_embeddings": bool(getattr(tc, "tie_word_embeddings", False)),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "num_params": n_params,
-        "block_list": path,
-        "block_class": type(blocks[0]).__name__ if blocks is not None else None,
-        "num_blocks": len(blocks) if blocks is not None else 0,
-        "params_per_block": _count_params(blocks[0]) if blocks is not None else 0,
-    }

@@ -60,10 +60,8 @@ def split_spec(spec: str) -> tuple[str, str]:
     """`hf:PATH[#ATTN]` -> (PATH, ATTN), ATTN `sdpa` when not given."""
     raw = spec[len(HF_PREFIX):] if spec.startswith(HF_PREFIX) else spec
     path, sep, attn = raw.rpartition("#")
-    if not sep:
+    if not sep or attn not in ATTN_CHOICES:  # no suffix, or a '#' that is the path's own
         return raw.strip(), "sdpa"
-    if attn not in ATTN_CHOICES:
-        raise HFModelError(f"{spec!r}: attention {attn!r} after '#' is not one of {', '.join(ATTN_CHOICES)}")
     return path.strip(), attn
 
 

@@ -105,11 +105,13 @@ def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
     return traces
 
 
-def user_memory_set(shape: UserShape, precision: str, cast: bool) -> TracedMemory | str:
-    """A user's model traced whole at 2 and 3 samples under each searched mode, or why not."""
-    targets = {"autocast": gpu_target(precision)}
+def user_memory_set(shape: UserShape, precision: str, cast: bool, gpu: str | None = None) -> TracedMemory | str:
+    """A user's model traced whole at 2 and 3 samples under each searched mode for the GPU named,
+    or why not."""
+    target = gpu_target(precision, gpu)
+    targets = {"autocast": target}
     if cast and precision != "fp32":
-        targets["cast"] = {**gpu_target(precision), "weights": "cast"}
+        targets["cast"] = {**target, "weights": "cast"}
     keys = [(v, mode, m) for v in targets for mode in shape.modes for m in SAMPLES]
     traces = _user_traces(shape, [_user_variant(shape, mode, m, targets[v]) for v, mode, m in keys])
     if isinstance(traces, str):
@@ -131,7 +133,8 @@ def user_compute_at(shape: UserShape, wanted: list[tuple[str, int]], gpu: str | 
     from topoprof.model.compute.traced import modelled_fields
 
     profile = load_profile(profile_path) if profile_path else None
-    traces = _user_traces(shape, [_user_variant(shape, mode, m, target_for(precision, profile)) for mode, m in wanted])
+    target = target_for(precision, profile, gpu)
+    traces = _user_traces(shape, [_user_variant(shape, mode, m, target) for mode, m in wanted])
     if isinstance(traces, str):
         return traces
     try:
@@ -231,7 +234,7 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
     if w.user_model:
         if workload.measured_memory:  # timed here: its memory as measured, at its own size
             return workload, None
-        traced = user_memory_set(user_shape(w), precision, cast=workload.fsdp_bytes[0] == 2)
+        traced = user_memory_set(user_shape(w), precision, cast=workload.fsdp_bytes[0] == 2, gpu=gpu)
         if isinstance(traced, str):
             return replace(workload, traced_memory_failure=traced), None
         return replace(workload, traced_memory=traced), None

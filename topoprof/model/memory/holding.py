@@ -54,6 +54,7 @@ top fits), does not fit (its bottom does not) or may not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from topoprof.model.memory import environment as env
 from topoprof.model.memory.timeline import Timeline, where
@@ -119,7 +120,7 @@ class Holding:
     def states(self) -> float:
         return self.params + self.grads + self.optimizer + self.buckets + self.unsharded
 
-    @property
+    @cached_property  # read by every figure of the row: the timeline walked once
     def peak(self) -> Peak:
         """The most the step holds at once, and where (module docstring)."""
         always = (("params", self.params), ("optimizer", self.optimizer), ("buckets", self.buckets))
@@ -268,6 +269,8 @@ def _tensors(strategy: str, m: MemoryModel) -> Holding | None:
         states = _states(m, 1, m.micro_batch)
         if strategy.startswith("ddp_") and not m.gradient_as_bucket_view:
             states = replace(states, buckets=m.grad_bytes * m.params)
+        elif strategy.startswith("ddp_"):  # the gradients are views into the buckets, allocated for the
+            states = replace(states, set_to_none=False)  # whole job: zero_grad frees nothing
         return states
     if not strategy.startswith(("fsdp_", "hsdp")):
         return None

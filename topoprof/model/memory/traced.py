@@ -139,16 +139,18 @@ class TracedMemory:
 
     def _timeline(self, kinds: list[str], variant: str, samples: float) -> Timeline | None:
         """What the whole model holds over its pass, block by block (module docstring)."""
+        if not kinds:
+            return None
         passes = {}
         for mode in set(kinds):
             pts = self.points[(variant, mode)]
             m1, m2 = sorted({m for _, m in pts})
             at = (samples - m1) / (m2 - m1)
-            one, two = pts[(2, m1)].timeline, pts[(2, m2)].timeline
-            if one is None or two is None or not kinds:
+            one, two, single = pts[(2, m1)].timeline, pts[(2, m2)].timeline, pts[(1, m1)].timeline
+            if one is None or two is None or single is None:
                 return None
             kept = [pts[(2, m)].forward_end - pts[(1, m)].forward_end for m in (m1, m2)]
-            grads = pts[(2, m1)].timeline.grads - (pts[(1, m1)].timeline or one).grads
+            grads = one.grads - single.grads
             passes[mode] = BlockPass(interpolated(one, two, at), kept[0] + at * (kept[1] - kept[0]), grads)
         return composed(passes, kinds)
 

@@ -36,10 +36,17 @@ def _rows(strategies: dict) -> list[tuple[str, dict]]:
             for key, names in seen.items()]
 
 
+# The parts' names in a report written before the peak was followed (`parts_gb`), as PARTS names them.
+_OLD_NAMES = {"param_copies": "autocast copies", "backward_transient": "backward transient"}
+
+
 def _at_peak(memory: dict) -> dict:
-    """What the step holds at its peak, by part; a report written before the peak was followed
-    has only the parts (then added)."""
-    return memory.get("peak_parts_gb") or memory["parts_gb"]
+    """What the step holds at its peak, by part; a report written before the peak was followed has
+    only the parts, which its own total added (the optimizer step's transient was then counted
+    apart, as the larger of two peaks)."""
+    if memory.get("peak_parts_gb"):
+        return memory["peak_parts_gb"]
+    return {_OLD_NAMES.get(k, k): v for k, v in memory["parts_gb"].items() if k != "optimizer_transient"}
 
 
 def plot_memory(strategies: dict, path, title: str) -> str:
