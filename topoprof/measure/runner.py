@@ -169,7 +169,10 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
         failure = RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None,
                               str(err).splitlines()[0][:300] if str(err) and not isinstance(err, Stopped) else "")
     finally:
-        dist.finish()
+        try:
+            dist.finish()
+        except Stopped as err:  # the SIGTERM came after the work, while the group was torn down
+            failure = failure or RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None, "")
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_handler)
     rank_logs = read_rank_logs(log_dir) if log_dir else {}
