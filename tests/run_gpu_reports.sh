@@ -7,8 +7,10 @@
 # (stdout and stderr, unbuffered, as it ran; a step run again that day replaces its file) and
 # steps.txt (each step's UTC start, exit code and seconds, appended). A step that fails or passes
 # its time limit does not stop the next; Ctrl-C or a TERM stops the step and the run. STEPs
-# (default: all, in this order): suite scan scan_model validate whatif gpu_compute scaled_timing
-# scan_time.
+# (default: all, in this order): machine profile memory suite scan scan_model validate whatif
+# gpu_compute scaled_timing scan_time. `profile` is the full device profile, `topoprof profile`'s
+# JSON as shipped in topoprof/model/compute/profiles/; `memory` a step's memory and time beside the
+# prediction (tests/benchmarks/bench_gpu_memory.py), priced from that profile where it ran first.
 set -u
 [ $# -ge 1 ] || { echo "usage: bash tests/run_gpu_reports.sh OUT [STEP ...]" >&2; exit 2; }
 base=$(realpath -m "$1")  # before the cd below: a relative OUT is the caller's
@@ -37,6 +39,12 @@ step() {  # step NAME SECONDS COMMAND...
 
 run() {
     case $1 in
+        machine) step machine 30 sh -c 'nvidia-smi; nvidia-smi topo -m | cat -v; nproc; free -g; python -c "import \
+                     torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), \
+                     torch.cuda.get_device_name(0))"; git log -1 --format=%H' ;;
+        profile) step profile 150 python -m topoprof profile --device cuda --out "$out/profile.json" ;;
+        memory) step memory 330 python tests/benchmarks/bench_gpu_memory.py --out "$out/memory.json" \
+                    $( [ -f "$out/profile.json" ] && echo --gpu-profile "$out/profile.json" ) ;;
         suite) step suite 560 python tests/run_gpu_suite.py --out "$out/suite" ;;
         scan) step scan 180 python -m topoprof scan --out "$out/scan" ;;
         scan_model) step scan_model 180 python -m topoprof scan --model tests/fixtures/user_models/tied.py:build_1m \
@@ -49,7 +57,7 @@ run() {
     esac
 }
 
-all=(suite scan scan_model validate whatif gpu_compute scaled_timing scan_time)
+all=(machine profile memory suite scan scan_model validate whatif gpu_compute scaled_timing scan_time)
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${all[@]}")
 for s in "${steps[@]}"; do  # every name checked before anything runs
