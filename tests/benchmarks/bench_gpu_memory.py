@@ -155,8 +155,15 @@ def measure(case: Case, k: int, device: str = "cuda:0") -> dict:
                 "micro_batch_s": statistics.median(times)}
     except torch.cuda.OutOfMemoryError as err:
         return {"error": f"out of memory: {str(err).splitlines()[0][:200]}"}
+
+
+def measure_alone(case: Case, k: int) -> dict:
+    """`measure`, its module and optimizer freed and the allocator's cache emptied after it."""
+    import torch
+
+    try:
+        return measure(case, k)
     finally:
-        del module, batch, opt
         gc.collect()
         torch.cuda.empty_cache()
 
@@ -209,7 +216,7 @@ def main() -> int:
             profiled = [f.result() if f else None for f in profiled]
         rows = []
         for (case, k), p, q in zip(todo, predicted, profiled):
-            m = {"error": "not measured (--predict-only)"} if args.predict_only else measure(case, k)
+            m = {"error": "not measured (--predict-only)"} if args.predict_only else measure_alone(case, k)
             rows.append({"case": case.name, "k": k, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
                          "measured": m, "predicted": p, "profiled": q})
             print(f"{case.name} K={k}: measured {m}; predicted {p}", flush=True)
