@@ -107,6 +107,8 @@ def measure_profile(device: str | None = None, quick: bool = False, budget_s: fl
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise NoDevice(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__})")
+    if device == "cuda":  # torch.cuda.set_device refuses a CUDA device without its index
+        device = f"cuda:{torch.cuda.current_device()}"
     if device.startswith("cuda"):  # GPU only
         torch.cuda.set_device(torch.device(device))
     started = time.perf_counter()

@@ -168,6 +168,30 @@ def measure_alone(case: Case, k: int) -> dict:
         torch.cuda.empty_cache()
 
 
+def workspace_bytes(device: str = "cuda:0") -> dict:
+    """What the process's first matmuls leave allocated beyond their tensors: the cuBLAS
+    workspace torch takes from its caching allocator, one per handle and stream
+    (aten/src/ATen/cuda/CublasHandlePool.cpp); the backward runs on autograd's device thread,
+    whose handle is its own. Read before any case runs."""
+    import torch
+
+    def grown(run) -> int:
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        kept = run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device) - before - sum(t.numel() * t.element_size() for t in kept)
+
+    a = torch.randn(256, 256, device=device, requires_grad=True)
+    b = torch.randn(256, 256, device=device)
+    out = {"forward_fp32": grown(lambda: [a @ b])}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out["forward_bf16"] = grown(lambda: [a @ b])
+    loss = (a @ b).sum()
+    out["backward_thread"] = grown(lambda: [loss.backward(), a.grad][1:])
+    return out
+
+
 def _ratio(a, b) -> str:
     return f"{a / b:6.3f}" if a and b else "     -"
 
@@ -204,6 +228,8 @@ def main() -> int:
     if not args.predict_only and not torch.cuda.is_available():
         print("bench_gpu_memory: no CUDA device here (--predict-only runs the predictions alone)", file=sys.stderr)
         return 2
+    workspace = workspace_bytes() if not args.predict_only else None
+    print(f"cuBLAS workspace (bytes allocated by the first matmuls beyond their tensors): {workspace}", flush=True)
     gpu = args.gpu or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "H100 SXM")
     with tempfile.TemporaryDirectory() as folder:
         todo = [(c, k) for c in cases(folder) for k in ACCUMULATION]
@@ -221,7 +247,8 @@ def main() -> int:
                          "measured": m, "predicted": p, "profiled": q})
             print(f"{case.name} K={k}: measured {m}; predicted {p}", flush=True)
     facts = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "steps": STEPS,
-             "profile": args.gpu_profile}
+             "profile": args.gpu_profile,
+             "workspace_bytes": workspace}
     print(table(rows))
     if args.out:
         json.dump({"machine": facts, "rows": rows}, open(args.out, "w"), indent=1)

@@ -148,12 +148,28 @@ def _flops(func, args, kwargs, out) -> int:
     formula = _FLOP_ALIASES.get(func) or flop_registry.get(func._overloadpacket)
     if formula is None:
         return 0
+    if func in _ATTENTION:
+        args = _kv_at_query_heads(func, args)
     if func is aten.convolution_backward.default and args[9] > 1 and args[10][1]:
         groups, mask = args[9], list(args[10])
         rest = formula(*args[:10], [mask[0], False, mask[2]], *args[11:], **kwargs, out_val=out)
         weight = formula(*args[:10], [False, True, False], *args[11:], **kwargs, out_val=out)
         return int(rest + weight // groups)
     return int(formula(*args, **kwargs, out_val=out))
+
+
+def _kv_at_query_heads(func, args: tuple) -> tuple:
+    """Grouped-query attention's key and value given the query's heads, as the fused kernels
+    broadcast them: the FLOPs are the query's heads'. torch 2.12 and later count them so
+    (flop_counter.sdpa_flop_count); torch up to 2.11 asserts on fewer key/value heads than query
+    heads. The formulas read shapes, so a shape stands in for each tensor."""
+    q = 1 if func._schema.name.endswith("_backward") else 0  # backward: (grad_out, query, key, value, ...)
+    query, key, value = args[q:q + 3]
+    if key.shape[1] == query.shape[1]:
+        return args
+    b, heads = query.shape[:2]
+    broadcast = [torch.Size((b, heads, *t.shape[2:])) for t in (key, value)]
+    return (*args[:q + 1], *broadcast, *args[q + 3:])
 
 
 def _is_parameter(t) -> bool:
