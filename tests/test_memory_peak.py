@@ -204,3 +204,27 @@ def test_fsdp_adds_the_shards_written_so_far_and_its_unsharded_working_set():
 def test_without_a_timeline_the_parts_are_added_and_said_to_be_a_bound():
     h = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, activations=70.0)
     assert h.peak.bytes == 470 and not h.peak.followed and "bound" in h.peak.text(1)
+
+
+def test_cublas_workspace_is_held_at_every_point_of_the_step():
+    """Allocated at the first matmul and held for the process's life: under the forward's peak,
+    the backward's and the optimizer step's alike."""
+    line = _line(FORWARD, EARLY, LATE)
+    bare = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, timeline=line)
+    held = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, workspace=7.0, timeline=line)
+    assert held.peak.bytes == bare.peak.bytes + 7.0 and ("workspace", 7.0) in held.peak.parts
+    step = holding.Holding(params=100.0, grads=100.0, optimizer=200.0, optimizer_transient=200.0, workspace=7.0,
+                           timeline=line)
+    assert step.peak.phase == "optimizer step" and step.peak.bytes == 607.0
+    assert holding.Holding(params=100.0, grads=100.0, optimizer=200.0, activations=70.0, workspace=7.0).peak.bytes \
+        == 477.0
+
+
+def test_cublas_workspace_by_compute_capability_and_threads():
+    """torch's CublasHandlePool.cpp: 32 MiB per handle on 9.0, 8 MiB + 128 KiB elsewhere; two
+    handles in training (the forward's thread, autograd's backward thread)."""
+    from topoprof.model.memory.environment import cublas_workspace
+
+    assert cublas_workspace((9, 0))[0] == 2 * 32 * 2 ** 20
+    assert cublas_workspace((8, 0))[0] == cublas_workspace(None)[0] == 2 * (8 * 2 ** 20 + 128 * 2 ** 10)
+    assert "9.0" in cublas_workspace((9, 0))[1] and "not named" in cublas_workspace(None)[1]

@@ -340,3 +340,19 @@ def test_the_backward_graph_nodes_and_each_ops_storages():
     weight = {key for key, nbytes in ops[2]["reads"] if nbytes == 4 * WIDTHS[1] * WIDTHS[2]}
     backward_reads = {key for op in ops if op["phase"] == "backward" for key, _ in op["reads"]}
     assert len(weight) == 1 and weight <= backward_reads
+
+
+def test_grouped_query_attention_counts_the_query_heads():
+    """Fewer key/value heads than query heads, as the fused kernels read them (broadcast): the
+    FLOPs of the same attention with key and value repeated to the query's heads, forward and
+    backward, whichever torch's own formula refuses or counts."""
+    from topoprof.trace.op_trace import _flops
+
+    aten = torch.ops.aten
+    q, kv, full = (torch.empty(s, device="meta") for s in ((2, 8, 16, 64), (2, 2, 16, 64), (2, 8, 16, 64)))
+    forward = aten._scaled_dot_product_flash_attention.default
+    backward = aten._scaled_dot_product_flash_attention_backward.default
+    two_bmms = 2 * (2 * 2 * 8 * 16 * 64 * 16)
+    assert _flops(forward, (q, kv, kv), {}, None) == _flops(forward, (q, full, full), {}, None) == two_bmms
+    assert _flops(backward, (q, q, kv, kv), {}, None) == _flops(backward, (q, q, full, full), {}, None) \
+        == 5 * two_bmms // 2

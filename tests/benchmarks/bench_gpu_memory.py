@@ -20,6 +20,8 @@ Nothing is asserted: the ratios are printed and written (`--out`), for the recor
 
     python tests/benchmarks/bench_gpu_memory.py --out gpu_memory.json [--gpu-profile profile.json]
     python tests/benchmarks/bench_gpu_memory.py --predict-only   # no GPU: the predictions alone
+    python tests/benchmarks/bench_gpu_memory.py --measured OLD.json --out NEW.json
+        # no GPU: this tree's predictions beside the measurements an earlier run wrote
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def predict(case: Case, k: int, gpu: str, profile: str | None) -> dict:
     cmd = [sys.executable, "-m", "topoprof", "model", *case.model_args(), "--gpu", gpu, "--world-size", "1",
            "--accum", str(k), "--json", *(["--gpu-profile", profile] if profile else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1][:300]}
     doc = json.loads(proc.stdout)
@@ -192,6 +194,11 @@ def workspace_bytes(device: str = "cuda:0") -> dict:
     return out
 
 
+def _recorded(path: str) -> dict:
+    """(case, K) -> the measurement an earlier run wrote."""
+    return {(r["case"], r["k"]): r["measured"] for r in json.load(open(path))["rows"]}
+
+
 def _ratio(a, b) -> str:
     return f"{a / b:6.3f}" if a and b else "     -"
 
@@ -221,16 +228,22 @@ def main() -> int:
     parser.add_argument("--gpu-profile", help="also predict the compute from this device profile")
     parser.add_argument("--gpu", help="the GPU to predict for (default: cuda:0's name)")
     parser.add_argument("--predict-only", action="store_true", help="no GPU: the predictions alone")
+    parser.add_argument("--measured", help="no GPU: the measurements of an earlier run's --out JSON, beside this "
+                                           "tree's predictions")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     args = parser.parse_args()
     import torch
 
+    recorded = _recorded(args.measured) if args.measured else None
+    if recorded is not None:
+        args.predict_only = True
     if not args.predict_only and not torch.cuda.is_available():
         print("bench_gpu_memory: no CUDA device here (--predict-only runs the predictions alone)", file=sys.stderr)
         return 2
     workspace = workspace_bytes() if not args.predict_only else None
     print(f"cuBLAS workspace (bytes allocated by the first matmuls beyond their tensors): {workspace}", flush=True)
-    gpu = args.gpu or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "H100 SXM")
+    gpu = args.gpu or (json.load(open(args.measured))["machine"]["gpu"] if args.measured else
+                       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "H100 SXM")
     with tempfile.TemporaryDirectory() as folder:
         todo = [(c, k) for c in cases(folder) for k in ACCUMULATION]
         print(f"{len(todo)} predictions for {gpu}, {args.jobs} at a time", flush=True)
@@ -242,13 +255,15 @@ def main() -> int:
             profiled = [f.result() if f else None for f in profiled]
         rows = []
         for (case, k), p, q in zip(todo, predicted, profiled):
-            m = {"error": "not measured (--predict-only)"} if args.predict_only else measure_alone(case, k)
+            m = (recorded.get((case.name, k), {"error": "not in " + args.measured}) if recorded is not None
+                 else {"error": "not measured (--predict-only)"} if args.predict_only else measure_alone(case, k))
             rows.append({"case": case.name, "k": k, "micro_batch": case.micro_batch, "seq_len": case.seq_len,
                          "measured": m, "predicted": p, "profiled": q})
             print(f"{case.name} K={k}: measured {m}; predicted {p}", flush=True)
     facts = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "steps": STEPS,
-             "profile": args.gpu_profile,
-             "workspace_bytes": workspace}
+             "profile": args.gpu_profile, "workspace_bytes": workspace}
+    if args.measured:  # the machine that measured, and this one that predicted
+        facts = {"predicted_here": facts, "measured": json.load(open(args.measured))["machine"]}
     print(table(rows))
     if args.out:
         json.dump({"machine": facts, "rows": rows}, open(args.out, "w"), indent=1)

@@ -8,7 +8,8 @@ from __future__ import annotations
 PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"), ("buckets", "DDP buckets"),
          ("unsharded", "FSDP unsharded"), ("activations", "activations"), ("logits", "logits and loss"),
          ("param_copies", "autocast copies"), ("backward_transient", "backward transient"),
-         ("optimizer_transient", "optimizer step transient"), ("cuda_context", "CUDA context"),
+         ("optimizer_transient", "optimizer step transient"), ("cublas_workspace", "cuBLAS workspace"),
+         ("cuda_context", "CUDA context"),
          ("driver_reserve", "driver reserve"), ("nccl_buffers", "NCCL buffers"), ("allocator", "allocator reserve"))
 
 # The strategies whose memory the parts table shows (one of DDP's, which all hold the same).

@@ -24,6 +24,15 @@ each a figure or a range with its source, so the memory count names every part.
   vllm-project/vllm#10637). Up to that 2.4 % is the range's top; a pattern that splits large blocks
   finely can strand far more (pytorch/pytorch#44742 saw 13 GB of a 32 GB card in split free blocks),
   which `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` avoids.
+- cuBLAS's workspace: torch hands each cuBLAS handle a workspace per stream from its caching
+  allocator (aten/src/ATen/cuda/CublasHandlePool.cpp `setWorkspaceForHandle`, `getNewWorkspace`), so
+  it is in `max_memory_allocated` from the first matmul on, for the process's life. Its size
+  (`parseChosenWorkspaceSize`, no CUBLAS_WORKSPACE_CONFIG): 4096 KiB x 8 = 32 MiB on compute
+  capability 9.0, else 4096 KiB x 2 + 16 KiB x 8. Handles are reserved per thread (`thread_local`
+  PoolWindow), and autograd runs a GPU's backward on its own device thread: a training step holds
+  two. Seen on the H100 of reports/gpu-nvidia-h100-80gb-hbm3-20261127: 33,554,432 B beyond the tensors
+  at the first forward matmul and 33,554,432 B more at the first backward's; a bf16 matmul under
+  autocast added none (cuBLASLt shares it).
 - The optimizer step: torch's default on CUDA is the foreach implementation
   (torch/optim/optimizer.py `_default_to_fused_or_foreach`). Adam/AdamW's (torch/optim/adam.py
   `_multi_tensor_adam`) makes a list the size of the gradients (`torch._foreach_mul(device_grads,
@@ -63,6 +72,23 @@ FRAGMENTATION_SHARE = (0.0, 0.024)
 ALLOCATOR_BASIS = ("the caching allocator's rounding (512 B blocks, large segments to 2 MiB, counted from the op "
                    "trace) and up to 2.4 % of what is allocated stranded in split blocks at an out-of-memory "
                    "(vllm-project/compressed-tensors#587: 1.83 of 75.31 GiB; vllm#10637: 0.9 %)")
+
+CUBLAS_WORKSPACE_SM90 = 4096 * 1024 * 8
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_HANDLES_IN_TRAINING = 2  # the thread that runs the forward and autograd's device thread
+
+
+def cublas_workspace(capability: tuple[int, int] | None) -> tuple[float, str]:
+    """Bytes of cuBLAS workspace a training process holds on a GPU of `capability` (module
+    docstring), and its basis; an unknown GPU is read as not 9.0."""
+    each = CUBLAS_WORKSPACE_SM90 if capability == (9, 0) else CUBLAS_WORKSPACE_OTHER
+    gpu = ("compute capability 9.0" if capability == (9, 0) else
+           f"compute capability {capability[0]}.{capability[1]}" if capability else "a GPU not named (not 9.0)")
+    return (CUBLAS_HANDLES_IN_TRAINING * each,
+            f"{each / MB:g} MiB per cuBLAS handle on {gpu} (torch's CublasHandlePool.cpp "
+            "parseChosenWorkspaceSize), one for the forward's thread and one for autograd's backward thread, from "
+            "the caching allocator at the first matmul")
+
 
 # Optimizer state lists the foreach step holds at once, in parameters' worth of state (module docstring)
 OPTIMIZER_TRANSIENT_LISTS = {"adamw": 1, "adam": 1, "sgd_momentum": 0, "sgd": 0}

@@ -30,6 +30,8 @@ Counted, and labelled counted, unless a GPU measured it. Bytes per parameter:
   loss, autocast's weight copies held for backward, the backward's transient above its start, the
   allocator's rounding; under FSDP with a 16-bit param_dtype the count of a pass with the weights
   cast (no autocast copies: the unsharded groups are the 16-bit weights);
+- cuBLAS's workspace, one per thread that runs matmuls, allocated at the first and held for the
+  process's life (`environment.cublas_workspace`): there throughout, as the weights are;
 - the optimizer step's transient and what the process holds besides tensors (CUDA context, the
   driver's reserve, NCCL's buffers, the allocator's stranded blocks): `environment`.
 
@@ -110,6 +112,7 @@ class Holding:
     param_copies: float = 0.0
     backward_transient: float = 0.0
     optimizer_transient: float = 0.0
+    workspace: float = 0.0
     environment: tuple[tuple[str, float, float], ...] = ()
     timeline: Timeline | None = None
     accumulation: int = 1
@@ -123,13 +126,15 @@ class Holding:
     @cached_property  # read by every figure of the row: the timeline walked once
     def peak(self) -> Peak:
         """The most the step holds at once, and where (module docstring)."""
-        always = (("params", self.params), ("optimizer", self.optimizer), ("buckets", self.buckets))
+        always = (("params", self.params), ("optimizer", self.optimizer), ("buckets", self.buckets),
+                  ("workspace", self.workspace))
         k = self.accumulation
-        best = Peak(self.params + self.grads + self.optimizer + self.buckets + self.optimizer_transient,
+        best = Peak(sum(v for _, v in always) + self.grads + self.optimizer_transient,
                     "optimizer step", k, parts=(*always, ("grads", self.grads),
                                                 ("optimizer step's transient", self.optimizer_transient)))
         if self.timeline is None:
-            bound = self.states + (self.activations or 0.0) + self.logits + self.param_copies + self.backward_transient
+            bound = (self.states + self.workspace + (self.activations or 0.0) + self.logits + self.param_copies
+                     + self.backward_transient)
             said = ("the sum of its parts (no op trace to follow the step by: a bound above its peak)"
                     if self.activations is not None else "its states alone (the activations unknown)")
             summed = Peak(bound, "backward", 1, said, followed=False, parts=(
@@ -210,6 +215,7 @@ class MemoryModel:
     # micro-batches per optimizer step, and whether zero_grad sets the gradients to None (torch's default)
     accumulation: int = 1
     set_to_none: bool = True
+    workspace: float = 0.0  # cuBLAS's, on a GPU (`environment.cublas_workspace`)
     extra: tuple[tuple[str, float, float], ...] = field(default=())
 
 
@@ -227,7 +233,8 @@ def _states(m: MemoryModel, shards: int, micro_batch: MicroBatchBytes | None) ->
         transient = env.OPTIMIZER_TRANSIENT_LISTS.get(m.optimizer, 0) * m.param_bytes * m.params / shards
     return Holding(m.param_bytes * m.params / shards, m.grad_bytes * m.params / shards, optimizer / shards,
                    activations=activations, logits=mb.logits, param_copies=mb.param_copies,
-                   backward_transient=mb.backward_transient, optimizer_transient=transient, timeline=mb.timeline,
+                   backward_transient=mb.backward_transient, optimizer_transient=transient, workspace=m.workspace,
+                   timeline=mb.timeline,
                    accumulation=m.accumulation, set_to_none=m.set_to_none)
 
 
@@ -342,7 +349,7 @@ def parts(h: Holding) -> dict[str, float | None]:
     out = {"params": h.params, "grads": h.grads, "optimizer": h.optimizer, "buckets": h.buckets,
            "unsharded": h.unsharded, "activations": h.activations, "logits": h.logits,
            "param_copies": h.param_copies, "backward_transient": h.backward_transient,
-           "optimizer_transient": h.optimizer_transient}
+           "optimizer_transient": h.optimizer_transient, "cublas_workspace": h.workspace}
     return {**out, **{name: high for name, _, high in h.environment}}
 
 

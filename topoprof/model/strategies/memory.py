@@ -128,7 +128,16 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
         rings=int(getattr(intra, "rings", 1) or 1), environment=cl.backend not in BLOCKING_BACKENDS,
         single_tensor_optimizer_numels=(() if cl.backend not in BLOCKING_BACKENDS
                                         else tuple(t.numel for t in work.layout.tensors)),
-        accumulation=inputs.accumulation_steps)
+        accumulation=inputs.accumulation_steps,
+        workspace=_workspace(inputs)[0] if cl.backend not in BLOCKING_BACKENDS else 0.0)
+
+
+def _workspace(inputs: ModelInputs) -> tuple[float, str]:
+    """cuBLAS's workspace on the job's GPU, by its compute capability (`environment.cublas_workspace`)."""
+    from topoprof.model.compute.datasheet import lookup_gpu_quietly
+
+    spec = lookup_gpu_quietly(inputs.compute.gpu)
+    return environment.cublas_workspace(spec.compute_capability if spec else None)
 
 
 def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
@@ -136,6 +145,7 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
     count = micro_batch_count(inputs)
     capacity, _ = _gpu_memory(inputs.compute)
     model = memory_model(inputs, count)
+    workspace = _workspace(inputs)[1]
     measured, basis = _measured_memory(inputs.workload, model), "counted"
     if measured is not None:
         model, basis = measured
@@ -150,13 +160,15 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
         out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
                            held.total / holding.GB, basis, capacity, f.fits, f.reason,
                            (low / holding.GB, high / holding.GB),
-                           part_sources(name, count, model, measured is not None), held.allocated / holding.GB,
+                           part_sources(name, count, model, measured is not None, workspace),
+                           held.allocated / holding.GB,
                            held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB),
                            {part: value / holding.GB for part, value in held.peak.parts})
     return out
 
 
-def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryModel, measured: bool) -> dict[str, str]:
+def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryModel, measured: bool,
+                 workspace_source: str) -> dict[str, str]:
     """Where each part beyond the states comes from, or why it is not counted."""
     fsdp = strategy.startswith(("fsdp_", "hsdp")) and count.fsdp_micro_batch is not None
     mb = count.fsdp_micro_batch if fsdp else count.micro_batch
@@ -186,8 +198,9 @@ def part_sources(strategy: str, count: MicroBatchCount, model: holding.MemoryMod
          "_single_tensor_adam)") + "; at the optimizer step, when the activations are freed")
     if not model.environment:
         cpu = "none: CPU ranks (gloo), no CUDA context, NCCL or CUDA caching allocator"
-        sources.update(cuda_context=cpu, driver_reserve=cpu, nccl_buffers=cpu, allocator=cpu)
+        sources.update(cuda_context=cpu, driver_reserve=cpu, nccl_buffers=cpu, allocator=cpu, cublas_workspace=cpu)
         return sources
+    sources["cublas_workspace"] = workspace_source
     sources.update(cuda_context=environment.CUDA_CONTEXT_BASIS, driver_reserve=environment.DRIVER_RESERVE_BASIS,
                    nccl_buffers=environment.NCCL_BASIS, allocator=environment.ALLOCATOR_BASIS
                    + ("" if mb is not None else "; its rounding not counted without the op trace"))

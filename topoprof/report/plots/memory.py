@@ -14,7 +14,8 @@ PARTS = (("params", "weights", "#1f77b4"), ("grads", "gradients", "#ff7f0e"),
          ("micro-batch", "the micro-batch's tensors there (activations, logits, copies, transients)", "#7f7f7f"),
          ("activations", "activations", "#7f7f7f"), ("logits", "logits and loss", "#bcbd22"),
          ("autocast copies", "autocast copies", "#17becf"), ("backward transient", "backward transient", "#e377c2"),
-         ("optimizer step's transient", "optimizer step's transient", "#f7b6d2"))
+         ("optimizer step's transient", "optimizer step's transient", "#f7b6d2"),
+         ("workspace", "cuBLAS workspace", "#dbdb8d"))
 # What the peak leaves of the total: the allocator's reserve and the environment at the top of
 # their ranges (CUDA context, the driver, NCCL).
 REST = ("the rest: allocator reserve, CUDA context, NCCL (top of range)", "#c7c7c7")
