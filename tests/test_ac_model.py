@@ -3,6 +3,8 @@ from the trace, its place in FSDP's timeline, and the search for the largest mic
 per strategy and mode."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from topoprof.errors import InputError
@@ -71,13 +73,19 @@ SIZES = {"hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 896, "vocab_s
 
 
 def _priced(mode: str) -> dict:
+    from topoprof.model.compute.profile import load_profile
     from topoprof.model.compute.traced import modelled_fields
     from topoprof.trace.op_trace import trace_user_model
 
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
                              {"preset": "llama3-8b", "n_layer": 2, "sizes": SIZES, "ac": mode, "seq_len": 512},
                              {"device": "cuda", "precision": "bf16"})
-    return modelled_fields(trace, "h100-sxm", "bf16", False)
+    # priced from the H200's profile, scaled: its host costs per op are ranges, and at this size
+    # the device's work decides (with a point host cost per op, op's recompute of many small ops
+    # under its policy's modes can cost more host time than full's)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "topoprof", "model", "compute",
+                        "profiles", "nvidia-h200-sxm-gpu-facts-20261126.json")
+    return modelled_fields(trace, "h100-sxm", "bf16", False, profile=load_profile(path), profile_path=path)
 
 
 def test_the_recompute_is_priced_in_backward_for_full_and_op_and_is_none_without():

@@ -28,9 +28,13 @@ def _json(*args) -> dict:
     return json.loads(proc.stdout)
 
 
+# The path a GPU with no profile of its own takes: another GPU's profile, scaled by the datasheets
+SCALED = [*GPT2, "--gpu-profile", SHIPPED_H200]
+
+
 @pytest.fixture(scope="module")
 def gpt2_eager():
-    return _json(*GPT2)
+    return _json(*SCALED)
 
 
 def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
@@ -46,7 +50,7 @@ def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
     assert inputs["backward_fraction"]["value"] == pytest.approx(model["backward_fraction"])
     basis = " ".join(model["basis"])
     for source in ("device profile: measured on an NVIDIA H200 SXM, torch 2.11, 2026-11-26 (shared/gpu-facts)",
-                   "as a profile of another GPU of the same compute capability", "scaled by h100-sxm / h200-sxm",
+                   "scaled by h100-sxm / h200-sxm",
                    "Matrix Multiplication Background", "halved when causal", "derived: opbench's tiny Linear"):
         assert source in basis, source
     assert model["device"] == "h100-sxm (bf16, eager, scaled from the h200-sxm profile)"
@@ -56,14 +60,14 @@ def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
 
 
 def test_the_text_says_what_the_compute_rests_on():
-    text = _cli("model", *GPT2).stdout
+    text = _cli("model", *SCALED).stdout
     assert "a what-if from the model's own ops" in text
     (line,) = [ln for ln in text.splitlines() if ln.startswith("compute model: ")]
     assert "h100-sxm (bf16, eager, scaled from the h200-sxm profile)" in line and "kernels" in line
 
 
 def test_compiled_fuses_chains_and_pays_per_graph(gpt2_eager):
-    compiled = _json(*GPT2, "--compiled")["inputs"]
+    compiled = _json(*SCALED, "--compiled")["inputs"]
     eager = gpt2_eager["inputs"]
     assert compiled["compute_model"]["value"]["kernels"] < eager["compute_model"]["value"]["kernels"]
     for c, e in zip(compiled["compute_model"]["value"]["seconds"], eager["compute_model"]["value"]["seconds"]):
@@ -88,6 +92,17 @@ def test_gpu_profile_prices_with_the_file_as_measured_or_scaled():
     alone = _json(*GPT2[:4], "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")["inputs"]
     assert alone["compute_model"]["value"]["seconds"] == model["seconds"]   # without --gpu: the profile's own GPU
     assert "h200-sxm" in alone["gpu_memory_gb"]["source"]
+
+
+def test_a_gpu_with_a_shipped_profile_of_its_own_is_priced_from_it_as_measured():
+    """The H100's profile measured by `topoprof profile` (reports/gpu-nvidia-h100-80gb-hbm3-20261127)
+    is chosen for an H100 before the H200's scaled; the H200 keeps its own."""
+    h100 = _json(*GPT2)["inputs"]["compute_model"]["value"]
+    assert h100["device"] == "h100-sxm (bf16, eager, profile)"
+    assert any("nvidia-h100-80gb-hbm3-topoprof-20261127.json" in b and "as a profile of this GPU" in b
+               for b in h100["basis"])
+    h200 = _json(*GPT2[:4], "--gpu", "h200-sxm", "--world-size", "1", "--no-sweep")["inputs"]["compute_model"]["value"]
+    assert any("nvidia-h200-sxm-gpu-facts-20261126.json" in b for b in h200["basis"])
 
 
 def test_gpu_profile_of_a_cpu_prices_the_model_on_that_cpu(tmp_path):
