@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from topoprof.measure.launch import RunResult, as_message, worker_result
 from topoprof.specs.messages import (
     DeviceProfileResult,
     Message,
@@ -92,3 +93,27 @@ def test_a_workers_failure_comes_back_typed_with_its_reason():
                                                               "Traceback ...")
     assert WorkerFailure("device", "no CUDA device").trace == ""
 
+
+def test_the_launcher_reads_the_first_result_of_the_kinds_asked_for():
+    run = RunResult(messages=[(0, {"type": "progress", "step": "starting"}),
+                              (0, encode(ProfileProgress("gemm"))),
+                              (0, encode(WorkerFailure("device", "no CUDA device"))),
+                              (0, encode(DeviceProfileResult({"schema": 1})))],
+                    failure=None, log_dir="", wall_s=0.0)
+    assert worker_result(run, DeviceProfileResult, WorkerFailure) == WorkerFailure("device", "no CUDA device")
+    assert worker_result(run, DeviceProfileResult) == DeviceProfileResult({"schema": 1})
+    assert worker_result(run, UserModelResult) is None
+    assert as_message({"type": "progress", "step": "starting"}, ProfileProgress) is None
+
+
+def test_a_user_models_error_crosses_the_boundary_as_a_typed_failure(tmp_path):
+    # The worker sends a WorkerFailure; the launcher's side makes it the user's InputError, with
+    # the worker's traceback as its detail.
+    from topoprof.errors import InputError
+    from topoprof.measure.user_model import measure_user_model
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("def build():\n    raise ValueError('no layers given')\n")
+    with pytest.raises(InputError, match=r"build\(\) raised ValueError: no layers given") as err:
+        measure_user_model(f"{broken}:build", "cpu", 1, timeout_s=120)
+    assert "Traceback" in err.value.detail_text and "no layers given" in err.value.detail_text
