@@ -38,7 +38,9 @@ import topoprof
 from topoprof.errors import InputError
 from topoprof.specs.messages import Message, decode, encode, kind_of
 
-# Messages a rank sends: {"type": "progress"|"row"|"meta"|"result"|"error"|"done", ...}
+# Messages a rank sends, one JSON object a line: the launcher's own {"type": "progress"|"error"|
+# "done", ...}, a worker's {"type": "row"|"meta"|"result"|..., ...}, or a typed result of
+# topoprof.specs.messages (read with `as_message` and `worker_result`)
 OnMessage = Callable[[int, dict], None]
 
 
