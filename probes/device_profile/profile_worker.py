@@ -30,6 +30,7 @@ from topoprof.probes.device_profile.clock import HOST_BLOCK_S, MAX_CALLS
 from topoprof.probes.device_profile.plan import PLANS
 from topoprof.probes.device_profile.sections import ADAMW_WORDS, PASSES, SECTIONS
 from topoprof.probes.device_profile.timing_run import ProfileRun
+from topoprof.specs.messages import DeviceProfileResult, ProfileJob, ProfileProgress, WorkerFailure
 
 
 class NoDevice(Exception):
@@ -147,15 +148,15 @@ def measure_profile(device: str | None = None, quick: bool = False, budget_s: fl
     }
 
 
-def run_rank(ctx, config: dict) -> None:
+def run_rank(ctx, job: ProfileJob) -> None:
     """The `profile` worker: one process, rank 0, reports the profile (or why there is none)."""
     if ctx.rank != 0:
         return
     ctx.progress("starting")
     try:
-        doc = measure_profile(config.get("device"), bool(config.get("quick")), config.get("budget_s"),
-                              on_progress=lambda line: ctx.emit("profile_progress", line=line))
+        doc = measure_profile(job.device, job.quick, job.budget_s,
+                              on_progress=lambda line: ctx.send(ProfileProgress(line=line)))
     except NoDevice as err:
-        ctx.emit("profile_error", message=str(err))
+        ctx.send(WorkerFailure(stage="device", reason=str(err)))
         return
-    ctx.emit("profile", profile=doc)
+    ctx.send(DeviceProfileResult(profile=doc))

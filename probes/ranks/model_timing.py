@@ -12,13 +12,14 @@
 - forward, backward and optimizer times over a few repeats, under the user's precision (bf16
   autocast by default on a GPU, fp16 with a gradient scaler, or fp32; CPU ranks train in fp32)
   and optimizer (AdamW, fused on CUDA where torch has it, or SGD);
-- the timed GPU's name, and, when asked (`config["trace"]`: the stated shape), the same model's
+- the timed GPU's name, and, when asked (`UserModelJob.trace`: the stated shape), the same model's
   forward and backward on the meta device (`topoprof/trace/op_trace.py`): its ops, and the backward FLOPs
   done before each gradient is ready, a ready order that does not depend on this machine.
 
 The callable and its loss are read as `topoprof/zoo/user_callable.py` reads them. A user error
-(import, call, return value, a failing forward) is reported as a `user_model_error` message with
-its kind and traceback, not raised: it is the user's to fix, not a rank failure.
+(import, call, return value, a failing forward) is reported as a `WorkerFailure` with its kind as
+the stage and its traceback, not raised: it is the user's to fix, not a rank failure. The job and
+the messages are topoprof.specs.messages's.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import os
 import time
 import traceback
 
+from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure
 from topoprof.zoo.user_blocks import checkpoint_user_model
 from topoprof.zoo.user_callable import UserModelError, call_user_callable, parameter_list, to_device, user_loss
 
@@ -262,26 +264,22 @@ def _device_name(device: str) -> str | None:
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
 
 
-def run_rank(ctx, config: dict) -> None:
+def run_rank(ctx, job: UserModelJob) -> None:
     if ctx.rank != 0:
         return
-    ctx.progress(f"timing {config['spec']}")
-    if config.get("cwd"):
-        os.chdir(config["cwd"])
+    ctx.progress(f"timing {job.spec}")
+    if job.cwd:
+        os.chdir(job.cwd)
     try:
-        record = measure(config["spec"], config.get("device", "cpu"), int(config.get("repeats", 3)),
-                         config.get("precision", "bf16"), config.get("optimizer", "adamw"), config.get("kwargs"),
-                         ctx.progress, config.get("ac"), config.get("unit"))
+        record = measure(job.spec, job.device, job.repeats, job.precision, job.optimizer, job.kwargs,
+                         ctx.progress, job.ac, job.unit)
     except UserModelError as err:
-        ctx.emit("user_model_error", stage=err.kind, message=str(err), trace=err.trace)
+        ctx.send(WorkerFailure(stage=err.kind, reason=str(err), trace=err.trace))
         return
-    if config.get("trace") is not None:  # the same model on meta: its ops and backward FLOPs per tensor
+    if job.trace is not None:  # the same model on meta: its ops and backward FLOPs per tensor
         from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 
-        ctx.progress(f"tracing {config['spec']} on meta")
-        record["op_trace"] = with_selective_cost([trace_user_model(config["spec"], config["trace"],
-                                                                   config.get("kwargs"),
-                                                                   config.get("target"), ctx.progress,
-                                                                   config.get("unit"),
-                                                                   config.get("ac"))])[0]
-    ctx.emit("user_model", **record)
+        ctx.progress(f"tracing {job.spec} on meta")
+        record["op_trace"] = with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs, job.target,
+                                                                   ctx.progress, job.unit, job.ac)])[0]
+    ctx.send(UserModelResult(record=record))

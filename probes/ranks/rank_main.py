@@ -1,6 +1,7 @@
 """Entry point of one rank started by topoprof's launcher: `python -m topoprof.probes.ranks.rank_main`.
 
-The launcher passes the job in TOPOPROF_JOB (a JSON file) and a pipe in TOPOPROF_RESULT_FD; the
+The launcher passes the job in TOPOPROF_JOB (a JSON file: a typed job of topoprof.specs.messages
+under "job", or a worker's own configuration under "config") and a pipe in TOPOPROF_RESULT_FD; the
 rank writes one JSON message per line to that pipe. stdout/stderr stay free for libraries (NCCL's
 INFO lines) and land in the rank's log file. TOPOPROF_LAUNCHER_PID names the launcher, which this
 rank must not outlive (`die_with_launcher`).
@@ -14,10 +15,13 @@ import signal
 import sys
 import traceback
 
+from topoprof.specs.messages import Message, decode, encode
+
 # <linux/prctl.h>: the signal a process gets when the thread that started it exits
 _PR_SET_PDEATHSIG = 1
 
-# worker name -> "module:function"; the function takes (ctx: RankContext, config: dict).
+# worker name -> "module:function"; the function takes (ctx: RankContext, config), config being the
+# worker's typed job (topoprof.specs.messages) or its own configuration dict.
 WORKERS = {
     "collectives": "topoprof.probes.ranks.collective_timing:run_rank",
     "training": "topoprof.probes.ranks.training:run_rank",
@@ -44,7 +48,14 @@ class RankContext:
         self._emit = emit
 
     def emit(self, kind: str, **payload) -> None:
-        self._emit({"type": kind, **payload})
+        self._send({"type": kind, **payload})
+
+    def send(self, msg: Message) -> None:
+        """Report a typed message, written by the codec."""
+        self._send(encode(msg))
+
+    def _send(self, msg: dict) -> None:
+        self._emit(msg)
 
     def progress(self, step: str) -> None:
         self.emit("progress", step=step)
@@ -57,8 +68,8 @@ class _PhaseContext(RankContext):
         super().__init__(parent.env, parent._emit, parent.timeout_s)
         self.phase = phase
 
-    def emit(self, kind: str, **payload) -> None:
-        self._emit({"type": kind, "phase": self.phase, **payload})
+    def _send(self, msg: dict) -> None:
+        self._emit({"type": msg["type"], "phase": self.phase, **msg})
 
 
 def _phases_worker(ctx: RankContext, config: dict) -> None:
@@ -124,6 +135,11 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def _config(job: dict) -> Message | dict:
+    """The worker's job as the launcher wrote it (topoprof.measure.launch._job_document)."""
+    return decode(job["job"]) if "job" in job else job["config"]
+
+
 def main() -> None:
     die_with_launcher()
     with open(os.environ["TOPOPROF_JOB"]) as f:
@@ -139,7 +155,7 @@ def main() -> None:
     try:
         env = dist.init(job["backend"], float(job["timeout_s"]))
         ctx = RankContext(env, emit, float(job["timeout_s"]))
-        resolve(job["worker"])(ctx, job["config"])
+        resolve(job["worker"])(ctx, _config(job))
         # Every rank has finished its collectives before any leaves: a peer closing its sockets
         # early would fail a rank still inside its last operation.
         import torch.distributed

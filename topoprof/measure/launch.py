@@ -36,15 +36,20 @@ from typing import BinaryIO, Callable
 
 import topoprof
 from topoprof.errors import InputError
+from topoprof.specs.messages import Message, decode, encode, kind_of
 
-# Messages a rank sends: {"type": "progress"|"row"|"meta"|"result"|"error"|"done", ...}
+# Messages a rank sends, one JSON object a line: the launcher's own {"type": "progress"|"error"|
+# "done", ...}, a worker's {"type": "row"|"meta"|"result"|..., ...}, or a typed result of
+# topoprof.specs.messages (read with `as_message` and `worker_result`)
 OnMessage = Callable[[int, dict], None]
 
 
 @dataclass(frozen=True)
 class JobSpec:
     worker: str                 # a key of topoprof.probes.ranks.rank_main.WORKERS
-    config: dict                # JSON-able worker configuration
+    # the worker's job: a typed job of topoprof.specs.messages, or the JSON-able configuration
+    # of a worker that reads its own (the collectives, training and validation workers)
+    config: Message | dict
     nproc: int
     backend: str                # "nccl" or "gloo"
     timeout_s: float            # no progress from a rank for this long means it hung
@@ -139,6 +144,20 @@ def progress_messages(progress: Callable[[str], None] | None) -> OnMessage | Non
     return on_message
 
 
+def as_message(msg: dict, *kinds: type[Message]) -> Message | None:
+    """The message a rank sent, read by the codec when it is one of `kinds`; None otherwise."""
+    if not any(kind_of(msg) == kind.KIND for kind in kinds):
+        return None
+    return decode(msg)
+
+
+def worker_result(run: RunResult, *kinds: type[Message]) -> Message | None:
+    """The first message of one of `kinds` that the ranks of `run` sent, read by the codec (a
+    worker's result or its WorkerFailure); None when none came (the run's failure says why)."""
+    found = (as_message(msg, *kinds) for _, msg in run.messages)
+    return next((msg for msg in found if msg is not None), None)
+
+
 def is_reporting_rank() -> bool:
     """True unless this process is a non-zero rank of a torchrun/SLURM job (only rank 0 reports)."""
     job = external_job()
@@ -191,7 +210,7 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
     job_file = os.path.join(log_dir, "job.json")
     with open(job_file, "w") as f:
         json.dump({"worker": spec.worker, "backend": spec.backend, "timeout_s": spec.timeout_s,
-                   "config": spec.config}, f)
+                   **_job_document(spec.config)}, f)
     # The ranks must import the same topoprof (and its probes) as this process, wherever it runs from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.__file__)))
     for rank in range(spec.nproc):
@@ -208,6 +227,12 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
         os.close(write_fd)
         ranks.append(_Rank(rank, proc, os.fdopen(read_fd, "rb", buffering=0), log_path,
                            last_progress_t=time.monotonic()))
+
+
+def _job_document(config: Message | dict) -> dict:
+    """The job as the rank reads it: a typed job encoded under "job", a worker's own configuration
+    under "config" (topoprof.probes.ranks.rank_main.main)."""
+    return {"job": encode(config)} if isinstance(config, Message) else {"config": config}
 
 
 def _log_tail(path: str, lines: int = 5) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from topoprof.measure.launch import JobSpec, launch_local, progress_messages
+from topoprof.measure.launch import JobSpec, OnMessage, launch_local, progress_messages, worker_result
+from topoprof.specs.messages import Message, OpTraceJob, OpTraceResult, OpTracesResult
 
 TRACE_TIMEOUT_S = 300.0
 
@@ -21,21 +22,10 @@ def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = Non
     built with `kwargs` and the `stated` shape for the `target` device, or {"failure": reason};
     `progress` hears each stage the worker reports; `ac`, `unit`: a user's model's blocks (the
     children of `unit`, else the block list found) checkpointed so (`topoprof/zoo/user_blocks.py`)."""
-    job = JobSpec("op_trace", {"spec": spec, "kwargs": kwargs, "stated": stated, "target": target,
-                               "cwd": os.getcwd(), **_checkpointing(ac, unit)}, 1, "gloo", timeout_s)
-    try:
-        run = launch_local(job, progress_messages(progress))
-    except Exception as err:  # noqa: BLE001 - no worker at all: the datasheet range stands, with the reason
-        return {"failure": f"the trace worker did not start ({type(err).__name__}: {err})"}
-    found = [msg for _, msg in run.messages if msg.get("type") == "op_trace"]
-    if not found:
-        why = run.failure.describe() if run.failure is not None else "it reported nothing"
-        return {"failure": f"the trace worker failed: {why}"}
-    return {k: v for k, v in found[0].items() if k != "type"}
-
-
-def _checkpointing(ac: str | None, unit: str | None) -> dict:
-    return {"ac": ac, "blocks": unit} if ac and ac != "none" else {"blocks": unit} if unit else {}
+    checkpointed = bool(ac and ac != "none")  # "none" checkpoints nothing: the worker is sent no mode
+    job = OpTraceJob(spec, kwargs, stated, target, os.getcwd(), ac=ac if checkpointed else None, blocks=unit)
+    result = _run_trace_worker(job, OpTraceResult, timeout_s, progress_messages(progress))
+    return result.trace if isinstance(result, OpTraceResult) else {"failure": result}
 
 
 def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: dict | None = None,
@@ -46,15 +36,22 @@ def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: d
     `unit` else the block list found, checkpointed so); `resize_from`: the micro-batch a user's
     example batch was built at, resized to each variant's. The traces in the variants' order (each
     may be a {"failure": reason}), or {"failure": reason} where the worker gave nothing."""
-    job = JobSpec("op_trace", {"spec": spec, "kwargs": kwargs, "target": target, "variants": variants,
-                               "cwd": os.getcwd(), **_checkpointing(None, unit),
-                               **({"resize_from": resize_from} if resize_from else {})}, 1, "gloo", timeout_s)
+    job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=variants,
+                     resize_from=resize_from or None)
+    result = _run_trace_worker(job, OpTracesResult, timeout_s)
+    return result.traces if isinstance(result, OpTracesResult) else {"failure": result}
+
+
+def _run_trace_worker(job: OpTraceJob, kind: type[Message], timeout_s: float,
+                      on_message: OnMessage | None = None) -> Message | str:
+    """The worker's result of `kind`, or why there is none: the caller keeps the datasheet range
+    with that reason, so nothing here raises."""
     try:
-        run = launch_local(job)
-    except Exception as err:  # noqa: BLE001 - no worker at all: the caller says why
-        return {"failure": f"the trace worker did not start ({type(err).__name__}: {err})"}
-    found = [msg for _, msg in run.messages if msg.get("type") == "op_traces"]
-    if not found:
+        run = launch_local(JobSpec("op_trace", job, 1, "gloo", timeout_s), on_message)
+    except Exception as err:  # noqa: BLE001 - no worker at all: the datasheet range stands, with the reason
+        return f"the trace worker did not start ({type(err).__name__}: {err})"
+    result = worker_result(run, kind)
+    if result is None:
         why = run.failure.describe() if run.failure is not None else "it reported nothing"
-        return {"failure": f"the trace worker failed: {why}"}
-    return found[0]["traces"]
+        return f"the trace worker failed: {why}"
+    return result

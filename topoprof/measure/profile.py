@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Callable
 
 from topoprof.errors import NothingMeasured, RunFailed
-from topoprof.measure.launch import JobSpec, launch_local
+from topoprof.measure.launch import JobSpec, as_message, launch_local, worker_result
+from topoprof.specs.messages import DeviceProfileResult, ProfileJob, ProfileProgress, WorkerFailure
 
 
 def measure_device_profile(device: str | None = None, quick: bool = False, timeout_s: float = 300.0,
@@ -15,15 +16,16 @@ def measure_device_profile(device: str | None = None, quick: bool = False, timeo
     there; RunFailed (exit 3) when the worker died, hung for `timeout_s` without a word, or sent
     nothing. Each section's progress line goes to `on_progress` as it comes."""
     def on_message(rank: int, msg: dict) -> None:
-        if msg.get("type") == "profile_progress" and on_progress is not None:
-            on_progress(msg["line"])
+        progress = as_message(msg, ProfileProgress)
+        if isinstance(progress, ProfileProgress) and on_progress is not None:
+            on_progress(progress.line)
 
-    job = JobSpec("profile", {"device": device, "quick": quick, "budget_s": budget_s}, 1, "gloo", timeout_s)
-    run = launch_local(job, on_message)
-    found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("profile", "profile_error")}
-    if "profile_error" in found:
-        raise NothingMeasured(found["profile_error"]["message"])
-    if run.failure is not None or "profile" not in found:
+    job = ProfileJob(device, quick, budget_s)
+    run = launch_local(JobSpec("profile", job, 1, "gloo", timeout_s), on_message)
+    result = worker_result(run, DeviceProfileResult, WorkerFailure)
+    if isinstance(result, WorkerFailure):
+        raise NothingMeasured(result.reason)
+    if run.failure is not None or not isinstance(result, DeviceProfileResult):
         why = run.failure.describe() if run.failure else "the worker reported nothing"
         raise RunFailed(f"profiling the {device or 'default'} device failed: {why}")
-    return found["profile"]["profile"]
+    return result.profile

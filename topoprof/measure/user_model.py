@@ -6,7 +6,8 @@ import os
 from typing import Callable
 
 from topoprof.errors import InputError, RunFailed
-from topoprof.measure.launch import JobSpec, launch_local, progress_messages
+from topoprof.measure.launch import JobSpec, launch_local, progress_messages, worker_result
+from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure
 
 
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
@@ -20,20 +21,16 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
     on the meta device (`topoprof/trace/op_trace.py`) for the `target` device, or {"failure": reason}.
     `progress` hears each stage the worker reports. `ac`: the model's blocks (the children of
     `unit`, else the block list found) checkpointed so, timed and traced (`topoprof/zoo/user_blocks.py`)."""
-    job = JobSpec("user_model", {"spec": spec, "device": device, "repeats": repeats, "cwd": os.getcwd(),
-                                 "precision": precision, "optimizer": optimizer, "kwargs": kwargs,
-                                 "trace": trace, "target": target,
-                                 **({"ac": ac, "unit": unit} if ac and ac != "none" else {})},
-                  1, "gloo", timeout_s)
-    run = launch_local(job, progress_messages(progress))
-    found = {msg["type"]: msg for _, msg in run.messages if msg.get("type") in ("user_model", "user_model_error")}
-    if "user_model_error" in found:
-        err = found["user_model_error"]
-        error = InputError(f"--model {spec}: {err['message']}")
-        error.detail_text = err.get("trace") or ""
+    checkpointed = bool(ac and ac != "none")  # the blocks are only named when they are checkpointed
+    job = UserModelJob(spec, device, repeats, os.getcwd(), precision, optimizer, kwargs, trace, target,
+                       ac if checkpointed else None, unit if checkpointed else None)
+    run = launch_local(JobSpec("user_model", job, 1, "gloo", timeout_s), progress_messages(progress))
+    result = worker_result(run, UserModelResult, WorkerFailure)
+    if isinstance(result, WorkerFailure):
+        error = InputError(f"--model {spec}: {result.reason}")
+        error.detail_text = result.trace
         raise error
-    if run.failure is not None or "user_model" not in found:
+    if run.failure is not None or not isinstance(result, UserModelResult):
         why = run.failure.describe() if run.failure else "the worker reported nothing"
         raise RunFailed(f"--model {spec}: timing it failed: {why}")
-    return found["user_model"]
-
+    return result.record

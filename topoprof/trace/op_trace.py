@@ -90,6 +90,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from topoprof.specs.messages import OpTraceJob, OpTraceResult, OpTracesResult
 from topoprof.trace.fused_kernels import FUSED_OPS
 from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
@@ -624,23 +625,24 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             **({"autocast_failure": autocast_failure} if autocast_failure else {})}
 
 
-def run_rank(ctx, config: dict) -> None:
+def run_rank(ctx, job: OpTraceJob) -> None:
     """Worker `op_trace`: the pass alone, for a model nothing times here (a preset, `--params` or a
-    user's `--model` predicted for a GPU that is not here, or built on meta); emits `op_trace`
-    with the trace or its failure. Nothing of the model runs for real."""
+    user's `--model` predicted for a GPU that is not here, or built on meta); sends an
+    `OpTraceResult` with the trace or its failure (an `OpTracesResult` for the job's variants).
+    Nothing of the model runs for real."""
     import os
 
     if ctx.rank != 0:
         return
-    if config.get("cwd"):
-        os.chdir(config["cwd"])
-    if config.get("variants") is not None:
-        ctx.emit("op_traces", traces=with_selective_cost([_variant(ctx, config, v) for v in config["variants"]]))
+    if job.cwd:
+        os.chdir(job.cwd)
+    if job.variants is not None:
+        ctx.send(OpTracesResult(traces=with_selective_cost([_variant(ctx, job, v) for v in job.variants])))
         return
-    ctx.progress(f"tracing {config['spec']} on meta")
-    traced = trace_user_model(config["spec"], config.get("stated"), config.get("kwargs"), config.get("target"),
-                              ctx.progress, config.get("blocks"), config.get("ac"), config.get("resize_from"))
-    ctx.emit("op_trace", **with_selective_cost([traced])[0])
+    ctx.progress(f"tracing {job.spec} on meta")
+    traced = trace_user_model(job.spec, job.stated, job.kwargs, job.target, ctx.progress, job.blocks, job.ac,
+                              job.resize_from)
+    ctx.send(OpTraceResult(trace=with_selective_cost([traced])[0]))
 
 
 def with_selective_cost(traces: list[dict]) -> list[dict]:
@@ -655,12 +657,11 @@ def with_selective_cost(traces: list[dict]) -> list[dict]:
             for t in traces]
 
 
-def _variant(ctx, config: dict, variant: dict) -> dict:
+def _variant(ctx, job: OpTraceJob, variant: dict) -> dict:
     """One of several passes of one model (another depth, micro-batch, checkpointing mode or
     target), without what only the main pass needs (the ops summed by name, the parameters)."""
-    kwargs, stated = {**(config.get("kwargs") or {}), **variant.get("kwargs", {})}, variant.get("stated")
-    ctx.progress(f"tracing {config['spec']} {kwargs} {stated} on meta")
-    traced = trace_user_model(config["spec"], stated, kwargs, variant.get("target", config.get("target")),
-                              blocks=config.get("blocks"), ac=variant.get("ac", config.get("ac")),
-                              resize_from=config.get("resize_from"))
+    kwargs, stated = {**(job.kwargs or {}), **variant.get("kwargs", {})}, variant.get("stated")
+    ctx.progress(f"tracing {job.spec} {kwargs} {stated} on meta")
+    traced = trace_user_model(job.spec, stated, kwargs, variant.get("target", job.target),
+                              blocks=job.blocks, ac=variant.get("ac", job.ac), resize_from=job.resize_from)
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

@@ -1,0 +1,119 @@
+"""The codec of the messages between the launcher and its rank workers (topoprof/specs/messages.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from topoprof.measure.launch import RunResult, as_message, worker_result
+from topoprof.specs.messages import (
+    DeviceProfileResult,
+    Message,
+    MessageError,
+    OpTraceJob,
+    OpTraceResult,
+    OpTracesResult,
+    ProfileJob,
+    ProfileProgress,
+    UserModelJob,
+    UserModelResult,
+    WorkerFailure,
+    decode,
+    encode,
+    registered,
+)
+
+# one filled-in example of every message class, each field away from its default
+EXAMPLES: list[Message] = [
+    UserModelJob("model.py:build", "cuda:0", 2, "/tmp", "fp16", "sgd", {"depth": 2}, {"micro_batch": 4},
+                 {"gpu": "H100"}, "full", "blocks"),
+    OpTraceJob("model.py:build", {"depth": 2}, {"seq_len": 8}, {"gpu": "H100"}, "/tmp", "op", "layers",
+               [{"kwargs": {"depth": 3}}], 4),
+    ProfileJob("cuda", True, 30.0),
+    UserModelResult({"params": [{"name": "w", "shape": [2, 2]}], "forward_s": 0.1}),
+    OpTraceResult({"ops": [{"name": "aten::mm"}], "failure": None}),
+    OpTracesResult([{"ops": []}, {"failure": "on meta, boom"}]),
+    DeviceProfileResult({"schema": 1, "gemm": []}),
+    ProfileProgress("gemm 3/9"),
+    WorkerFailure("import", "ModuleNotFoundError: No module named 'x'", "Traceback ..."),
+]
+
+
+def test_every_registered_class_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(registered().values())
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_comes_back_as_it_went_through_json(msg):
+    wire = json.loads(json.dumps(encode(msg)))
+    assert decode(wire) == msg
+
+
+def test_the_wire_says_type_and_version_first_then_the_fields():
+    assert encode(ProfileProgress("gemm 3/9")) == {"type": "profile_progress", "version": 1, "line": "gemm 3/9"}
+    assert list(encode(WorkerFailure("build", "bad")))[:2] == ["type", "version"]
+
+
+def test_every_message_is_frozen_and_its_kind_unique():
+    kinds = [type(m).KIND for m in EXAMPLES]
+    assert len(set(kinds)) == len(kinds)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EXAMPLES[-1].reason = "other"  # type: ignore[attr-defined]
+
+
+def test_an_unknown_type_is_refused_by_name():
+    with pytest.raises(MessageError, match="unknown message type 'telepathy'"):
+        decode({"type": "telepathy", "version": 1})
+    with pytest.raises(MessageError, match="unknown message type None"):
+        decode({"version": 1})
+
+
+def test_another_version_is_refused_naming_both():
+    wire = {**encode(ProfileJob()), "version": 2}
+    with pytest.raises(MessageError, match="'profile_job' is version 2; this topoprof reads version 1"):
+        decode(wire)
+
+
+def test_fields_that_do_not_match_are_refused():
+    with pytest.raises(MessageError, match=r"unknown fields \['colour'\], missing fields \[\]"):
+        decode({**encode(ProfileProgress("x")), "colour": "red"})
+    with pytest.raises(MessageError, match=r"missing fields \['reason', 'stage'\]"):
+        decode({"type": "worker_failure", "version": 1})
+
+
+def test_a_phase_beside_the_fields_is_the_envelope_not_a_field():
+    assert decode({**encode(ProfileProgress("x")), "phase": "bench"}) == ProfileProgress("x")
+
+
+def test_a_workers_failure_comes_back_typed_with_its_reason():
+    failure = decode(encode(WorkerFailure("call", "TypeError: build() missing 'depth'", "Traceback ...")))
+    assert isinstance(failure, WorkerFailure)
+    assert (failure.stage, failure.reason, failure.trace) == ("call", "TypeError: build() missing 'depth'",
+                                                              "Traceback ...")
+    assert WorkerFailure("device", "no CUDA device").trace == ""
+
+
+def test_the_launcher_reads_the_first_result_of_the_kinds_asked_for():
+    run = RunResult(messages=[(0, {"type": "progress", "step": "starting"}),
+                              (0, encode(ProfileProgress("gemm"))),
+                              (0, encode(WorkerFailure("device", "no CUDA device"))),
+                              (0, encode(DeviceProfileResult({"schema": 1})))],
+                    failure=None, log_dir="", wall_s=0.0)
+    assert worker_result(run, DeviceProfileResult, WorkerFailure) == WorkerFailure("device", "no CUDA device")
+    assert worker_result(run, DeviceProfileResult) == DeviceProfileResult({"schema": 1})
+    assert worker_result(run, UserModelResult) is None
+    assert as_message({"type": "progress", "step": "starting"}, ProfileProgress) is None
+
+
+def test_a_user_models_error_crosses_the_boundary_as_a_typed_failure(tmp_path):
+    # The worker sends a WorkerFailure; the launcher's side makes it the user's InputError, with
+    # the worker's traceback as its detail.
+    from topoprof.errors import InputError
+    from topoprof.measure.user_model import measure_user_model
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("def build():\n    raise ValueError('no layers given')\n")
+    with pytest.raises(InputError, match=r"build\(\) raised ValueError: no layers given") as err:
+        measure_user_model(f"{broken}:build", "cpu", 1, timeout_s=120)
+    assert "Traceback" in err.value.detail_text and "no layers given" in err.value.detail_text
