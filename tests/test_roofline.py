@@ -9,7 +9,9 @@ import math
 import pytest
 
 from topoprof.model.compute import roofline as rl
-from topoprof.model.compute.roofline import DeviceModel, Span, gemm_dims, measured, price, quantization, roofline
+from topoprof.model.compute.op_kinds import gemm_shape
+from topoprof.model.compute.roofline import DeviceModel, price, roofline
+from topoprof.model.compute.roofline_terms import Span, measured, quantization
 
 
 def _op(name="aten.add.Tensor", phase="forward", flops=0, read=0, written=0, view=False, **more):
@@ -79,7 +81,8 @@ def test_the_waves_and_tiles_of_nvidias_matmul_guide():
     (_op("aten.add.Tensor"), None),
 ])
 def test_gemm_dimensions_from_the_traced_shapes(op, dims):
-    assert gemm_dims(op) == dims
+    shape = gemm_shape(op)
+    assert (None if shape is None else (shape.m, shape.n, shape.batch)) == dims
 
 
 def test_causal_attention_counts_half_its_flops_at_the_attention_efficiency():

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from topoprof.model.compute.roofline_terms import CONV_BACKWARD, CONV_FORWARD, gemm_dims
+from topoprof.model.compute.roofline_terms import CONV_BACKWARD, CONV_FORWARD
 
 ATTENTION_PREFIX = "aten._scaled_dot_product_"
 _GEMM = ("mm", "addmm", "bmm", "baddbmm")
@@ -85,31 +85,55 @@ class Attention:
     flops: float           # in the profile's count: the trace's, halved when causal
 
 
-def gemm_products(op: dict) -> list[Product] | None:
-    """The products of a GEMM-like op (module docstring), or None for any other op."""
-    name, flops = base_name(op), op["flops"]
-    if flops <= 0:
-        return None
-    shapes = op.get("shapes") or []
+@dataclass(frozen=True)
+class GemmShape:
+    """A GEMM-like op as `batch` products of an m x k by a k x n matrix. A convolution is its
+    implicit GEMM per group: m = images x output pixels, n = output channels per group, k = the
+    weight's input channels per group x kernel, batch = groups."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+
+
+def gemm_shape(op: dict) -> GemmShape | None:
+    """The one derivation of a matmul's or convolution's GEMM dimensions from its input shapes
+    (a convolution's forward reads m from its FLOPs, 2 m n k per group), or None for any other op."""
+    name, shapes = base_name(op), op.get("shapes") or []
     mats = [s for s in shapes if len(s) >= 2]
     if name in _GEMM and len(mats) >= 2:
         a, b = mats[-2], mats[-1]
-        batch = (math.prod(a[:-2]) or 1) if name in ("bmm", "baddbmm") else 1
-        return [Product(a[-2], b[-1], a[-1], batch, flops)]
-    if name in CONV_FORWARD + CONV_BACKWARD:
-        dims = gemm_dims(op)
-        if dims is None:
-            return None
-        m, n, groups = dims
-        weight = shapes[2] if name in CONV_BACKWARD else shapes[1]
-        k = max(1, math.prod(weight[1:]))
-        if name in CONV_FORWARD:
-            return [Product(m, n, k, groups, flops)]
-        one = 2 * m * n * k * groups   # the FLOPs of one product, as the forward's
-        if one > 0 and round(flops / one) == 2:
-            return [Product(m, k, n, groups, flops / 2), Product(n, k, m, groups, flops / 2)]
-        return [Product(n, k, m, groups, flops)]
-    return None
+        return GemmShape(a[-2], b[-1], a[-1], (math.prod(a[:-2]) or 1) if name in ("bmm", "baddbmm") else 1)
+    if name not in CONV_FORWARD + CONV_BACKWARD or len(shapes) < 2:
+        return None
+    backward = name in CONV_BACKWARD
+    if backward and len(shapes) < 3:
+        return None
+    data, weight = (shapes[1], shapes[2]) if backward else (shapes[0], shapes[1])
+    if len(weight) < 3 or len(data) < 3 or weight[1] <= 0:
+        return None
+    groups = max(1, data[1] // weight[1])
+    n, k = weight[0] // groups, math.prod(weight[1:])
+    m = math.prod(shapes[0]) // max(1, weight[0]) if backward else op["flops"] // max(1, 2 * weight[0] * k)
+    return GemmShape(max(1, m), max(1, n), max(1, k), groups)
+
+
+def gemm_products(op: dict) -> list[Product] | None:
+    """The products of a GEMM-like op (module docstring), or None for any other op: a
+    convolution's backward is its input's and its weight's gradients, each a product of the
+    forward's dimensions in another order."""
+    flops = op["flops"]
+    shape = gemm_shape(op) if flops > 0 else None
+    if shape is None:
+        return None
+    m, n, k, batch = shape.m, shape.n, shape.k, shape.batch
+    if base_name(op) not in CONV_BACKWARD:
+        return [Product(m, n, k, batch, flops)]
+    one = 2 * m * n * k * batch   # the FLOPs of one product, as the forward's
+    if one > 0 and round(flops / one) == 2:
+        return [Product(m, k, n, batch, flops / 2), Product(n, k, m, batch, flops / 2)]
+    return [Product(n, k, m, batch, flops)]
 
 
 def attention(op: dict) -> Attention | None:

@@ -42,14 +42,12 @@ from topoprof.model.compute import op_kinds
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs, selective_cost
-from topoprof.model.compute.roofline_terms import (  # noqa: F401 - re-exported: roofline's callers import them here
+from topoprof.model.compute.roofline_terms import (
     COMPILED_HOST_COST_S,
     EAGER_HOST_COST_S,
     ENDS,
     GEMM_TILE,
     Span,
-    gemm_dims,
-    measured,
     quantization,
 )
 
@@ -128,9 +126,9 @@ class DeviceModel:
             else:
                 kind = "matmul"
                 eff = self.gemm_efficiency.at(end, fast_is_high=True)
-                dims = gemm_dims(op)
-                if dims is not None and end != "fast":
-                    q = quantization(*dims, self.sms, self.tile)
+                shape = op_kinds.gemm_shape(op)
+                if shape is not None and end != "fast":
+                    q = quantization(shape.m, shape.n, shape.batch, self.sms, self.tile)
                     eff *= q if end == "slow" else math.sqrt(q)
             compute = flops / (self.peak_flops * eff)
         overlapped, serial = max(compute, memory), compute + memory

@@ -69,31 +69,6 @@ CONV_BACKWARD = ("convolution_backward",)
 _CONV = tuple(f"aten.{name}" for name in CONV_FORWARD + CONV_BACKWARD)
 
 
-def gemm_dims(op: dict) -> tuple[int, int, int] | None:
-    """(M, N, batch) of a GEMM-like op from its input shapes, or None. A convolution is its
-    implicit GEMM per group: M = images x output pixels, N = output channels per group, batch =
-    groups (forward: M from its FLOPs, 2 M N K per group with K = weight's C_in/groups x kernel)."""
-    shapes, flops, name = op.get("shapes") or [], op["flops"], op["name"]
-    mats = [s for s in shapes if len(s) >= 2]
-    if name.startswith(("aten.mm.", "aten.addmm.")) and len(mats) >= 2:
-        return mats[-2][-2], mats[-1][-1], 1
-    if name.startswith(("aten.bmm.", "aten.baddbmm.")) and len(mats) >= 2:
-        a, b = mats[-2], mats[-1]
-        return a[-2], b[-1], math.prod(a[:-2]) or 1
-    if name.startswith(_CONV) and len(shapes) >= 2:
-        backward = name.startswith("aten.convolution_backward")
-        if backward and len(shapes) < 3:
-            return None
-        data, weight = (shapes[1], shapes[2]) if backward else (shapes[0], shapes[1])
-        if len(weight) < 3 or len(data) < 3 or weight[1] <= 0:
-            return None
-        groups = max(1, data[1] // weight[1])
-        n, k = weight[0] // groups, math.prod(weight[1:])
-        m = math.prod(shapes[0]) // max(1, weight[0]) if backward else flops // max(1, 2 * weight[0] * k)
-        return max(1, m), max(1, n), groups
-    return None
-
-
 def quantization(m: int, n: int, batch: int, sms: int | None, tile: tuple[int, int]) -> float:
     """Tile x wave quantization efficiency of an M x N output (NVIDIA's matmul guide); 1 without SMs."""
     if sms is None:
