@@ -30,7 +30,7 @@ from topoprof import __version__
 from topoprof.errors import InputError
 from topoprof.model.compute.profile_interp import Grid, Read
 from topoprof.model.compute.profile_reader import Reader
-from topoprof.model.compute.profile_records import (  # noqa: F401 - re-exported: profile's callers import them here
+from topoprof.model.compute.profile_records import (
     FreshPages,
     GemmPoint,
     Machine,
