@@ -246,9 +246,10 @@ def test_a_datasheet_what_if_is_a_range_never_one_number():
     assert single.range.step_time_s[0] == single.step_time_s == single.range.step_time_s[1]
     lo, hi = measured.strategies["ddp_synced"].range.step_time_s
     assert lo < measured.strategies["ddp_synced"].step_time_s < hi
-    # ... and one number again once a calibration measured those too, and FSDP's own work
+    # ... and one number again once a calibration measured those too, the memory bandwidth its
+    # copies reach (validate's does), and FSDP's own work
     calibrated = replace(measured_compute, ddp_kernel_s=5e-6, rank_speed_spread=0.01,
-                         compute_slowdown_during_comm=1.05, **FSDP_MEASURED)
+                         compute_slowdown_during_comm=1.05, memory_bandwidth_gbps=1500.0, **FSDP_MEASURED)
     again = predict(ModelInputs(Workload(HAND, tokens_per_micro_batch=1000), calibrated, cluster))
     assert all(s.range is None for s in again.strategies.values() if not isinstance(s, Unavailable))
 
@@ -681,3 +682,21 @@ def test_measured_copy_rate_sets_the_bucket_copies_of_each_synced_micro_batch():
     assert _step(predict(slow), "ddp_no_sync") == pytest.approx(_step(predict(fast), "ddp_no_sync") + extra)
     assert _step(predict(slow), "single") == _step(predict(fast), "single")
     assert predict(slow).inputs["ddp_copy_bandwidth_gbps"].value == 1.0
+
+
+def test_ddp_and_fsdp_copies_reach_one_share_of_a_datasheet_bandwidth():
+    """A copy kernel's share of the datasheet's bandwidth, one range for DDP's bucket copies and
+    FSDP's copies alike; none where the bandwidth was measured."""
+    from topoprof.model.compute.roofline_terms import COPY_BANDWIDTH_SHARE
+    from topoprof.model.strategies.steps import ddp_setting, fsdp_setting
+
+    inputs = ModelInputs(Workload(HAND, tokens_per_micro_batch=1000),
+                         Compute(gpu="NVIDIA A100-SXM4-80GB", micro_batch_time_s=0.01),
+                         Cluster(RingComm(10.0, 0.0, 2), 1, 2))
+    res = resolve(inputs)
+    share = res.gpu.copy_share
+    assert COPY_BANDWIDTH_SHARE[0] < share < COPY_BANDWIDTH_SHARE[1]
+    assert ddp_setting(res).memory_bandwidth_gbps == pytest.approx(2039 * share)
+    assert fsdp_setting(res).memory_bandwidth_gbps == pytest.approx(2039 * share)
+    measured = resolve(dataclasses.replace(inputs, compute=replace(inputs.compute, memory_bandwidth_gbps=1500.0)))
+    assert measured.gpu.copy_share == 1.0 and ddp_setting(measured).memory_bandwidth_gbps == 1500.0

@@ -44,6 +44,8 @@ from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds, datasheet_host_costs, selective_cost
 from topoprof.model.compute.roofline_terms import (
     COMPILED_HOST_COST_S,
+    COPY_BANDWIDTH_BASIS,
+    COPY_BANDWIDTH_SHARE,
     EAGER_HOST_COST_S,
     ENDS,
     GEMM_TILE,
@@ -78,13 +80,6 @@ GEMM_EFFICIENCY = Span(0.80, 0.90, "large GEMMs reach 80-90 % of peak (Dao 2023,
 # A fused attention kernel's share: FlashAttention-2 reaches "50-73% of the theoretical maximum
 # FLOPs/s on A100" (Dao 2023, abstract; up to 73 % forward, 63 % backward, §1).
 ATTENTION_EFFICIENCY = Span(0.50, 0.73, "fused attention reaches 50-73 % of peak (Dao 2023, FlashAttention-2)")
-# Memory-bound kernels against the datasheet bandwidth: a memory-copy kernel reached 1536 of an
-# A100 SXM4 80GB's 2039 GB/s and 785 of a V100 SXM2's 900 GB/s (github.com/AnjaliSandip/FastIceFlo,
-# output/EffectiveMemoryThroughput.md: "peak memory throughput ... 785 GB/s and 1536 GB/s").
-BANDWIDTH_SHARE = (1536 / 2039, 785 / 900)
-BANDWIDTH_BASIS = ("75-87 % of the datasheet bandwidth (a copy kernel reached 1536 of an A100 80GB's 2039 GB/s "
-                   "and 785 of a V100's 900 GB/s, AnjaliSandip/FastIceFlo EffectiveMemoryThroughput.md)")
-
 
 @dataclass(frozen=True)
 class DeviceModel:
@@ -172,8 +167,8 @@ def gpu_device(spec, precision: str, compiled: bool = False) -> DeviceModel:
     return DeviceModel(
         name=f"{spec.name} ({precision}, {'compiled' if compiled else 'eager'}, datasheet)",
         peak_flops=peak * 1e12, peak_basis=f"{spec.name} {precision} dense {peak:g} TFLOP/s: {spec.source}",
-        bandwidth=Span(bw * BANDWIDTH_SHARE[0], bw * BANDWIDTH_SHARE[1],
-                       f"{spec.memory_bandwidth_gbps:g} GB/s x {BANDWIDTH_BASIS}"),
+        bandwidth=Span(bw * COPY_BANDWIDTH_SHARE[0], bw * COPY_BANDWIDTH_SHARE[1],
+                       f"{spec.memory_bandwidth_gbps:g} GB/s x {COPY_BANDWIDTH_BASIS}"),
         gemm_efficiency=GEMM_EFFICIENCY, attention_efficiency=ATTENTION_EFFICIENCY,
         host_cost={"forward": EAGER_HOST_COST_S, "backward": EAGER_HOST_COST_S}, asynchronous=True,
         sms=SM_COUNT.get(spec.name), tile=GEMM_TILE, compiled=compiled)

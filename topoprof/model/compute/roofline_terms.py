@@ -60,6 +60,17 @@ EAGER_HOST_COST_S = Span(7e-6, 37e-6, "7-37 us per op (pytorch/pytorch#41383: an
 # Started with CUDA Graphs", V100).
 COMPILED_HOST_COST_S = Span(1.1e-6, 3.8e-6, "1.1-3.8 us per kernel (pytorch/pytorch#161104: replayed in a CUDA "
                                             "graph; NVIDIA 'Getting Started with CUDA Graphs': launched back to back)")
+# What a copy kernel reaches of the datasheet's memory bandwidth, wherever a copy or a
+# memory-bound kernel is priced from the datasheet (the roofline's memory-bound ops, DDP's bucket
+# copies, FSDP's all-gather and reduce-scatter copies): 1536 of an A100 SXM4 80GB's 2039 GB/s and
+# 785 of a V100 SXM2's 900 (github.com/AnjaliSandip/FastIceFlo, output/EffectiveMemoryThroughput.md),
+# 3,521 GB/s at 32 MB and 4,126 at 256 MB of an H200's 4,800 (measured on an NVIDIA H200 SXM, torch
+# 2.11, 2026-11-26: shared/gpu-facts, "copy"). A copy of a few MB reaches far less (532 GB/s at 2 MB
+# there): for the small buffers of a small model the low end is still optimistic.
+COPY_BANDWIDTH_SHARE = (3521 / 4800, 785 / 900)
+COPY_BANDWIDTH_BASIS = ("73-87 % of the datasheet bandwidth (a copy kernel: 1536 of an A100 80GB's 2039 GB/s and 785 "
+                        "of a V100's 900, AnjaliSandip/FastIceFlo EffectiveMemoryThroughput.md; 3521 and 4126 of an "
+                        "H200's 4800 at 32 and 256 MB, shared/gpu-facts)")
 # The thread-block tile of the quantization: the guide's wave example, 256 x 128 tiles, one per SM
 # (NVIDIA, "Matrix Multiplication Background User's Guide", Wave Quantization).
 GEMM_TILE = (256, 128)

@@ -66,16 +66,6 @@ if TYPE_CHECKING:  # annotations only
 #   2.7-2.8 ms over the same 400 (6.9 us), inside this span.
 HOST_STEP_COST_RANGE_S = (6.2e-6, 10.7e-6)
 
-# The share of the datasheet's memory bandwidth FSDP's copies (parts 1-3: large copies and casts of
-# a whole group) reach where nothing measured the GPU's: a copy kernel on an H200 moved 3,521 GB/s
-# at 32 MB and 4,126 GB/s at 256 MB, of the datasheet's 4,800 (measured on an NVIDIA H200 SXM,
-# torch 2.11, 2026-11-26: shared/gpu-facts, "copy"). A group of a few MB reaches far less (532 GB/s
-# at 2 MB there): for the small groups of a small model the low end is still optimistic.
-COPY_BANDWIDTH_SHARE_RANGE = (3521 / 4800, 4126 / 4800)
-
-COPY_BANDWIDTH_BASIS = ("73-86 % of the datasheet's memory bandwidth: a copy kernel at 32 and 256 MB on an H200 "
-                        "(shared/gpu-facts)")
-
 HOST_STEP_COST_BASIS = ("6.2-10.7 us per step of FSDP's hooks: one op outside autograd on an H200 machine "
                         "(shared/gpu-facts) .. FSDP's per-parameter swap to unsharded views, 4.27 ms over 400 "
                         "parameters (pytorch/pytorch#96958)")

@@ -10,6 +10,7 @@ from typing import Any
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.compute.datasheet import SM_COUNT
+from topoprof.model.compute.roofline_terms import COPY_BANDWIDTH_BASIS, COPY_BANDWIDTH_SHARE
 from topoprof.model.compute.timing import (
     FSDP_OVERHEAD_KEYS,
     MEMORY_UNKNOWN_NOTE,
@@ -28,12 +29,7 @@ from topoprof.model.ddp.gpu_costs import (
     gpu_speed_spread_range,
     nccl_sm_slowdown_range,
 )
-from topoprof.model.fsdp.gpu_costs import (
-    COPY_BANDWIDTH_BASIS,
-    COPY_BANDWIDTH_SHARE_RANGE,
-    HOST_STEP_COST_BASIS,
-    HOST_STEP_COST_RANGE_S,
-)
+from topoprof.model.fsdp.gpu_costs import HOST_STEP_COST_BASIS, HOST_STEP_COST_RANGE_S
 from topoprof.model.fsdp.plan import describe_plan, fsdp_plan
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.memory import memory_echo
@@ -50,7 +46,7 @@ class GpuCosts:
     jitter: float = 0.0             # one micro-batch's spread around its rank's level, share of compute
     spread_basis: int = 1           # ranks whose slowest the compute already is
     fsdp_host_step_s: float = 0.0   # one step of FSDP's hooks on the host (topoprof.model.fsdp.gpu_costs)
-    fsdp_copy_share: float = 1.0    # of the memory bandwidth, FSDP's buffer copies (a datasheet's: a range)
+    copy_share: float = 1.0         # of the memory bandwidth, DDP's and FSDP's copies (a datasheet's: a range)
     fsdp_hooks_hidden: bool = False # the host ahead of the device throughout: FSDP's hooks cost the step nothing
 
 
@@ -106,6 +102,11 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
     if not on_gpu and n > 1 and (comp.ddp_kernel_s is None or spread is None) and comp.ddp_copy_bandwidth_gbps is None:
         notes.append(DDP_GPU_UNPRICED_NOTE)
     host_step, copy_share, hidden = 0.0, 1.0, False
+    if on_gpu and n > 1 and comp.memory_bandwidth_gbps is None:  # the datasheet's figure, not a measured one
+        ranges["copy_bandwidth_share"] = COPY_BANDWIDTH_SHARE
+        copy_share = {None: geometric_middle(*COPY_BANDWIDTH_SHARE), "slow": COPY_BANDWIDTH_SHARE[0],
+                      "fast": COPY_BANDWIDTH_SHARE[1]}[end]
+        echo["copy_bandwidth_share"] = (copy_share, f"what-if range {COPY_BANDWIDTH_BASIS}: DDP's and FSDP's copies")
     if on_gpu and n > 1 and not fsdp_own_work_measured(comp):  # measured, it holds the hooks and copies
         ranges["fsdp_host_step_s"] = HOST_STEP_COST_RANGE_S
         host_step = _pick(HOST_STEP_COST_RANGE_S, end)
@@ -113,11 +114,6 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
         # measured or given compute says nothing of how far the host runs ahead: the hooks count
         # whole, but at the fast end the host is ahead throughout (none of them on the step)
         hidden = end == "fast" and not uses_modelled(comp)
-        if comp.memory_bandwidth_gbps is None:  # the datasheet's figure, not a measured one
-            ranges["fsdp_copy_bandwidth_share"] = COPY_BANDWIDTH_SHARE_RANGE
-            copy_share = {None: geometric_middle(*COPY_BANDWIDTH_SHARE_RANGE), "slow": COPY_BANDWIDTH_SHARE_RANGE[0],
-                          "fast": COPY_BANDWIDTH_SHARE_RANGE[1]}[end]
-            echo["fsdp_copy_bandwidth_share"] = (copy_share, f"what-if range {COPY_BANDWIDTH_BASIS}")
     if ranges:
         echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()},
                                   "what-if ranges (topoprof.model.ddp.gpu_costs, topoprof.model.fsdp.gpu_costs)")

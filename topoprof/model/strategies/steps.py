@@ -50,7 +50,8 @@ ONE_GPU_REASON = "one GPU: nothing to all-reduce; see `single`"
 def ddp_setting(res: Resolved, buckets: tuple[Bucket, ...] = ()) -> DdpSetting:
     work, compute = res.inputs.workload, res.inputs.compute
     kernels = ddp_kernels(len(work.layout.tensors), len(buckets), work.gradient_as_bucket_view)
-    return DdpSetting(res.backward_s, work.layout.params, work.grad_bytes, res.memory_bandwidth_gbps,
+    bandwidth = None if res.memory_bandwidth_gbps is None else res.memory_bandwidth_gbps * res.gpu.copy_share
+    return DdpSetting(res.backward_s, work.layout.params, work.grad_bytes, bandwidth,
                       res.gpu.compute_slowdown, compute.comm_slowdown_during_compute,
                       compute.comm_slowdown_by_size, work.gradient_as_bucket_view,
                       compute.ddp_copy_bandwidth_gbps, kernels * res.gpu.kernel_s)
@@ -109,7 +110,7 @@ def fsdp_setting(res: Resolved) -> FsdpSetting:
     overhead = FsdpOverhead(*(getattr(comp, key) or 0.0 for key in FSDP_OVERHEAD_KEYS)) \
         if fsdp_own_work_measured(comp) else None
     blocking = cl.backend in BLOCKING_BACKENDS
-    bandwidth = None if res.memory_bandwidth_gbps is None else res.memory_bandwidth_gbps * res.gpu.fsdp_copy_share
+    bandwidth = None if res.memory_bandwidth_gbps is None else res.memory_bandwidth_gbps * res.gpu.copy_share
     return FsdpSetting(res.micro_batch_s - res.backward_s, res.backward_s, param_bytes, reduce_bytes,
                             bandwidth, blocking=blocking, reduce_scatter_as_allreduce=blocking,
                             overhead=overhead,
