@@ -2,14 +2,18 @@
 codec that writes and reads them.
 
 Each message is a frozen dataclass with a `KIND` (its `type` on the wire) and a `VERSION`: a job
-the launcher hands a worker (`UserModelJob`, `OpTraceJob`, `ProfileJob`), a result a worker sends
-back (`UserModelResult`, `OpTraceResult`, `OpTracesResult`, `DeviceProfileResult`,
-`ProfileProgress`), or the worker's failure (`WorkerFailure`: the stage that failed and why, typed,
-never a bare string). `encode` gives the JSON-able dict written to the rank's job file or result
-pipe; `decode` reads one back and refuses a type it does not know, a version other than its own, or
-fields that do not match, naming both sides: the launcher and its ranks may come from different
-installs. Both the CLI side (topoprof.measure) and the rank side (topoprof.probes, topoprof.trace)
-import this module, so it sits below both and imports nothing of torch.
+the launcher hands a worker (`UserModelJob`, `OpTraceJob`, `ProfileJob`, `CollectivesJob`,
+`TrainingJob` and its `ValidationJob` and `NumericsJob`, `NodesJob`, `PhasesJob` of `phase`s,
+`SleepJob`), what a worker sends back (`Progress`, `PhaseStarted`; `UserModelResult`,
+`OpTraceResult`, `OpTracesResult`, `DeviceProfileResult`, `ProfileProgress`; the collectives'
+`CollectivesMeta`, `CollectiveRow`, `CollectiveStopped`; `TrainingCalibration`, `TrainingResult`,
+`NumericsResult`, `ValidationRotations`, `NodesResult`, `SleepStep`), or the worker's failure
+(`WorkerFailure`: the stage that failed and why, typed, never a bare string). `encode` gives the
+JSON-able dict written to the rank's job file or result pipe; `decode` reads one back and refuses a
+type it does not know, a version other than its own, or fields that do not match, naming both
+sides: the launcher and its ranks may come from different installs. Both the CLI side
+(topoprof.measure) and the rank side (topoprof.probes, topoprof.trace) import this module, so it
+sits below both and imports nothing of torch.
 """
 from __future__ import annotations
 
