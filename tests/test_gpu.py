@@ -134,21 +134,25 @@ def test_copies_match_a_plain_torch_loop(tmp_path, record_property):
 def test_training_worker_on_cuda_in_bf16(record_property):
     import dataclasses
 
-    from topoprof.measure.launch import JobSpec, launch_local
+    from topoprof.measure.launch import JobSpec, launch_local, worker_result
+    from topoprof.specs.messages import TrainingCalibration, TrainingJob, TrainingResult
     from topoprof.workload.synthetic import spec_for_params
 
     spec = spec_for_params(25_000_000, seq_len=256)
     config = {"spec": dataclasses.asdict(spec), "mode": "single", "micro_batch": 8, "accum": 4, "steps": 3,
               "warmup_steps": 1, "seed": 0, "amp": "bf16", "optimizer": "adamw"}
     for mode, nproc in (("single", 1), ("ddp_synced", GPUS)):
-        result = launch_local(JobSpec("training", {**config, "mode": mode}, nproc, "nccl", timeout_s=300))
+        result = launch_local(JobSpec("training", TrainingJob(**{**config, "mode": mode}), nproc, "nccl",
+                                      timeout_s=300))
         assert result.failure is None, result.failure.describe()
-        msgs = {m["type"]: m for _, m in result.messages if m["type"] != "progress"}
-        res = msgs["result"]
-        assert res["mode"] == mode and res["world_size"] == nproc and res["step_time_s"] > 0
-        record_property(f"{mode}_step_ms", round(res["step_time_s"] * 1e3, 2))
+        res = worker_result(result, TrainingResult)
+        assert isinstance(res, TrainingResult)
+        assert res.mode == mode and res.world_size == nproc and res.step_time_s > 0
+        record_property(f"{mode}_step_ms", round(res.step_time_s * 1e3, 2))
         if mode == "single":
-            cal = msgs["calibration"]
+            calibration = worker_result(result, TrainingCalibration)
+            assert isinstance(calibration, TrainingCalibration)
+            cal = calibration.calibration
             assert cal["micro_batch_time_s"] > 0 and cal["optimizer_time_s"] > 0
             record_property("calibration", f"fwd+bwd {cal['micro_batch_time_s'] * 1e3:.2f} ms, "
                                            f"optimizer {cal['optimizer_time_s'] * 1e3:.2f} ms")

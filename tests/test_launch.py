@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from topoprof.measure.launch import JobSpec, external_job, launch_local
+from topoprof.measure.launch import JobSpec, as_message, external_job, launch_local
+from topoprof.specs.messages import SleepJob, SleepStep
 
 
 def _alive(pid: int) -> bool:
@@ -27,31 +28,32 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _rows(result):
-    return [m for _, m in result.messages if m["type"] == "row"]
+def _steps(result) -> list[SleepStep]:
+    return [m for m in (as_message(wire, SleepStep) for _, wire in result.messages) if isinstance(m, SleepStep)]
 
 
 def test_clean_run_delivers_every_rank_message():
-    result = launch_local(JobSpec("sleep", {"steps": 3, "sleep_s": 0.01}, 3, "gloo", timeout_s=30))
+    result = launch_local(JobSpec("sleep", SleepJob(steps=3, sleep_s=0.01), 3, "gloo", timeout_s=30))
     assert result.failure is None
-    assert sorted((m["rank"], m["step"]) for m in _rows(result)) == [(r, s) for r in range(3) for s in range(3)]
-    assert not any(_alive(m["pid"]) for m in _rows(result))
+    assert sorted((m.rank, m.step) for m in _steps(result)) == [(r, s) for r in range(3) for s in range(3)]
+    assert not any(_alive(m.pid) for m in _steps(result))
 
 
 def test_killed_rank_ends_run_naming_it_and_keeps_earlier_rows():
     pids = {}
 
-    def on_message(rank, msg):
-        if msg["type"] == "row":
-            pids[rank] = msg["pid"]
-            if rank == 1 and msg["step"] == 1:
-                os.kill(msg["pid"], signal.SIGKILL)
+    def on_message(rank, wire):
+        msg = as_message(wire, SleepStep)
+        if isinstance(msg, SleepStep):
+            pids[rank] = msg.pid
+            if rank == 1 and msg.step == 1:
+                os.kill(msg.pid, signal.SIGKILL)
 
     start = time.monotonic()
-    result = launch_local(JobSpec("sleep", {"steps": 50, "sleep_s": 0.05}, 2, "gloo", timeout_s=30), on_message)
+    result = launch_local(JobSpec("sleep", SleepJob(steps=50, sleep_s=0.05), 2, "gloo", timeout_s=30), on_message)
     assert result.failure is not None and result.failure.rank == 1
     assert "SIGKILL" in result.failure.describe()
-    assert len(_rows(result)) >= 3          # rows from before the kill were kept
+    assert len(_steps(result)) >= 3          # rows from before the kill were kept
     assert time.monotonic() - start < 20    # ended on the death, not on the timeout
     assert not any(_alive(p) for p in pids.values())
 
@@ -60,23 +62,23 @@ def test_ranks_run_the_same_code_as_the_launcher():
     # Not another installed copy of the package: the ranks import probes/ from where this one is.
     import topoprof.probes.ranks.rank_main
 
-    result = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30))
+    result = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30))
     assert result.failure is None
-    assert ({m["probes"] for _, m in result.messages if m["type"] == "row"}
+    assert ({m.probes for m in _steps(result)}
             == {os.path.abspath(topoprof.probes.ranks.rank_main.__file__)})
 
 
 def test_rank_that_raises_is_named_with_its_error():
-    result = launch_local(JobSpec("sleep", {"steps": 3, "fail_rank": 1, "how": "raise"}, 2, "gloo", timeout_s=30))
+    result = launch_local(JobSpec("sleep", SleepJob(steps=3, fail_rank=1, how="raise"), 2, "gloo", timeout_s=30))
     assert result.failure.rank == 1
     assert "injected failure" in result.failure.describe()
     assert result.failure.last_step == "step 1"
 
 
 def test_a_clean_run_leaves_no_log_folder_and_a_failed_one_names_its_log():
-    clean = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30))
+    clean = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30))
     assert clean.failure is None and not os.path.exists(clean.log_dir)
-    failed = launch_local(JobSpec("sleep", {"steps": 3, "fail_rank": 1, "how": "raise"}, 2, "gloo", timeout_s=30))
+    failed = launch_local(JobSpec("sleep", SleepJob(steps=3, fail_rank=1, how="raise"), 2, "gloo", timeout_s=30))
     try:
         log = failed.failure.log_path
         assert log.endswith("rank1.log") and os.path.isfile(log)
@@ -86,14 +88,14 @@ def test_a_clean_run_leaves_no_log_folder_and_a_failed_one_names_its_log():
 
 
 def test_the_ranks_output_outlives_its_folder_when_nccl_was_asked_to_log():
-    run = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30,
+    run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30,
                                env={"NCCL_DEBUG": "INFO"}))
     assert run.failure is None and not os.path.exists(run.log_dir)
     assert sorted(run.rank_logs) == [os.path.join(run.log_dir, f"rank{r}.log") for r in range(2)]
 
 
 def test_a_folder_the_user_named_is_kept(tmp_path):
-    run = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 1, "gloo", timeout_s=30,
+    run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 1, "gloo", timeout_s=30,
                                log_dir=str(tmp_path / "logs")))
     assert run.failure is None and os.path.isfile(tmp_path / "logs" / "rank0.log")
 
@@ -101,13 +103,14 @@ def test_a_folder_the_user_named_is_kept(tmp_path):
 def test_stopped_rank_is_detected_as_hung_within_the_timeout():
     stopped = []
 
-    def on_message(rank, msg):
-        if msg["type"] == "row" and rank == 0 and not stopped:
-            os.kill(msg["pid"], signal.SIGSTOP)
-            stopped.append(msg["pid"])
+    def on_message(rank, wire):
+        msg = as_message(wire, SleepStep)
+        if isinstance(msg, SleepStep) and rank == 0 and not stopped:
+            os.kill(msg.pid, signal.SIGSTOP)
+            stopped.append(msg.pid)
 
     start = time.monotonic()
-    result = launch_local(JobSpec("sleep", {"steps": 50, "sleep_s": 0.05}, 2, "gloo", timeout_s=3), on_message)
+    result = launch_local(JobSpec("sleep", SleepJob(steps=50, sleep_s=0.05), 2, "gloo", timeout_s=3), on_message)
     elapsed = time.monotonic() - start
     assert result.failure is not None and result.failure.rank == 0
     assert "hung" in result.failure.reason and "stopped" in result.failure.reason
@@ -131,11 +134,12 @@ def test_ranks_start_in_a_session_of_their_own_with_no_python_before_exec(monkey
     monkeypatch.setattr(launch.subprocess, "Popen", spy)
     seen = {}
 
-    def on_message(rank, msg):
-        if msg["type"] == "row":
-            seen[msg["pid"]] = (os.getsid(msg["pid"]), os.getpgid(msg["pid"]))
+    def on_message(rank, wire):
+        msg = as_message(wire, SleepStep)
+        if isinstance(msg, SleepStep):
+            seen[msg.pid] = (os.getsid(msg.pid), os.getpgid(msg.pid))
 
-    run = launch_local(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 2, "gloo", timeout_s=30), on_message)
+    run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
     assert run.failure is None and len(popen_kwargs) == 2
     assert all(kw.get("preexec_fn") is None and kw.get("start_new_session") is True for kw in popen_kwargs)
     assert len(seen) == 2 and all(sid == pgid == pid for pid, (sid, pgid) in seen.items())
@@ -176,11 +180,13 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.getcwd()!r})
-        from topoprof.measure.launch import JobSpec, launch_local
+        from topoprof.measure.launch import JobSpec, as_message, launch_local
+        from topoprof.specs.messages import SleepJob, SleepStep
         def on_message(rank, msg):
-            if msg["type"] == "row":
-                print(msg["pid"], flush=True)
-        launch_local(JobSpec("sleep", {{"steps": 3, "sleep_s": 0.0, "fail_rank": 1, "how": "hang"}}, 2,
+            step = as_message(msg, SleepStep)
+            if step is not None:
+                print(step.pid, flush=True)
+        launch_local(JobSpec("sleep", SleepJob(steps=3, sleep_s=0.0, fail_rank=1, how="hang"), 2,
                              "gloo", timeout_s=600), on_message)
     """))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -233,7 +239,7 @@ def test_nproc_below_one_is_refused():
     from topoprof.errors import InputError
 
     with pytest.raises(InputError):
-        launch_local(JobSpec("sleep", {}, 0, "gloo", timeout_s=5))
+        launch_local(JobSpec("sleep", SleepJob(), 0, "gloo", timeout_s=5))
 
 
 def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch):
@@ -252,11 +258,11 @@ def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
-    ok = run_job(JobSpec("sleep", {"steps": 1, "sleep_s": 0.0}, 1, "gloo", timeout_s=30,
+    ok = run_job(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 1, "gloo", timeout_s=30,
                          env={"NCCL_DEBUG": "INFO"}), lambda rank, msg: None)
     assert ok.failure is None and ok.log_dir and not os.path.exists(ok.log_dir)
     assert "NCCL_DEBUG_FILE" not in os.environ
-    bad = run_job(JobSpec("sleep", {"steps": 3, "fail_rank": 0, "how": "raise"}, 1, "gloo", timeout_s=30,
+    bad = run_job(JobSpec("sleep", SleepJob(steps=3, fail_rank=0, how="raise"), 1, "gloo", timeout_s=30,
                           env={"NCCL_DEBUG": "INFO"}), lambda rank, msg: None)
     assert "injected failure" in bad.failure.describe() and "whole log" not in bad.failure.describe()
     assert not os.path.exists(bad.log_dir) and "NCCL_DEBUG_FILE" not in os.environ

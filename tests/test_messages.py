@@ -8,21 +8,45 @@ import pytest
 
 from topoprof.measure.launch import RunResult, as_message, worker_result
 from topoprof.specs.messages import (
+    CollectiveRow,
+    CollectivesJob,
+    CollectivesMeta,
+    CollectiveStopped,
     DeviceProfileResult,
     Message,
     MessageError,
+    NodesJob,
+    NodesResult,
+    NumericsJob,
+    NumericsResult,
     OpTraceJob,
     OpTraceResult,
     OpTracesResult,
+    PhasesJob,
+    PhaseStarted,
     ProfileJob,
     ProfileProgress,
+    Progress,
+    SleepJob,
+    SleepStep,
+    TrainingCalibration,
+    TrainingJob,
+    TrainingResult,
     UserModelJob,
     UserModelResult,
+    ValidationJob,
+    ValidationRotations,
     WorkerFailure,
     decode,
     encode,
+    phase,
     registered,
 )
+
+TRAINING = {"spec": {"vocab": 64, "d_model": 8}, "mode": "ddp_synced", "micro_batch": 2, "steps": 3,
+            "warmup_steps": 1, "accum": 4, "bucket_cap_mb": 0.05, "seed": 7, "optimizer": "sgd", "lr": 0.1,
+            "amp": "bf16", "threads": 1, "count_comm_hook_calls": True, "numerics_dtype": "float32", "ac": "full",
+            "user_model": "model.py:build"}
 
 # one filled-in example of every message class, each field away from its default
 EXAMPLES: list[Message] = [
@@ -31,12 +55,33 @@ EXAMPLES: list[Message] = [
     OpTraceJob("model.py:build", {"depth": 2}, {"seq_len": 8}, {"gpu": "H100"}, "/tmp", "op", "layers",
                [{"kwargs": {"depth": 3}}], 4),
     ProfileJob("cuda", True, 30.0),
+    CollectivesJob(["all_reduce", "all_gather"], [8, 16], 3, 1, "float16", "max", False, 1, ["intra", "job"]),
+    TrainingJob(**TRAINING),
+    ValidationJob(**TRAINING, modes=["ddp_no_sync"], interference=False),
+    NumericsJob(**{**TRAINING, "mode": "numerics"}, fsdp_modes=["fsdp_full_shard"]),
+    NodesJob(),
+    PhasesJob([phase("bench", "collectives", CollectivesJob(["all_reduce"], [8], 3, 1, "float32", "avg"))]),
+    SleepJob(5, 0.5, 1, 2, "hang"),
     UserModelResult({"params": [{"name": "w", "shape": [2, 2]}], "forward_s": 0.1}),
     OpTraceResult({"ops": [{"name": "aten::mm"}], "failure": None}),
     OpTracesResult([{"ops": []}, {"failure": "on meta, boom"}]),
     DeviceProfileResult({"schema": 1, "gemm": []}),
     ProfileProgress("gemm 3/9"),
     WorkerFailure("import", "ModuleNotFoundError: No module named 'x'", "Traceback ..."),
+    Progress("intra all_reduce 8 B"),
+    PhaseStarted("rotations"),
+    CollectivesMeta([{"rank": 0, "host": "h", "node": "n"}], "2.5.0", "2.21.5", "12.4", "nccl"),
+    CollectiveRow({"collective": "all_reduce", "size_bytes": 8, "time_us": 12.5}),
+    CollectiveStopped("all_gather", "job", "stopped at 8 B: out of memory"),
+    TrainingCalibration({"forward_s": 0.01, "backward_s": 0.02}, 2, 4, 50_000, 32),
+    TrainingResult("ddp_synced", 0.2, [0.2], [[0.19, 0.2]], "max over ranks, median over steps", 2, 2, 2, 4, 50_000,
+                   16, 32, {"vocab": 64}, 1, 0.05, "sgd", 0.1, "none", 1, "cpu", [12], [100, 200]),
+    NumericsResult({"ddp_synced": {"allclose": True, "max_abs_diff_vs_single": 0.0}}, "float64", 1e-7, 1e-9,
+                   0.1, 2, 4, 2, 50_000, "none"),
+    ValidationRotations([[{"step_s": 0.2}, {"step_s": 0.21}]], ["ddp_synced"], 2, 2, 4, 50_000, 32,
+                        {"vocab": 64}, 1, "cpu", "adamw", "none", None, 12.0),
+    NodesResult([{"rank": 0, "host": "h", "topology": None}]),
+    SleepStep(1, 2, 4242, "/probes/ranks/rank_main.py"),
 ]
 
 
@@ -117,3 +162,11 @@ def test_a_user_models_error_crosses_the_boundary_as_a_typed_failure(tmp_path):
     with pytest.raises(InputError, match=r"build\(\) raised ValueError: no layers given") as err:
         measure_user_model(f"{broken}:build", "cpu", 1, timeout_s=120)
     assert "Traceback" in err.value.detail_text and "no layers given" in err.value.detail_text
+
+
+def test_a_phase_carries_its_job_encoded_and_the_numerics_report_keeps_its_shape():
+    job = CollectivesJob(["all_reduce"], [8], 3, 1, "float32", "avg")
+    assert decode(phase("bench", "collectives", job)["config"]) == job
+    numerics = NumericsResult({"ddp_synced": {"allclose": True}}, "float64", 1e-7, 1e-9, 0.1, 2, 4, 2, 100, "none")
+    assert list(numerics.report()) == ["ddp_synced", "dtype", "rtol", "atol", "lr", "world_size", "accum",
+                                       "micro_batch", "params", "ac"]

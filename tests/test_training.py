@@ -8,8 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topoprof.errors import InputError
-from topoprof.measure.launch import JobSpec, launch_local
+from topoprof.measure.launch import JobSpec, launch_local, worker_result
 from topoprof.model.ddp.buckets import ddp_buckets
+from topoprof.specs.messages import (
+    NumericsJob,
+    NumericsResult,
+    TrainingCalibration,
+    TrainingJob,
+    TrainingResult,
+    fields_of,
+)
 from topoprof.workload.presets import PRESETS, VISION_PRESETS, get_preset
 from topoprof.workload.synthetic import SyntheticSpec, check_supported, parse_config, spec_for_params, spec_for_preset
 
@@ -29,9 +37,21 @@ def _config(mode: str, **over) -> dict:
 
 
 def _launch(config: dict, nproc: int):
-    worker = "numerics" if config.get("mode") == "numerics" else "training"
-    result = launch_local(JobSpec(worker, config, nproc, "gloo", timeout_s=120))
-    return result, {m["type"]: m for _, m in result.messages if m["type"] != "progress"}
+    """The run, and what rank 0 sent by its kind: each message's fields (a numerics report as the
+    validate report shows it, a calibration's times beside its setup)."""
+    numerics = config.get("mode") == "numerics"
+    job = NumericsJob(**config) if numerics else TrainingJob(**config)
+    result = launch_local(JobSpec("numerics" if numerics else "training", job, nproc, "gloo", timeout_s=120))
+    msgs: dict[str, dict] = {}
+    for kind in (TrainingResult, TrainingCalibration, NumericsResult):
+        msg = worker_result(result, kind)
+        if isinstance(msg, NumericsResult):
+            msgs[kind.KIND] = msg.report()
+        elif isinstance(msg, TrainingCalibration):
+            msgs[kind.KIND] = {**msg.calibration, **fields_of(msg)}
+        elif msg is not None:
+            msgs[kind.KIND] = fields_of(msg)
+    return result, msgs
 
 
 # --- the synthetic spec and its layout -------------------------------------------------------

@@ -20,6 +20,7 @@ import platform
 import time
 
 from topoprof.specs.collective_spec import DTYPES, combine
+from topoprof.specs.messages import CollectiveRow, CollectivesJob, CollectivesMeta, CollectiveStopped
 
 # The check works through the buffer in chunks of this many elements, so its int64 temporaries
 # stay small next to the buffers themselves (a 1 GiB float32 buffer would otherwise need
@@ -183,19 +184,19 @@ class Where:
         self.label, self.members = label, members
 
 
-def _check(op: "_Op", ctx, config: dict, sync) -> int | None:
+def _check(op: "_Op", ctx, job: CollectivesJob, sync) -> int | None:
     """The correctness run: fill, one collective, count wrong elements (None when not checked)."""
-    if not config.get("check", True):
+    if not job.check:
         return None
     op.fill_for_check()
     op.run()
     sync()
-    if config.get("corrupt_rank") == ctx.rank:  # test hook: a flipped result must be counted
+    if job.corrupt_rank == ctx.rank:  # test hook: a flipped result must be counted
         op.recv[0] = op.recv[0] + 1
     return op.count_wrong()
 
 
-def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
+def _measure(torch, dist, ctx, spec, size, n, elem, dtype, job: CollectivesJob, sync, where):
     """(time_us, wrong) on this rank, or (nan, 0) for a rank that sits the level out.
 
     Every step that can fail on one rank (allocation, the check's temporaries) is followed by an
@@ -209,7 +210,7 @@ def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
     wrong, error = None, None
     if not sits_out:
         try:
-            wrong = _check(op, ctx, config, sync)
+            wrong = _check(op, ctx, job, sync)
         except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
             _raise_if_backend(dist, err)
             error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
@@ -217,22 +218,22 @@ def _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where):
         return None, error or "another rank failed its correctness check (out of memory?)"
     if sits_out:
         return (float("nan"), 0), None
-    return (_time_op(op, int(config["iters"]), int(config["warmup"]), sync), wrong), None
+    return (_time_op(op, int(job.iters), int(job.warmup), sync), wrong), None
 
 
-def run_size(torch, dist, ctx, spec, size: int, config: dict, sync, where: Where | None = None):
+def run_size(torch, dist, ctx, spec, size: int, job: CollectivesJob, sync, where: Where | None = None):
     """Rows for one size (one per group measured): returns (rows, stop reason or None)."""
     from topoprof.specs.collective_spec import make_row
 
     where = where or Where("job", None, ctx.world_size, ctx.rank, "", list(range(ctx.world_size)))
-    dtype_attr, elem = DTYPES[config["dtype"]]
+    dtype_attr, elem = DTYPES[job.dtype]
     dtype = getattr(torch, dtype_attr)
     n = where.size
     size = spec.aligned_size(size, n, elem)
     # Groups of different sizes may round a size differently: skip it everywhere or nowhere.
     if not _agree(torch, dist, ctx.device, size > 0):
         return [], None
-    measured, error = _measure(torch, dist, ctx, spec, size, n, elem, dtype, config, sync, where)
+    measured, error = _measure(torch, dist, ctx, spec, size, n, elem, dtype, job, sync, where)
     if measured is None:
         return [], f"stopped at {size} B: {error}"
     time_us, wrong = measured
@@ -244,7 +245,7 @@ def run_size(torch, dist, ctx, spec, size: int, config: dict, sync, where: Where
         members = [r for r in measured_ranks if every[r][2] == (label, g_size, g_n)]
         times = [every[r][0] for r in members]
         # each group's row from its own size and rank count: nodes may differ
-        rows.append(make_row(spec, g_size, g_n, config["dtype"], elem, combine(times, config["combine"]),
+        rows.append(make_row(spec, g_size, g_n, job.dtype, elem, combine(times, job.combine),
                              sum(every[r][1] for r in members) if checked else None, tuple(times),
                              level=where.level, group=label, ranks=tuple(members)))
     return rows, None
@@ -276,7 +277,7 @@ def describe_ranks(torch, dist, ctx) -> dict:
             "cuda_version": torch.version.cuda, "backend": dist.get_backend()}
 
 
-def run_rank(ctx, config: dict) -> None:
+def run_rank(ctx, job: CollectivesJob) -> None:
     """Sweep every requested collective over every size; rank 0 reports rows as they finish."""
     import dataclasses
 
@@ -289,20 +290,20 @@ def run_rank(ctx, config: dict) -> None:
     sync = lambda: synchronize(ctx.device)  # noqa: E731
     meta = describe_ranks(torch, dist, ctx)
     if ctx.rank == 0:
-        ctx.emit("meta", **meta)
-    for where in level_groups(dist, ctx, meta["ranks"], config.get("levels", ["job"])):
-        for name in config["collectives"]:
+        ctx.send(CollectivesMeta(**meta))
+    for where in level_groups(dist, ctx, meta["ranks"], job.levels):
+        for name in job.collectives:
             spec = get_collective(name)
-            for size in config["sizes"]:
+            for size in job.sizes:
                 ctx.progress(f"{where.level} {name} {size} B")
-                rows, stop = run_size(torch, dist, ctx, spec, size, config, sync, where)
+                rows, stop = run_size(torch, dist, ctx, spec, size, job, sync, where)
                 if stop is not None:
                     if ctx.rank == 0:
-                        ctx.emit("stopped", collective=name, level=where.level, reason=stop)
+                        ctx.send(CollectiveStopped(name, where.level, stop))
                     break
                 if ctx.rank == 0:
                     for row in rows:
-                        ctx.emit("row", row=dataclasses.asdict(row))
+                        ctx.send(CollectiveRow(dataclasses.asdict(row)))
 
 
 def level_groups(dist, ctx, ranks_info: list[dict], levels: list[str]) -> list[Where]:

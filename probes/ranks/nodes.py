@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import platform
 
+from topoprof.specs.messages import NodesJob, NodesResult
 
-def run_rank(ctx, config: dict) -> None:
+
+def run_rank(ctx, job: NodesJob) -> None:
     import torch.distributed as dist
 
     from topoprof.jsonio import to_jsonable
@@ -26,4 +28,4 @@ def run_rank(ctx, config: dict) -> None:
     every: list = [None] * ctx.world_size
     dist.all_gather_object(every, mine)
     if ctx.rank == 0:
-        ctx.emit("nodes", ranks=every)
+        ctx.send(NodesResult(every))

@@ -4,14 +4,15 @@ modes asked for, against one process that accumulates the whole global batch: eq
 DDP averages gradients over W ranks and each rank divides its loss by K, so the step applies
 (1 / (W K)) x the sum over the global batch; a control that forgets the 1/K must not match. The
 model, its batches and its optimizer are `probes/ranks/training.py`'s; FSDP's wrapping is
-`probes/ranks/fsdp.py`'s. Config as `probes/ranks/training.py` takes it (mode "numerics"). Message from rank 0:
-`numerics`.
+`probes/ranks/fsdp.py`'s. Job: NumericsJob, a training job as `probes/ranks/training.py` takes it
+(mode "numerics"). Message from rank 0: NumericsResult.
 """
 from __future__ import annotations
 
 import torch
 
 from topoprof.probes.ranks.training import accumulate, make_optimizer, step_batches, wrap_ddp
+from topoprof.specs.messages import NumericsJob, NumericsResult, training_config
 from topoprof.workload.synthetic import DDP_MODES, NUMERICS_TOLERANCE, TrainConfig, check_supported, parse_config
 from topoprof.zoo.synthetic_lm import build_model
 
@@ -72,14 +73,14 @@ def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
     rtol, atol = NUMERICS_TOLERANCE[cfg.numerics_dtype]
     report = {mode: compare(finals[mode], want, rtol, atol) for mode in finals}
     report["control_single_not_divided_by_k"] = compare(wrong, want, rtol, atol)
-    ctx.emit("numerics", **report, dtype=cfg.numerics_dtype, rtol=rtol, atol=atol, lr=cfg.lr,
-             world_size=world, accum=cfg.accum, micro_batch=cfg.micro_batch,
-             params=cfg.spec.params, ac=cfg.ac)
+    ctx.send(NumericsResult(report, dtype=cfg.numerics_dtype, rtol=rtol, atol=atol, lr=cfg.lr,
+                            world_size=world, accum=cfg.accum, micro_batch=cfg.micro_batch,
+                            params=cfg.spec.params, ac=cfg.ac))
 
 
-def run_rank(ctx, config: dict) -> None:
-    cfg = parse_config(config)
+def run_rank(ctx, job: NumericsJob) -> None:
+    cfg = parse_config(training_config(job))
     check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    run_numerics(ctx, cfg, config.get("fsdp_modes") or ())
+    run_numerics(ctx, cfg, job.fsdp_modes or ())

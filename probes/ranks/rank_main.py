@@ -1,10 +1,10 @@
 """Entry point of one rank started by topoprof's launcher: `python -m topoprof.probes.ranks.rank_main`.
 
 The launcher passes the job in TOPOPROF_JOB (a JSON file: a typed job of topoprof.specs.messages
-under "job", or a worker's own configuration under "config") and a pipe in TOPOPROF_RESULT_FD; the
-rank writes one JSON message per line to that pipe. stdout/stderr stay free for libraries (NCCL's
-INFO lines) and land in the rank's log file. TOPOPROF_LAUNCHER_PID names the launcher, which this
-rank must not outlive (`die_with_launcher`).
+under "job") and a pipe in TOPOPROF_RESULT_FD; the rank writes one JSON message per line to that
+pipe, each a message of topoprof.specs.messages but the launcher's own `done` and `error`.
+stdout/stderr stay free for libraries (NCCL's INFO lines) and land in the rank's log file.
+TOPOPROF_LAUNCHER_PID names the launcher, which this rank must not outlive (`die_with_launcher`).
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import signal
 import sys
 import traceback
 
-from topoprof.specs.messages import Message, decode, encode
+from topoprof.specs.messages import Message, PhasesJob, PhaseStarted, Progress, SleepJob, SleepStep, decode, encode
 
 # <linux/prctl.h>: the signal a process gets when the thread that started it exits
 _PR_SET_PDEATHSIG = 1
 
-# worker name -> "module:function"; the function takes (ctx: RankContext, config), config being the
-# worker's typed job (topoprof.specs.messages) or its own configuration dict.
+# worker name -> "module:function"; the function takes (ctx: RankContext, job), job being the
+# worker's typed job (topoprof.specs.messages).
 WORKERS = {
     "collectives": "topoprof.probes.ranks.collective_timing:run_rank",
     "training": "topoprof.probes.ranks.training:run_rank",
@@ -47,9 +47,6 @@ class RankContext:
         self.timeout_s = timeout_s
         self._emit = emit
 
-    def emit(self, kind: str, **payload) -> None:
-        self._send({"type": kind, **payload})
-
     def send(self, msg: Message) -> None:
         """Report a typed message, written by the codec."""
         self._send(encode(msg))
@@ -58,7 +55,7 @@ class RankContext:
         self._emit(msg)
 
     def progress(self, step: str) -> None:
-        self.emit("progress", step=step)
+        self.send(Progress(step))
 
 
 class _PhaseContext(RankContext):
@@ -72,7 +69,7 @@ class _PhaseContext(RankContext):
         self._emit({"type": msg["type"], "phase": self.phase, **msg})
 
 
-def _phases_worker(ctx: RankContext, config: dict) -> None:
+def _phases_worker(ctx: RankContext, job: PhasesJob) -> None:
     """Run several workers one after the other in the same process group (one launch for a scan).
 
     A phase that fails on one rank raises there, which ends the whole run: the launcher stops the
@@ -80,29 +77,29 @@ def _phases_worker(ctx: RankContext, config: dict) -> None:
     """
     import torch.distributed as dist
 
-    for phase in config["phases"]:
-        ctx.emit("phase", name=phase["name"])
-        resolve(phase["worker"])(_PhaseContext(ctx, phase["name"]), phase["config"])
+    for phase in job.phases:
+        ctx.send(PhaseStarted(phase["name"]))
+        resolve(phase["worker"])(_PhaseContext(ctx, phase["name"]), decode(phase["config"]))
         dist.barrier()
 
 
-def _sleep_worker(ctx: RankContext, config: dict) -> None:
+def _sleep_worker(ctx: RankContext, job: SleepJob) -> None:
     """A worker for testing the launcher: reports, waits, optionally fails on one rank."""
     import time
 
     import torch.distributed as dist
 
-    for i in range(int(config.get("steps", 3))):
+    for i in range(job.steps):
         ctx.progress(f"step {i}")
-        if ctx.rank == config.get("fail_rank") and i == config.get("fail_step", 1):
-            if config.get("how") == "exit":
+        if ctx.rank == job.fail_rank and i == job.fail_step:
+            if job.how == "exit":
                 os._exit(7)
-            if config.get("how") == "hang":
+            if job.how == "hang":
                 time.sleep(3600)
             raise RuntimeError("injected failure")
         dist.barrier()
-        ctx.emit("row", rank=ctx.rank, step=i, pid=os.getpid(), probes=os.path.abspath(__file__))
-        time.sleep(float(config.get("sleep_s", 0.05)))
+        ctx.send(SleepStep(ctx.rank, i, os.getpid(), os.path.abspath(__file__)))
+        time.sleep(job.sleep_s)
 
 
 def resolve(worker: str):
@@ -135,9 +132,9 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
-def _config(job: dict) -> Message | dict:
-    """The worker's job as the launcher wrote it (topoprof.measure.launch._job_document)."""
-    return decode(job["job"]) if "job" in job else job["config"]
+def _config(job: dict) -> Message:
+    """The worker's typed job as the launcher wrote it (topoprof.measure.launch._job_document)."""
+    return decode(job["job"])
 
 
 def main() -> None:

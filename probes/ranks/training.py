@@ -16,12 +16,13 @@ together). A step's time is the MAX over ranks: the optimizer step waits for the
 slowest rank joins last, so the step ends when the slowest rank finishes. The reported step
 time is the median over the timed steps.
 
-Config (checked by `topoprof.synthetic.parse_config`): spec (asdict of SyntheticSpec), mode,
+Job (TrainingJob, checked by `topoprof.workload.synthetic.parse_config`): spec (asdict of SyntheticSpec), mode,
 micro_batch (samples per rank per micro-batch), accum (K), steps (timed), warmup_steps,
 bucket_cap_mb (null: torch's default), seed, optimizer (adamw|sgd), lr, amp (none|bf16, GPU
 only), threads (null: torch's default), count_comm_hook_calls, numerics_dtype (float64|float32),
 ac (the blocks' activation checkpointing: none, full, layer:N, op; `topoprof/zoo/checkpoint_wrap.py`).
-Messages from rank 0: `result` (every timed mode), `calibration` (single).
+Messages from rank 0 (topoprof.specs.messages): TrainingResult (every timed mode),
+TrainingCalibration (single).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
+from topoprof.specs.messages import TrainingCalibration, TrainingJob, TrainingResult, training_config
 from topoprof.workload.synthetic import (
     DDP_MODES,
     STREAM_SEED_BITS,
@@ -367,8 +369,8 @@ def run_timed(ctx, cfg: TrainConfig) -> None:
     rank_step_times = [[per_rank[r][s] for r in range(len(per_rank))] for s in range(cfg.steps)]
     step_times = [max(row) for row in rank_step_times]
     if cfg.mode == "single":
-        ctx.emit("calibration", **calibration, micro_batch=cfg.micro_batch, accum=cfg.accum,
-                 params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len)
+        ctx.send(TrainingCalibration(calibration, micro_batch=cfg.micro_batch, accum=cfg.accum,
+                                     params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len))
     result = {
         "mode": cfg.mode, "step_time_s": statistics.median(step_times), "step_times_s": step_times,
         "rank_step_times_s": rank_step_times, "combine": COMBINE, "world_size": replicas,
@@ -382,11 +384,11 @@ def run_timed(ctx, cfg: TrainConfig) -> None:
         result["comm_hook_calls_per_step"] = calls
         numel = counter.bucket_numel
         result["ddp_bucket_numels"] = [numel[i] for i in sorted(numel)]
-    ctx.emit("result", **result)
+    ctx.send(TrainingResult(**result))
 
 
-def run_rank(ctx, config: dict) -> None:
-    cfg = parse_config(config)
+def run_rank(ctx, job: TrainingJob) -> None:
+    cfg = parse_config(training_config(job))
     check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)

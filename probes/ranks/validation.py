@@ -27,9 +27,9 @@ before each FSDP step, its collectives between the plain model's compute (what t
 then the step with its timeline (every collective FSDP issued, launched and returned). Without a
 DDP mode, DDP's wrapper and its measurements are left out.
 
-Config: a training config (`topoprof.workload.synthetic.parse_config`) plus `modes` (the DDP and
-FSDP modes to time) and `interference` (bool). Rank 0 emits one `validation` message with every
-rank's records per rotation.
+Job: ValidationJob, a training job (`topoprof.workload.synthetic.parse_config`) plus `modes` (the
+DDP and FSDP modes to time) and `interference` (bool). Rank 0 sends one ValidationRotations
+message with every rank's records per rotation.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ import torch.distributed as dist
 from topoprof.probes.ranks import training
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
 from topoprof.specs.fsdp_modes import FSDP_ONE_NODE
+from topoprof.specs.messages import ValidationJob, ValidationRotations, training_config
 from topoprof.workload.synthetic import DDP_MODES, check_supported, parse_config
 from topoprof.zoo.synthetic_lm import build_model
 
@@ -258,9 +259,9 @@ def _trainee(cfg, user_model: str | None, device: str):
     return module.to(device), to_device(batch, device), lambda m, b: user_loss(m, b, loss_fn)
 
 
-def run_rank(ctx, config: dict) -> None:
-    cfg = parse_config({**config, "mode": "ddp_synced"})
-    requested = config.get("modes", DDP_MODES)
+def run_rank(ctx, job: ValidationJob) -> None:
+    cfg = parse_config({**training_config(job), "mode": "ddp_synced"})
+    requested = DDP_MODES if job.modes is None else job.modes
     modes = [m for m in requested if m in DDP_MODES]
     fsdp_modes = [m for m in requested if m in FSDP_ONE_NODE]  # probes/ranks/fsdp.py's SUPPORTED
     if fsdp_modes:  # FSDP2's torch API only where an FSDP mode is asked for: DDP runs on older torch
@@ -269,7 +270,7 @@ def run_rank(ctx, config: dict) -> None:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     sync = lambda: synchronize(ctx.device)  # noqa: E731
-    model, example, loss_of = _trainee(cfg, config.get("user_model"), ctx.device)
+    model, example, loss_of = _trainee(cfg, job.user_model, ctx.device)
     ddp = clock = None
     if modes:  # DDP's wrapper and its measurements only where a DDP mode is predicted
         ddp = training.wrap_ddp(model, ctx.device, cfg)
@@ -332,7 +333,7 @@ def run_rank(ctx, config: dict) -> None:
                 buffers = [_sized(clock.numel[i], ctx.device) for i in sorted(clock.numel)]
             record["bucket_numel"] = [b.numel() for b in buffers]
             record["allreduce_alone_s"] = _allreduce_alone_s(buffers, ctx.device)
-        if modes and config.get("interference", True) and ctx.world_size > 1 and r % _INTERFERENCE_EVERY == 0:
+        if modes and job.interference and ctx.world_size > 1 and r % _INTERFERENCE_EVERY == 0:
             cal = record["calibration"]
             compute = statistics.median(f + b for f, b in zip(cal["forward_s"], cal["backward_s"]))
             rate = 4 * sum(record["bucket_numel"]) / max(sum(record["allreduce_alone_s"]), 1e-9)
@@ -344,10 +345,10 @@ def run_rank(ctx, config: dict) -> None:
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, rotations)
     if ctx.rank == 0:
-        ctx.emit("validation", rotations=[[everyone[rank][i] for rank in range(ctx.world_size)]
-                                          for i in range(len(rotations))],
-                 modes=modes + fsdp_modes, world_size=ctx.world_size, micro_batch=cfg.micro_batch, accum=cfg.accum,
-                 params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len,
-                 spec=dataclasses.asdict(cfg.spec), threads=torch.get_num_threads(), device=ctx.device,
-                 optimizer=cfg.optimizer, amp=cfg.amp, bucket_cap_mb=cfg.bucket_cap_mb,
-                 memory_bandwidth_gbps=training.memory_bandwidth_gbps(ctx.device))
+        ctx.send(ValidationRotations(
+            rotations=[[everyone[rank][i] for rank in range(ctx.world_size)] for i in range(len(rotations))],
+            modes=modes + fsdp_modes, world_size=ctx.world_size, micro_batch=cfg.micro_batch, accum=cfg.accum,
+            params=cfg.spec.params, tokens_per_micro_batch=cfg.micro_batch * cfg.spec.seq_len,
+            spec=dataclasses.asdict(cfg.spec), threads=torch.get_num_threads(), device=ctx.device,
+            optimizer=cfg.optimizer, amp=cfg.amp, bucket_cap_mb=cfg.bucket_cap_mb,
+            memory_bandwidth_gbps=training.memory_bandwidth_gbps(ctx.device)))

@@ -12,6 +12,14 @@ from typing import Callable
 
 from topoprof.errors import InputError, NothingMeasured
 from topoprof.specs.collective_spec import COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective, row_from_dict
+from topoprof.specs.messages import (
+    CollectiveRow,
+    CollectivesJob,
+    CollectivesMeta,
+    CollectiveStopped,
+    Progress,
+    fields_of,
+)
 
 PROTOCOL = (
     "nccl-tests method: per size, a correctness run on small-integer data (#wrong), {warmup} warm-up "
@@ -89,10 +97,18 @@ class BenchResult:
         return int(self.metadata.get("world_size", 0) or 0)
 
 
-def worker_config(opts: BenchOptions) -> dict:
-    return {"collectives": list(opts.collectives), "sizes": list(opts.sizes), "iters": opts.iters,
-            "warmup": opts.warmup, "dtype": opts.dtype, "combine": opts.combine, "check": opts.check,
-            "corrupt_rank": opts.corrupt_rank, "levels": list(opts.levels)}
+def worker_job(opts: BenchOptions) -> CollectivesJob:
+    return CollectivesJob(list(opts.collectives), list(opts.sizes), opts.iters, opts.warmup, opts.dtype,
+                          opts.combine, opts.check, opts.corrupt_rank, list(opts.levels))
+
+
+def add_meta(result: BenchResult, meta: CollectivesMeta) -> None:
+    """The ranks' own description (hosts, nodes, versions) added to a bench's metadata."""
+    result.metadata.update(fields_of(meta))
+
+
+def add_stopped(result: BenchResult, stopped: CollectiveStopped) -> None:
+    result.stopped.append({"collective": stopped.collective, "reason": stopped.reason})
 
 
 def nccl_env(opts: BenchOptions) -> dict:
@@ -105,7 +121,7 @@ def nccl_env(opts: BenchOptions) -> dict:
 
 def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = None,
               on_progress: Callable[[str], None] | None = None) -> BenchResult:
-    from topoprof.measure.launch import JobSpec
+    from topoprof.measure.launch import JobSpec, as_message
     from topoprof.measure.runner import run_job
 
     result = BenchResult(status="ok", rows=[], metadata={
@@ -113,23 +129,23 @@ def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = No
         "dtype": opts.dtype, "combine": opts.combine, "check": opts.check, "protocol": opts.protocol(),
     })
 
-    def on_message(rank: int, msg: dict) -> None:
-        kind = msg.get("type")
-        if kind == "row":
-            row = row_from_dict(msg["row"])
+    def on_message(rank: int, wire: dict) -> None:
+        msg = as_message(wire, CollectiveRow, CollectivesMeta, CollectiveStopped, Progress)
+        if isinstance(msg, CollectiveRow):
+            row = row_from_dict(msg.row)
             result.rows.append(row)
             if on_row:
                 on_row(row)
-        elif kind == "meta":
-            result.metadata.update({k: v for k, v in msg.items() if k != "type"})
-            result.metadata["hosts"] = sorted({r["host"] for r in msg.get("ranks", [])})
-            result.metadata["nodes"] = sorted({r["node"] for r in msg.get("ranks", [])})
-        elif kind == "stopped":
-            result.stopped.append({"collective": msg["collective"], "reason": msg["reason"]})
-        elif kind == "progress" and rank == 0 and on_progress:
-            on_progress(msg.get("step", ""))
+        elif isinstance(msg, CollectivesMeta):
+            add_meta(result, msg)
+            result.metadata["hosts"] = sorted({r["host"] for r in msg.ranks})
+            result.metadata["nodes"] = sorted({r["node"] for r in msg.ranks})
+        elif isinstance(msg, CollectiveStopped):
+            add_stopped(result, msg)
+        elif isinstance(msg, Progress) and rank == 0 and on_progress:
+            on_progress(msg.step)
 
-    spec = JobSpec("collectives", worker_config(opts), opts.nproc, opts.backend, opts.timeout_s,
+    spec = JobSpec("collectives", worker_job(opts), opts.nproc, opts.backend, opts.timeout_s,
                    env=nccl_env(opts), log_dir=opts.log_dir)
     run = run_job(spec, on_message)
     result.wall_s = run.wall_s

@@ -36,20 +36,17 @@ from typing import BinaryIO, Callable
 
 import topoprof
 from topoprof.errors import InputError
-from topoprof.specs.messages import Message, decode, encode, kind_of
+from topoprof.specs.messages import Message, Progress, decode, encode, kind_of
 
-# Messages a rank sends, one JSON object a line: the launcher's own {"type": "progress"|"error"|
-# "done", ...}, a worker's {"type": "row"|"meta"|"result"|..., ...}, or a typed result of
-# topoprof.specs.messages (read with `as_message` and `worker_result`)
+# Messages a rank sends, one JSON object a line: the launcher's own {"type": "error"|"done", ...},
+# or a typed message of topoprof.specs.messages (read with `as_message` and `worker_result`)
 OnMessage = Callable[[int, dict], None]
 
 
 @dataclass(frozen=True)
 class JobSpec:
     worker: str                 # a key of topoprof.probes.ranks.rank_main.WORKERS
-    # the worker's job: a typed job of topoprof.specs.messages, or the JSON-able configuration
-    # of a worker that reads its own (the collectives, training and validation workers)
-    config: Message | dict
+    config: Message             # the worker's job: a typed job of topoprof.specs.messages
     nproc: int
     backend: str                # "nccl" or "gloo"
     timeout_s: float            # no progress from a rank for this long means it hung
@@ -138,9 +135,10 @@ def progress_messages(progress: Callable[[str], None] | None) -> OnMessage | Non
     if progress is None:
         return None
 
-    def on_message(rank: int, msg: dict) -> None:
-        if msg.get("type") == "progress" and msg.get("step"):
-            progress(msg["step"])
+    def on_message(rank: int, wire: dict) -> None:
+        msg = as_message(wire, Progress)
+        if isinstance(msg, Progress) and msg.step:
+            progress(msg.step)
     return on_message
 
 
@@ -229,10 +227,10 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
                            last_progress_t=time.monotonic()))
 
 
-def _job_document(config: Message | dict) -> dict:
-    """The job as the rank reads it: a typed job encoded under "job", a worker's own configuration
-    under "config" (topoprof.probes.ranks.rank_main.main)."""
-    return {"job": encode(config)} if isinstance(config, Message) else {"config": config}
+def _job_document(config: Message) -> dict:
+    """The job as the rank reads it: the typed job encoded under "job"
+    (topoprof.probes.ranks.rank_main.main)."""
+    return {"job": encode(config)}
 
 
 def _log_tail(path: str, lines: int = 5) -> str:
@@ -290,8 +288,9 @@ def _drain(r: _Rank, on_message: OnMessage, messages: list) -> None:
         msg = json.loads(line)
         r.last_progress_t = time.monotonic()
         r.started = True
-        if msg.get("type") == "progress":
-            r.last_step = msg.get("step")
+        step = as_message(msg, Progress)
+        if isinstance(step, Progress):
+            r.last_step = step.step
         if msg.get("type") == "done":
             r.done = True
         if msg.get("type") == "error":

@@ -6,6 +6,7 @@ from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
+from topoprof.specs.messages import CollectivesJob
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class ScanOptions:
         return parse_checkpointing(self.activation_checkpointing)
 
 
-def bench_config(opts: ScanOptions) -> dict:
+def bench_job(opts: ScanOptions) -> CollectivesJob:
     """A quick sweep: enough sizes for the fit and the plateau, little time. Across nodes, three
     levels: each node alone, the network alone (one rank per node), and the whole job."""
     gpu = opts.backend == "nccl"
@@ -74,9 +75,9 @@ def bench_config(opts: ScanOptions) -> dict:
         sizes, collectives = [8 * 4 ** i for i in range(14)] + [1 << 30], ["all_reduce", "all_gather", "reduce_scatter"]
     else:
         sizes, collectives = [1024 * 2 ** i for i in range(15)], ["all_reduce"]     # 1 KiB..16 MiB
-    return {"collectives": collectives, "sizes": sizes, "iters": 5 if opts.quick else 10,
-            "warmup": 2, "dtype": "float32", "combine": "avg", "check": True,
-            "levels": ["intra", "inter", "job"] if multi_node() else ["job"]}
+    return CollectivesJob(collectives, sizes, iters=5 if opts.quick else 10, warmup=2, dtype="float32",
+                          combine="avg", check=True,
+                          levels=["intra", "inter", "job"] if multi_node() else ["job"])
 
 
 # Timed rotations of the validation (each: a calibration, every DDP mode, the interference

@@ -6,16 +6,26 @@ import os
 import platform
 import time
 
-from topoprof.measure.launch import multi_node
+from topoprof.measure.launch import as_message, multi_node
 from topoprof.progress import LiveProgress
-from topoprof.scan.options import ScanOptions, bench_config, validate_options
+from topoprof.scan.options import ScanOptions, bench_job, validate_options
+from topoprof.specs.messages import (
+    CollectivesMeta,
+    CollectiveStopped,
+    NodesJob,
+    NodesResult,
+    PhasesJob,
+    Progress,
+    phase,
+    phase_of,
+)
 
 
 def _phases(opts: ScanOptions, vopts) -> list[dict]:
     from topoprof.model.validate.run import phases
 
-    bench = {"name": "bench", "worker": "collectives", "config": bench_config(opts)}
-    first = [{"name": "nodes", "worker": "nodes", "config": {}}] if multi_node() else []
+    bench = phase("bench", "collectives", bench_job(opts))
+    first = [phase("nodes", "nodes", NodesJob())] if multi_node() else []
     if vopts is None or opts.nproc < 2:
         return first + [bench]
     return first + [bench] + phases(vopts)[1:]
@@ -47,7 +57,7 @@ class Stages:
 
 def run_ranks(opts: ScanOptions, stages: Stages):
     """Bench and validation in one launch; returns (BenchResult-like dict parts, ValidateResult)."""
-    from topoprof.measure.bench import BenchResult, nccl_env
+    from topoprof.measure.bench import BenchResult, add_meta, add_stopped, nccl_env
     from topoprof.measure.launch import JobSpec
     from topoprof.measure.runner import run_job
     from topoprof.model.validate.run import ValidateResult, collect, predict
@@ -55,32 +65,32 @@ def run_ranks(opts: ScanOptions, stages: Stages):
     vopts = validate_options(opts) if opts.validate and opts.nproc >= 2 else None
     from topoprof.measure.bench import PROTOCOL
 
-    cfg = bench_config(opts)
-    protocol = PROTOCOL.format(warmup=cfg["warmup"], iters=cfg["iters"], combine=cfg["combine"])
+    cfg = bench_job(opts)
+    protocol = PROTOCOL.format(warmup=cfg.warmup, iters=cfg.iters, combine=cfg.combine)
     bench = BenchResult(status="ok", rows=[], metadata={"backend": opts.backend, "world_size": opts.nproc,
-                                                        "iters": cfg["iters"], "warmup": cfg["warmup"],
-                                                        "combine": cfg["combine"], "protocol": protocol})
+                                                        "iters": cfg.iters, "warmup": cfg.warmup,
+                                                        "combine": cfg.combine, "protocol": protocol})
     vres = ValidateResult(label=vopts.label if vopts else "")
     file_validation = collect(vres)
     nodes: list = []
 
-    def on_message(rank: int, msg: dict) -> None:
-        kind = msg.get("type")
-        if kind == "nodes":
-            nodes.extend(msg["ranks"])
-        if msg.get("phase") == "bench":
-            if kind == "meta":
-                bench.metadata.update({k: v for k, v in msg.items() if k not in ("type", "phase")})
-            elif kind == "stopped":
-                bench.stopped.append({"collective": msg["collective"], "reason": msg["reason"]})
-        file_validation(rank, msg)
-        if kind == "progress" and rank == 0:
-            stages.say(f"{msg.get('phase')}: {msg.get('step')}")
+    def on_message(rank: int, wire: dict) -> None:
+        msg = as_message(wire, NodesResult, CollectivesMeta, CollectiveStopped, Progress)
+        if isinstance(msg, NodesResult):
+            nodes.extend(msg.ranks)
+        if phase_of(wire) == "bench":
+            if isinstance(msg, CollectivesMeta):
+                add_meta(bench, msg)
+            elif isinstance(msg, CollectiveStopped):
+                add_stopped(bench, msg)
+        file_validation(rank, wire)
+        if isinstance(msg, Progress) and rank == 0:
+            stages.say(f"{phase_of(wire)}: {msg.step}")
 
     from topoprof.measure.bench import BenchOptions
 
-    env = nccl_env(BenchOptions(backend=opts.backend, nproc=opts.nproc, sizes=tuple(cfg["sizes"])))
-    spec = JobSpec("phases", {"phases": _phases(opts, vopts)}, opts.nproc, opts.backend, opts.timeout_s, env=env)
+    env = nccl_env(BenchOptions(backend=opts.backend, nproc=opts.nproc, sizes=tuple(cfg.sizes)))
+    spec = JobSpec("phases", PhasesJob(_phases(opts, vopts)), opts.nproc, opts.backend, opts.timeout_s, env=env)
     from topoprof.probing import attempt
 
     run, status = attempt("ranks", lambda: run_job(spec, on_message))

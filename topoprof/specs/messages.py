@@ -2,19 +2,23 @@
 codec that writes and reads them.
 
 Each message is a frozen dataclass with a `KIND` (its `type` on the wire) and a `VERSION`: a job
-the launcher hands a worker (`UserModelJob`, `OpTraceJob`, `ProfileJob`), a result a worker sends
-back (`UserModelResult`, `OpTraceResult`, `OpTracesResult`, `DeviceProfileResult`,
-`ProfileProgress`), or the worker's failure (`WorkerFailure`: the stage that failed and why, typed,
-never a bare string). `encode` gives the JSON-able dict written to the rank's job file or result
-pipe; `decode` reads one back and refuses a type it does not know, a version other than its own, or
-fields that do not match, naming both sides: the launcher and its ranks may come from different
-installs. Both the CLI side (topoprof.measure) and the rank side (topoprof.probes, topoprof.trace)
-import this module, so it sits below both and imports nothing of torch.
+the launcher hands a worker (`UserModelJob`, `OpTraceJob`, `ProfileJob`, `CollectivesJob`,
+`TrainingJob` and its `ValidationJob` and `NumericsJob`, `NodesJob`, `PhasesJob` of `phase`s,
+`SleepJob`), what a worker sends back (`Progress`, `PhaseStarted`; `UserModelResult`,
+`OpTraceResult`, `OpTracesResult`, `DeviceProfileResult`, `ProfileProgress`; the collectives'
+`CollectivesMeta`, `CollectiveRow`, `CollectiveStopped`; `TrainingCalibration`, `TrainingResult`,
+`NumericsResult`, `ValidationRotations`, `NodesResult`, `SleepStep`), or the worker's failure
+(`WorkerFailure`: the stage that failed and why, typed, never a bare string). `encode` gives the
+JSON-able dict written to the rank's job file or result pipe; `decode` reads one back and refuses a
+type it does not know, a version other than its own, or fields that do not match, naming both
+sides: the launcher and its ranks may come from different installs. Both the CLI side
+(topoprof.measure) and the rank side (topoprof.probes, topoprof.trace) import this module, so it
+sits below both and imports nothing of torch.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 # Keys a message carries beside its fields: its kind, its version, and the phase a rank adds when
@@ -57,8 +61,7 @@ def registered() -> dict[str, type[Message]]:
 def encode(msg: Message) -> dict:
     """The message as a JSON-able dict: its type and version, then its fields (shallow: a field
     holding a dict or list is written as it is)."""
-    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
-    return {"type": msg.KIND, "version": msg.VERSION, **fields}
+    return {"type": msg.KIND, "version": msg.VERSION, **fields_of(msg)}
 
 
 def decode(wire: dict) -> Message:
@@ -69,9 +72,24 @@ def decode(wire: dict) -> Message:
     return cls(**body)
 
 
+def fields_of(msg: Message) -> dict:
+    """The message's fields by name, in their order, without its type and version (shallow)."""
+    return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+
+
 def kind_of(wire: dict) -> object:
     """The type a message on the wire says it is (None without one)."""
     return wire.get("type")
+
+
+def phase_of(wire: dict) -> str | None:
+    """The phase a message on the wire belongs to (None outside a run of phases)."""
+    return wire.get("phase")
+
+
+def phase(name: str, worker: str, job: Message) -> dict:
+    """One phase of a PhasesJob: the worker that runs it and its typed job, encoded."""
+    return {"name": name, "worker": worker, "config": encode(job)}
 
 
 def _class_of(wire: dict) -> type[Message]:
@@ -152,6 +170,121 @@ class ProfileJob(Message):
     budget_s: float | None = None
 
 
+@message
+@dataclass(frozen=True)
+class CollectivesJob(Message):
+    """Sweep `collectives` over `sizes` (probes/ranks/collective_timing.py), at each of `levels`;
+    `corrupt_rank`: a test hook, the rank whose checked result is flipped."""
+
+    KIND: ClassVar[str] = "collectives_job"
+    VERSION: ClassVar[int] = 1
+
+    collectives: list[str]
+    sizes: list[int]
+    iters: int
+    warmup: int
+    dtype: str
+    combine: str
+    check: bool = True
+    corrupt_rank: int | None = None
+    levels: list[str] = field(default_factory=lambda: ["job"])
+
+
+@message
+@dataclass(frozen=True)
+class TrainingJob(Message):
+    """Train the synthetic model (or `user_model`) in `mode` and time its steps
+    (probes/ranks/training.py); topoprof.workload.synthetic.parse_config checks the fields, and
+    each default here is the one it takes for a missing key."""
+
+    KIND: ClassVar[str] = "training_job"
+    VERSION: ClassVar[int] = 1
+
+    spec: dict
+    mode: str
+    micro_batch: int
+    steps: int
+    warmup_steps: int
+    accum: int = 1
+    bucket_cap_mb: float | None = None
+    seed: int = 0
+    optimizer: str = "adamw"
+    lr: float | None = None
+    amp: str = "none"
+    threads: int | None = None
+    count_comm_hook_calls: bool = False
+    numerics_dtype: str = "float64"
+    ac: str | None = None
+    user_model: str | None = None
+
+
+def training_config(job: TrainingJob) -> dict:
+    """A training job's fields as topoprof.workload.synthetic.parse_config reads them."""
+    return {f.name: getattr(job, f.name) for f in dataclasses.fields(TrainingJob)}
+
+
+@message
+@dataclass(frozen=True)
+class ValidationJob(TrainingJob):
+    """Rotations of calibration and timed steps (probes/ranks/validation.py): a training job, plus
+    the DDP and FSDP `modes` to time (None: every DDP mode) and whether to measure `interference`."""
+
+    KIND: ClassVar[str] = "validation_job"
+    VERSION: ClassVar[int] = 1
+
+    modes: list[str] | None = None
+    interference: bool = True
+
+
+@message
+@dataclass(frozen=True)
+class NumericsJob(TrainingJob):
+    """The numerics check (probes/ranks/numerics.py): a training job, plus the FSDP modes whose
+    step is compared with the single-process reference too."""
+
+    KIND: ClassVar[str] = "numerics_job"
+    VERSION: ClassVar[int] = 1
+
+    fsdp_modes: list[str] | None = None
+
+
+@message
+@dataclass(frozen=True)
+class NodesJob(Message):
+    """Every node probes its own topology (probes/ranks/nodes.py)."""
+
+    KIND: ClassVar[str] = "nodes_job"
+    VERSION: ClassVar[int] = 1
+
+
+@message
+@dataclass(frozen=True)
+class PhasesJob(Message):
+    """Several workers one after the other in one launch (probes/ranks/rank_main._phases_worker);
+    each phase is written by `phase`."""
+
+    KIND: ClassVar[str] = "phases_job"
+    VERSION: ClassVar[int] = 1
+
+    phases: list[dict]
+
+
+@message
+@dataclass(frozen=True)
+class SleepJob(Message):
+    """The launcher's test worker: `steps` steps of `sleep_s`; on `fail_rank` at `fail_step` it
+    fails `how` ("raise", "exit" or "hang")."""
+
+    KIND: ClassVar[str] = "sleep_job"
+    VERSION: ClassVar[int] = 1
+
+    steps: int = 3
+    sleep_s: float = 0.05
+    fail_rank: int | None = None
+    fail_step: int = 1
+    how: str = "raise"
+
+
 # Results: what a worker sends back.
 
 @message
@@ -223,3 +356,188 @@ class WorkerFailure(Message):
     stage: str
     reason: str
     trace: str = ""
+
+
+@message
+@dataclass(frozen=True)
+class Progress(Message):
+    """The step a rank is at: the launcher shows it and names it when the rank stalls."""
+
+    KIND: ClassVar[str] = "progress"
+    VERSION: ClassVar[int] = 1
+
+    step: str
+
+
+@message
+@dataclass(frozen=True)
+class PhaseStarted(Message):
+    """A PhasesJob's phase has begun on this rank."""
+
+    KIND: ClassVar[str] = "phase"
+    VERSION: ClassVar[int] = 1
+
+    name: str
+
+
+@message
+@dataclass(frozen=True)
+class CollectivesMeta(Message):
+    """Who the collectives ran on: every rank's host, node and device, and the versions."""
+
+    KIND: ClassVar[str] = "meta"
+    VERSION: ClassVar[int] = 1
+
+    ranks: list[dict]
+    torch_version: str
+    nccl_version: str | None
+    cuda_version: str | None
+    backend: str
+
+
+@message
+@dataclass(frozen=True)
+class CollectiveRow(Message):
+    """One measured size of one collective (topoprof.specs.collective_spec.BenchRow, as a dict)."""
+
+    KIND: ClassVar[str] = "row"
+    VERSION: ClassVar[int] = 1
+
+    row: dict
+
+
+@message
+@dataclass(frozen=True)
+class CollectiveStopped(Message):
+    """A collective's sweep that stopped at a level before its last size, and why."""
+
+    KIND: ClassVar[str] = "stopped"
+    VERSION: ClassVar[int] = 1
+
+    collective: str
+    level: str
+    reason: str
+
+
+@message
+@dataclass(frozen=True)
+class TrainingCalibration(Message):
+    """The single mode's calibration: `calibration` holds the measured times (their keys depend
+    on what was measured), beside the setup they were measured with."""
+
+    KIND: ClassVar[str] = "calibration"
+    VERSION: ClassVar[int] = 1
+
+    calibration: dict
+    micro_batch: int
+    accum: int
+    params: int
+    tokens_per_micro_batch: int
+
+
+@message
+@dataclass(frozen=True)
+class TrainingResult(Message):
+    """A timed mode's steps (the max over ranks, the median over steps) and its setup; the comm
+    hook's calls and DDP's buckets when they were counted."""
+
+    KIND: ClassVar[str] = "result"
+    VERSION: ClassVar[int] = 1
+
+    mode: str
+    step_time_s: float
+    step_times_s: list[float]
+    rank_step_times_s: list[list[float]]
+    combine: str
+    world_size: int
+    processes: int
+    micro_batch: int
+    accum: int
+    params: int
+    global_batch_samples: int
+    tokens_per_micro_batch: int
+    spec: dict
+    warmup_steps: int
+    bucket_cap_mb: float | None
+    optimizer: str
+    lr: float
+    amp: str
+    threads: int
+    device: str
+    comm_hook_calls_per_step: list[int] | None = None
+    ddp_bucket_numels: list[int] | None = None
+
+
+@message
+@dataclass(frozen=True)
+class NumericsResult(Message):
+    """Each mode's final parameters against the single-process reference: `comparisons` by mode
+    (and the control that forgets 1/K), beside the tolerance and setup they were checked with."""
+
+    KIND: ClassVar[str] = "numerics"
+    VERSION: ClassVar[int] = 1
+
+    comparisons: dict
+    dtype: str
+    rtol: float
+    atol: float
+    lr: float
+    world_size: int
+    accum: int
+    micro_batch: int
+    params: int
+    ac: str
+
+    def report(self) -> dict:
+        """The comparisons by mode, then the setup: the numerics as the validate report shows them."""
+        return {**self.comparisons, **{k: v for k, v in fields_of(self).items() if k != "comparisons"}}
+
+
+@message
+@dataclass(frozen=True)
+class ValidationRotations(Message):
+    """Every rank's records, rotation by rotation (`rotations[i][rank]`), the modes they timed,
+    and the setup."""
+
+    KIND: ClassVar[str] = "validation"
+    VERSION: ClassVar[int] = 1
+
+    rotations: list[list[dict]]
+    modes: list[str]
+    world_size: int
+    micro_batch: int
+    accum: int
+    params: int
+    tokens_per_micro_batch: int
+    spec: dict
+    threads: int
+    device: str
+    optimizer: str
+    amp: str
+    bucket_cap_mb: float | None
+    memory_bandwidth_gbps: float | None
+
+
+@message
+@dataclass(frozen=True)
+class NodesResult(Message):
+    """Every rank's host, node, CPU binding and (the first rank on each node) its topology."""
+
+    KIND: ClassVar[str] = "nodes"
+    VERSION: ClassVar[int] = 1
+
+    ranks: list[dict]
+
+
+@message
+@dataclass(frozen=True)
+class SleepStep(Message):
+    """The test worker's step: which rank, process and install ran it."""
+
+    KIND: ClassVar[str] = "sleep_step"
+    VERSION: ClassVar[int] = 1
+
+    rank: int
+    step: int
+    pid: int
+    probes: str

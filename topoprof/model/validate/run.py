@@ -20,6 +20,21 @@ from dataclasses import dataclass, field
 
 from topoprof.errors import InputError, NothingMeasured
 from topoprof.specs.fsdp_modes import FSDP_ONE_NODE, FSDP_STRATEGIES
+from topoprof.specs.messages import (
+    CollectiveRow,
+    CollectivesJob,
+    NumericsJob,
+    NumericsResult,
+    PhasesJob,
+    Progress,
+    TrainingJob,
+    TrainingResult,
+    ValidationJob,
+    ValidationRotations,
+    fields_of,
+    phase,
+    phase_of,
+)
 from topoprof.workload.layout import Layout
 from topoprof.workload.synthetic import SyntheticSpec
 
@@ -118,22 +133,23 @@ def cpu_threads_per_rank(nproc: int) -> int:
 
 
 def _train(opts: ValidateOptions, mode: str) -> dict:
+    """The training job's fields every phase shares (TrainingJob's, ValidationJob's, NumericsJob's)."""
     return {"spec": dataclasses.asdict(opts.spec), "mode": mode, "micro_batch": opts.micro_batch,
             "accum": opts.accum, "steps": opts.steps, "warmup_steps": opts.warmup_steps,
             "threads": opts.threads, "optimizer": "adamw", "seed": 0, "user_model": opts.user_model, "ac": opts.ac}
 
 
 def phases(opts: ValidateOptions) -> list[dict]:
-    bench = {"collectives": ["all_reduce"], "sizes": list(FIT_SIZES), "iters": opts.bench_iters,
-             "warmup": 2, "dtype": "float32", "combine": "avg", "check": True}
+    bench = CollectivesJob(["all_reduce"], list(FIT_SIZES), iters=opts.bench_iters, warmup=2, dtype="float32",
+                           combine="avg", check=True)
     # DataParallel is one process over every GPU: it runs in a launch of its own (`_run_dp`).
     ddp = [mode for mode in opts.modes if mode != "dp"]
-    out = [{"name": "bench", "worker": "collectives", "config": bench},
-           {"name": "rotations", "worker": "validation", "config": {**_train(opts, "ddp_synced"), "modes": ddp}}]
+    out = [phase("bench", "collectives", bench),
+           phase("rotations", "validation", ValidationJob(**_train(opts, "ddp_synced"), modes=ddp))]
     if opts.numerics and not opts.user_model:  # the numerics check trains the synthetic model
-        out.append({"name": "numerics", "worker": "numerics",
-                    "config": {**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0,
-                               "fsdp_modes": [m for m in opts.modes if m in FSDP_ONE_NODE]}})
+        numerics = NumericsJob(**{**_train(opts, "numerics"), "steps": 1, "warmup_steps": 0},
+                               fsdp_modes=[m for m in opts.modes if m in FSDP_ONE_NODE])
+        out.append(phase("numerics", "numerics", numerics))
     return out
 
 
@@ -174,17 +190,19 @@ def collect(result: ValidateResult):
     """An on_message handler that files every rank-0 message under its phase."""
     from topoprof.specs.collective_spec import row_from_dict
 
-    def on_message(rank: int, msg: dict) -> None:
-        kind, phase = msg.get("type"), msg.get("phase")
-        body = {k: v for k, v in msg.items() if k not in ("type", "phase")}
-        if kind == "row" and phase == "bench":
-            result.bench_rows.append(row_from_dict(msg["row"]))
-        elif kind == "validation":
-            result.rotations = body
-        elif kind == "result" and phase == "dp":
-            result.measured["dp"] = {"step_time_s": body.get("step_time_s")}
-        elif kind == "numerics":
-            result.numerics = body
+    def on_message(rank: int, wire: dict) -> None:
+        from topoprof.measure.launch import as_message
+
+        msg = as_message(wire, CollectiveRow, ValidationRotations, TrainingResult, NumericsResult)
+        where = phase_of(wire)
+        if isinstance(msg, CollectiveRow) and where == "bench":
+            result.bench_rows.append(row_from_dict(msg.row))
+        elif isinstance(msg, ValidationRotations):
+            result.rotations = fields_of(msg)
+        elif isinstance(msg, TrainingResult) and where == "dp":
+            result.measured["dp"] = {"step_time_s": msg.step_time_s}
+        elif isinstance(msg, NumericsResult):
+            result.numerics = msg.report()
     return on_message
 
 
@@ -374,18 +392,19 @@ def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
 
 
 def run_validate(opts: ValidateOptions, on_progress=None) -> ValidateResult:
-    from topoprof.measure.launch import JobSpec
+    from topoprof.measure.launch import JobSpec, as_message
     from topoprof.measure.runner import run_job
 
     result = ValidateResult(label=opts.label)
     handler = collect(result)
 
-    def on_message(rank, msg):
-        handler(rank, msg)
-        if on_progress and msg.get("type") == "progress" and rank == 0:
-            on_progress(f"{msg.get('phase')}: {msg.get('step')}")
+    def on_message(rank, wire):
+        handler(rank, wire)
+        msg = as_message(wire, Progress)
+        if on_progress and isinstance(msg, Progress) and rank == 0:
+            on_progress(f"{phase_of(wire)}: {msg.step}")
 
-    spec = JobSpec("phases", {"phases": phases(opts)}, opts.nproc, opts.backend, opts.timeout_s)
+    spec = JobSpec("phases", PhasesJob(phases(opts)), opts.nproc, opts.backend, opts.timeout_s)
     run = run_job(spec, on_message)
     result.wall_s = run.wall_s
     if run.failure is not None:
@@ -405,8 +424,8 @@ def _run_dp(opts: ValidateOptions, result: ValidateResult, on_message) -> None:
         result.measured["dp"] = {"skipped": "DataParallel is one process: run `topoprof validate --modes dp` "
                                             "outside torchrun/srun"}
         return
-    phase = [{"name": "dp", "worker": "training", "config": _train(opts, "dp")}]
-    run = launch_local(JobSpec("phases", {"phases": phase}, 1, opts.backend, opts.timeout_s), on_message)
+    dp = [phase("dp", "training", TrainingJob(**_train(opts, "dp")))]
+    run = launch_local(JobSpec("phases", PhasesJob(dp), 1, opts.backend, opts.timeout_s), on_message)
     result.wall_s += run.wall_s
     if run.failure is not None:
         result.status, result.error = "error", f"dp: {run.failure.describe()}"
