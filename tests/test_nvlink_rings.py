@@ -223,7 +223,7 @@ def test_model_refuses_an_unknown_gpu_with_a_topology():
 def test_scan_verdict_compares_with_the_rings_together():
     from topoprof.jsonio import to_jsonable
     from topoprof.report.verdict import judge
-    from topoprof.scan.job import _ring
+    from topoprof.scan.pipeline import _ring
 
     topo = _topo("13", nvml="a100_nvlink_pairs")  # what a scan reads: NVML gives sm80
     ring = to_jsonable(_ring(topo, [0, 1, 2, 3]))

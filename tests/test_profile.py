@@ -287,7 +287,7 @@ def cpu_profile():
 
 @pytest.mark.slow
 def test_the_quick_cpu_profile_measures_every_section_and_loads(cpu_profile):
-    from topoprof.probes.device_profile.plan import CPU_QUICK, gemm_shapes, sdpa_cases
+    from topoprof.probes.device_profile.points import CPU_QUICK, gemm_shapes, sdpa_cases
 
     doc, lines = cpu_profile
     p = profile_from_dict(json.loads(json.dumps(doc)), "the CPU profile")

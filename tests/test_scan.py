@@ -89,7 +89,7 @@ FAST_SCAN = ("scan", "--quick", "--no-validate")
 def test_a_report_folder_that_cannot_be_created_stops_the_scan_before_it_measures(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("a regular file, not a folder\n")
-    never_measure = "import topoprof.scan.job as job\njob.run = lambda *a: sys.exit('topoprof scan measured')"
+    never_measure = "import topoprof.scan.pipeline as job\njob.run = lambda *a: sys.exit('topoprof scan measured')"
     for out, why in [("/proc/topoprof-test/report", "No such file or directory"),
                      (f"{a_file}/report", "Not a directory")]:
         proc = cli_with(never_measure, *FAST_SCAN, "--out", out)

@@ -217,7 +217,7 @@ def test_the_scan_ties_devices_by_what_cuda_said_in_the_copies(node, monkeypatch
 
 def test_memory_and_name_are_those_of_the_gpu_cuda_0_is(node, monkeypatch):
     from topoprof.model.inputs import scan as preds
-    from topoprof.scan.job import _predictions
+    from topoprof.scan.pipeline import _predictions
 
     seen = {}
     monkeypatch.setattr(preds, "predictions", lambda *args, **kw: seen.update(args=args) or [])
@@ -246,7 +246,7 @@ def test_gpu_memory_bytes_reads_the_gpu_cuda_i_is(monkeypatch):
 
 
 def test_the_ranks_gpus(node, monkeypatch):
-    from topoprof.scan.job import used_gpus
+    from topoprof.scan.pipeline import used_gpus
 
     assert used_gpus(_for_job(node, monkeypatch, "6,2"), 2, "nccl") == [6, 2]
     assert used_gpus(_for_job(node, monkeypatch, f"{GPU6},GPU-8f2b"), 2, "nccl") == [6, 2]
@@ -263,7 +263,7 @@ def test_the_ranks_gpus(node, monkeypatch):
 
 def test_one_gpu_what_if_applies_to_the_jobs_one_gpu(node, monkeypatch):
     from topoprof.model.inputs import scan as preds
-    from topoprof.scan.job import _what_ifs
+    from topoprof.scan.pipeline import _what_ifs
 
     asked = []
     monkeypatch.setattr(preds, "single_gpu_what_ifs", lambda opts, gpu: asked.append(gpu) or {"label": "x"})

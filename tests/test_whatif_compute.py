@@ -291,7 +291,7 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
     where timing on GPU0 fails it is a partial status in the summary, not a silent fallback."""
     from types import SimpleNamespace
 
-    from topoprof.scan.job import _what_ifs
+    from topoprof.scan.pipeline import _what_ifs
     from topoprof.scan.options import ScanOptions
 
     gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
@@ -317,7 +317,7 @@ def test_a_gpu_scan_prices_its_what_if_with_the_profile_it_measured(monkeypatch)
     from types import SimpleNamespace
 
     from topoprof.errors import NothingMeasured
-    from topoprof.scan import job
+    from topoprof.scan import pipeline as job
     from topoprof.scan.options import ScanOptions
 
     gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)

@@ -26,7 +26,7 @@ from typing import Callable
 
 # A device point's block: at most MAX_CALLS calls (the CUDA launch queue holds about a thousand
 # pending launches; past it the host blocks, which is harmless but slow). Its length is the plan's
-# (probes/device_profile/plan.py); a host block lasts about HOST_BLOCK_S.
+# (probes/device_profile/points.py); a host block lasts about HOST_BLOCK_S.
 HOST_BLOCK_S = 20e-3
 MAX_CALLS = 200
 ROUNDS = 3

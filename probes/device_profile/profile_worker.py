@@ -1,5 +1,5 @@
 """The device in front of it, measured for the what-if compute model: the device profile
-(`topoprof.model.compute.profile` reads it; `probes/device_profile/plan.py` says which points,
+(`topoprof.model.compute.profile` reads it; `probes/device_profile/points.py` says which points,
 `probes/device_profile/sections.py` measures each section, this module runs them in a time budget).
 
 - host_costs: seconds per op from Python on tiny tensors, ops issued back to back so that the host
@@ -27,7 +27,7 @@ import time
 from typing import Callable
 
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, MAX_CALLS
-from topoprof.probes.device_profile.plan import PLANS
+from topoprof.probes.device_profile.points import PLANS
 from topoprof.probes.device_profile.sections import ADAMW_WORDS, PASSES, SECTIONS
 from topoprof.probes.device_profile.timing_run import ProfileRun
 from topoprof.specs.messages import DeviceProfileResult, ProfileJob, ProfileProgress, WorkerFailure

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, autorange
-from topoprof.probes.device_profile.plan import gemm_shapes, sdpa_cases
+from topoprof.probes.device_profile.points import gemm_shapes, sdpa_cases
 from topoprof.probes.device_profile.timing_run import HOST_MAX_CALLS, ProfileRun
 
 ADAMW_WORDS = 7   # fp32 param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written

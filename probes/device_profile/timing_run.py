@@ -6,7 +6,7 @@ import time
 from typing import Callable
 
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, Clock, autorange
-from topoprof.probes.device_profile.plan import Plan
+from topoprof.probes.device_profile.points import Plan
 
 HOST_MAX_CALLS = 5000  # host-cost blocks stop here: a tiny op's block is long enough by then
 

@@ -49,7 +49,7 @@ def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_tim
                        activation_checkpointing=activation_checkpointing)
     from topoprof.jsonio import check_writable_folder
     from topoprof.measure.launch import is_reporting_rank
-    from topoprof.scan.job import default_out_dir, run
+    from topoprof.scan.pipeline import default_out_dir, run
 
     out_dir = out_dir or default_out_dir()
     if is_reporting_rank():  # rank 0 writes the report: a folder it cannot write ends the scan now

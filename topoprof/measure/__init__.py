@@ -13,4 +13,8 @@ t(S) = alpha + S/beta, slow ranks, the transports NCCL chose, the nodes of a mul
   op_trace        a model's pass on the meta device, in a process of its own
   profile         this machine's device profile (`topoprof profile`), in a process of its own
   torch_support   the oldest torch topoprof runs on, and the features that need a newer one
+
+`bench`, `profile` and `user_model` share their names with the command (`topoprof.commands`) and
+the model's inputs (`topoprof.model.inputs.user_model`) of the same feature: each is that
+feature's measuring stage.
 """

@@ -5,5 +5,8 @@ work that fails part-way fails the scan.
 
   options  what was asked, checked before anything runs, and the sweeps it chooses
   ranks    all rank work in one launch, with progress
-  job      from start to report
+  pipeline from start to report
+
+`options` is the scan's request, as `topoprof.model.inputs.options` is the model command's: the same
+role in each stage.
 """

@@ -5,6 +5,9 @@ activation checkpointing mode counted from the model's op trace (`traced`), what
 besides its tensors (`environment`: the CUDA context, NCCL's buffers, the allocator's reserve), and
 whether it fits.
 
+`traced` reads the op trace for this room's concern, as `topoprof.model.compute.traced` does for
+compute; `timeline` is this room's timeline of a micro-batch, as DDP's and FSDP's rooms have theirs.
+
 Owns: the counts and the fit. May import: workload (the checkpointing modes); nothing else of the
 model.
 """

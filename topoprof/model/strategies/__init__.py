@@ -4,5 +4,8 @@ strategy's step (`steps`), memory per strategy (`memory`), `predict` and what ch
 count or the global batch would gain (`predict`), DataParallel's traffic (`dataparallel`), a
 one-GPU node's what-ifs (`whatif`), the records (`results`) and their JSON (`payload`).
 
+`memory`, `steps` and `whatif` are charted by `topoprof.report.plots`' namesakes; `job` is one
+training job as the model takes it.
+
 Owns: the strategies and the prediction. May import: workload, comm, compute, ddp, fsdp, memory.
 """

@@ -8,7 +8,8 @@
     plot_memory(strategies, path, title)                    memory per GPU by strategy vs the GPU's
     plot_what_if(what_if, path, title=None)                 one GPU: what more such GPUs would give
 
-Each writes a PNG at path and returns the path; empty input gives a "no data" figure.
+`memory`, `steps` and `whatif` chart the results of `topoprof.model.strategies`' modules of the
+same names. Each writes a PNG at path and returns the path; empty input gives a "no data" figure.
 Importing this module does not import matplotlib: only drawing does.
 """
 from __future__ import annotations
