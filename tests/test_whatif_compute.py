@@ -291,8 +291,8 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
     where timing on GPU0 fails it is a partial status in the summary, not a silent fallback."""
     from types import SimpleNamespace
 
-    from topoprof.scan.pipeline import _what_ifs
     from topoprof.scan.options import ScanOptions
+    from topoprof.scan.pipeline import _what_ifs
 
     gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
     topology = SimpleNamespace(gpus=[gpu])
