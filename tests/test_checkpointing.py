@@ -3,6 +3,7 @@ N-th block, torchtitan's selective op policy) and as the meta pass traces it: wh
 wraps, what the op policy keeps, and the recompute in the backward."""
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -152,12 +153,15 @@ def test_the_selective_modes_cost_more_per_op_than_a_plain_recorded_op_here():
 
 
 def test_op_mode_step_grows_by_exactly_the_ratios_share_of_a_recorded_op(by_mode):
-    from topoprof.model.compute.profile_choice import pricer_for
+    from topoprof.model.compute.profile import load_profile
+    from topoprof.model.compute.profile_choice import SHIPPED_DIR, pricer_for
     from topoprof.model.compute.roofline import roofline
 
     plain = by_mode["op"]
     priced = {**plain, "selective_checkpoint": {"ratio": 3.0, "how": "measured here: a stated 3"}}
-    pricer, _ = pricer_for("h100-sxm", "bf16", False, None, None)
+    # a profile that did not measure the policy's modes (the H200's facts): the trace's ratio prices them
+    path = os.path.join(SHIPPED_DIR, "nvidia-h200-sxm-gpu-facts-20261126.json")
+    pricer, _ = pricer_for("h100-sxm", "bf16", False, load_profile(path), path)
     before, after = roofline(plain, pricer), roofline(priced, pricer)
     recorded = pricer.host.get("autograd_forward").at("middle", False)
     seen = sum(1 for op in plain["ops"] if op.get("selective") and not op["view"])

@@ -96,7 +96,10 @@ def test_a_gpu_what_if_is_a_range_and_a_calibration_makes_it_one_number():
         assert pred.ddp_costs[part].range_s is not None, part
     low, high = pred.strategies["ddp_synced"].range.step_time_s
     assert low < pred.strategies["ddp_synced"].step_time_s < high
-    measured = replace(V100, ddp_kernel_s=6e-6, rank_speed_spread=0.01, compute_slowdown_during_comm=1.02)
+    # a calibration as validate writes it: DDP's kernels, the ranks' spread, the slowdown beside an
+    # all-reduce, and the memory bandwidth its copies reach
+    measured = replace(V100, ddp_kernel_s=6e-6, rank_speed_spread=0.01, compute_slowdown_during_comm=1.02,
+                       memory_bandwidth_gbps=800.0)
     again = predict(_inputs(measured))
     assert all(c.range_s is None for c in again.ddp_costs.values())
     # FSDP's hooks, which nothing measured, still make the prediction a what-if; DDP's rows are
