@@ -217,11 +217,11 @@ def test_the_scan_ties_devices_by_what_cuda_said_in_the_copies(node, monkeypatch
 
 
 def test_memory_and_name_are_those_of_the_gpu_cuda_0_is(node, monkeypatch):
-    from topoprof.model.inputs import scan as preds
+    from topoprof.scan import pipeline
     from topoprof.scan.pipeline import _predictions
 
     seen = {}
-    monkeypatch.setattr(preds, "predictions", lambda *args, **kw: seen.update(args=args) or [])
+    monkeypatch.setattr(pipeline, "predictions", lambda *args, **kw: seen.update(args=args) or [])
     opts = SimpleNamespace(nproc=2, backend="nccl")
     _predictions(opts, SimpleNamespace(rows=[]), SimpleNamespace(calibration=None), None,
                  _for_job(node, monkeypatch, "6,2"))
@@ -263,11 +263,11 @@ def test_the_ranks_gpus(node, monkeypatch):
 
 
 def test_one_gpu_what_if_applies_to_the_jobs_one_gpu(node, monkeypatch):
-    from topoprof.model.inputs import scan as preds
+    from topoprof.scan import pipeline
     from topoprof.scan.pipeline import _what_ifs
 
     asked = []
-    monkeypatch.setattr(preds, "single_gpu_what_ifs", lambda opts, gpu: asked.append(gpu) or {"label": "x"})
+    monkeypatch.setattr(pipeline, "single_gpu_what_ifs", lambda opts, gpu: asked.append(gpu) or {"label": "x"})
     opts = SimpleNamespace(nproc=1)
     result, status = _what_ifs(opts, _for_job(node, monkeypatch, "5"))
     assert status.status == "ok"
