@@ -259,8 +259,9 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
         return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None}
 
-    monkeypatch.setattr("topoprof.measure.runner.visible_gpus", lambda: [0])
-    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", fake)
+    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.user_model"):
+        monkeypatch.setattr(f"{where}.visible_gpus", lambda: [0])
+    monkeypatch.setattr("topoprof.model.inputs.options.measure_preset", fake)
     result = CliRunner().invoke(main, ["model", *VISION, "--image-size", "160", "--json"])
     assert result.exit_code == 0, result.output
     assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]
@@ -303,7 +304,7 @@ def test_a_model_that_cannot_run_on_meta_keeps_the_timed_order_with_a_note():
 def _no_gpu_here(monkeypatch):
     from topoprof.topology.build import Topology
 
-    monkeypatch.setattr("topoprof.topology.collect.collect_topology",
+    monkeypatch.setattr("topoprof.model.inputs.options.collect_topology",
                         lambda: Topology(sources=("this machine",), gpus=(), nics=(), pairs=(), gpu_nic_paths={}))
 
 

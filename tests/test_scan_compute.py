@@ -27,7 +27,8 @@ def timed(monkeypatch):
         return {"micro_batch_time_s": 0.03, "backward_fraction": 0.65, "optimizer_time_s": 0.004,
                 "source": f"{preset}: measured on cuda:0, 10 repeats, median", "scaled": scaled}
 
-    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", fake)
+    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.scan"):
+        monkeypatch.setattr(f"{where}.measure_preset", fake)
     return calls
 
 
@@ -82,7 +83,7 @@ def test_a_timing_that_fails_falls_back_to_a_what_if_range(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory\nmore")
 
-    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", broken)
+    monkeypatch.setattr("topoprof.model.inputs.scan.measure_preset", broken)
     opts = ScanOptions(backend="nccl", nproc=8, note="", params="125M")
     (pred,) = scan_predictions.predictions(opts, _fit(), 8, None, None, H100)
     assert pred["compute_source"].startswith("timing gpt2 on GPU0 failed (RuntimeError: CUDA error: out of memory)")
@@ -104,7 +105,7 @@ def test_a_preset_whose_training_state_cannot_fit_is_timed_scaled_at_once(monkey
                 "optimizer_s": [0.001 * blocks] * 3, "device": device, "repeats": 3}
 
     monkeypatch.setattr(user_model, "gpu_memory_bytes", lambda device: 80 * 2**30)
-    monkeypatch.setattr("topoprof.measure.user_model.measure_user_model", fake_measure)
+    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_user_model", fake_measure)
     monkeypatch.setattr(user_model, "user_compute", lambda record: {
         "micro_batch_time_s": record["passes"][0]["total_s"], "backward_fraction": 0.6,
         "optimizer_time_s": record["optimizer_s"][0], "source": record["spec"]})

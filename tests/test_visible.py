@@ -162,7 +162,8 @@ def test_topo_command_marks_the_jobs_gpus_without_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "topoprof", "topo"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert not [line for line in proc.stderr.splitlines() if "torch" in line]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not any(name.split(".")[0] == "torch" for name in imported)
     assert (f"* = visible to this job (CUDA_VISIBLE_DEVICES=GPU-8f2a,{GPU2[:12]}): cuda:0 = GPU6, cuda:1 = GPU2"
             in proc.stdout)
     doc = json.loads(subprocess.run([sys.executable, "-m", "topoprof", "topo", "--json"], env=env,
@@ -216,11 +217,11 @@ def test_the_scan_ties_devices_by_what_cuda_said_in_the_copies(node, monkeypatch
 
 
 def test_memory_and_name_are_those_of_the_gpu_cuda_0_is(node, monkeypatch):
-    from topoprof.model.inputs import scan as preds
+    from topoprof.scan import pipeline
     from topoprof.scan.pipeline import _predictions
 
     seen = {}
-    monkeypatch.setattr(preds, "predictions", lambda *args, **kw: seen.update(args=args) or [])
+    monkeypatch.setattr(pipeline, "predictions", lambda *args, **kw: seen.update(args=args) or [])
     opts = SimpleNamespace(nproc=2, backend="nccl")
     _predictions(opts, SimpleNamespace(rows=[]), SimpleNamespace(calibration=None), None,
                  _for_job(node, monkeypatch, "6,2"))
@@ -262,11 +263,11 @@ def test_the_ranks_gpus(node, monkeypatch):
 
 
 def test_one_gpu_what_if_applies_to_the_jobs_one_gpu(node, monkeypatch):
-    from topoprof.model.inputs import scan as preds
+    from topoprof.scan import pipeline
     from topoprof.scan.pipeline import _what_ifs
 
     asked = []
-    monkeypatch.setattr(preds, "single_gpu_what_ifs", lambda opts, gpu: asked.append(gpu) or {"label": "x"})
+    monkeypatch.setattr(pipeline, "single_gpu_what_ifs", lambda opts, gpu: asked.append(gpu) or {"label": "x"})
     opts = SimpleNamespace(nproc=1)
     result, status = _what_ifs(opts, _for_job(node, monkeypatch, "5"))
     assert status.status == "ok"

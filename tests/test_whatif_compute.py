@@ -158,7 +158,8 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
 
     from topoprof.cli import main
 
-    monkeypatch.setattr("topoprof.measure.meta_trace.trace_model", lambda *a, **k: {"failure": "on meta, boom"})
+    for where in ("topoprof.model.compute.traced", "topoprof.model.inputs.user_model"):
+        monkeypatch.setattr(f"{where}.trace_model", lambda *a, **k: {"failure": "on meta, boom"})
     result = CliRunner().invoke(main, ["model", *GPT2, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
@@ -245,7 +246,8 @@ def _fake_timing(monkeypatch, seconds=0.05):
         return {"micro_batch_time_s": seconds, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None, "device_name": H100}
 
-    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", fake)
+    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.scan"):
+        monkeypatch.setattr(f"{where}.measure_preset", fake)
     return asked
 
 
@@ -254,7 +256,8 @@ def test_model_on_this_gpu_prints_the_modelled_range_beside_the_measured_time(mo
 
     from topoprof.cli import main
 
-    monkeypatch.setattr("topoprof.measure.runner.visible_gpus", lambda: [0])
+    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.user_model"):
+        monkeypatch.setattr(f"{where}.visible_gpus", lambda: [0])
     asked = _fake_timing(monkeypatch)
     args = ["model", "--preset", "gpt2", "--tokens", "1024", "--world-size", "1", "--no-sweep"]
     text = CliRunner().invoke(main, args)
@@ -305,7 +308,7 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr("topoprof.model.inputs.user_model.measure_preset", broken)
+    monkeypatch.setattr("topoprof.model.inputs.scan.measure_preset", broken)
     fell_back, status = _what_ifs(opts, topology)
     assert fell_back["timing_failed"] and "compute_check" not in fell_back
     assert status.status == "partial" and "timing gpt2 on GPU0 failed (RuntimeError: CUDA error" in status.detail
@@ -328,7 +331,7 @@ def test_a_gpu_scan_prices_its_what_if_with_the_profile_it_measured(monkeypatch)
     timed, status = job._what_ifs(opts, SimpleNamespace(gpus=[gpu]))
     check = timed["compute_check"]
     assert status.status == "ok" and f"on {H100} (bf16, eager, profile)" in check["basis"]
-    monkeypatch.setattr("topoprof.measure.profile.measure_device_profile",
+    monkeypatch.setattr("topoprof.scan.pipeline.measure_device_profile",
                         lambda *a, **k: (_ for _ in ()).throw(NothingMeasured("torch sees no CUDA device")))
     none, failed = job._device_profile(opts)
     assert none is None and failed.status != "ok" and "profiles shipped with topoprof" in failed.detail
@@ -339,11 +342,11 @@ def test_the_profile_a_scan_priced_with_is_written_beside_its_report_or_with_it_
     from topoprof.report import files
 
     report = {"kind": "scan", "mode": {"summary": "", "nproc": 1}}
-    monkeypatch.setattr("topoprof.report.markdown.render_markdown", lambda report: "")
+    monkeypatch.setattr("topoprof.report.files.render_markdown", lambda report: "")
     folder, why = files.save_report(dict(report), str(tmp_path / "out"), {"device-profile.json": "{}\n"})
     assert why is None and (tmp_path / "out" / "device-profile.json").read_text() == "{}\n"
     blocked = tmp_path / "file"
     blocked.write_text("")  # out_dir below a file: it goes to the temporary directory, the profile with it
-    monkeypatch.setattr("topoprof.jsonio.spare_folder", lambda: str(tmp_path / "spare"))
+    monkeypatch.setattr("topoprof.report.files.spare_folder", lambda: str(tmp_path / "spare"))
     folder, why = files.save_report(dict(report), str(blocked / "out"), {"device-profile.json": "{}\n"})
     assert why and folder == str(tmp_path / "spare") and (tmp_path / "spare" / "device-profile.json").exists()

@@ -10,6 +10,7 @@ import sys
 import click
 
 from topoprof import __version__
+from topoprof.commands import bench, model, profile, report, scan, topo, validate
 from topoprof.errors import TopoprofError
 
 
@@ -42,8 +43,6 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from topoprof.commands import bench, model, profile, report, scan, topo, validate
-
     main.add_command(topo.topo)
     main.add_command(bench.bench)
     main.add_command(model.model)

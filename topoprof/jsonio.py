@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from topoprof import __version__
+from topoprof.errors import InputError
 
 SCHEMA_VERSION = 1
 
@@ -49,8 +50,6 @@ def dumps(doc: Mapping[str, Any]) -> str:
 
 def load_json(path: str) -> Any:
     """A JSON file, or InputError 'PATH: cannot read: ...' / 'PATH:LINE: not JSON: ...'."""
-    from topoprof.errors import InputError
-
     try:
         with open(path) as f:
             return json.load(f)
@@ -110,8 +109,6 @@ def _why(err: OSError) -> str:
 def check_writable(path: str | None, option: str) -> None:
     """Refuse, before anything is measured, an output file that could not be written: its folder
     missing or not writable (a read-only mount, a full disk, /proc), or the path a folder."""
-    from topoprof.errors import InputError
-
     if path is None:
         return
     folder = os.path.dirname(os.path.abspath(path))
@@ -127,8 +124,6 @@ def check_writable(path: str | None, option: str) -> None:
 def check_writable_folder(path: str, option: str) -> None:
     """Refuse, before anything is measured, a report folder that cannot be created or written in.
     Folders created for the check are removed again: a run refused later leaves nothing behind."""
-    from topoprof.errors import InputError
-
     created = _missing_folders(path)
     try:
         os.makedirs(path, exist_ok=True)

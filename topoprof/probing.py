@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import click
+
 from topoprof.errors import NothingMeasured, TopoprofError
 
 OK, PARTIAL, UNAVAILABLE, ERROR, SKIPPED = "ok", "partial", "unavailable", "error", "skipped"
@@ -25,8 +27,6 @@ class ProbeStatus:
 
 
 def _debug() -> bool:
-    import click
-
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None
     return bool(obj and obj.get("debug"))

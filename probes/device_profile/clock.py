@@ -19,6 +19,7 @@ Check a point by hand with `python -m torch.utils.benchmark` or `nsys profile` (
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class Clock:
     """The timer for one device ("cuda", "cuda:N" or "cpu")."""
 
     def __init__(self, device: str):
-        import torch
+        import torch  # lazy: torch, loaded only inside the worker process that measures
 
         self.torch = torch
         self.device = device
@@ -62,8 +63,6 @@ class Clock:
 
     def release(self) -> None:
         """Free what the caching allocator holds between sections (a GPU's; a CPU's is glibc's)."""
-        import gc
-
         gc.collect()
         if self.cuda:  # GPU only
             self.torch.cuda.empty_cache()

@@ -21,16 +21,23 @@ torch.utils.benchmark: Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import platform
 import time
 from typing import Callable
 
+import psutil
+
+from topoprof import __version__
 from topoprof.probes.device_profile.clock import HOST_BLOCK_S, MAX_CALLS
 from topoprof.probes.device_profile.points import PLANS
 from topoprof.probes.device_profile.sections import ADAMW_WORDS, PASSES, SECTIONS
 from topoprof.probes.device_profile.timing_run import ProfileRun
+from topoprof.probes.hardware.host import read_cpu
+from topoprof.probes.hardware.nvml import query_driver_version
 from topoprof.specs.messages import DeviceProfileResult, ProfileJob, ProfileProgress, WorkerFailure
+from topoprof.specs.profile_schema import PROFILE_KIND, PROFILE_SCHEMA_VERSION, SDPA_CONVENTION
 
 
 class NoDevice(Exception):
@@ -41,10 +48,6 @@ class NoDevice(Exception):
 
 def machine_facts(torch, device: str) -> dict:
     """What was measured: the device, its software, the host; a missing field with its reason."""
-    import psutil
-
-    from topoprof.probes.hardware.host import read_cpu
-
     cpu, missing = read_cpu(), {}
     facts = {"kind": "cuda" if device.startswith("cuda") else "cpu", "torch": torch.__version__,
              "python": platform.python_version(), "cpu_model": cpu.model, "threads": torch.get_num_threads(),
@@ -53,7 +56,6 @@ def machine_facts(torch, device: str) -> dict:
     if cpu.model is None:
         missing["cpu_model"] = cpu.missing.get("model", "not in /proc/cpuinfo")
     if facts["kind"] == "cuda":  # GPU only
-        from topoprof.probes.hardware.nvml import query_driver_version
 
         props = torch.cuda.get_device_properties(device)
         driver, why = query_driver_version()
@@ -70,8 +72,6 @@ def machine_facts(torch, device: str) -> dict:
 
 
 def conventions(run: ProfileRun) -> dict:
-    from topoprof.specs.profile_schema import SDPA_CONVENTION
-
     device_time = ("CUDA events on the current stream around n calls queued behind a sleep kernel, so that the "
                    "host's cost of issuing them is not in it" if run.cuda else "the wall clock around n calls")
     pick = "the median block" if run.cuda else "the fastest block (a CPU shares its cores with other work)"
@@ -97,12 +97,8 @@ def measure_profile(device: str | None = None, quick: bool = False, budget_s: fl
                     on_progress: Callable[[str], None] | None = None) -> dict:
     """The device profile document of `device` ("cuda", "cuda:N", "cpu"; None: cuda where torch
     sees a GPU, else cpu). NoDevice when a GPU is asked for and torch sees none."""
-    import dataclasses
+    import torch  # lazy: torch, loaded only inside the worker process that measures
 
-    import torch
-
-    from topoprof import __version__
-    from topoprof.specs.profile_schema import PROFILE_KIND, PROFILE_SCHEMA_VERSION
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -26,7 +26,7 @@ def _span(rates: list[float], unit: str) -> str:
 
 
 def _host_costs(run: ProfileRun, out: dict) -> str:
-    # imports torch: in the profile's worker, never when the CLI reads this module
+    # lazy: imports torch; in the profile's worker, never when the CLI reads this module
     from topoprof.trace.selective_cost import WHAT as SELECTIVE_WHAT
 
     torch, seconds, how = run.torch, {}, {}
@@ -74,7 +74,7 @@ def _backward_node_s(run: ProfileRun) -> float:
 def _selective_checkpoint_op_s(run: ProfileRun, w, x) -> float:
     """autograd_forward's op under selective op checkpointing's modes, per op (forward and
     recompute alike: `run_under_selective_op`), blocks of them timed as a host block is."""
-    from topoprof.zoo.checkpoint_wrap import run_under_selective_op  # imports torch: the worker's alone
+    from topoprof.zoo.checkpoint_wrap import run_under_selective_op  # lazy: imports torch; the worker's alone
 
     torch = run.torch
 
@@ -208,7 +208,7 @@ def _optimizer(run: ProfileRun, out: dict) -> str:
 
 def _cpu(run: ProfileRun, out: dict) -> str:
     """What probes/device_profile/device_costs.py measures beyond this profile: fresh pages, convolutions."""
-    from topoprof.probes.device_profile import device_costs
+    from topoprof.probes.device_profile import device_costs  # lazy: imports torch; in the profile's worker alone
 
     repeats = run.plan.cpu_repeats
     pages = run.point("cpu", "fresh pages", lambda: device_costs.fresh_page_cost(repeats))

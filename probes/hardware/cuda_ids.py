@@ -9,13 +9,13 @@ Check by hand: `python -c "import torch; print(torch.cuda.get_device_properties(
 """
 from __future__ import annotations
 
+from topoprof.probes.hardware.nvml import normalize_bus_id
+
 
 def device_identity(torch, device) -> tuple[str | None, str | None]:
     """(UUID, PCI bus id) of a CUDA device: cudaDeviceProp.uuid as torch prints it (bare, without
     NVML's "GPU-"; a MIG device's is its own) and pciDomainID:pciBusID:pciDeviceID.0 in NVML's
     form. Each is None where this torch does not expose it (the bus id fields are recent)."""
-    from topoprof.probes.hardware.nvml import normalize_bus_id
-
     props = torch.cuda.get_device_properties(device)
     uuid = getattr(props, "uuid", None)
     parts = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]

@@ -14,6 +14,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import psutil
+
 # Bits of /sys/class/net/X/flags (include/uapi/linux/if.h).
 _IFF_UP = 0x1
 _IFF_LOOPBACK = 0x8
@@ -328,8 +330,6 @@ def read_interfaces(root: str, missing: dict[str, str]) -> tuple[NetInterface, .
     """
     net_dir = os.path.join(root, "sys/class/net")
     if os.path.abspath(root) == "/":
-        import psutil  # deferred so importing this module does no work
-
         sysfs_net = net_dir if os.path.isdir(net_dir) else None
         result, more = interfaces_from_psutil(psutil.net_if_stats(), psutil.net_if_addrs(), sysfs_net)
         missing.update(more)

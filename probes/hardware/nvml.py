@@ -345,7 +345,7 @@ def _load_pynvml() -> Any:
     global _pynvml
     if _pynvml is None:
         try:
-            import pynvml
+            import pynvml  # lazy: a missing nvidia-ml-py is reported as NVML unavailable (tests swap in a fake)
         except ImportError as err:
             message = f"NVML unavailable: cannot import pynvml ({err}); install nvidia-ml-py"
             raise NothingMeasured(message) from err

@@ -15,11 +15,14 @@ Check by hand: nccl-tests `all_reduce_perf -b 8 -e 128M -f 2 -g <ngpus>` on the 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
 
-from topoprof.specs.collective_spec import DTYPES, combine
+from topoprof.probes.hardware.cuda_ids import device_identity
+from topoprof.probes.ranks.dist import synchronize
+from topoprof.specs.collective_spec import DTYPES, combine, get_collective, make_row
 from topoprof.specs.messages import CollectiveRow, CollectivesJob, CollectivesMeta, CollectiveStopped
 
 # The check works through the buffer in chunks of this many elements, so its int64 temporaries
@@ -223,8 +226,6 @@ def _measure(torch, dist, ctx, spec, size, n, elem, dtype, job: CollectivesJob, 
 
 def run_size(torch, dist, ctx, spec, size: int, job: CollectivesJob, sync, where: Where | None = None):
     """Rows for one size (one per group measured): returns (rows, stop reason or None)."""
-    from topoprof.specs.collective_spec import make_row
-
     where = where or Where("job", None, ctx.world_size, ctx.rank, "", list(range(ctx.world_size)))
     dtype_attr, elem = DTYPES[job.dtype]
     dtype = getattr(torch, dtype_attr)
@@ -263,8 +264,6 @@ def describe_ranks(torch, dist, ctx) -> dict:
     mine = {"rank": ctx.rank, "host": platform.node(), "node": node_id(), "pid": os.getpid(),
             "device": ctx.device, "device_name": "CPU"}
     if ctx.device.startswith("cuda"):
-        from topoprof.probes.hardware.cuda_ids import device_identity
-
         mine["device_name"] = torch.cuda.get_device_name(ctx.device)
         # which of the node's GPUs this rank's device is, whatever CUDA_VISIBLE_DEVICES chose
         mine["device_uuid"], mine["device_bus_id"] = device_identity(torch, ctx.device)
@@ -279,13 +278,9 @@ def describe_ranks(torch, dist, ctx) -> dict:
 
 def run_rank(ctx, job: CollectivesJob) -> None:
     """Sweep every requested collective over every size; rank 0 reports rows as they finish."""
-    import dataclasses
+    import torch  # lazy: torch, loaded only inside the worker process that measures
+    import torch.distributed as dist  # lazy: torch, loaded only inside the worker process that measures
 
-    import torch
-    import torch.distributed as dist
-
-    from topoprof.probes.ranks.dist import synchronize
-    from topoprof.specs.collective_spec import get_collective
 
     sync = lambda: synchronize(ctx.device)  # noqa: E731
     meta = describe_ranks(torch, dist, ctx)

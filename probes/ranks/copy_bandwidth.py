@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import NothingMeasured
+from topoprof.probes.hardware.cuda_ids import device_identity
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _device_device(torch, a: int, b: int, size: int, iters: int, warmup: int) ->
 def measure_copies(size_bytes: int = 256 << 20, iters: int = 10, warmup: int = 2) -> CopyReport:
     """Measure every copy path of the visible GPUs; NothingMeasured without a CUDA GPU."""
     try:
-        import torch
+        import torch  # lazy: torch; the CLI imports this module and runs without torch
     except ImportError as err:  # pragma: no cover - torch is a dependency
         raise NothingMeasured(f"copies need torch with CUDA: {err}") from err
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
@@ -89,7 +90,6 @@ def measure_copies(size_bytes: int = 256 << 20, iters: int = 10, warmup: int = 2
     for a in range(n):
         for b in range(n):
             found.append(_device_device(torch, a, b, size_bytes, iters, warmup))
-    from topoprof.probes.hardware.cuda_ids import device_identity
 
     names = tuple(torch.cuda.get_device_name(d) for d in range(n))
     uuids, buses = zip(*(device_identity(torch, f"cuda:{d}") for d in range(n)))

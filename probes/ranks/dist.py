@@ -29,7 +29,7 @@ def rank_env_from_environ(backend: str) -> RankEnv:
     local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
     device = "cpu"
     if backend == "nccl":
-        import torch
+        import torch  # lazy: torch; the CLI imports this module and runs without torch
 
         # srun may give each task only its own GPU (CUDA_VISIBLE_DEVICES of one): index modulo.
         device = f"cuda:{local % max(1, torch.cuda.device_count())}"
@@ -38,8 +38,8 @@ def rank_env_from_environ(backend: str) -> RankEnv:
 
 def init(backend: str, timeout_s: float) -> RankEnv:
     """Join the process group; collectives that wait longer than timeout_s fail instead of hanging."""
-    import torch
-    import torch.distributed as dist
+    import torch  # lazy: torch; the CLI imports this module and runs without torch
+    import torch.distributed as dist  # lazy: torch; the CLI imports this module and runs without torch
 
     info = rank_env_from_environ(backend)
     if backend == "nccl":
@@ -58,7 +58,7 @@ def init(backend: str, timeout_s: float) -> RankEnv:
 def synchronize(device: str) -> None:
     """Wait for all queued device work (CUDA); CPU (gloo) collectives are already synchronous."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: torch; the CLI imports this module and runs without torch
 
         torch.cuda.synchronize(device)
 
@@ -68,13 +68,13 @@ def synchronize_compute(device: str) -> None:
     collective that NCCL runs on its own stream beside it (`torch.cuda.synchronize` waits for
     every stream). CPU compute is already done when the call returns."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: torch; the CLI imports this module and runs without torch
 
         torch.cuda.current_stream(device).synchronize()
 
 
 def finish() -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch; the CLI imports this module and runs without torch
 
     if dist.is_initialized():
         dist.destroy_process_group()

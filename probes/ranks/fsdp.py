@@ -26,6 +26,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
@@ -110,8 +111,6 @@ class TimedReduceScatter(ReduceScatter):
 
 
 def mesh_for(device: str, world_size: int):
-    from torch.distributed.device_mesh import init_device_mesh
-
     return init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world_size,))
 
 

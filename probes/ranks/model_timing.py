@@ -23,11 +23,16 @@ the messages are topoprof.specs.messages's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
 
+import torch
+
 from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure
+from topoprof.trace.meta_device import has_meta_tensors
+from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 from topoprof.zoo.user_blocks import checkpoint_user_model
 from topoprof.zoo.user_callable import UserModelError, call_user_callable, parameter_list, to_device, user_loss
 
@@ -37,8 +42,6 @@ def _stamp(device):
     host queues work ahead of the GPU, so its clock says when work was launched, not done); the
     host's for a CPU tensor."""
     if device is not None and device.type == "cuda":
-        import torch
-
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(device))
         return event
@@ -84,8 +87,6 @@ def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=N
 
 def _optimizer(name: str, params: list, device: str):
     """AdamW, fused on CUDA where this torch has it (one kernel for every tensor); or SGD."""
-    import torch
-
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-4), "SGD"
     if device.startswith("cuda"):
@@ -99,10 +100,6 @@ def _optimizer(name: str, params: list, device: str):
 def precision_context(precision: str, device: str):
     """The forward under the user's precision: bf16 or fp16 autocast over fp32 weights on a GPU
     (fp16 with a gradient scaler), fp32 otherwise. CPU ranks train in fp32, as `validate` does."""
-    import contextlib
-
-    import torch
-
     if not device.startswith("cuda") or precision == "fp32":
         return contextlib.nullcontext, "fp32", None
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
@@ -130,9 +127,6 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     `progress` is called with each stage's text. `ac`: a user's model's blocks (the children of
     `unit`, else the block list found) checkpointed as the meta trace checkpoints them
     (`topoprof/zoo/user_blocks.py`); a preset takes it in `kwargs`."""
-    import torch
-
-    from topoprof.trace.meta_device import has_meta_tensors
 
     say = progress or (lambda text: None)
     say(f"building {spec}")
@@ -218,8 +212,6 @@ class _MemoryPhases:
     saves; after backward those are freed and the gradients are there. Nothing on a CPU."""
 
     def __init__(self, device: str):
-        import torch
-
         self.cuda = device.startswith("cuda")
         self.torch, self.device = torch, device
         self.at: dict[str, int] = {}
@@ -252,15 +244,11 @@ class _MemoryPhases:
 def _device_memory_bytes(device: str) -> int | None:
     """The timed GPU's memory as CUDA sees it (the GPU CUDA_VISIBLE_DEVICES maps there, a MIG
     slice's own size); None on the CPU."""
-    import torch
-
     return torch.cuda.get_device_properties(torch.device(device)).total_memory if device.startswith("cuda") else None
 
 
 def _device_name(device: str) -> str | None:
     """The timed GPU's name as CUDA gives it (e.g. 'NVIDIA H100 80GB HBM3'); None on the CPU."""
-    import torch
-
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
 
 
@@ -277,7 +265,6 @@ def run_rank(ctx, job: UserModelJob) -> None:
         ctx.send(WorkerFailure(stage=err.kind, reason=str(err), trace=err.trace))
         return
     if job.trace is not None:  # the same model on meta: its ops and backward FLOPs per tensor
-        from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 
         ctx.progress(f"tracing {job.spec} on meta")
         record["op_trace"] = with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs, job.target,

@@ -9,17 +9,17 @@ from __future__ import annotations
 import os
 import platform
 
+from topoprof.jsonio import to_jsonable
+from topoprof.probes.ranks.collective_timing import node_id
 from topoprof.specs.messages import NodesJob, NodesResult
+from topoprof.topology.collect import collect_topology
 
 
 def run_rank(ctx, job: NodesJob) -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch, loaded only inside the worker process that measures
 
-    from topoprof.jsonio import to_jsonable
-    from topoprof.topology.collect import collect_topology
 
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
-    from topoprof.probes.ranks.collective_timing import node_id
 
     mine = {"rank": ctx.rank, "host": platform.node(), "node": node_id(), "local_rank": local_rank,
             "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

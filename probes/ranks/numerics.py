@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from topoprof.probes.ranks import fsdp
 from topoprof.probes.ranks.training import accumulate, make_optimizer, step_batches, wrap_ddp
 from topoprof.specs.messages import NumericsJob, NumericsResult, training_config
 from topoprof.workload.synthetic import DDP_MODES, NUMERICS_TOLERANCE, TrainConfig, check_supported, parse_config
@@ -56,8 +57,6 @@ def run_numerics(ctx, cfg: TrainConfig, fsdp_modes=()) -> None:
         optimizer.step()
         finals[mode] = flat_params(model)
     if fsdp_modes:
-        from topoprof.probes.ranks import fsdp
-
         fsdp.quiet()
         ctx.progress("numerics fsdp")
         finals.update(fsdp.numerics(lambda: build_model(cfg.spec, cfg.seed, dtype, ac=cfg.ac).to(ctx.device),

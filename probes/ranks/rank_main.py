@@ -8,13 +8,16 @@ TOPOPROF_LAUNCHER_PID names the launcher, which this rank must not outlive (`die
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
 import signal
 import sys
+import time
 import traceback
 
+from topoprof.probes.ranks import dist
 from topoprof.specs.messages import Message, PhasesJob, PhaseStarted, Progress, SleepJob, SleepStep, decode, encode
 
 # <linux/prctl.h>: the signal a process gets when the thread that started it exits
@@ -75,6 +78,7 @@ def _phases_worker(ctx: RankContext, job: PhasesJob) -> None:
     A phase that fails on one rank raises there, which ends the whole run: the launcher stops the
     peers and keeps what the earlier phases reported.
     """
+    # lazy: torch; the CLI imports this module, and a rank leaves before torch if its launcher is gone
     import torch.distributed as dist
 
     for phase in job.phases:
@@ -85,8 +89,7 @@ def _phases_worker(ctx: RankContext, job: PhasesJob) -> None:
 
 def _sleep_worker(ctx: RankContext, job: SleepJob) -> None:
     """A worker for testing the launcher: reports, waits, optionally fails on one rank."""
-    import time
-
+    # lazy: torch; the CLI imports this module, and a rank leaves before torch if its launcher is gone
     import torch.distributed as dist
 
     for i in range(job.steps):
@@ -117,8 +120,6 @@ def die_with_launcher() -> None:
     """
     launcher = os.environ.get("TOPOPROF_LAUNCHER_PID")
     if sys.platform.startswith("linux"):
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
             print(f"rank: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
@@ -147,7 +148,6 @@ def main() -> None:
         out.write(json.dumps(msg) + "\n")
         out.flush()
 
-    from topoprof.probes.ranks import dist
 
     try:
         env = dist.init(job["backend"], float(job["timeout_s"]))
@@ -155,6 +155,7 @@ def main() -> None:
         resolve(job["worker"])(ctx, _config(job))
         # Every rank has finished its collectives before any leaves: a peer closing its sockets
         # early would fail a rank still inside its last operation.
+        # lazy: torch; the CLI imports this module, and a rank leaves before torch if its launcher is gone
         import torch.distributed
 
         torch.distributed.barrier()

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 from topoprof.probes.ranks.dist import synchronize, synchronize_compute
 from topoprof.specs.messages import TrainingCalibration, TrainingJob, TrainingResult, training_config
@@ -171,8 +173,6 @@ class _HookCounter:
 
 
 def _counting_allreduce(counter: _HookCounter, bucket):
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     counter.calls += 1
     counter.bucket_numel[bucket.index()] = bucket.buffer().numel()
     # what DDP does without a hook: its state None is the default process group, which torch's hints leave out
@@ -180,8 +180,6 @@ def _counting_allreduce(counter: _HookCounter, bucket):
 
 
 def wrap_ddp(model, device: str, cfg: TrainConfig, counter: _HookCounter | None = None):
-    from torch.nn.parallel import DistributedDataParallel
-
     ids = [torch.device(device).index] if device.startswith("cuda") else None
     kwargs: dict[str, Any] = {} if cfg.bucket_cap_mb is None else {"bucket_cap_mb": cfg.bucket_cap_mb}
     ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=False, **kwargs)

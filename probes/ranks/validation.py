@@ -48,6 +48,7 @@ from topoprof.specs.fsdp_modes import FSDP_ONE_NODE
 from topoprof.specs.messages import ValidationJob, ValidationRotations, training_config
 from topoprof.workload.synthetic import DDP_MODES, check_supported, parse_config
 from topoprof.zoo.synthetic_lm import build_model
+from topoprof.zoo.user_callable import call_user_callable, to_device, user_loss
 
 # Compute beside an all-reduce: one long enough to outlast a forward+backward, in multiples of
 # the compute time at the all-reduce rate this rotation measured.
@@ -253,7 +254,6 @@ def _trainee(cfg, user_model: str | None, device: str):
     if user_model is None:
         model = build_model(cfg.spec, cfg.seed, autocast_dtype=training.AMP_DTYPES[cfg.amp], ac=cfg.ac)
         return model.to(device), None, training.mean_loss
-    from topoprof.zoo.user_callable import call_user_callable, to_device, user_loss
 
     module, batch, loss_fn = call_user_callable(user_model)
     return module.to(device), to_device(batch, device), lambda m, b: user_loss(m, b, loss_fn)
@@ -265,7 +265,7 @@ def run_rank(ctx, job: ValidationJob) -> None:
     modes = [m for m in requested if m in DDP_MODES]
     fsdp_modes = [m for m in requested if m in FSDP_ONE_NODE]  # probes/ranks/fsdp.py's SUPPORTED
     if fsdp_modes:  # FSDP2's torch API only where an FSDP mode is asked for: DDP runs on older torch
-        from topoprof.probes.ranks import fsdp
+        from topoprof.probes.ranks import fsdp  # lazy: imports FSDP2's torch API, missing on older torch
     check_supported(cfg, ctx.device, ctx.world_size, torch.cuda.device_count())
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)

@@ -6,12 +6,24 @@ import sys
 import click
 
 from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed, SavedElsewhere
+from topoprof.jsonio import check_writable, dumps, envelope, write_text
+from topoprof.measure.bench import (
+    BenchOptions,
+    bench_payload,
+    collectives_option,
+    copies_payload,
+    default_sizes,
+    result_from_nccl_tests,
+    run_bench,
+)
+from topoprof.measure.launch import is_reporting_rank, multi_node
+from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.progress import LiveProgress
+from topoprof.report.text_bench import HEADER, copy_lines, format_row, imported_lines, summary_lines
+from topoprof.specs.collective_spec import parse_size, size_sweep
 
 
 def _size(ctx, param, value):
-    from topoprof.specs.collective_spec import parse_size
-
     if value is None:
         return None
     try:
@@ -21,15 +33,9 @@ def _size(ctx, param, value):
 
 
 def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
-    from topoprof.measure.bench import BenchOptions, collectives_option, default_sizes, run_bench
-    from topoprof.measure.runner import default_backend_and_nproc
-    from topoprof.report.text_bench import HEADER, format_row
-    from topoprof.specs.collective_spec import size_sweep
-
     backend, nproc, note = default_backend_and_nproc(opts_kwargs.pop("backend"), opts_kwargs.pop("nproc"))
     lo, hi, factor = default_sizes(backend)
     min_b, max_b, fac = sizes
-    from topoprof.measure.launch import multi_node
 
     opts_kwargs["levels"] = ("intra", "inter", "job") if multi_node() else ("job",)
     opts = BenchOptions(backend=backend, nproc=nproc, collectives=collectives_option(collectives),
@@ -38,7 +44,6 @@ def _run_live(opts_kwargs: dict, collectives: str, sizes, as_json: bool):
                         **opts_kwargs)
     current: dict[str, tuple | None] = {"coll": None}
 
-    from topoprof.measure.launch import is_reporting_rank
 
     quiet = as_json or not is_reporting_rank()
 
@@ -89,28 +94,20 @@ def bench(backend, nproc, collectives, min_bytes, max_bytes, factor, iters, warm
     Same method and columns as nccl-tests' *_perf binaries, on local ranks or as ranks of an
     enclosing torchrun / SLURM job.
     """
-    from topoprof.jsonio import check_writable
-
     check_writable(out_path, "--out")
     if from_log:
-        from topoprof.measure.bench import result_from_nccl_tests
-
         result = result_from_nccl_tests(from_log)
         if not as_json:
-            from topoprof.report.text_bench import imported_lines
-
             click.echo("\n".join(imported_lines(result)))
     else:
         kwargs = dict(backend=backend, nproc=nproc, iters=iters, warmup=warmup, dtype=dtype,
                       combine=combine, check=check, timeout_s=timeout_s)
         result = _run_live(kwargs, collectives, (min_bytes, max_bytes, factor), as_json)
-    from topoprof.measure.launch import is_reporting_rank
 
     if not is_reporting_rank():  # rank 0 of the job prints, writes and measures the copies alone
         if result.status != "ok":
             raise RunFailed(f"{result.error}")
         return
-    from topoprof.measure.bench import copies_payload
 
     copy_report = copies_payload(copies)
     moved = _emit(result, copy_report, as_json, out_path)
@@ -135,9 +132,6 @@ def _failure(result) -> str | None:
 
 def _emit(result, copy_report, as_json: bool, out_path: str | None):
     """Print the result and write --out; the Moved when --out had to go elsewhere (see write_text)."""
-    from topoprof.jsonio import dumps, envelope, write_text
-    from topoprof.measure.bench import bench_payload
-
     doc = envelope("bench", bench_payload(result, copy_report))
     moved = write_text(out_path, dumps(doc) + "\n", "--out") if out_path else None
     if as_json:
@@ -145,13 +139,10 @@ def _emit(result, copy_report, as_json: bool, out_path: str | None):
         return moved
     if moved and moved.written_to is None:  # the file could be written nowhere: its JSON on stdout
         click.echo(dumps(doc))
-    from topoprof.report.text_bench import summary_lines
 
     for line in summary_lines(result):
         click.echo(line)
     if copy_report is not None:
-        from topoprof.report.text_bench import copy_lines
-
         for line in copy_lines(copy_report):
             click.echo(line)
     return moved

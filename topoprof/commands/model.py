@@ -3,6 +3,13 @@ from __future__ import annotations
 
 import click
 
+from topoprof.jsonio import dumps, envelope
+from topoprof.model.inputs.options import build_inputs
+from topoprof.model.inputs.request import ModelRequest
+from topoprof.model.inputs.search import applying_strategies, fits_payload
+from topoprof.model.strategies.payload import model_payload
+from topoprof.progress import LiveProgress
+from topoprof.report.text_model import render_model
 from topoprof.workload.presets import RMSNORMS
 from topoprof.zoo.hf_spec import ATTN_CHOICES
 
@@ -97,13 +104,6 @@ def model(**opts):
     """Predict one optimizer step for single, dp, ddp_synced, ddp_no_sync, ddp_no_sync_backward_only,
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
-    from topoprof.model.inputs.options import build_inputs
-    from topoprof.model.inputs.request import ModelRequest
-    from topoprof.model.inputs.search import applying_strategies, fits_payload
-    from topoprof.model.strategies.payload import model_payload
-    from topoprof.progress import LiveProgress
-    from topoprof.report.text_model import render_model
-
     request = ModelRequest.from_options(opts)
     with LiveProgress() as progress:  # on stderr, when it is a terminal (topoprof.progress)
         inputs, described = build_inputs(request, progress)
@@ -112,8 +112,6 @@ def model(**opts):
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
         payload = {"fits": fits_payload(inputs, request, applying_strategies(payload), progress), **payload}
     if opts["as_json"]:
-        from topoprof.jsonio import dumps, envelope
-
         click.echo(dumps(envelope("model", payload)))
         return
     click.echo(render_model(payload))

@@ -8,6 +8,10 @@ import re
 import click
 
 from topoprof.errors import SavedElsewhere
+from topoprof.jsonio import check_writable, check_writable_folder, dumps, write_text
+from topoprof.measure.profile import measure_device_profile
+from topoprof.model.compute.profile import profile_from_dict, profile_to_json
+from topoprof.report.text_profile import render_profile
 
 
 def default_path(profile) -> str:
@@ -30,11 +34,6 @@ def profile(device, quick, out_path, as_json, timeout_s):
     """Measure this machine's GPU (or CPU) for the what-if compute model: host cost per op, GEMM
     FLOP/s over a grid of shapes, memory-bound bytes/s by kind and size, SDPA forward + backward
     FLOP/s, the optimizer's bytes/s. Writes a versioned JSON profile and prints a summary."""
-    from topoprof.jsonio import check_writable, check_writable_folder, dumps, write_text
-    from topoprof.measure.profile import measure_device_profile
-    from topoprof.model.compute.profile import profile_from_dict, profile_to_json
-    from topoprof.report.text_profile import render_profile
-
     if out_path:
         check_writable(out_path, "--out")
     else:

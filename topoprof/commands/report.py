@@ -5,16 +5,16 @@ import os
 
 import click
 
+from topoprof.errors import InputError
+from topoprof.jsonio import check_writable_folder
+from topoprof.report.files import load_report, write_report
+
 
 @click.command()
 @click.argument("report_json", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write here instead of beside the JSON.")
 def report(report_json: str, out_dir: str | None) -> None:
     """Re-render report.md and the PNG charts from a scan's report.json."""
-    from topoprof.errors import InputError
-    from topoprof.jsonio import check_writable_folder
-    from topoprof.report.files import load_report, write_report
-
     doc = load_report(report_json)
     target = out_dir or os.path.dirname(os.path.abspath(report_json))
     option = "--out" if out_dir else "the report's folder"

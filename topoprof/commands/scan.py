@@ -5,7 +5,14 @@ from __future__ import annotations
 import click
 
 from topoprof.errors import RunFailed, SavedElsewhere
+from topoprof.jsonio import check_writable_folder, dumps
+from topoprof.measure.launch import is_reporting_rank
+from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.progress import LiveProgress
+from topoprof.report.text_scan import summary_lines
+from topoprof.scan.options import ScanOptions
+from topoprof.scan.pipeline import default_out_dir, run
+from topoprof.scan.ranks import Stages
 
 
 @click.command()
@@ -38,18 +45,11 @@ def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_tim
          activation_checkpointing, validate, quick, timeout_s, out_dir):
     """Profile this node and write a report: wiring, measured bandwidth, DP/DDP/accumulation
     predictions checked by real loops, and what to do, with charts."""
-    from topoprof.measure.runner import default_backend_and_nproc
-    from topoprof.scan.options import ScanOptions
-    from topoprof.scan.ranks import Stages
-
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
     opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
                        preset=preset, image_size=image_size, micro_batch_time_s=micro_batch_time, tokens=tokens,
                        micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s, user_model=user_model,
                        activation_checkpointing=activation_checkpointing)
-    from topoprof.jsonio import check_writable_folder
-    from topoprof.measure.launch import is_reporting_rank
-    from topoprof.scan.pipeline import default_out_dir, run
 
     out_dir = out_dir or default_out_dir()
     if is_reporting_rank():  # rank 0 writes the report: a folder it cannot write ends the scan now
@@ -64,9 +64,6 @@ def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_tim
 def _finish(written, out_dir: str) -> None:
     """The summary, then the exit: 3 if rank work failed part-way or the report had to go to the
     temporary directory (both said in one line), else 0."""
-    from topoprof.jsonio import dumps
-    from topoprof.report.text_scan import summary_lines
-
     report, folder = written.report, written.folder
     if folder is None:  # neither out_dir nor the temporary directory: the report itself, on stdout
         click.echo(dumps(report))

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import click
 
+from topoprof.jsonio import dumps, envelope
+from topoprof.topology.collect import collect_topology
+from topoprof.topology.render import render_topology
+
 
 @click.command()
 @click.option("--from-file", "from_file", type=click.Path(dir_okay=False),
@@ -15,14 +19,9 @@ def topo(from_file: str | None, as_json: bool, no_nvml: bool) -> None:
     The same matrix as `nvidia-smi topo -m`, with what each code means in GB/s, the PCIe
     generation and width and NVLink counts from NVML, P2P status, NUMA and NIC rates.
     """
-    from topoprof.topology.collect import collect_topology
-
     topology = collect_topology(from_file, use_nvml=not no_nvml)
     if as_json:
-        from topoprof.jsonio import dumps, envelope
-
         click.echo(dumps(envelope("topology", {"topology": topology})))
         return
-    from topoprof.topology.render import render_topology
 
     click.echo(render_topology(topology))

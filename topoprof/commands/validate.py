@@ -4,7 +4,23 @@ from __future__ import annotations
 import click
 
 from topoprof.errors import InputError, RunFailed, SavedElsewhere
+from topoprof.jsonio import check_writable, dumps, envelope, write_text
+from topoprof.measure.launch import is_reporting_rank
+from topoprof.measure.runner import default_backend_and_nproc
+from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
+from topoprof.model.inputs.user_model import measure_here, user_layout
+from topoprof.model.validate.run import (
+    FSDP_BACKENDS,
+    ValidateOptions,
+    cpu_threads_per_rank,
+    parse_modes,
+    run_validate,
+    save_calibration,
+    spec_from_options,
+    validate_payload,
+)
 from topoprof.progress import LiveProgress
+from topoprof.report.text_validate import render_validate
 
 
 @click.command()
@@ -42,22 +58,6 @@ from topoprof.progress import LiveProgress
 def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_batch, accum, steps, warmup_steps, modes,
              ac, threads, numerics, timeout_s, save_calibration_to, as_json, out_path):
     """Run short real training loops for each strategy and compare with the model's prediction."""
-    from topoprof.jsonio import check_writable, dumps, envelope, write_text
-    from topoprof.measure.launch import is_reporting_rank
-    from topoprof.measure.runner import default_backend_and_nproc
-    from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
-    from topoprof.model.validate.run import (
-        FSDP_BACKENDS,
-        ValidateOptions,
-        cpu_threads_per_rank,
-        parse_modes,
-        run_validate,
-        save_calibration,
-        spec_from_options,
-        validate_payload,
-    )
-    from topoprof.report.text_validate import render_validate
-
     check_writable(out_path, "--out")
     check_writable(save_calibration_to, "--save-calibration")
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
@@ -71,7 +71,6 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     if user_model:
         if params or preset:
             raise InputError("give at most one of --params, --preset or --model")
-        from topoprof.model.inputs.user_model import measure_here, user_layout
 
         layout = user_layout(measure_here(user_model))
         label = layout.name

@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from topoprof.errors import InputError, NothingMeasured
+from topoprof.jsonio import to_jsonable
+from topoprof.measure.fit import bus_bandwidth_gbps, fit_all
+from topoprof.measure.launch import JobSpec, as_message
+from topoprof.measure.nccl_log import explain, parse_nccl_info
+from topoprof.measure.nccl_tests import read_nccl_tests_runs
+from topoprof.measure.runner import run_job
+from topoprof.measure.spread import slow_ranks
+from topoprof.probes.ranks.copy_bandwidth import measure_copies
 from topoprof.specs.collective_spec import COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective, row_from_dict
 from topoprof.specs.messages import (
     CollectiveRow,
@@ -77,16 +85,12 @@ class BenchResult:
     def fits(self) -> dict:
         """Per collective, over the whole job's rows (the level every single-node run has). None on
         one rank: its t(S) = a + S/b would give b as a bandwidth of a collective that moved nothing."""
-        from topoprof.measure.fit import fit_all
-
         if self.world_size() == 1:
             return {}
         return fit_all([r for r in self.rows if r.level == "job" and r.busbw_gbps is not None])
 
     def level_fits(self) -> dict:
         """Across nodes: {"intra node0 (host)": {collective: Fit}, "inter network": ..., "job": ...}."""
-        from topoprof.measure.fit import fit_all
-
         keys = sorted({(r.level, r.group) for r in self.rows if r.busbw_gbps is not None})
         if keys in ([("job", "")], []):
             return {}
@@ -121,9 +125,6 @@ def nccl_env(opts: BenchOptions) -> dict:
 
 def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = None,
               on_progress: Callable[[str], None] | None = None) -> BenchResult:
-    from topoprof.measure.launch import JobSpec, as_message
-    from topoprof.measure.runner import run_job
-
     result = BenchResult(status="ok", rows=[], metadata={
         "backend": opts.backend, "world_size": opts.nproc, "iters": opts.iters, "warmup": opts.warmup,
         "dtype": opts.dtype, "combine": opts.combine, "check": opts.check, "protocol": opts.protocol(),
@@ -159,9 +160,6 @@ def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] | None = No
 def read_nccl_logs(result: BenchResult, rank_logs: dict[str, str]) -> None:
     """NCCL's own INFO lines in the ranks' output (`RunResult.rank_logs`): its version, the
     transport it chose per pair, and what that means."""
-    from topoprof.jsonio import to_jsonable
-    from topoprof.measure.nccl_log import explain, parse_nccl_info
-
     for path, text in rank_logs.items():
         summary = parse_nccl_info(text, source=path)
         if summary.pairs or summary.nccl_version:
@@ -187,8 +185,6 @@ def collectives_option(text: str) -> tuple[str, ...]:
 
 def result_from_nccl_tests(path: str) -> BenchResult:
     """An nccl-tests *_perf log (one run or several) as a BenchResult: same rows, fit and charts."""
-    from topoprof.measure.nccl_tests import read_nccl_tests_runs
-
     runs = read_nccl_tests_runs(path)
     rows = [row for run in runs for row in run.rows]
     first = runs[0]
@@ -205,9 +201,6 @@ def result_from_nccl_tests(path: str) -> BenchResult:
 
 def bench_payload(result, copies=None) -> dict:
     """The JSON body of a bench run (also embedded in scan reports)."""
-    from topoprof.measure.fit import bus_bandwidth_gbps
-    from topoprof.measure.spread import slow_ranks
-
     fits = result.fits()
     n = result.world_size()
     return {
@@ -228,16 +221,12 @@ def bench_payload(result, copies=None) -> dict:
 
 
 def _fit_dict(fit) -> dict:
-    from topoprof.jsonio import to_jsonable
-
     return to_jsonable(fit)
 
 
 def copies_payload(enabled: bool) -> dict | None:
     if not enabled:
         return None
-    from topoprof.jsonio import to_jsonable
-    from topoprof.probes.ranks.copy_bandwidth import measure_copies
 
     try:
         return {"status": "ok", **to_jsonable(measure_copies())}

@@ -21,6 +21,7 @@ No torch here: this module only starts and watches processes.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import selectors
@@ -36,6 +37,7 @@ from typing import BinaryIO, Callable
 
 import topoprof
 from topoprof.errors import InputError
+from topoprof.measure import slurm
 from topoprof.specs.messages import Message, Progress, decode, encode, kind_of
 
 # Messages a rank sends, one JSON object a line: the launcher's own {"type": "error"|"done", ...},
@@ -85,8 +87,6 @@ class RunResult:
 
 def read_rank_logs(log_dir: str) -> dict[str, str]:
     """The rank*.log files of a job's log folder, by path."""
-    import glob
-
     logs = {}
     for path in sorted(glob.glob(os.path.join(log_dir, "rank*.log"))):
         with open(path, errors="replace") as f:
@@ -112,8 +112,6 @@ def external_job(environ: dict | None = None) -> ExternalJob | None:
     SLURM_PROCID 0 and the job's SLURM_NTASKS too, but it is no rank: run there without srun,
     topoprof works alone. The rendezvous address comes from SLURM (topoprof.measure.slurm).
     """
-    from topoprof.measure import slurm
-
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         world, local_world = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))

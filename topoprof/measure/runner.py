@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
+import socket
+import tempfile
 import threading
 import time
 
+from topoprof.errors import InputError, NothingMeasured
+from topoprof.measure import slurm
 from topoprof.measure.launch import (
     ExternalJob,
     JobSpec,
@@ -18,21 +23,20 @@ from topoprof.measure.launch import (
     launch_local,
     read_rank_logs,
 )
+from topoprof.probes.hardware.nvml import query_nvml
+from topoprof.probes.ranks import dist
+from topoprof.probes.ranks.rank_main import RankContext, resolve
 
 
 def visible_gpus() -> int:
     """CUDA GPUs this process can use. Without NVML there is no NVIDIA driver, hence no CUDA GPU,
     and torch (seconds to import) is not needed to say so; with it, torch counts, as it honours
     CUDA_VISIBLE_DEVICES the way the ranks will."""
-    from topoprof.errors import NothingMeasured
-
     try:
-        from topoprof.probes.hardware.nvml import query_nvml
-
         query_nvml()
     except NothingMeasured:
         return 0
-    import torch
+    import torch  # lazy: torch; the CLI imports this module and runs without torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -45,14 +49,10 @@ def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[s
     job = external_job()
     if job is not None:
         if nproc is not None and nproc != job.world_size:
-            from topoprof.errors import InputError
-
             raise InputError(f"--nproc {nproc} conflicts with the {job.launcher} job's WORLD_SIZE {job.world_size}")
         note = (f"rank {job.rank} of a {job.launcher} job of {job.world_size} rank(s) on {job.nodes} node(s); "
                 f"backend {backend}; {gpus} visible GPU(s) on this node")
         if job.launcher == "slurm":
-            from topoprof.measure import slurm
-
             where = slurm.rendezvous(os.environ)
             note += f"; rendezvous at {where.addr}:{where.port} ({where.source})"
         return backend, job.world_size, note
@@ -60,12 +60,8 @@ def default_backend_and_nproc(backend: str | None, nproc: int | None) -> tuple[s
         nproc = gpus if backend == "nccl" else 2
     note = f"{gpus} visible GPU(s); backend {backend}, {nproc} rank(s)"
     if backend == "nccl" and gpus == 0:
-        from topoprof.errors import NothingMeasured
-
         raise NothingMeasured("--backend nccl needs a CUDA GPU; none is visible (use --backend gloo)")
     if backend == "nccl" and nproc > gpus:
-        from topoprof.errors import InputError
-
         raise InputError(f"--nproc {nproc} > {gpus} visible GPU(s): NCCL needs one GPU per rank")
     return backend, nproc, note
 
@@ -79,8 +75,6 @@ def run_job(spec: JobSpec, on_message: OnMessage) -> RunResult:
 
 def explain_job_error(err: Exception, job: ExternalJob, timeout_s: float) -> str:
     """What a torch.distributed error means for the job, in its own words."""
-    import re
-
     text = str(err)
     if isinstance(err, Stopped):
         return text
@@ -121,16 +115,12 @@ def _stop_on_sigterm():
 
 def _rendezvous_from_slurm() -> None:
     """torch's env:// rendezvous reads MASTER_ADDR/MASTER_PORT: fill them from SLURM's own variables."""
-    from topoprof.measure import slurm
-
     where = slurm.rendezvous(os.environ)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = where.addr, str(where.port)
 
 
 def peer_host(addr: str) -> str:
     """A peer's address with the node name the cluster's resolver gives it ("node7 (10.1.0.7)")."""
-    import socket
-
     try:
         return f"{socket.gethostbyaddr(addr)[0]} ({addr})"
     except (OSError, UnicodeError):
@@ -139,9 +129,6 @@ def peer_host(addr: str) -> str:
 
 def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
     """This process is one rank of torchrun/SLURM: run the worker here; rank 0 reports."""
-    from topoprof.probes.ranks import dist
-    from topoprof.probes.ranks.rank_main import RankContext, resolve
-
     messages: list[tuple[int, dict]] = []
 
     def emit(msg: dict) -> None:
@@ -154,8 +141,6 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
     log_dir = ""
     if spec.env.get("NCCL_DEBUG") and "NCCL_DEBUG_FILE" not in os.environ:
         # NCCL would print to stdout, into the command's own output (--json): give it a file.
-        import tempfile
-
         log_dir = tempfile.mkdtemp(prefix="topoprof-nccl-")
         os.environ["NCCL_DEBUG_FILE"] = os.path.join(log_dir, f"rank{job.rank}.log")
     os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 TORCH_FLOOR = (2, 6)
 
@@ -43,8 +44,6 @@ def torch_version_text() -> str | None:
     """The installed torch's version string, without importing torch: its package metadata (the
     same in every process, torch imported or not; a PyPI wheel's may lack the "+cu124" of
     `torch.__version__`), else the torch already imported; None when there is none."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("torch")
     except PackageNotFoundError:

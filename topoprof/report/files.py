@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 
 from topoprof.errors import InputError
-from topoprof.jsonio import dumps
+from topoprof.jsonio import SCHEMA_VERSION, dumps, load_json, spare_folder
+from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.report import plots
+from topoprof.report.markdown import render_markdown
+from topoprof.report.verdict import copy_verdicts
 
 CHARTS = ("busbw", "links", "copies", "what_if", "step_vs_accum", "pred_vs_measured", "memory")
 
@@ -47,9 +51,6 @@ def _copy_reference(report: dict) -> dict:
     """The figures the copies chart draws its measurements against: the PCIe link's raw rate (as
     the copies' verdict takes it, from NVML) and the GPU's datasheet memory bandwidth, where every
     copied GPU is the same known model; None where unknown."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly
-    from topoprof.report.verdict import copy_verdicts
-
     copies = report.get("copies") or {}
     links = [r["nominal_gbps"] for r in copy_verdicts(copies, report.get("topology") or {}) if r["nominal_gbps"]]
     # an unknown GPU has no figure: nothing is drawn for it
@@ -60,8 +61,6 @@ def _copy_reference(report: dict) -> dict:
 
 
 def render_charts(report: dict, out_dir: str) -> dict[str, str]:
-    from topoprof.report import plots
-
     charts = {}
     bench = report.get("bench") or {}
     job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
@@ -99,8 +98,6 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
 def write_report(report: dict, out_dir: str, beside: dict[str, str] | None = None) -> dict[str, str]:
     """report.json, the charts, report.md and the files `beside` (name: text) in out_dir; returns
     the file names written."""
-    from topoprof.report.markdown import render_markdown
-
     os.makedirs(out_dir, exist_ok=True)
     report["charts"] = render_charts(report, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
@@ -117,8 +114,6 @@ def save_report(report: dict, out_dir: str, beside: dict[str, str] | None = None
     """write_report in out_dir, or, if that fails at the end of a scan, in a new folder in the
     system's temporary directory, so that nothing measured is lost: (the folder written, or None
     if neither could be; why out_dir could not be, or None)."""
-    from topoprof.jsonio import spare_folder
-
     try:
         write_report(report, out_dir, beside)
         return out_dir, None
@@ -133,13 +128,10 @@ def save_report(report: dict, out_dir: str, beside: dict[str, str] | None = None
 
 
 def load_report(path: str) -> dict:
-    from topoprof.jsonio import load_json
-
     doc = load_json(path)
     if doc.get("kind") != "scan":
         raise InputError(f"{path}: not a scan report (kind {doc.get('kind')!r}); expected report.json from `topoprof "
                          f"scan`")
-    from topoprof.jsonio import SCHEMA_VERSION
 
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this "

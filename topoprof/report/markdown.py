@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 from topoprof.report.costs import part_rows, share_span
+from topoprof.report.text_fits import fits_lines
+from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
+from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note
+from topoprof.report.text_validate import INPUTS
+from topoprof.report.verdict import copy_verdicts
+from topoprof.topology.visible import describe, gpu_marks, job_devices
 
 
 def _ms(s) -> str:
@@ -60,8 +66,6 @@ def _topology(report: dict) -> list[str]:
         out += [f"Sources: {', '.join(topo.get('sources', [])) or 'none'}.", ""]
     gpus = topo.get("gpus", [])
     if gpus:
-        from topoprof.topology.visible import gpu_marks
-
         marks = gpu_marks(topo)
         rows = [[f"GPU{g['index']}" + ("\\*" if g["index"] in (marks or {}) else ""),
                  *([marks.get(g["index"], "–")] if marks is not None else []), g.get("name") or "–",
@@ -73,8 +77,6 @@ def _topology(report: dict) -> list[str]:
         out += _table(["GPU", *(["this job"] if marks is not None else []), "name", "bus id", "PCIe now / max",
                        "NUMA", "NVLinks"], rows) + [""]
         if marks is not None:
-            from topoprof.topology.visible import describe, job_devices
-
             out += [f"\\* = visible to this job (`CUDA_VISIBLE_DEVICES={topo['visible_devices']}`): "
                     f"{describe(job_devices(topo))}.", ""]
         out += _chart(report, "links", "GPU x GPU links")
@@ -179,7 +181,6 @@ def _predictions(report: dict) -> list[str]:
                             + ([_memory_gb(s), _fits(s)] if sized else []) + ([_step_range(s)] if ranged else []))
         out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
                       + (["memory GB", "fits"] if sized else []) + (["step range ms"] if ranged else []), rows) + [""]
-        from topoprof.report.text_model import dp_note, fsdp_note
 
         fsdp_rows = any(name.startswith("fsdp_") and s.get("step_time_s") for name, s in p["strategies"].items())
         notes = [f"Note: {line}." for line in dp_note(p) + (fsdp_note(p) if fsdp_rows else [])]
@@ -192,8 +193,6 @@ def _predictions(report: dict) -> list[str]:
 
 def _fits_block(p: dict) -> list[str]:
     """What fits, first (`topoprof.report.text_fits`), as a fixed-width block."""
-    from topoprof.report.text_fits import fits_lines
-
     lines = fits_lines(p.get("fits"))
     return ["```text", *[line for line in lines if line], "```", ""] if lines else []
 
@@ -225,8 +224,6 @@ def _memory_basis(p: dict) -> list[str]:
 
 def _ddp_costs(p: dict) -> list[str]:
     """Where DDP's cost goes per synced micro-batch, and the options that act on each part."""
-    from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share
-
     share = ddp_cost_share(p)
     if share is None:
         return []
@@ -246,8 +243,6 @@ def _ddp_costs(p: dict) -> list[str]:
 
 def _fsdp_costs(p: dict) -> list[str]:
     """Where FSDP's cost goes per synced micro-batch of fsdp_full_shard, and HSDP's levels."""
-    from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
-
     share = fsdp_cost_share(p)
     out = [f"{line[0].upper()}{line[1:]}.\n" for line in hsdp_line(p)]
     if share is None:
@@ -271,8 +266,6 @@ def _span_ms(pair: list) -> str:
 
 
 def _copies(report: dict) -> list[str]:
-    from topoprof.report.verdict import copy_verdicts
-
     rows = copy_verdicts(report.get("copies"), report.get("topology") or {})
     if not rows:
         return []
@@ -350,8 +343,6 @@ def _parts_rows(modes: dict) -> list[list]:
 
 
 def _calibration_rows(cal: dict) -> list[list]:
-    from topoprof.report.text_validate import INPUTS
-
     spread = cal.get("spread") or {}
     rows = []
     for key, label, unit in INPUTS:

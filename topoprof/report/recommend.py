@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from topoprof.model.comm import tcp
+
 # A strategy change is worth recommending when it saves at least this share of step time;
 # smaller differences are inside the run-to-run noise of real training loops.
 MIN_GAIN = 0.05
@@ -281,8 +283,6 @@ def _tcp_transport(backend: str, nodes: list[dict], env: dict) -> bool:
 def slow_start_recommendation(report: dict) -> Recommendation | None:
     """A multi-node job over TCP on nodes that restart slow start after idle, when the restarts
     the predicted step would see cost at least MIN_GAIN of it."""
-    from topoprof.model.comm import tcp
-
     cluster = report.get("cluster") or {}
     inter = next(iter(((cluster.get("levels") or {}).get("inter") or {}).values()), None)
     nodes = cluster.get("nodes") or []

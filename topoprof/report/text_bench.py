@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from topoprof.measure.spread import slow_ranks
+from topoprof.specs.collective_spec import get_collective
+
 HEADER = (
     "#       size         count      type       time     algbw     busbw  #wrong\n"
     "#        (B)    (elements)                 (us)    (GB/s)    (GB/s)"
@@ -37,8 +40,6 @@ def footer(rows: Sequence) -> list[str]:
 
 
 def fit_lines(fits: dict, nranks: int) -> list[str]:
-    from topoprof.specs.collective_spec import get_collective
-
     lines = []
     for name, fit in fits.items():
         if fit is None:
@@ -83,8 +84,6 @@ def copy_lines(report: dict) -> list[str]:
 def summary_lines(result) -> list[str]:
     """What follows the rows of a live run: nccl-tests' footer per collective, the fits, slow
     ranks, stopped sweeps, NCCL's transports, and the one-rank note."""
-    from topoprof.measure.spread import slow_ranks
-
     out = []
     by_coll: dict[tuple, list] = {}
     for row in result.rows:

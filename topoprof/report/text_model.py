@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, OPTIMIZER_UNKNOWN_SOURCE
 from topoprof.report.costs import cost_share, part_rows, share_span
+from topoprof.report.text_fits import fits_lines, memory_parts_lines
 from topoprof.report.text_fsdp import fsdp_cost_rows, hsdp_line
 
 
@@ -292,8 +293,6 @@ def _fixed_rows(fixed: dict) -> list[str]:
 
 
 def render_model(payload: dict) -> str:
-    from topoprof.report.text_fits import fits_lines, memory_parts_lines
-
     ddp_fits = ((payload["strategies"].get("ddp_synced") or {}).get("memory") or {}).get("fits") is not False
     ddp = (_hide_line(payload["hide_threshold"]) + _ddp_cost_rows(payload) if ddp_fits
            else ["", "DDP does not fit on these GPUs: where its cost goes is left out."])

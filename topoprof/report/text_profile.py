@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.profile import HOST_KINDS, PRECISION_OF_DTYPE, DeviceProfile
 
 
@@ -23,8 +24,6 @@ def _size(nbytes: float) -> str:
 def datasheet(profile: DeviceProfile) -> tuple[float | None, float | None]:
     """(peak FLOP/s at the profile's dtype, memory bytes/s) of its GPU in the datasheet table
     (`topoprof.model.compute`); (None, None) for a CPU or a GPU not in it."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly
-
     if profile.machine.kind != "cuda":
         return None, None
     spec = lookup_gpu_quietly(profile.machine.device)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from topoprof.topology import constants
+from topoprof.topology.visible import job_devices
+
 # Judgement threshold, not a model constant: below this share of NCCL's own nominal figure a
 # user should look for a cause (a healthy ring reaches most of it at large sizes).
 LOW_SHARE = 0.8
@@ -101,9 +104,6 @@ def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
     reference), OK from LOW_SHARE; when low, a link NVML saw running narrower or slower is named.
     A copy on torch's cuda:i is judged against the link of the GPU that cuda:i is (the topology's
     `job_gpus`: under CUDA_VISIBLE_DEVICES=6,2 cuda:0 is GPU 6; a MIG device copies over its GPU's)."""
-    from topoprof.topology import constants
-    from topoprof.topology.visible import job_devices
-
     if not copies or copies.get("status") != "ok":
         return []
     gpus = {g["index"]: g for g in topology.get("gpus", [])}

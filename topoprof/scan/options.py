@@ -6,7 +6,13 @@ from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
+from topoprof.model.inputs.request import check_image_options, parse_count
+from topoprof.model.inputs.user_model import check_spec, user_layout
+from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
 from topoprof.specs.messages import CollectivesJob
+from topoprof.workload.checkpointing import parse_checkpointing
+from topoprof.workload.presets import PRESETS
+from topoprof.workload.synthetic import spec_for_params
 
 
 @dataclass(frozen=True)
@@ -36,22 +42,15 @@ class ScanOptions:
         if sum(bool(x) for x in (self.params, self.preset, self.user_model)) > 1:
             raise InputError("give at most one of --params, --preset or --model")
         if self.user_model:
-            from topoprof.model.inputs.user_model import check_spec
-
             check_spec(self.user_model)
         if self.accum < 1:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
         # Bad input is refused before anything runs; a model that fails later is a report note.
         if self.params:
-            from topoprof.model.inputs.request import parse_count
-
             parse_count(self.params)
         if self.preset:
-            from topoprof.workload.presets import PRESETS
-
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: valid names: {', '.join(sorted(PRESETS))}")
-        from topoprof.model.inputs.request import check_image_options
 
         check_image_options(self.preset, self.image_size, self.tokens)
         if self.user_model and self.checkpointing.mode != "none":
@@ -60,8 +59,6 @@ class ScanOptions:
 
     @property
     def checkpointing(self):
-        from topoprof.workload.checkpointing import parse_checkpointing
-
         return parse_checkpointing(self.activation_checkpointing)
 
 
@@ -87,14 +84,10 @@ ROTATIONS, QUICK_ROTATIONS = 8, 6
 
 
 def validate_options(opts: ScanOptions):
-    from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
-    from topoprof.workload.synthetic import spec_for_params
-
     gpu = opts.backend == "nccl"
     spec = spec_for_params(25_000_000 if gpu else 1_000_000, seq_len=256 if gpu else 64)
     user: dict[str, Any] = {}
     if opts.user_record is not None:  # the user's own model is trained instead
-        from topoprof.model.inputs.user_model import user_layout
 
         layout = user_layout(opts.user_record)
         user = dict(user_model=opts.user_model, user_layout=layout, label=layout.name)

@@ -9,13 +9,29 @@ import os
 import platform
 from dataclasses import dataclass, replace
 
-from topoprof.errors import RunFailed
+from topoprof.errors import RunFailed, TopoprofError
+from topoprof.jsonio import dumps, envelope, to_jsonable
+from topoprof.measure.bench import bench_payload, copies_payload
+from topoprof.measure.cluster import nodes_from_ranks, summarize
+from topoprof.measure.fit import fit_rows
+from topoprof.measure.launch import external_job
+from topoprof.measure.profile import measure_device_profile
+from topoprof.model.comm.links import comm_from_topology
+from topoprof.model.compute.traced import gpu_target
+from topoprof.model.inputs.scan import composed_check, predictions, single_gpu_what_ifs
+from topoprof.model.inputs.user_model import here_device, measure_here, stated_shape
+from topoprof.model.validate.run import summary
+from topoprof.probing import ERROR, OK, PARTIAL, SKIPPED, UNAVAILABLE, ProbeStatus, attempt
+from topoprof.report import recommend as rec
+from topoprof.report.files import save_report
+from topoprof.report.verdict import judge
+from topoprof.scan.ranks import environment, run_ranks, versions
+from topoprof.topology.collect import collect_topology, identified
+from topoprof.topology.visible import JobView, identify, job_devices, job_gpu
 
 
 def _banner(opts, topology) -> tuple[str, str]:
     if opts.backend == "gloo" and not topology.gpus:
-        from topoprof.measure.launch import external_job
-
         job = external_job()
         where = (f"across {job.nodes} nodes of a {job.launcher} job (TCP between the nodes)"
                  if job is not None and job.nodes > 1 else "on loopback")
@@ -32,8 +48,6 @@ def used_gpus(topology, nproc: int, backend: str, ranks=()) -> list[int]:
     devices (`topology.job_gpus`: CUDA_VISIBLE_DEVICES read as CUDA does). Empty where one of them
     is not known to be a whole GPU of the node (a MIG device, an unknown entry): a nominal ring
     over the others would not be the job's."""
-    from topoprof.topology.visible import JobView, identify, job_devices
-
     if backend != "nccl":
         return []
     devices = job_devices(topology)[:nproc]
@@ -47,9 +61,6 @@ def used_gpus(topology, nproc: int, backend: str, ranks=()) -> list[int]:
 
 
 def _ring(topology, gpus: list[int]) -> dict | None:
-    from topoprof.errors import TopoprofError
-    from topoprof.model.comm.links import comm_from_topology
-
     if len(gpus) < 2:
         return None
     try:
@@ -59,8 +70,6 @@ def _ring(topology, gpus: list[int]) -> dict | None:
 
 
 def _recommendations(report: dict) -> list:
-    from topoprof.report import recommend as rec
-
     recs = []
     for pred in report["predictions"]:
         if pred.get("skipped"):
@@ -92,8 +101,6 @@ def _recommendations(report: dict) -> list:
 
 def _ranks_status(bench, vres):
     """What became of the rank work: it ran, never started (nothing measured), or failed part-way."""
-    from topoprof.probing import ERROR, OK, ProbeStatus
-
     measured = f"{len(bench.rows)} bench row(s)" + (f", {len(vres.modes())} validation mode(s)" if vres.modes() else "")
     if bench.status == "ok":
         return ProbeStatus("ranks", OK, measured)
@@ -104,9 +111,6 @@ def _ranks_status(bench, vres):
 
 def _copies(opts):
     """Host<->GPU and GPU<->GPU copy bandwidth on GPUs; a copy that fails is a status."""
-    from topoprof.measure.bench import copies_payload
-    from topoprof.probing import SKIPPED, UNAVAILABLE, ProbeStatus, attempt
-
     if opts.backend != "nccl":
         return None, ProbeStatus("copies", SKIPPED, "CPU ranks: no GPU memory to copy")
     copies, status = attempt("copies", lambda: copies_payload(True))
@@ -122,11 +126,6 @@ def _copies(opts):
 
 def _predictions(opts, bench, vres, vopts, topology):
     """Predictions from what was measured; a model that cannot be built is a status, not the end."""
-    from topoprof.measure.fit import fit_rows
-    from topoprof.model.inputs.scan import predictions
-    from topoprof.probing import OK, SKIPPED, ProbeStatus, attempt
-    from topoprof.topology.visible import job_gpu
-
     job_rows = [r for r in bench.rows if r.level == "job"]
     fit = fit_rows(job_rows, "all_reduce") if job_rows else None
     # the GPU torch's cuda:0 is (CUDA_VISIBLE_DEVICES=6,2: GPU 6); none for a MIG device or an unknown one
@@ -154,11 +153,8 @@ def _device_profile(opts):
     """This GPU's quick device profile (`topoprof profile --quick`, in a worker), for the scan's
     what-if compute: (document or None, its status). Only where the ranks run on GPUs; a profile
     that fails is a status, and the profiles shipped with topoprof price the what-ifs instead."""
-    from topoprof.probing import OK, ProbeStatus, attempt
-
     if opts.backend != "nccl":
         return None, None
-    from topoprof.measure.profile import measure_device_profile
 
     doc, status = attempt("device profile", lambda: measure_device_profile("cuda", quick=True, timeout_s=120.0))
     if doc is None:
@@ -177,12 +173,8 @@ def _what_ifs(opts, topology):
     (None, None) where it does not apply; a failed or partial one is a status in the summary.
     It applies where the job sees one GPU, whatever the node has (CUDA_VISIBLE_DEVICES=5 on an
     8-GPU node: GPU 5, its name and memory)."""
-    from topoprof.topology.visible import job_devices, job_gpu
-
     if opts.nproc != 1 or len(job_devices(topology)) != 1:
         return None, None
-    from topoprof.model.inputs.scan import single_gpu_what_ifs
-    from topoprof.probing import PARTIAL, SKIPPED, ProbeStatus, attempt
 
     gpu, why = job_gpu(topology, 0)
     if gpu is None:  # a MIG device, or a device not tied to a GPU: more such GPUs is no question
@@ -208,19 +200,10 @@ class Written:
 
 
 def run(opts, stages, out_dir: str) -> Written | None:
-    from topoprof.jsonio import dumps, envelope, to_jsonable
-    from topoprof.measure.bench import bench_payload
-    from topoprof.report.verdict import judge
-    from topoprof.scan.ranks import environment, run_ranks, versions
-    from topoprof.topology.collect import collect_topology
-
     stages.begin("topology")
     topology = collect_topology()  # every probe degrades: a failed one is a status in topology.probes
     stages.end()
     if opts.user_model:
-        from topoprof.model.compute.traced import gpu_target
-        from topoprof.model.inputs.user_model import here_device, measure_here, stated_shape
-
         stages.begin("your model")
         device = here_device()  # timed on GPU0: its ops priced beside, from a pass in the same worker
         cuda = device.startswith("cuda")
@@ -231,7 +214,6 @@ def run(opts, stages, out_dir: str) -> Written | None:
     stages.begin("ranks: bench and validation")
     bench, vres, vopts, node_ranks = run_ranks(opts, stages)
     stages.end()
-    from topoprof.measure.launch import external_job
 
     job = external_job()
     if job is not None and job.rank != 0:
@@ -247,7 +229,6 @@ def run(opts, stages, out_dir: str) -> Written | None:
     stages.begin("copies")
     copies, copies_status = _copies(opts)
     if copies is not None and copies.get("status") == "ok":  # CUDA's own word on which GPU cuda:i is
-        from topoprof.topology.collect import identified
 
         topology = identified(topology, list(zip(copies.get("device_uuids") or (),
                                                  copies.get("device_bus_ids") or ())))
@@ -284,7 +265,6 @@ def run(opts, stages, out_dir: str) -> Written | None:
     stages.begin("recommendations and report")
     report["recommendations"] = to_jsonable(_recommendations(report))
     report["timing"] = {}
-    from topoprof.report.files import save_report
 
     folder, moved_because = save_report(report, out_dir)
     stages.end()
@@ -299,8 +279,6 @@ def run(opts, stages, out_dir: str) -> Written | None:
 def level_fits(rows) -> dict:
     """All-reduce fits per level of a multi-node job: each node ("intra", by host), the network
     ("inter") and the whole job."""
-    from topoprof.measure.fit import fit_rows
-
     out: dict = {}
     for level in ("intra", "inter", "job"):
         groups = sorted({r.group for r in rows if r.level == level and r.collective == "all_reduce"})
@@ -319,8 +297,6 @@ def level_fits(rows) -> dict:
 def cluster_payload(node_ranks: list, levels: dict, rows, world_size: int) -> dict | None:
     if not node_ranks:
         return None
-    from topoprof.measure.cluster import nodes_from_ranks, summarize
-    from topoprof.model.inputs.scan import composed_check
 
     nodes = nodes_from_ranks(node_ranks)
     return {"summary": summarize(nodes), "nodes": nodes, "levels": levels,
@@ -333,7 +309,6 @@ def validation_payload(vres, vopts, opts) -> dict:
                   f"{opts.nproc} rank(s): a scan validates its predictions across 2 or more ranks "
                   "(`topoprof validate` on one GPU measures DDP's own costs there, for `model --calibration`)")
         return {"status": "skipped", "reason": reason}
-    from topoprof.model.validate.run import summary
 
     return {"status": vres.status, "error": vres.error, "label": vres.label, "modes": vres.modes(),
             "numerics": vres.numerics, "calibration": vres.calibration, "summary": summary([vres]),

@@ -5,8 +5,14 @@ from __future__ import annotations
 import os
 import platform
 import time
+from importlib import metadata
 
-from topoprof.measure.launch import as_message, multi_node
+from topoprof import __version__
+from topoprof.measure.bench import PROTOCOL, BenchOptions, BenchResult, add_meta, add_stopped, nccl_env, read_nccl_logs
+from topoprof.measure.launch import JobSpec, as_message, multi_node
+from topoprof.measure.runner import run_job
+from topoprof.model.validate.run import ValidateResult, collect, phases, predict
+from topoprof.probing import attempt
 from topoprof.progress import LiveProgress
 from topoprof.scan.options import ScanOptions, bench_job, validate_options
 from topoprof.specs.messages import (
@@ -22,8 +28,6 @@ from topoprof.specs.messages import (
 
 
 def _phases(opts: ScanOptions, vopts) -> list[dict]:
-    from topoprof.model.validate.run import phases
-
     bench = phase("bench", "collectives", bench_job(opts))
     first = [phase("nodes", "nodes", NodesJob())] if multi_node() else []
     if vopts is None or opts.nproc < 2:
@@ -57,13 +61,7 @@ class Stages:
 
 def run_ranks(opts: ScanOptions, stages: Stages):
     """Bench and validation in one launch; returns (BenchResult-like dict parts, ValidateResult)."""
-    from topoprof.measure.bench import BenchResult, add_meta, add_stopped, nccl_env
-    from topoprof.measure.launch import JobSpec
-    from topoprof.measure.runner import run_job
-    from topoprof.model.validate.run import ValidateResult, collect, predict
-
     vopts = validate_options(opts) if opts.validate and opts.nproc >= 2 else None
-    from topoprof.measure.bench import PROTOCOL
 
     cfg = bench_job(opts)
     protocol = PROTOCOL.format(warmup=cfg.warmup, iters=cfg.iters, combine=cfg.combine)
@@ -87,11 +85,9 @@ def run_ranks(opts: ScanOptions, stages: Stages):
         if isinstance(msg, Progress) and rank == 0:
             stages.say(f"{phase_of(wire)}: {msg.step}")
 
-    from topoprof.measure.bench import BenchOptions
 
     env = nccl_env(BenchOptions(backend=opts.backend, nproc=opts.nproc, sizes=tuple(cfg.sizes)))
     spec = JobSpec("phases", PhasesJob(_phases(opts, vopts)), opts.nproc, opts.backend, opts.timeout_s, env=env)
-    from topoprof.probing import attempt
 
     run, status = attempt("ranks", lambda: run_job(spec, on_message))
     bench.rows = list(vres.bench_rows)
@@ -101,8 +97,6 @@ def run_ranks(opts: ScanOptions, stages: Stages):
         bench.status = vres.status = "error"
         bench.error = vres.error = failure
     if run is not None and opts.backend == "nccl":
-        from topoprof.measure.bench import read_nccl_logs
-
         read_nccl_logs(bench, run.rank_logs)
     if vopts is not None:
         predict(vopts, vres)
@@ -112,10 +106,6 @@ def run_ranks(opts: ScanOptions, stages: Stages):
 def versions(bench_metadata: dict | None = None) -> dict:
     """topoprof, Python, and torch's versions as the ranks reported them (CUDA's too), read here
     without importing torch."""
-    from importlib import metadata
-
-    from topoprof import __version__
-
     out: dict[str, str | None] = {"topoprof": __version__, "python": platform.python_version()}
     meta = bench_metadata or {}
     try:

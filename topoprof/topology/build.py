@@ -11,10 +11,11 @@ depends on facts no source gave.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from topoprof.errors import InputError
+from topoprof.probes.hardware.nvml import nvlink_pairs, nvswitch_links
 from topoprof.probing import ProbeStatus
 from topoprof.topology import constants
 
@@ -141,8 +142,6 @@ def build_topology(
     probes: tuple[ProbeStatus, ...] = (),
 ) -> Topology:
     """Combine the available sources into one Topology; `probes` says what became of each source."""
-    from dataclasses import asdict
-
     gpus = _gpus(smi, nvml)
     nics = _nics(smi, host)
     pairs = tuple(
@@ -182,8 +181,6 @@ def _gpus(smi, nvml) -> tuple[Gpu, ...]:
                 numa = g.gpu_numa_id
             by_index[g.index] = Gpu(index=g.index, numa_node=numa, cpu_affinity=g.cpu_affinity)
     if nvml is not None:
-        from topoprof.probes.hardware.nvml import nvswitch_links
-
         switch = nvswitch_links(nvml)
         for g in nvml.gpus:
             base = by_index.get(g.index, Gpu(index=g.index))
@@ -239,7 +236,6 @@ def _pair_path(a: int, b: int, smi, nvml) -> tuple[str | None, int]:
         return code.kind, code.nvlinks
     if nvml is None:
         return None, 0
-    from topoprof.probes.hardware.nvml import nvlink_pairs, nvswitch_links
 
     nvlinks = nvlink_pairs(nvml).get((min(a, b), max(a, b)))
     if nvlinks:
@@ -319,8 +315,6 @@ def with_compute_capability(topology: Topology, cc: tuple[int, int], origin: str
     every GPU no source gave one, and NCCL's per-link NVLink rate for it on their NVLink pairs, so
     an NV# pair is # x that rate instead of a range over generations. A GPU's own capability (read
     by NVML) is kept; where it differs from `cc` a note says so. Returns (topology, notes)."""
-    from dataclasses import replace
-
     filled = {g.index for g in topology.gpus if g.compute_capability is None}
     differ = sorted(g.index for g in topology.gpus
                     if g.compute_capability is not None and tuple(g.compute_capability) != tuple(cc))

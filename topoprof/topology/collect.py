@@ -5,6 +5,16 @@ The probes (probes/) read the hardware; this module asks each of them, turns a f
 """
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
+from topoprof.probes.hardware import nvidia_smi
+from topoprof.probes.hardware import nvml as nvml_probe
+from topoprof.probes.hardware.host import query_host
+from topoprof.probing import SKIPPED, ProbeStatus, attempt
+from topoprof.topology.build import build_topology
+from topoprof.topology.visible import JobView, identify, job_devices, job_gpus
+
 
 def collect_topology(from_file: str | None = None, use_nvml: bool = True):
     """Gather the sources and build a Topology; a source that fails is a ProbeStatus, never the end.
@@ -13,12 +23,6 @@ def collect_topology(from_file: str | None = None, use_nvml: bool = True):
     from another machine, so this machine's NVML and host facts would be wrong beside it. A file
     whose path matrix cannot be read is bad input (exit 2, FILE:LINE).
     """
-    from dataclasses import replace
-
-    from topoprof.probes.hardware import nvidia_smi
-    from topoprof.probing import SKIPPED, ProbeStatus, attempt
-    from topoprof.topology.build import build_topology
-
     if from_file is not None:
         smi = nvidia_smi.read_topo_file(from_file)
         return build_topology(smi=smi, probes=(_smi_status(smi, ProbeStatus("nvidia-smi", "ok")),))
@@ -26,10 +30,7 @@ def collect_topology(from_file: str | None = None, use_nvml: bool = True):
         nvidia_smi.run_topo_matrix(), source="nvidia-smi topo -m"))
     nvml, nvml_status = None, ProbeStatus("NVML", SKIPPED, "--no-nvml")
     if use_nvml:
-        from topoprof.probes.hardware import nvml as nvml_probe
-
         nvml, nvml_status = attempt("NVML", nvml_probe.query_nvml)
-    from topoprof.probes.hardware.host import query_host
 
     host, host_status = attempt("host", query_host)
     if host is not None:
@@ -42,11 +43,6 @@ def collect_topology(from_file: str | None = None, use_nvml: bool = True):
 def for_this_job(topology):
     """The topology with this process's view of it (`topology.visible`): CUDA_VISIBLE_DEVICES,
     which GPU each of torch's cuda:i is by the variable, and what its reading has to say."""
-    import os
-    from dataclasses import replace
-
-    from topoprof.topology.visible import job_gpus
-
     setting = os.environ.get("CUDA_VISIBLE_DEVICES")
     view = job_gpus(setting, topology.gpus, os.environ.get("CUDA_DEVICE_ORDER"))
     return replace(topology, visible_devices=setting, job_gpus=view.devices, notes=topology.notes + view.notes)
@@ -55,10 +51,6 @@ def for_this_job(topology):
 def identified(topology, identities):
     """The job's devices tied by CUDA's own (UUID, PCI bus id) of each torch device, as a process
     that started CUDA read them (`identities[i]` for cuda:i); unchanged without them."""
-    from dataclasses import replace
-
-    from topoprof.topology.visible import JobView, identify, job_devices
-
     if not identities:
         return topology
     view = identify(JobView(job_devices(topology)), identities, topology.gpus)
@@ -67,8 +59,6 @@ def identified(topology, identities):
 
 def _smi_status(smi, status):
     """nvidia-smi read: how much, and whether some of it could only be noted (see the notes)."""
-    from dataclasses import replace
-
     if smi is None:
         return status
     detail = f"{smi.source}: {len(smi.gpus)} GPU(s), {len(smi.nics)} NIC(s)"
@@ -84,8 +74,6 @@ _CORE_NVML_FIELDS = ("name", "pci_bus_id", "compute_capability", "pcie_gen_max",
 
 def _nvml_status(nvml, status):
     """NVML read: every field it could not answer is named, with the driver's reason."""
-    from dataclasses import replace
-
     if nvml is None:
         return status
     missing = sorted({f"{name} ({why})" for g in nvml.gpus for name, why in g.missing.items()})

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from topoprof.errors import InputError
+from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probing import ProbeStatus
 from topoprof.topology.build import Gpu, Nic, PairLink, Topology, build_topology
 from topoprof.topology.visible import JobGpu
@@ -44,6 +45,5 @@ def topology_from_file(path: str) -> Topology:
             return topology_from_dict(data)
         except (TypeError, KeyError) as err:
             raise InputError(f"{path}: topology JSON does not match this version: {err}") from None
-    from topoprof.probes.hardware.nvidia_smi import read_topo_file
 
     return build_topology(smi=read_topo_file(path))

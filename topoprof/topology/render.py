@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from topoprof.topology.build import PATH_MEANING, Topology
+from topoprof.topology.visible import describe, gpu_marks, job_devices
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -29,8 +30,6 @@ def _opt(value, fmt="{}") -> str:
 
 
 def _job_legend(topology: Topology) -> list[str]:
-    from topoprof.topology.visible import describe, job_devices
-
     return [f"* = visible to this job (CUDA_VISIBLE_DEVICES={topology.visible_devices}): "
             f"{describe(job_devices(topology))}"]
 
@@ -40,8 +39,6 @@ def _label(index: int, marks: dict[int, str] | None) -> str:
 
 
 def _gpu_rows(topology: Topology) -> list[str]:
-    from topoprof.topology.visible import gpu_marks
-
     marks = gpu_marks(topology)
     rows = []
     for g in topology.gpus:
@@ -71,8 +68,6 @@ def _cell(link) -> str:
 
 
 def _matrix(topology: Topology) -> list[str]:
-    from topoprof.topology.visible import gpu_marks
-
     marks = gpu_marks(topology)
     labels = [_label(g.index, marks) for g in topology.gpus]
     rows = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint as checkpoint
 from torch.utils._pytree import tree_leaves
 
 from topoprof.zoo.user_callable import user_loss
@@ -66,8 +67,6 @@ class _Storages:
 @contextlib.contextmanager
 def _selective_cache_seen(storages: _Storages):
     """Each output selective checkpointing caches for backward, added to `storages` while inside."""
-    import torch.utils.checkpoint as checkpoint
-
     wrapper: Any = getattr(checkpoint, "_VersionWrapper", None)
     if wrapper is None:  # a torch that caches elsewhere: its cache would go uncounted, so say so
         raise RuntimeError("torch.utils.checkpoint has no _VersionWrapper: selective checkpointing's "

@@ -93,6 +93,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 __all__ = [
     "redirect",
@@ -240,8 +241,6 @@ def _bind(args, kwargs, names, defaults):
 
 
 def _is_channels_last_suggested(x: torch.Tensor) -> bool:
-    from torch._prims_common import suggest_memory_format
-
     return suggest_memory_format(x) in (torch.channels_last, torch.channels_last_3d)
 
 

@@ -16,6 +16,7 @@ import contextlib
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 # Tensor methods that only move a tensor (or pin it): a meta tensor stays where it is.
 _MOVES = frozenset({torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.pin_memory})
@@ -57,7 +58,5 @@ def on_meta():
 
 def has_meta_tensors(module, batch) -> bool:
     """Whether the module's parameters and buffers or the batch hold meta tensors (no data)."""
-    from torch.utils._pytree import tree_leaves
-
     tensors = [*module.parameters(), *module.buffers(), *tree_leaves(batch)]
     return any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors)

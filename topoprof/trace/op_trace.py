@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 import weakref
 
@@ -94,7 +95,10 @@ from topoprof.specs.messages import OpTraceJob, OpTraceResult, OpTracesResult
 from topoprof.trace.fused_kernels import FUSED_OPS
 from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
+from topoprof.trace.selective_cost import selective_checkpoint_cost
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
+from topoprof.zoo.checkpoint_wrap import children_of, selective_modules
+from topoprof.zoo.hf_models import install_meta_patches
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
 from topoprof.zoo.user_callable import (
     UserModelError,
@@ -354,8 +358,6 @@ def _selective_marks(module, tracer: OpTracer) -> list:
     A recompute stops once it has what the backward needs (torch/utils/checkpoint.py,
     `_StopRecomputationError`), before its module's forward hook: in the backward, the count only
     says that such a module's recompute has begun, and its recompute ops are the ones marked."""
-    from topoprof.zoo.checkpoint_wrap import selective_modules
-
     def enter(_m, _args):
         tracer.selective += 1
 
@@ -521,8 +523,6 @@ def repeated_blocks(module, container: str | None = None) -> list[str] | None:
     name, as --fsdp-unit gives it), else those its class names in `BLOCKS` (the presets, the
     synthetic model), else the block list found in it (`topoprof/zoo/user_blocks.py`); None where
     none is."""
-    from topoprof.zoo.checkpoint_wrap import children_of
-
     containers = [container] if container else list(getattr(type(module), "BLOCKS", ()))
     if not containers:
         found = find_block_list(module)
@@ -538,6 +538,7 @@ def _import_before_tracing_checkpoints() -> None:
     `_disable_dynamo`); imported under the trace's modes, its start-up runs ops on meta tensors
     (torch 2.6 fails on one's item()) that the tracer would count. Imported first, outside them,
     where the model may checkpoint: under the tool's modes, or a user's own model."""
+    # lazy: torch._dynamo's start-up must run here, before the trace's modes are on
     import torch._dynamo  # noqa: F401 - imported for its start-up, run here
 
 
@@ -580,7 +581,6 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
             if "transformers" in sys.modules:  # a Hugging Face model, built by the tool or by the user's code
-                from topoprof.zoo.hf_models import install_meta_patches
 
                 install_meta_patches()
             hf = getattr(module, "topoprof_hf", None)
@@ -630,8 +630,6 @@ def run_rank(ctx, job: OpTraceJob) -> None:
     user's `--model` predicted for a GPU that is not here, or built on meta); sends an
     `OpTraceResult` with the trace or its failure (an `OpTracesResult` for the job's variants).
     Nothing of the model runs for real."""
-    import os
-
     if ctx.rank != 0:
         return
     if job.cwd:
@@ -650,7 +648,6 @@ def with_selective_cost(traces: list[dict]) -> list[dict]:
     machine (`selective_cost`, under 0.1 s, once for them all) as `selective_checkpoint`."""
     if not any(op.get("selective") for t in traces for op in t.get("ops", ())):
         return traces
-    from topoprof.trace.selective_cost import selective_checkpoint_cost
 
     cost = selective_checkpoint_cost()
     return [{**t, "selective_checkpoint": cost} if any(op.get("selective") for op in t.get("ops", ())) else t

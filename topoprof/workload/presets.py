@@ -16,6 +16,7 @@ from typing import Callable, TypeGuard
 
 from topoprof.errors import InputError
 from topoprof.workload.layout import Layout, LayoutBuilder
+from topoprof.workload.vision import resnet_layout
 
 
 def gpt2_layout(n_layer: int = 12, n_embd: int = 768, n_positions: int = 1024,
@@ -187,8 +188,6 @@ VISION_PRESETS = ("resnet50", "resnet101", "resnext50_32x4d", "resnext101_32x8d"
 
 def _vision(name: str) -> Callable[..., Layout]:
     def build(image_size: int | None = None) -> Layout:
-        from topoprof.workload.vision import resnet_layout
-
         return resnet_layout(name, image_size)
     return build
 

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
+from topoprof.workload.checkpointing import parse_checkpointing
 from topoprof.workload.layout import Layout, LayoutBuilder
 from topoprof.workload.presets import get_preset, is_vision
 
@@ -244,8 +245,6 @@ def parse_config(config: dict) -> TrainConfig:
 
 
 def _checkpointing(value) -> str:
-    from topoprof.workload.checkpointing import parse_checkpointing
-
     if value is not None and not isinstance(value, str):
         raise InputError(f"training config: ac must be none, full, layer:N or op, got {value!r}")
     return parse_checkpointing(value).text

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils.checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 VALID_MODES = "none, full, layer:N (N a positive integer) or op"
 
@@ -58,8 +59,6 @@ def check_mode(mode: str) -> tuple[str, int]:
 def _op_policy() -> Callable:
     """torchtitan's `_custom_policy`, with its own count of matmuls per block's forward and
     recompute: every second `mm` is recomputed, the rest of SAVE_LIST kept."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
     counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
@@ -73,8 +72,6 @@ def _op_policy() -> Callable:
 
 
 def _op_contexts():
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
     return create_selective_checkpoint_contexts(_op_policy())
 
 
@@ -89,6 +86,7 @@ _SAC_HOOKS: dict[str, Any] = (
 
 
 def _wrap(block, selective: bool):
+    # lazy: torch.distributed (absent from some torch builds), only where a block is wrapped
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     if selective:
@@ -137,6 +135,7 @@ def run_under_selective_op(op: Callable[[], object], blocks: int) -> int:
 def selective_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules `op` mode wrapped (`_wrap(selective=True)`), as the wrapper calls them: their
     forward, and its recompute in backward, run under the op policy's modes."""
+    # lazy: torch.distributed (absent from some torch builds), only where a block is wrapped
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     return [m._checkpoint_wrapped_module for m in module.modules() if isinstance(m, CheckpointWrapper)

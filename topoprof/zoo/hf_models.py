@@ -36,6 +36,7 @@ from topoprof.zoo.hf_spec import config_path as checked_config_path
 def _tf():
     """Import transformers lazily; one-line error telling how to install it."""
     try:
+        # lazy: transformers, the optional extra topoprof[hf]
         import transformers  # noqa: F401
         from transformers import AutoModelForCausalLM
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -62,7 +63,7 @@ def install_meta_patches() -> None:
     meta tensors only and leave every other device untouched.  Idempotent.
     """
     try:
-        from transformers import masking_utils as mu
+        from transformers import masking_utils as mu  # lazy: transformers, the optional extra topoprof[hf]
     except ImportError:  # pragma: no cover
         return
     orig = getattr(mu, "find_packed_sequence_indices", None)

@@ -22,13 +22,16 @@ loss is cross-entropy over 1000 classes, BN in training mode as the module is bu
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from topoprof.workload.synthetic import spec_for_params
 from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, children_of
 from topoprof.zoo.llama import LLAMA_CONFIGS, Llama
+from topoprof.zoo.synthetic_lm import SyntheticLM
 
 
 def _causal_attention(q, k, v, heads: int):
@@ -304,11 +307,6 @@ def build_synthetic(params: int, micro_batch: int = 1, seq_len: int = 1024, seed
     MLP blocks, LayerNorm, untied head; no attention), reading `micro_batch` x `seq_len` tokens.
     Its forward returns the loss. `ac` checkpoints its blocks (`topoprof/zoo/checkpoint_wrap.py`);
     `n_layer` builds fewer of them, of the same width."""
-    from dataclasses import replace
-
-    from topoprof.workload.synthetic import spec_for_params
-    from topoprof.zoo.synthetic_lm import SyntheticLM
-
     spec = spec_for_params(int(params), seq_len)
     if n_layer is not None:
         spec = replace(spec, n_layers=n_layer)

@@ -61,6 +61,7 @@ def block_names(module: nn.Module, unit: str | None) -> tuple[str, list[str], st
 
 def own_checkpointing(module: nn.Module) -> str | None:
     """Where the model says it checkpoints itself before it runs (module docstring); None where it does not."""
+    # lazy: torch.distributed (absent from some torch builds), only where a block is wrapped
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     for name, m in module.named_modules():

@@ -56,7 +56,7 @@ def load_callable(spec: str):
 
 
 def _hf_builder(spec: str):
-    from topoprof.zoo.hf_models import build_hf, parse_hf_spec
+    from topoprof.zoo.hf_models import build_hf, parse_hf_spec  # lazy: imports transformers (topoprof[hf]) and torch
 
     try:
         path, attn = split_spec(spec)
@@ -66,7 +66,7 @@ def _hf_builder(spec: str):
 
 
 def call_user_callable(spec: str, kwargs: dict | None = None):
-    import torch
+    import torch  # lazy: torch, loaded only where a user's model is built or run
 
     build = load_callable(spec)
     try:
@@ -87,7 +87,7 @@ def call_user_callable(spec: str, kwargs: dict | None = None):
 
 
 def to_device(batch, device):
-    import torch
+    import torch  # lazy: torch, loaded only where a user's model is built or run
 
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
@@ -100,7 +100,7 @@ def to_device(batch, device):
 
 def leading_sizes(batch) -> list[int]:
     """The first dimension of every tensor in the batch (nested dict, list, tuple), in order."""
-    import torch
+    import torch  # lazy: torch, loaded only where a user's model is built or run
 
     if isinstance(batch, torch.Tensor):
         return [batch.shape[0]] if batch.dim() else []
@@ -115,7 +115,7 @@ def resize_batch(batch, old: int, new: int):
     """The example batch at `new` samples: every tensor whose first dimension is `old` taken along
     it as samples 0, 1, ..., old - 1, 0, 1, ... (nested dict, list, tuple); the rest as it is.
     ValueError where no tensor has `old` as its first dimension."""
-    import torch
+    import torch  # lazy: torch, loaded only where a user's model is built or run
 
     if old not in leading_sizes(batch):
         raise ValueError(f"no tensor of its example batch has {old} as its first dimension")
@@ -135,7 +135,7 @@ def resize_batch(batch, old: int, new: int):
 
 
 def user_loss(module, batch, loss_fn):
-    import torch
+    import torch  # lazy: torch, loaded only where a user's model is built or run
 
     if isinstance(batch, dict):
         out = module(**batch)

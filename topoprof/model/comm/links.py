@@ -10,8 +10,9 @@ from __future__ import annotations
 import itertools
 
 from topoprof.errors import InputError
+from topoprof.jsonio import load_json
 from topoprof.model.comm import channels
-from topoprof.model.comm.collectives import CommModel, HierarchicalComm, RingComm, SingleGpuComm
+from topoprof.model.comm.collectives import CommModel, HierarchicalComm, MeasuredComm, RingComm, SingleGpuComm
 from topoprof.topology import constants
 
 # Exhaustive search over rings is (n-1)!/2 cycles: fine up to 9 GPUs (20160), greedy beyond.
@@ -185,8 +186,6 @@ def _search_rings(topology, gpus: list[int], kind: str, rings: list) -> int:
 
 def load_bench_fit(path: str) -> tuple[float, float, int, dict]:
     """(latency_us, algbw_gbps, world_size, fit dict with its `rows`) of all_reduce from a bench or scan JSON."""
-    from topoprof.jsonio import load_json
-
     doc = load_json(path)
     bench = doc.get("bench", doc)
     fit = (bench.get("fit") or {}).get("all_reduce")
@@ -249,8 +248,6 @@ def _as_ring(intra: CommModel | None, gpus_per_node: int) -> RingComm:
 def measured_comm(rows, fit, world_size: int, source: str):
     """The all-reduce fit plus its measured curve (correct rows only), as one comm model; the
     all-gather and reduce-scatter rows, where measured, as curves of their own (FSDP's)."""
-    from topoprof.model.comm.collectives import MeasuredComm
-
     def get(row, key):
         return row[key] if isinstance(row, dict) else getattr(row, key)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from topoprof import __version__
 from topoprof.errors import InputError
+from topoprof.jsonio import load_json, to_jsonable
 from topoprof.model.compute.profile_interp import Grid, Read
 from topoprof.model.compute.profile_reader import Reader
 from topoprof.model.compute.profile_records import (
@@ -221,8 +222,6 @@ def _aligned(dims: tuple[int, int, int], dtype: str) -> bool:
 
 def profile_to_json(profile: DeviceProfile) -> dict:
     """The profile as its JSON document: the head every topoprof document carries, then the sections."""
-    from topoprof.jsonio import to_jsonable
-
     body = to_jsonable(profile)
     body.pop("schema_version")
     host_costs = {"seconds_per_op": body.pop("host_seconds_per_op"), "how": body.pop("host_how")}
@@ -252,8 +251,6 @@ def _read_profile_version(path: str, mtime_ns: int, size: int) -> DeviceProfile:
 
 
 def _read_profile(path: str) -> DeviceProfile:
-    from topoprof.jsonio import load_json
-
     return profile_from_dict(load_json(path), path)
 
 

@@ -19,10 +19,13 @@ GPU runs it (about 6-8 us per op there), a small shape's rate is the host's, whi
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from typing import Any, Iterable
 
 from topoprof.errors import InputError
+from topoprof.jsonio import dumps
 from topoprof.specs.profile_schema import PROFILE_KIND, PROFILE_SCHEMA_VERSION, SDPA_CONVENTION
 
 # opbench.py's memory(): (op name there, passes over the input's bytes, the profile's kind)
@@ -180,11 +183,6 @@ SHIPPED: dict[str, dict[str, Any]] = {
 def main(argv: list[str] | None = None) -> int:
     """python -m topoprof.model.compute.profile_facts GPU_FACTS.jsonl OUT_DIR: write the shipped
     conversion of that gpu-facts file (SHIPPED) into OUT_DIR."""
-    import os
-    import sys
-
-    from topoprof.jsonio import dumps
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m topoprof.model.compute.profile_facts GPU_FACTS.jsonl OUT_DIR", file=sys.stderr)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
 from topoprof.model.compute.profile import PRECISION_OF_DTYPE, DeviceProfile
 from topoprof.model.compute.profile_interp import Read
 
@@ -108,8 +109,6 @@ def datasheet_ratios(profile: DeviceProfile, target_gpu: str) -> Ratios:
     """Target / profiled GPU from the datasheet table (`topoprof.model.compute.datasheet`) and the SM counts
     (`topoprof.model.compute.datasheet.SM_COUNT`), at the profile's dtype; InputError where either GPU or a
     figure is not in the tables (never a borrowed number)."""
-    from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
-
     precision = PRECISION_OF_DTYPE.get(profile.dtype)
     specs, peaks = [], []
     for name in (profile.machine.device, target_gpu):

@@ -24,6 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
+from topoprof.measure.meta_trace import trace_model
+from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.compute.profile_choice import pricer_for
+from topoprof.model.compute.roofline import roofline
+from topoprof.model.compute.timing import UTILIZATION_BASIS
+from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
+from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
 
 PRESET_SPEC = "topoprof.zoo.preset_modules:build"
 SYNTHETIC_SPEC = "topoprof.zoo.preset_modules:build_synthetic"
@@ -47,12 +54,8 @@ def preset_request(preset: str, micro_batch: int, tokens: int | None, image_size
     """What to trace for a preset, or why it cannot be (a text preset needs --tokens); `ac`: its
     blocks' activation checkpointing (`topoprof/zoo/checkpoint_wrap.py`), as `Checkpointing.text` spells it;
     `sizes`: its module's arguments changed (`WorkloadRequest.preset_sizes`)."""
-    from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
-
     name = preset.strip().lower()
     if is_vision(name):
-        from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
-
         size = image_size or DEFAULT_IMAGE_SIZE
         return TraceRequest(PRESET_SPEC, {"preset": name, "image_size": size, **_ac(ac)}, {"micro_batch": micro_batch})
     if not tokens:
@@ -77,8 +80,6 @@ def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = 
 def gpu_target(precision: str, gpu: str | None = None) -> dict:
     """A CUDA target at `precision`, with the compute capability of the GPU named where its
     datasheet gives one (its attention backend depends on it: `topoprof.trace.target_lens`)."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly
-
     spec = lookup_gpu_quietly(gpu)
     capability = spec.compute_capability if spec is not None else None
     return {"device": "cuda", "precision": precision, **({"capability": list(capability)} if capability else {})}
@@ -97,9 +98,6 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
     """A `Compute`'s modelled_* fields from a trace on the GPU named (or the profile's own device);
     InputError where the GPU, its precision or the profile cannot price it, ValueError where the
     trace cannot be priced."""
-    from topoprof.model.compute.profile_choice import pricer_for
-    from topoprof.model.compute.roofline import roofline
-
     pricer, chosen_notes = pricer_for(gpu, precision, compiled, profile, profile_path)
     result = roofline(trace, pricer)
     fast, middle, slow = result.seconds
@@ -130,8 +128,6 @@ def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool
 def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
     """(fast, middle, slow) seconds of the trace's recompute ops (`topoprof/trace/op_trace.py` marks them
     in the backward) priced alone by the same pricer; None where nothing is recomputed."""
-    from topoprof.model.compute.roofline import roofline
-
     ops = [op for op in trace.get("ops", ()) if op.get("recompute")]
     if not ops:
         return None
@@ -139,8 +135,6 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
 
 
 def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None, gpu: str | None = None) -> dict:
-    from topoprof.measure.meta_trace import trace_model
-
     return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile, gpu),
                        progress=progress)
 
@@ -172,7 +166,5 @@ def priced(trace: dict | None, gpu: str | None, precision: str, compiled: bool, 
 
 
 def fallback_note(why: str) -> str:
-    from topoprof.model.compute.timing import UTILIZATION_BASIS
-
     return (f"compute: the model's own ops could not be priced ({why}); the datasheet range stands in: "
             f"6 x params x tokens over peak x {UTILIZATION_BASIS}")

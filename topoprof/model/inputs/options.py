@@ -8,18 +8,51 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import lookup_gpu_quietly
-from topoprof.model.compute.traced import fallback_note
+from topoprof.jsonio import load_json
+from topoprof.measure.runner import visible_gpus
+from topoprof.model.comm import links
+from topoprof.model.comm.collectives import HierarchicalComm
+from topoprof.model.compute.datasheet import lookup_gpu, lookup_gpu_quietly
+from topoprof.model.compute.profile import load_profile
+from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
+from topoprof.model.compute.traced import (
+    fallback_note,
+    model_on_gpu,
+    params_request,
+    preset_request,
+    priced,
+    target_for,
+)
+from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, MemoryRequest, ModelRequest, WorkloadRequest
+from topoprof.model.inputs.traces import with_traced_memory
+from topoprof.model.inputs.user_model import (
+    choose_ready_order,
+    flop_order_reason,
+    here_device,
+    measure_here,
+    measure_preset,
+    names_this_gpu,
+    stated_shape,
+    trace_only,
+    trace_wanted,
+    user_compute,
+    user_layout,
+)
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.whatif import standard_link
+from topoprof.topology.build import with_compute_capability
+from topoprof.topology.collect import collect_topology
+from topoprof.topology.constants import STANDARD_NODE_GPUS
+from topoprof.topology.load import topology_from_file
 from topoprof.workload.checkpointing import describe_wrapped
+from topoprof.workload.presets import context_sequences, is_vision
 
 Progress = Callable[[str], None]  # hears what a long stage waits for (`topoprof model` shows it on a terminal)
 
 
 def _load_topology(path: str):
     """A saved `nvidia-smi topo -m` text or a `topoprof topo --json` document."""
-    from topoprof.topology.load import topology_from_file
-
     return topology_from_file(path)
 
 
@@ -45,8 +78,6 @@ def build_comm(cluster: ClusterRequest, gpu: str | None = None, progress: Progre
     """(CommModel for one node or None when none is needed, gpus_per_node, description) from
     the first source given; `gpu` (--gpu) pins a topology's NVLink generation; `progress` hears
     when this machine's topology is read."""
-    from topoprof.model.comm import links
-
     gpn, chosen = cluster.given_gpus_per_node(), list(cluster.gpus) if cluster.gpus else None
     if cluster.bench:
         lat, bw, world, fit = links.load_bench_fit(cluster.bench)
@@ -66,8 +97,6 @@ def build_comm(cluster: ClusterRequest, gpu: str | None = None, progress: Progre
     if cluster.topology:
         topology = _load_topology(cluster.topology)
     else:
-        from topoprof.topology.collect import collect_topology
-
         if progress is not None:
             progress("reading this machine's topology (NVML, nvidia-smi)")
         topology = collect_topology()
@@ -92,10 +121,6 @@ def _holds(topology, name: str) -> bool:
 def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
     """--gpu without a link: the node its datasheet's form is sold in (`whatif.standard_link`),
     said in one line; refused where it has no such link or the job's node holds more GPUs."""
-    from topoprof.model.comm import links
-    from topoprof.model.strategies.whatif import standard_link
-    from topoprof.topology.constants import STANDARD_NODE_GPUS
-
     link, spec = standard_link(name), lookup_gpu_quietly(name)
     if link is None:
         raise InputError(f"no link information: --gpu {name} has no nominal link in the datasheet table; give "
@@ -119,8 +144,6 @@ def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None)
     capability is kept, with a note when --gpu disagrees. (topology, origin or None, notes)."""
     if name is None:
         return topology, None, []
-    from topoprof.model.compute.datasheet import lookup_gpu
-    from topoprof.topology.build import with_compute_capability
 
     origin = f"--gpu {name}"
     used = set(chosen) if chosen is not None else {g.index for g in topology.gpus}
@@ -140,13 +163,8 @@ def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
 def build_inputs(request: ModelRequest, progress: Progress | None = None):
     """(ModelInputs, what was described of the links and the sources) for the request;
     `progress` hears what it waits for (a model traced or timed, this machine's topology read)."""
-    from topoprof.model.comm import links
-    from topoprof.model.comm.collectives import HierarchicalComm
-    from topoprof.model.strategies.job import Cluster, ModelInputs
-
     workload, compute, memory, origins, notes, modelled = _workload_and_compute(request, progress)
     if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
-        from topoprof.model.fsdp.plan import fsdp_plan
 
         fsdp_plan(workload.layout, workload.fsdp_unit)
     cl = request.cluster
@@ -176,8 +194,6 @@ def build_inputs(request: ModelRequest, progress: Progress | None = None):
 def _workload_and_compute(request: ModelRequest, progress: Progress | None = None):
     """The workload, and the compute and memory requests completed with what was measured here:
     (workload, compute, memory, origins of measured values, notes, modelled fields)."""
-    from topoprof.model.strategies.job import Workload
-
     w, compute, memory = request.workload, request.compute, request.memory
     if compute.gpu is None and compute.gpu_profile is not None:  # the profile's GPU: its memory, its optimizer
         profiled = lookup_gpu_quietly(_gpu_profile(compute).machine.device)
@@ -187,8 +203,6 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
     notes: list[str] = []
     timed_gpu = None  # the name of this machine's GPU where the compute was timed on it
     if w.user_model:
-        from topoprof.model.inputs.user_model import user_compute, user_layout
-
         record, order = _user_model_here(w, compute, progress)
         timed = "passes" in record  # else traced on meta only
         stands = timed and _timing_stands(record, compute)
@@ -209,8 +223,6 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
         # measured here: the model beside it
         if timed and not modelled and why is None and record["device"].startswith("cuda"):
-            from topoprof.model.compute.traced import priced
-
             modelled, why = priced(record.get("op_trace"), compute.gpu or record.get("device_name") or "GPU0",
                                    compute.precision, compute.compiled, None, _gpu_profile(compute),
                                    compute.gpu_profile)
@@ -235,7 +247,6 @@ def _workload_and_compute(request: ModelRequest, progress: Progress | None = Non
         notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
                      "measured or given, as it ran")
     if compute.gpu or timed_gpu:  # what a micro-batch holds under each checkpointing mode, from small passes
-        from topoprof.model.inputs.traces import with_traced_memory
 
         if progress is not None and w.user_model:
             progress(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
@@ -250,7 +261,6 @@ def _this_gpu_predicted(compute: ComputeRequest) -> bool:
     the model here."""
     if compute.gpu is None:
         return True
-    from topoprof.model.inputs.user_model import names_this_gpu
 
     return names_this_gpu(compute.gpu)
 
@@ -262,16 +272,6 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
     its order is the timed one on this GPU, else the backward FLOPs per tensor from a pass on the
     meta device at the stated shape. The same pass, for the GPU predicted (or timed), prices its
     ops: one pass in the same worker, run where either may be needed."""
-    from topoprof.model.compute.traced import target_for
-    from topoprof.model.inputs.user_model import (
-        choose_ready_order,
-        here_device,
-        measure_here,
-        stated_shape,
-        trace_only,
-        trace_wanted,
-    )
-
     assert w.user_model is not None
     say = progress or (lambda text: None)
     if not (w.time_here or _this_gpu_predicted(compute)):
@@ -292,8 +292,6 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, progress: Prog
 def _timing_stands(record: dict, compute: ComputeRequest) -> bool:
     """A timing here is the compute predicted where no --gpu is named, or the --gpu is the GPU it
     was timed on; never another device's."""
-    from topoprof.model.inputs.user_model import flop_order_reason
-
     return compute.gpu is None or flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
                                                     None) is None
 
@@ -321,9 +319,6 @@ def _user_model_modelled(record: dict, compute: ComputeRequest) -> tuple[dict, s
     """The user's model on the GPU predicted: ({}, None) where the timing stands (no --gpu, or
     timed on that GPU; the modelled range then goes beside it), else the modelled fields, or
     ({}, why) where its ops could not be priced."""
-    from topoprof.model.compute.traced import priced
-    from topoprof.model.inputs.user_model import flop_order_reason
-
     if (compute.gpu is None and compute.gpu_profile is None) or compute.given or compute.utilization is not None:
         return {}, None
     if compute.gpu is not None and flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
@@ -338,8 +333,6 @@ def _traced_modelled(w: WorkloadRequest, compute: ComputeRequest, timed_gpu: str
     """A preset's or `--params` compute from its own ops: as the compute where nothing measured it
     on a --gpu what-if, or beside the time measured on this GPU. ({}, None) where neither
     applies (compute given, calibrated, or a utilization given); ({}, why) where it failed."""
-    from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request
-
     gpu = compute.gpu or timed_gpu
     profile = _gpu_profile(compute)
     what_if = (not compute.given and compute.utilization is None
@@ -360,7 +353,6 @@ def _gpu_profile(compute: ComputeRequest):
     """The --gpu-profile's profile (checked when the request was built), or None."""
     if compute.gpu_profile is None:
         return None
-    from topoprof.model.compute.profile import load_profile
 
     return load_profile(compute.gpu_profile)
 
@@ -391,12 +383,8 @@ def _memory_of_the_timed_gpu(memory: MemoryRequest, compute: ComputeRequest, tim
 def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: Progress | None = None) -> dict | None:
     """A preset timed at its real size on this machine's first GPU; None without a GPU (the
     datasheet estimate, or the user's own figures, then stand in)."""
-    from topoprof.measure.runner import visible_gpus
-
     if not visible_gpus():
         return None
-    from topoprof.model.inputs.user_model import measure_preset
-    from topoprof.workload.presets import context_sequences, is_vision
 
     batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
     assert preset is not None  # timed only for a preset
@@ -413,8 +401,6 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, progress: P
 
 
 def _compute(compute: ComputeRequest, memory: MemoryRequest, modelled: dict | None = None):
-    from topoprof.model.compute.timing import Compute
-
     common = dict(gpu=compute.gpu, precision=compute.precision, utilization=compute.utilization,
                   gpu_memory_gb=memory.gpu_memory_gb, optimizer=compute.optimizer,
                   optimizer_time_s=compute.optimizer_time_s, backward_fraction=compute.backward_fraction,
@@ -430,9 +416,6 @@ def _compute(compute: ComputeRequest, memory: MemoryRequest, modelled: dict | No
 
 
 def _read_calibration(path: str) -> dict:
-    from topoprof.jsonio import load_json
-    from topoprof.model.compute.timing import CALIBRATION_KEYS
-
     doc = load_json(path)
     calibration = doc.get("calibration", doc)
     found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}

@@ -19,6 +19,13 @@ import warnings
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import known_gpus, lookup_gpu
+from topoprof.model.compute.profile import load_profile
+from topoprof.model.compute.profile_choice import check_pricable
+from topoprof.model.inputs.user_model import check_spec
+from topoprof.workload.checkpointing import parse_checkpointing
+from topoprof.workload.presets import LLAMA_PRESETS, PRESETS, RMSNORMS, VISION_PRESETS, get_preset, is_vision
+from topoprof.workload.vision import check_image_size
 from topoprof.zoo.hf_spec import HFModelError, is_hf_spec, with_attn
 
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
@@ -55,15 +62,11 @@ def parse_gpus(text: str | None) -> tuple[int, ...] | None:
 def check_image_options(preset: str | None, image_size: int | None, tokens: int | None) -> None:
     """--image-size only with a vision preset; --tokens not with one (its FLOPs count the
     micro-batch's images, --micro-batch-size of them)."""
-    from topoprof.workload.presets import VISION_PRESETS, get_preset, is_vision
-
     if is_vision(preset):
         if tokens is not None:
             raise InputError(f"--tokens: {preset.strip().lower()} is an image model: its FLOPs are per image, "
                              "--micro-batch-size images per micro-batch (at --image-size); leave --tokens out")
         if image_size is not None:
-            from topoprof.workload.vision import check_image_size
-
             check_image_size(image_size)
     elif image_size is not None:
         if preset:
@@ -76,7 +79,6 @@ def check_gpu_name(name: str | None) -> None:
     """A --gpu must be one the datasheet table knows: refused by name, with the list."""
     if name is None:
         return
-    from topoprof.model.compute.datasheet import known_gpus, lookup_gpu
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -89,9 +91,6 @@ def check_gpu_name(name: str | None) -> None:
 def check_gpu_profile(path: str, gpu: str | None, precision: str) -> None:
     """A --gpu-profile must load (`load_profile`: one line naming the file and what is wrong) and be
     able to price the what-if: in its precision, of the --gpu named or scalable to it."""
-    from topoprof.model.compute.profile import load_profile
-    from topoprof.model.compute.profile_choice import check_pricable
-
     check_pricable(load_profile(path), gpu, precision, f"--gpu-profile {path}")
 
 
@@ -142,13 +141,9 @@ class WorkloadRequest:
         if self.params is not None:
             parse_count(self.params)
         if self.preset is not None:
-            from topoprof.workload.presets import PRESETS
-
             if self.preset.strip().lower() not in PRESETS:
                 raise InputError(f"--preset {self.preset!r}: unknown preset; valid names: {', '.join(sorted(PRESETS))}")
         if self.user_model is not None:
-            from topoprof.model.inputs.user_model import check_spec
-
             check_spec(self.user_model)
         check_image_options(self.preset, self.image_size, self.tokens)
         self._check_rmsnorm()
@@ -172,8 +167,6 @@ class WorkloadRequest:
         self.checkpointing  # noqa: B018 - parsed now: a bad mode is refused before anything runs
 
     def _check_rmsnorm(self) -> None:
-        from topoprof.workload.presets import LLAMA_PRESETS, RMSNORMS
-
         if self.rmsnorm not in RMSNORMS:
             raise InputError(f"--rmsnorm {self.rmsnorm!r}: one of {', '.join(RMSNORMS)}")
         if self.rmsnorm != "eager" and self.preset_name not in LLAMA_PRESETS:
@@ -188,8 +181,6 @@ class WorkloadRequest:
 
     @property
     def checkpointing(self):
-        from topoprof.workload.checkpointing import parse_checkpointing
-
         return parse_checkpointing(self.activation_checkpointing)
 
     @property
@@ -331,8 +322,6 @@ class ModelRequest:
     def _check_tokens_for_a_what_if(self) -> None:
         """A text model's --gpu what-if prices its tokens: without --tokens (or a compute measured
         or calibrated) it has nothing to price, so say which option is missing."""
-        from topoprof.workload.presets import is_vision
-
         w, c = self.workload, self.compute
         if ((c.gpu is None and c.gpu_profile is None) or w.tokens is not None or c.given or w.user_model
                 or is_vision(w.preset)):

@@ -13,7 +13,23 @@ ops are priced with it, as that GPU; elsewhere with the profiles shipped with to
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from topoprof.errors import InputError
+from topoprof.jsonio import to_jsonable
+from topoprof.model.comm.collectives import HierarchicalComm, RingComm
+from topoprof.model.comm.links import measured_comm
+from topoprof.model.compute.profile import profile_from_dict
+from topoprof.model.compute.timing import Compute
+from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request, priced
+from topoprof.model.inputs.request import parse_count
+from topoprof.model.inputs.search import applying_strategies
+from topoprof.model.inputs.user_model import measure_preset, user_compute, user_layout
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.payload import model_payload
+from topoprof.model.strategies.search import search
+from topoprof.model.strategies.whatif import what_ifs
+from topoprof.workload.presets import context_sequences, is_vision
 
 DEFAULT_MODELS = ("125M", "1.3B", "7B")   # the sizes people ask about most
 DEFAULT_TOKENS = 2048                     # tokens per GPU per micro-batch when none is given
@@ -30,7 +46,6 @@ def scan_profile(opts):
     doc = getattr(opts, "device_profile", None)
     if not doc:
         return None
-    from topoprof.model.compute.profile import profile_from_dict
 
     return profile_from_dict(doc, PROFILE_WHERE)
 
@@ -57,16 +72,10 @@ def timed_preset(opts, size: str | None) -> str | None:
 
 
 def _workload(opts, size: str | None):
-    from topoprof.model.inputs.request import parse_count
-    from topoprof.model.strategies.job import Workload
-    from topoprof.workload.presets import is_vision
-
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
     tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
     kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=tokens, checkpointing=opts.checkpointing)
     if opts.user_record is not None:
-        from topoprof.model.inputs.user_model import user_layout
-
         layout = user_layout(opts.user_record)
         return (Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens},
                          measured_memory=opts.user_record.get("memory")), layout.name)
@@ -83,8 +92,6 @@ def _workload(opts, size: str | None):
 def _compute(opts, workload, calibration: dict | None, vopts, gpu_name: str | None, size: str | None = None,
              time_on_gpu: bool = True):
     """Compute for one model, with the inputs carried from the scan's calibration marked as such."""
-    from dataclasses import replace
-
     compute, source = _compute_from(opts, workload, calibration, vopts, gpu_name, size, time_on_gpu)
     carried = {k for k in CARRIED if (calibration or {}).get(k) is not None}
     return replace(compute, calibrated=tuple(sorted(set(compute.calibrated) | carried))), source
@@ -97,8 +104,6 @@ CARRIED = ("compute_slowdown_during_comm", "comm_slowdown_during_compute", "memo
 
 def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str | None, size: str | None = None,
                   time_on_gpu: bool = True):
-    from topoprof.model.compute.timing import Compute
-
     extra = {}
     if calibration:
         # The machine's interference and memory, which hold for any model; DDP's per-kernel cost,
@@ -114,9 +119,6 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
     if opts.micro_batch_time_s is not None:
         return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
     if opts.user_record is not None:
-        from topoprof.model.compute.traced import priced
-        from topoprof.model.inputs.user_model import user_compute
-
         measured = user_compute(opts.user_record)
         beside: dict = {}
         why: str | None = None
@@ -148,10 +150,6 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
 def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     """Nothing measured this model on this GPU: its compute priced from its own ops (a what-if
     range), or where they cannot be priced the datasheet peak x a utilization range, saying why."""
-    from topoprof.model.compute.timing import Compute
-    from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request
-    from topoprof.model.inputs.request import parse_count
-
     preset = opts.preset or SIZE_PRESETS.get(size or "")
     tokens = workload.tokens_per_micro_batch
     ac = opts.checkpointing.text
@@ -171,9 +169,6 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     """The preset built at its real size and timed on the first GPU (scaled from a few blocks
     when it does not fit), with `tokens` per micro-batch split into whole sequences; an image
     model with micro_batch_size images of its image size."""
-    from topoprof.model.inputs.user_model import measure_preset
-    from topoprof.workload.presets import context_sequences, is_vision
-
     if is_vision(preset):
         measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size,
                                   ac=opts.checkpointing.text)
@@ -190,8 +185,6 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
 def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None) -> tuple[dict, str | None]:
     """The preset's compute priced from its own ops at the shape timed, to show beside the time
     measured on GPU0 (every GPU scan checks the what-if): (modelled fields, None), or ({}, why not)."""
-    from topoprof.model.compute.traced import model_on_gpu, preset_request
-
     if not gpu_name:
         return {}, "this GPU's name is unknown"
     gpu, profile, where = _priced_as(opts, gpu_name)
@@ -204,8 +197,6 @@ def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: 
     """Compute from a timing of the model itself (its record from `topoprof.model.inputs.user_model`),
     each timed input carrying where it was measured; `modelled` (the range priced from its ops)
     goes beside it, or the source says why it could not (`unpriced`)."""
-    from topoprof.model.compute.timing import Compute
-
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
     compute = Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
                       origins=tuple((k, source) for k in keys))
@@ -217,8 +208,6 @@ def composed_comm(levels: dict, world_size: int):
     """Across nodes: the measured per-node ring and the measured network, composed as NCCL's
     ring crosses them (topoprof.model.comm.collectives.HierarchicalComm); None on one node, or when several
     ranks per node ran but no per-node level was measured (no intra link is invented)."""
-    from topoprof.model.comm.collectives import HierarchicalComm, RingComm
-
     if "inter" not in levels:
         return None
     inter = next(iter(levels["inter"].values()))
@@ -253,10 +242,6 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
                 gpu_memory_origin: str = "NVML, GPU0") -> list[dict]:
     """One model payload per model: the user's, or each default size. `gpu_memory_bytes` is the
     memory of the GPU the job's cuda:0 is, which `gpu_memory_origin` names."""
-    from topoprof.model.comm.links import measured_comm
-    from topoprof.model.strategies.job import Cluster, ModelInputs
-    from topoprof.model.strategies.payload import model_payload
-
     if fit is None or not fit.bandwidth_gbps or fit.bandwidth_gbps == float("inf") or world_size < 2:
         return []
     # The whole job's own measured all-reduce: it already crosses every level as this job does.
@@ -272,7 +257,6 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
         try:
             compute, compute_source = _compute(opts, workload, calibration, vopts, gpu_name, size)
             if gpu_memory_bytes:  # the GPU's own memory, as NVML reads it, beats its datasheet's
-                from dataclasses import replace
 
                 compute = replace(compute, gpu_memory_gb=gpu_memory_bytes / 1e9,
                                   origins=compute.origins + (("gpu_memory_gb", gpu_memory_origin),))
@@ -292,10 +276,6 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
 def _fits(inputs, payload: dict) -> dict:
     """What fits per strategy and checkpointing mode (`topoprof.model.strategies.search`): the
     memory alone, the scan's compute being measured at the micro-batch it ran."""
-    from topoprof.jsonio import to_jsonable
-    from topoprof.model.inputs.search import applying_strategies
-    from topoprof.model.strategies.search import search
-
     return to_jsonable(search(inputs, applying_strategies(payload), None))
 
 
@@ -322,9 +302,6 @@ def _no_dp_without_gpus(payload: dict) -> None:
 def single_gpu_what_ifs(opts, gpu) -> dict:
     """A one-GPU node: its model on 2-8 such GPUs and on 2-4 such nodes, from nominal links
     (`topoprof.model.strategies.whatif`), with this GPU's measured compute."""
-    from topoprof.model.compute.timing import Compute
-    from topoprof.model.strategies.whatif import what_ifs
-
     size = None if opts.preset or opts.user_record is not None else (opts.params or DEFAULT_MODELS[0])
     workload, label = _workload(opts, size)
     if opts.micro_batch_time_s is not None:

@@ -19,11 +19,18 @@ compute (`user_compute_at`). Its callable builds each size where it takes `micro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, gpu_target, target_for
+from topoprof.errors import InputError
+from topoprof.measure.meta_trace import trace_models
+from topoprof.model.compute.extended import at_depth, priced_line
+from topoprof.model.compute.profile import load_profile
+from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, gpu_target, modelled_fields, target_for
 from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory, from_trace
 from topoprof.model.strategies.search import searched_modes
+from topoprof.workload.checkpointing import parse_checkpointing
+from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
+from topoprof.workload.synthetic import spec_for_params
 
 TRACED_MODES = ("none", "full", "op")
 DEPTHS = (1, 2)
@@ -48,8 +55,6 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
                 sizes: dict | None = None) -> ModelShape | str:
     """The shape a preset (its module's arguments changed by `sizes`) or `--params` is traced at,
     or why it is not."""
-    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
-
     if preset is None and params is None:
         return "a --model's depth cannot be changed: its own pass counts it at the micro-batch given"
     if is_vision(preset):
@@ -68,7 +73,6 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
             label += f", each sample of {seq} tokens as {per_sample} sequences of {each}"
         return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq_len,
                           PRESET_DEPTH[name], label, per_sample)
-    from topoprof.workload.synthetic import spec_for_params
 
     assert params is not None  # a preset or --params
     return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
@@ -94,8 +98,6 @@ def _user_variant(shape: UserShape, mode: str, samples: int, target: dict) -> di
 
 def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
     """The passes, or the first failure's reason."""
-    from topoprof.measure.meta_trace import trace_models
-
     traces = trace_models(shape.spec, None, variants, unit=shape.unit, resize_from=shape.micro_batch)
     if isinstance(traces, dict):
         return traces["failure"]
@@ -128,10 +130,6 @@ def user_compute_at(shape: UserShape, wanted: list[tuple[str, int]], gpu: str | 
                     compiled: bool, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
     """Modelled compute fields of a user's model per (mode, samples) in `wanted`, each a pass of the
     whole model priced as the main pass is; or why none."""
-    from topoprof.errors import InputError
-    from topoprof.model.compute.profile import load_profile
-    from topoprof.model.compute.traced import modelled_fields
-
     profile = load_profile(profile_path) if profile_path else None
     target = target_for(precision, profile, gpu)
     traces = _user_traces(shape, [_user_variant(shape, mode, m, target) for mode, m in wanted])
@@ -151,8 +149,6 @@ def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dic
 
 def memory_set(shape: ModelShape, precision: str, cast: bool, gpu: str | None = None) -> TracedMemory | str:
     """The memory passes (module docstring) for the GPU named, or why they failed."""
-    from topoprof.measure.meta_trace import trace_models
-
     targets = {"autocast": gpu_target(precision, gpu)}
     if cast and precision != "fp32":
         targets["cast"] = {**gpu_target(precision, gpu), "weights": "cast"}
@@ -176,12 +172,6 @@ def compute_at(shape: ModelShape, wanted: list[tuple[str, int]], gpu: str | None
                compiled: bool, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
     """Modelled compute fields per (checkpointing mode text, samples) in `wanted`, or why none;
     priced as the main pass is (`profile_path`: a --gpu-profile, else the nearest shipped one)."""
-    from topoprof.errors import InputError
-    from topoprof.measure.meta_trace import trace_models
-    from topoprof.model.compute.extended import at_depth, priced_line
-    from topoprof.model.compute.profile import load_profile
-    from topoprof.workload.checkpointing import parse_checkpointing
-
     profile = load_profile(profile_path) if profile_path else None
     parsed = {text: parse_checkpointing(text) for text, _ in wanted}
     wanted_sequences = {m: m * shape.per_sample for _, m in wanted}
@@ -218,8 +208,6 @@ def user_shape(w) -> UserShape:
 
 def micro_batch_bytes(traced: TracedMemory, mode: str, samples: int) -> MicroBatchBytes:
     """For tests and reports: the parts of `samples` sequences under `mode`."""
-    from topoprof.workload.checkpointing import parse_checkpointing
-
     return traced.count(parse_checkpointing(mode), samples)
 
 
@@ -227,8 +215,6 @@ def with_traced_memory(workload, w, gpu: str | None, precision: str):
     """(`workload` with its `traced_memory`, a note or None): traced where a GPU is named or timed
     (the passes stand for it) and a preset or `--params` has its sequence; the note says why not
     where the passes failed."""
-    from dataclasses import replace
-
     if gpu is None or workload.activation_memory_gb is not None:
         return workload, None
     if w.user_model:

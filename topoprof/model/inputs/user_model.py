@@ -29,7 +29,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 from topoprof.errors import InputError
+from topoprof.measure.meta_trace import trace_model
+from topoprof.measure.runner import visible_gpus
+from topoprof.measure.user_model import measure_user_model
+from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
+from topoprof.model.compute.scaled import scaled_compute
+from topoprof.model.compute.traced import gpu_target
+from topoprof.probes.hardware.nvml import query_nvml
+from topoprof.topology.visible import job_gpus
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
+from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
+from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
 from topoprof.zoo.hf_spec import HFModelError, check_installed, config_path, is_hf_spec
 
 
@@ -54,8 +64,6 @@ def check_spec(spec: str) -> str:
 
 def here_device() -> str:
     """Where `measure_here` times: this machine's first GPU when it has one, else the CPU."""
-    from topoprof.measure.runner import visible_gpus
-
     return "cuda:0" if visible_gpus() else "cpu"
 
 
@@ -83,8 +91,6 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
     `target` device (`topoprof/trace/op_trace.py`) when one is given. `progress` hears each stage;
     `ac`: its blocks (the children of `unit`, else the block list found) checkpointed so, timed and
     traced (`topoprof/zoo/user_blocks.py`)."""
-    from topoprof.measure.user_model import measure_user_model
-
     if optimizer not in ("adamw", "sgd"):
         raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
     return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
@@ -101,9 +107,6 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
     (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
     InputError (exit 2) says so: a what-if never runs the model here to find out. `ac`, `unit`: its
     blocks checkpointed so (`topoprof/zoo/user_blocks.py`)."""
-    from topoprof.measure.meta_trace import trace_model
-    from topoprof.model.compute.traced import gpu_target
-
     shape = stated_shape(micro_batch, tokens)
     trace = trace_model(check_spec(spec), None, shape, gpu_target(precision, gpu), progress=progress, ac=ac, unit=unit)
     if trace.get("user_error"):
@@ -147,8 +150,6 @@ def stated_shape(micro_batch: int, tokens: int | None) -> dict:
 def _gpu_key(name: str) -> str:
     """The datasheet table's key for a GPU name, so that 'H100 SXM' and 'NVIDIA H100 80GB HBM3'
     compare equal; the normalized name where the table does not know it."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
-
     spec = lookup_gpu_quietly(name)  # an unknown name is compared as written, not warned about
     return spec.name if spec is not None else normalize_gpu_name(name)
 
@@ -269,9 +270,6 @@ def nvml_gpu_of(device: str):
     if not device.startswith("cuda"):
         return None
     try:
-        from topoprof.probes.hardware.nvml import query_nvml
-        from topoprof.topology.visible import job_gpus
-
         gpus = query_nvml().gpus
         ordinal = int(device.split(":")[1]) if ":" in device else 0
         devices = job_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, os.environ.get("CUDA_DEVICE_ORDER")).devices
@@ -293,8 +291,6 @@ def gpu_memory_bytes(device: str) -> int | None:
 def _cannot_fit(preset: str, optimizer: str, memory_bytes: int | None) -> bool:
     """True when the training state alone exceeds the GPU's memory: building the whole model
     (tens of GB of random weights on the host) only to run out of memory would waste the scan's time."""
-    from topoprof.workload.presets import get_preset
-
     if memory_bytes is None:
         return False
     return get_preset(preset).params * TRAIN_STATE_BYTES_PER_PARAM.get(optimizer, 16) > memory_bytes
@@ -312,10 +308,6 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     A vision preset reads `micro_batch` images of `image_size` (default 224) and no sequence; it
     is always timed whole (the largest, 88.8M parameters, fits any GPU's training state). `sizes`:
     the module's arguments changed (`WorkloadRequest.preset_sizes`)."""
-    from topoprof.measure.user_model import measure_user_model
-    from topoprof.model.compute.scaled import scaled_compute
-    from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
-
     def timed(**more):  # `ac`: its blocks checkpointed as the job runs them (topoprof/zoo/checkpoint_wrap.py)
         record = measure_user_model(PRESET_SPEC, device, precision=precision, optimizer=optimizer,
                                     kwargs={**kwargs, **more, **({"ac": ac} if ac != "none" else {}),
@@ -326,7 +318,6 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
     if is_vision(preset):
         if seq_len is not None:
             raise InputError(f"--tokens: {preset} is an image model: it reads --micro-batch-size images, not tokens")
-        from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
 
         image_size = DEFAULT_IMAGE_SIZE if image_size is None else check_image_size(image_size)
         kwargs = {"preset": preset, "micro_batch": micro_batch, "image_size": image_size}

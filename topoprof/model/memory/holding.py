@@ -55,7 +55,7 @@ top fits), does not fit (its bottom does not) or may not fit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from topoprof.model.memory import environment as env
@@ -254,8 +254,6 @@ def _environment(strategy: str, m: MemoryModel, held: Holding, rounding: float) 
 def holding(strategy: str, m: MemoryModel) -> Holding | None:
     """What one GPU holds under `strategy` (the strategies of topoprof.model.strategies); None for
     a strategy whose memory this module does not count."""
-    from dataclasses import replace
-
     held = _tensors(strategy, m)
     if held is None:
         return None
@@ -270,8 +268,6 @@ def _micro_batch_of(strategy: str, m: MemoryModel) -> MicroBatchBytes | None:
 
 
 def _tensors(strategy: str, m: MemoryModel) -> Holding | None:
-    from dataclasses import replace
-
     if strategy in ("single", "dp") or strategy.startswith("ddp_"):
         states = _states(m, 1, m.micro_batch)
         if strategy.startswith("ddp_") and not m.gradient_as_bucket_view:

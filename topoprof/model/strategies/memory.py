@@ -5,15 +5,19 @@ the op trace, or by formula), the GPU's memory, and what a timed GPU measured, p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from dataclasses import replace as changed
 from typing import Any
 
 from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import gpu_memory_gb, lookup_gpu_quietly
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.memory import environment, holding
+from topoprof.model.memory.holding import OPTIMIZER_STATES
 from topoprof.model.memory.traced import MicroBatchBytes, from_trace
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs, Workload
 from topoprof.model.strategies.results import Memory
+from topoprof.workload.presets import PRESET_DEPTH
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,6 @@ def _samples(inputs: ModelInputs) -> float | None:
 def _formula(inputs: ModelInputs) -> MicroBatchCount:
     """Korthikanti et al. 2022 for the transformer presets: Eq. 1 per layer without AC, the layer's
     input (2 bytes per token per hidden unit, §4's full recomputation) for a checkpointed one."""
-    from topoprof.workload.presets import PRESET_DEPTH
-
     work = inputs.workload
     ac = work.checkpointing
     layers = PRESET_DEPTH.get(work.layout.name)
@@ -98,8 +100,6 @@ def _formula(inputs: ModelInputs) -> MicroBatchCount:
 
 
 def _gpu_memory(comp: Compute) -> tuple[float | None, str]:
-    from topoprof.model.compute.datasheet import gpu_memory_gb
-
     if comp.gpu_memory_gb is not None:
         return comp.gpu_memory_gb, comp.origin("gpu_memory_gb")
     found = gpu_memory_gb(comp.gpu) if comp.gpu else None
@@ -134,8 +134,6 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
 
 def _workspace(inputs: ModelInputs) -> tuple[float, str]:
     """cuBLAS's workspace on the job's GPU, by its compute capability (`environment.cublas_workspace`)."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly
-
     spec = lookup_gpu_quietly(inputs.compute.gpu)
     return environment.cublas_workspace(spec.compute_capability if spec else None)
 
@@ -215,8 +213,6 @@ def _measured_memory(work: Workload, counted):
     """`counted` with the bytes one GPU measured per phase in place of the counted ones: weights,
     gradients and optimizer state as bytes per parameter (so that sharding and DDP's buckets apply
     to them as to counted ones), the activations as measured; None without a measurement."""
-    from dataclasses import replace as changed
-
 
     m = work.measured_memory
     if not m or work.layout.params <= 0:
@@ -235,8 +231,6 @@ def _measured_memory(work: Workload, counted):
 
 
 def _optimizer_name(name: str) -> str:
-    from topoprof.model.memory.holding import OPTIMIZER_STATES
-
     return name if name in OPTIMIZER_STATES else "adamw"
 
 

@@ -3,7 +3,12 @@ sweep over K and the same global batch on fewer GPUs (what `model --json` prints
 report embeds)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from topoprof.jsonio import to_jsonable
+from topoprof.model.strategies.predict import fixed_global_batch, hide_threshold, predict
+from topoprof.model.strategies.predict import sweep as sweep_k
+from topoprof.model.strategies.results import StrategyResult
 
 SWEEP_K = (1, 2, 4, 8, 16, 32)
 
@@ -24,9 +29,6 @@ def _world_sizes(inputs) -> list[int]:
 
 
 def model_payload(inputs, described: dict, sweep: bool = True) -> dict:
-    from topoprof.model.strategies.predict import fixed_global_batch, hide_threshold, predict
-    from topoprof.model.strategies.predict import sweep as sweep_k
-
     prediction = predict(inputs)
     payload = {"strategies": _strategies(prediction), "inputs": to_jsonable(prediction.inputs),
                "links": described, "per_micro_batch": prediction.per_micro_batch,
@@ -66,11 +68,6 @@ MIN_KNOB_GAIN_PCT = 0.1
 def ddp_knobs(inputs, prediction) -> list[dict]:
     """Each DDP option's predicted gain on `ddp_synced` (and the fp16 hook's, from the strategy
     table), with the part it comes from; only the ones that gain."""
-    from dataclasses import replace
-
-    from topoprof.model.strategies.predict import predict
-    from topoprof.model.strategies.results import StrategyResult
-
     now = prediction.strategies.get("ddp_synced")
     if not isinstance(now, StrategyResult):
         return []

@@ -11,10 +11,11 @@ samples per second compare them. A size fits when the top of its memory range do
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from topoprof.model.strategies.job import ModelInputs
-from topoprof.model.strategies.memory import memory_by_strategy
+from topoprof.model.strategies.memory import _gpu_memory, memory_by_strategy
+from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import StrategyResult
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
@@ -156,8 +157,6 @@ def search(inputs: ModelInputs, names: list[str],
            price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> dict:
     """The search's result as JSON data (module docstring). `price` gives the compute (a `Compute`)
     at each (mode, samples) asked, or why it cannot; None: the compute is not priced here."""
-    from topoprof.model.strategies.memory import _gpu_memory
-
     capacity, capacity_source = _gpu_memory(inputs.compute)
     why = why_not_searched(inputs, capacity)
     modes = searched_modes(inputs.workload.checkpointing)
@@ -181,8 +180,6 @@ def _cell(c: Largest) -> dict:
 
 
 def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, price) -> dict:
-    from topoprof.model.strategies.predict import predict
-
     now = inputs.workload.micro_batch_size
     wanted = sorted({(mode, table[mode][n].micro_batch) for mode in modes for n in names
                      if table[mode][n].micro_batch} | {(mode, now) for mode in modes})
@@ -217,6 +214,5 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
         middle, base_middle = comp.modelled_s[1], base.modelled_s[1]
         recompute = ((comp.modelled_detail or {}).get("recompute_s") or [0.0, 0.0, 0.0])[1]
         costs.append(ModeCost(mode, middle, middle - base_middle, recompute))
-    from dataclasses import asdict
 
     return {"fastest": [asdict(c) for c in candidates[:5]], "mode_costs": [asdict(c) for c in costs]}

@@ -12,7 +12,7 @@ the assumptions, and DDP's cost by part.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, LinkUnknown
@@ -36,6 +36,7 @@ from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
 from topoprof.model.strategies.results import PartCost, part_costs
 from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpMode
+from topoprof.workload.presets import PRESET_DEPTH
 
 DDP_STRATEGIES = ("single", "dp", "ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only",
                   "ddp_fp16_compress")
@@ -135,10 +136,6 @@ def recompute_total_s(res: Resolved) -> float:
 def with_recompute(setting: FsdpSetting, res: Resolved, plan) -> FsdpSetting:
     """The setting with the recompute taken out of backward and placed at each checkpointed
     group's backward start (`fsdp.timeline`), shared as `fsdp.plan.recompute_shares` says."""
-    from dataclasses import replace
-
-    from topoprof.workload.presets import PRESET_DEPTH
-
     total = recompute_total_s(res)
     work = res.inputs.workload
     shares = recompute_shares(plan, work.checkpointing, PRESET_DEPTH.get(work.layout.name))

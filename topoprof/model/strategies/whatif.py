@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from topoprof.model.comm import links
+from topoprof.model.comm.collectives import CommModel, RingComm, SingleGpuComm
+from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.strategies.job import Cluster, ModelInputs
+from topoprof.model.strategies.predict import predict
+from topoprof.model.strategies.results import StrategyResult
 from topoprof.topology import constants
+from topoprof.topology.build import Gpu
 
 GPU_COUNTS = (2, 4, constants.STANDARD_NODE_GPUS)
 NODE_COUNTS = (2, 3, 4)
@@ -39,8 +46,6 @@ def sxm_part(name: str | None) -> bool:
     """Whether the datasheet table knows this GPU as an SXM part, the form that sits on an
     NVSwitch baseboard (V100 SXM2, A100 SXM4, H100/H200 SXM5): PCIe cards of the same
     generation (L4, L40S, A10, RTX) have no NVLink, or only a bridge to one peer."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly
-
     spec = lookup_gpu_quietly(name)  # an unknown name: not known to be SXM
     return spec is not None and "sxm" in spec.name
 
@@ -72,9 +77,6 @@ def standard_link(name: str) -> Link | None:
     """The link of the node a GPU named as --gpu takes it is sold in (its datasheet row): NVLink
     through NVSwitch for an SXM part, else PCIe of its generation and width, peer to peer; None for
     a GPU the table does not know or whose link it cannot price."""
-    from topoprof.model.compute.datasheet import lookup_gpu_quietly
-    from topoprof.topology.build import Gpu
-
     spec = lookup_gpu_quietly(name)
     if spec is None:
         return None
@@ -91,11 +93,6 @@ def network(gbit: float) -> Link:
 
 
 def _steps(workload, compute, accum: int, nodes: int, gpus_per_node: int, link: Link, bandwidth: float) -> dict:
-    from topoprof.model.comm import links
-    from topoprof.model.comm.collectives import CommModel, RingComm
-    from topoprof.model.strategies.job import Cluster, ModelInputs
-    from topoprof.model.strategies.predict import predict
-
     comm: CommModel
     if nodes == 1:
         comm = RingComm(link_bandwidth_gbps=bandwidth, hop_latency_us=link.hop_latency_us,
@@ -141,17 +138,11 @@ def what_ifs(workload, compute, gpu, accum: int) -> dict:
 
 
 def _single_step(workload, compute, accum: int) -> float:
-    from topoprof.model.comm.collectives import SingleGpuComm
-    from topoprof.model.strategies.job import Cluster, ModelInputs
-    from topoprof.model.strategies.predict import predict
-
     result = predict(ModelInputs(workload, compute, Cluster(SingleGpuComm(), 1, 1), accumulation_steps=accum))
     return _step_time_s(result.strategies["single"])
 
 
 def _step_time_s(result) -> float:
     """A what-if's strategy always applies: its step time."""
-    from topoprof.model.strategies.results import StrategyResult
-
     assert isinstance(result, StrategyResult), result
     return result.step_time_s

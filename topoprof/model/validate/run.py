@@ -19,6 +19,24 @@ import statistics
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError, NothingMeasured
+from topoprof.jsonio import write_text
+from topoprof.measure.fit import fit_rows
+from topoprof.measure.launch import JobSpec, as_message, external_job, launch_local
+from topoprof.measure.runner import run_job
+from topoprof.model.comm.collectives import SingleGpuComm
+from topoprof.model.comm.links import measured_comm
+from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
+from topoprof.model.ddp.buckets import ddp_buckets
+from topoprof.model.ddp.gpu_costs import ddp_kernels
+from topoprof.model.ddp.timeline import ddp_copy_bytes
+from topoprof.model.fsdp.plan import fsdp_plan
+from topoprof.model.inputs.request import parse_count
+from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.predict import predict as model_predict
+from topoprof.model.strategies.resolve import resolve
+from topoprof.model.strategies.steps import step_components
+from topoprof.model.validate import rotations as rot
+from topoprof.specs.collective_spec import row_from_dict
 from topoprof.specs.fsdp_modes import FSDP_ONE_NODE, FSDP_STRATEGIES
 from topoprof.specs.messages import (
     CollectiveRow,
@@ -35,8 +53,9 @@ from topoprof.specs.messages import (
     phase,
     phase_of,
 )
+from topoprof.workload.checkpointing import parse_checkpointing
 from topoprof.workload.layout import Layout
-from topoprof.workload.synthetic import SyntheticSpec
+from topoprof.workload.synthetic import SyntheticSpec, spec_for_params, spec_for_preset
 
 DDP_MODES = ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only")
 # `--modes all`: every mode these ranks run in one launch (dp, one process over the GPUs, is asked
@@ -101,7 +120,6 @@ class ValidateOptions:
                              "--model's modules is not supported")
         if not self.modes:
             raise InputError("--modes: give at least one mode")
-        from topoprof.workload.checkpointing import parse_checkpointing
 
         object.__setattr__(self, "ac", parse_checkpointing(self.ac).text)
         if self.user_model and self.ac != "none":
@@ -188,11 +206,7 @@ class ValidateResult:
 
 def collect(result: ValidateResult):
     """An on_message handler that files every rank-0 message under its phase."""
-    from topoprof.specs.collective_spec import row_from_dict
-
     def on_message(rank: int, wire: dict) -> None:
-        from topoprof.measure.launch import as_message
-
         msg = as_message(wire, CollectiveRow, ValidationRotations, TrainingResult, NumericsResult)
         where = phase_of(wire)
         if isinstance(msg, CollectiveRow) and where == "bench":
@@ -214,8 +228,6 @@ def predict(opts: ValidateOptions, result: ValidateResult) -> None:
     rotations of that rotation's (predicted - measured) / measured: a machine that drifts between
     rotations, or a slow spell in one of them, then moves prediction and measurement together.
     """
-    from topoprof.model.validate import rotations as rot
-
     msg = result.rotations
     if not msg or not msg.get("rotations"):
         return
@@ -236,9 +248,6 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
     the bandwidth these ranks measured, and what is left per kernel the reducer launched
     (topoprof.model.ddp.gpu_costs). Where the copies ran faster than that bandwidth, or the tensors are
     not known, as one effective copy rate instead."""
-    from topoprof.model.ddp.gpu_costs import ddp_kernels
-    from topoprof.model.ddp.timeline import ddp_copy_bytes
-
     traffic = ddp_copy_bytes(msg["params"], 4, False)  # fp32 gradients, no bucket view (as the wrapper there)
     bandwidth = msg.get("memory_bandwidth_gbps")
     buckets = len((msg.get("rotations") or [[{}]])[0][0].get("bucket_numel") or [])
@@ -259,8 +268,6 @@ def _copy_costs(copies_s: float, msg: dict, tensors: int | None) -> dict:
 def _fsdp_per_group(cal: dict, layout: Layout | None) -> dict:
     """FSDP's measured own work per micro-batch (`rotations.fsdp_costs`) as the model takes it: per
     group (forward, backward synced and under no_sync) and per all-gather in backward."""
-    from topoprof.model.fsdp.plan import fsdp_plan
-
     if layout is None or "fsdp_forward_cost_s" not in cal:
         return {}
     plan = fsdp_plan(layout)
@@ -278,8 +285,6 @@ def _fsdp_per_group(cal: dict, layout: Layout | None) -> dict:
 
 def _calibration_payload(cal: dict, msg: dict, tensors: int | None = None, layout: Layout | None = None) -> dict:
     """The inputs as the model and `model --calibration` take them, their spreads, and the setup."""
-    from topoprof.model.validate import rotations as rot
-
     c = cal["micro_batch_time_s"].value
     out = {"micro_batch_time_s": c, "forward_s": cal["forward_s"].value, "backward_s": cal["backward_s"].value,
            "backward_fraction": cal["backward_s"].value / (cal["forward_s"].value + cal["backward_s"].value),
@@ -315,12 +320,6 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     """ModelInputs from what `rotations` measured (part of `run`, every rotation, when given:
     `topoprof.model.validate.rotations.calibration`): compute, optimizer, each bucket's all-reduce alone
     (the bench curve for other sizes), interference, memory bandwidth."""
-    from topoprof.measure.fit import fit_rows
-    from topoprof.model.comm.links import measured_comm
-    from topoprof.model.compute.timing import CALIBRATION_KEYS, Compute
-    from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-    from topoprof.model.validate import rotations as rot
-
     assert result.rotations is not None  # the ranks sent their rotations
     values = _calibration_payload(rot.calibration(rotations, run), {**result.rotations, "rotations": run or rotations},
                                   len(opts.layout.tensors), opts.layout)
@@ -334,13 +333,11 @@ def _inputs(opts: ValidateOptions, result: ValidateResult, rotations: list, run:
     bucket_rows += [{"collective": kind, "size_bytes": size, "wrong": 0, "time_us": s.value * 1e6}
                     for kind, size, s in rot.fsdp_points(_neighbours(rotations, run))]
     if opts.nproc == 1:  # DDP's own costs are measured; nothing is all-reduced across ranks
-        from topoprof.model.comm.collectives import SingleGpuComm
 
         comm = SingleGpuComm("one rank: nothing to all-reduce")
     else:
         comm = measured_comm(_merged(job_rows, bucket_rows), fit_rows(job_rows, "all_reduce"), opts.nproc,
                              "all-reduce measured on these ranks (bucket sizes in the rotations)")
-    from topoprof.workload.checkpointing import parse_checkpointing
 
     workload = Workload(opts.layout, micro_batch_size=opts.micro_batch,
                         tokens_per_micro_batch=opts.tokens_per_micro_batch, checkpointing=parse_checkpointing(opts.ac))
@@ -371,11 +368,6 @@ def _merged(bench_rows, bucket_rows) -> list[dict]:
 def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
     """The mode predicted from each rotation's inputs, and the parts of the prediction for the
     rotation whose measured step is the median (the one whose measured parts are shown)."""
-    from topoprof.model.ddp.buckets import ddp_buckets
-    from topoprof.model.strategies.predict import predict as model_predict
-    from topoprof.model.strategies.resolve import resolve
-    from topoprof.model.strategies.steps import step_components
-
     steps = [getattr(model_predict(inputs, parts=False).strategies.get(mode), "step_time_s", None)
              for inputs in per_rotation]
     if any(s is None for s in steps):
@@ -392,9 +384,6 @@ def _predicted(per_rotation: list, mode: str, middle: int) -> dict:
 
 
 def run_validate(opts: ValidateOptions, on_progress=None) -> ValidateResult:
-    from topoprof.measure.launch import JobSpec, as_message
-    from topoprof.measure.runner import run_job
-
     result = ValidateResult(label=opts.label)
     handler = collect(result)
 
@@ -418,8 +407,6 @@ def run_validate(opts: ValidateOptions, on_progress=None) -> ValidateResult:
 def _run_dp(opts: ValidateOptions, result: ValidateResult, on_message) -> None:
     """torch.nn.DataParallel in one process over every visible GPU, after the DDP ranks are gone
     (a rank waiting beside it would hold a GPU it uses)."""
-    from topoprof.measure.launch import JobSpec, external_job, launch_local
-
     if external_job() is not None:
         result.measured["dp"] = {"skipped": "DataParallel is one process: run `topoprof validate --modes dp` "
                                             "outside torchrun/srun"}
@@ -443,22 +430,16 @@ def summary(results: list[ValidateResult]) -> dict:
 
 
 def spec_from_options(params: str | None, preset: str | None, scale: float, seq_len: int):
-    from topoprof.workload.synthetic import spec_for_params, spec_for_preset
-
     if params and preset:
         raise InputError("give --params or --preset, not both")
     if preset:
         return spec_for_preset(preset, scale, seq_len=seq_len), f"{preset} x{scale:g}"
-    from topoprof.model.inputs.request import parse_count
 
     n = parse_count(params or "2M")
     return spec_for_params(n, seq_len=seq_len), f"synthetic {n / 1e6:g}M"
 
 
 def validate_payload(result, opts) -> dict:
-    from topoprof.measure.fit import fit_rows
-    from topoprof.model.validate.run import summary
-
     # one rank all-reduces with nobody: its timings fit no link
     fit = fit_rows(result.bench_rows, "all_reduce") if result.bench_rows and opts.nproc > 1 else None
     return {"status": result.status, "error": result.error, "label": result.label,
@@ -477,9 +458,6 @@ def validate_payload(result, opts) -> dict:
 
 def save_calibration(path: str, payload: dict):
     """Write the calibration file; the jsonio.Moved when it had to go elsewhere (see write_text)."""
-    from topoprof.jsonio import write_text
-    from topoprof.model.compute.timing import CALIBRATION_KEYS
-
     cal = payload.get("calibration") or {}
     return write_text(path, json.dumps({"calibration": {k: cal[k] for k in CALIBRATION_KEYS if k in cal},
                                         "measured_on": payload["setup"]}, indent=2, default=str), "--save-calibration")

@@ -81,8 +81,8 @@ def strategy_style(name: str, seen: list[str]) -> dict:
 
 def new_figure(width: float, height: float, **kwargs):
     """A Figure with an Agg canvas attached: renders PNGs without pyplot or a display."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib, loaded only when a chart is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib, loaded only when a chart is drawn
 
     fig = Figure(figsize=(width, height), dpi=DPI, **kwargs)
     FigureCanvasAgg(fig)
@@ -165,6 +165,7 @@ def _byte_ticks(k_lo: int, k_hi: int, max_ticks: int) -> list[int]:
 
 def byte_axis(ax, low: float, high: float, max_ticks: int = 10) -> None:
     """Log2 x axis over [low, high] bytes with non-overlapping labels (8 B, 64 B, 1 KiB, ...)."""
+    # lazy: matplotlib, loaded only when a chart is drawn
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     ax.set_xscale("log", base=2)
@@ -180,7 +181,7 @@ def byte_axis(ax, low: float, high: float, max_ticks: int = 10) -> None:
 
 def plain_log_ticks(axis) -> None:
     """Label a log axis with plain numbers (0.5, 2, 300) instead of 10^x."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter  # lazy: matplotlib, loaded only when a chart is drawn
 
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_num(v)))
 
@@ -202,7 +203,7 @@ def nice_log_ticks(low: float, high: float, max_ticks: int = 6) -> list[float]:
 
 def label_log_axis(axis, low: float, high: float, max_ticks: int = 6) -> None:
     """Plain-number labels at nice_log_ticks, no minor labels: readable over any span."""
-    from matplotlib.ticker import FixedLocator, NullFormatter
+    from matplotlib.ticker import FixedLocator, NullFormatter  # lazy: matplotlib, loaded only when a chart is drawn
 
     axis.set_major_locator(FixedLocator(nice_log_ticks(low, high, max_ticks)))
     plain_log_ticks(axis)

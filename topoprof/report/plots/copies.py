@@ -87,7 +87,7 @@ def _mark_copy_ceiling(bar, ceiling: float) -> None:
     each byte copied once, while the nominal memory bandwidth counts reads and writes together, so
     a copy's ceiling is half of it. (A bar panel scaled to include it would squash the PCIe-sized
     host bars.)"""
-    from matplotlib.ticker import FixedLocator, FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter  # lazy: matplotlib, loaded only when a chart is drawn
 
     bar.ax.axhline(ceiling, color="black", linewidth=2)
     ticks = [t for t in bar.ax.yaxis.get_majorticklocs() if not ceiling / 1.6 < t < ceiling * 1.6] + [ceiling]

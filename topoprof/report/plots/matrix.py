@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
 from topoprof.report.plots.base import (
     finite,
@@ -44,7 +45,7 @@ def _square_size(n: int) -> tuple[float, float]:
 
 def log_norm(values: list[float]):
     """Log colour scale over the drawn values; a single value gets a decade around it."""
-    from matplotlib.colors import LogNorm
+    from matplotlib.colors import LogNorm  # lazy: matplotlib, loaded only when a chart is drawn
 
     lo, hi = min(values), max(values)
     if hi / lo < 1.5:
@@ -54,8 +55,8 @@ def log_norm(values: list[float]):
 
 def heatmap(ax, grid: list[list[float]], norm):
     """imshow with NaN cells in light grey; returns the image for the colour bar."""
-    import matplotlib
-    import numpy as np
+    import matplotlib  # lazy: matplotlib, loaded only when a chart is drawn
+    import numpy as np  # lazy: numpy comes with matplotlib, loaded only when a chart is drawn
 
     cmap = matplotlib.colormaps[_CMAP].with_extremes(bad=_EMPTY_CELL)
     data = np.ma.masked_invalid(np.array(grid, dtype=float))
@@ -73,14 +74,14 @@ def annotate(ax, image, grid, texts, fontsize: float) -> None:
 
 
 def hatch_cell(ax, i: int, j: int, color: str = _HATCH, hatch: str = "//") -> None:
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # lazy: matplotlib, loaded only when a chart is drawn
 
     ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch=hatch, edgecolor=color,
                            linewidth=0))
 
 
 def fill_cell(ax, i: int, j: int, color: str) -> None:
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # lazy: matplotlib, loaded only when a chart is drawn
 
     ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=color, linewidth=0))
 
@@ -161,8 +162,6 @@ def _short(name: str) -> str:
 def footnote(fig, ax, notes: list[str], width: int = 125) -> None:
     """Small grey notes under the axes and their tick labels: short notes share a line, a note
     longer than `width` characters goes on over indented lines of its own."""
-    import textwrap
-
     bbox = ax.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted())
     lines: list[str] = []
     for note in notes:

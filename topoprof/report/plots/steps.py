@@ -85,7 +85,7 @@ def _draw_strategy(axes, name, accum, times, sweep, seen) -> None:
 
 
 def _accum_axis(ax, accum: list[int]) -> None:
-    from matplotlib.ticker import FixedLocator, NullLocator
+    from matplotlib.ticker import FixedLocator, NullLocator  # lazy: matplotlib, loaded only when a chart is drawn
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(accum))
