@@ -220,19 +220,15 @@ def test_a_what_if_of_a_model_it_cannot_read_on_meta_is_one_line_and_exit_2(name
     assert first.startswith("topoprof: error: --model ") and says in first
 
 
-def test_a_70b_user_model_is_planned_here_in_seconds_without_building_it():
+def test_a_70b_user_model_is_planned_here_without_building_it():
     """Llama 2 70B (276 GB of fp32 weights, past this machine's memory) from a user's callable that
-    refuses to build for real: the what-if traces it on meta only."""
-    import time
-
-    start = time.monotonic()
+    refuses to build for real: the what-if traces it on meta only. How long it takes is
+    tests/benchmarks/bench_plan_time.py's."""
     doc = _json("--model", os.path.join(USER_MODELS, "llama70b.py:build"), "--gpu", "h100-sxm", "--tokens", "4096",
                 "--world-size", "8", "--link-bandwidth", "450", "--no-sweep")
-    took = time.monotonic() - start
     assert doc["inputs"]["params"]["value"] == 68_976_648_192
     assert doc["inputs"]["fsdp_groups"]["value"]["groups"] == 81
     assert "model's own ops" in doc["inputs"]["micro_batch_time_s"]["source"]
-    assert took < 240, f"{took:.0f} s"  # a generous bound on a shared machine; 30 s when measured
 
 
 # ---- a GPU here: measured beats modelled, and the gap is shown (timing replaced) -------------

@@ -126,6 +126,14 @@ class ProfiledDevice:
         return math.prod(query) / math.prod(edge)
 
     def _gemm_s(self, p: op_kinds.Product, end: str) -> float:
+        """A product's seconds at `end`, read once per product: a model's blocks repeat the same
+        products, and each reading interpolates over the profile's grid."""
+        memo = self._memo.setdefault("gemm_s", {})
+        if (p, end) not in memo:
+            memo[(p, end)] = self._gemm_s_read(p, end)
+        return memo[(p, end)]
+
+    def _gemm_s_read(self, p: op_kinds.Product, end: str) -> float:
         m = p.m * p.batch
         low, high = self._range("gemm_flops_per_s", m, p.n, p.k)
         q = self._quantization_ratio(p, _how(self.profile.gemm_flops_per_s(m, p.n, p.k).basis))
