@@ -288,3 +288,17 @@ def test_a_gpu_timing_runs_for_a_minimum_time_and_no_timed_pass_carries_hooks(mo
     worker._warm_up(step, cuda=False)
     passes, _ = worker._timed_passes(step, cuda=False, repeats=2)
     assert calls == [(True, False), (False, True), (False, False)] and len(passes) == 2
+
+
+def test_a_loss_fn_that_cannot_take_output_and_batch_is_named_before_it_runs():
+    """loss_fn is called as loss_fn(output, batch): one of one argument is the user's to fix, said
+    as such, not a TypeError out of the model's pass."""
+    import torch
+
+    from topoprof.zoo.user_callable import UserModelError, user_loss
+
+    module, batch = torch.nn.Linear(4, 2), torch.zeros(3, 4)
+    with pytest.raises(UserModelError, match=r"cannot be called as loss_fn\(output, batch\)"):
+        user_loss(module, batch, lambda out: out.sum())
+    assert user_loss(module, batch, lambda out, batch: out.sum()).numel() == 1
+    assert user_loss(module, batch, lambda *args: args[0].sum()).numel() == 1

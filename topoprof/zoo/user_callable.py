@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -134,6 +135,20 @@ def resize_batch(batch, old: int, new: int):
     return one(batch)
 
 
+def _check_loss_takes_output_and_batch(loss_fn, out, batch) -> None:
+    """A loss_fn is called as loss_fn(output, batch): one that cannot take both is the user's to
+    fix, said before it runs (a TypeError from inside it would read as the model's own failure)."""
+    try:
+        signature = inspect.signature(loss_fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to read, it is called as is
+        return
+    try:
+        signature.bind(out, batch)
+    except TypeError:
+        raise UserModelError("loss", f"the loss_fn {getattr(loss_fn, '__qualname__', loss_fn)}{signature} cannot be "
+                             "called as loss_fn(output, batch): take both, e.g. lambda out, batch: ...") from None
+
+
 def user_loss(module, batch, loss_fn):
     import torch  # lazy: torch, loaded only where a user's model is built or run
 
@@ -144,6 +159,7 @@ def user_loss(module, batch, loss_fn):
     else:
         out = module(batch)
     if loss_fn is not None:
+        _check_loss_takes_output_and_batch(loss_fn, out, batch)
         loss = loss_fn(out, batch)
     elif getattr(out, "loss", None) is not None:
         loss = out.loss
