@@ -31,7 +31,7 @@ def test_the_option_is_checked_where_the_request_is_built():
 
 def test_a_llama_presets_fused_rmsnorm_reaches_every_pass_of_it():
     from topoprof.model.compute.traced import preset_request
-    from topoprof.model.inputs.traces import model_shape
+    from topoprof.model.inputs.candidates import model_shape
 
     request = WorkloadRequest(preset="llama3-8b", rmsnorm="fused", tokens=8192)
     assert request.preset_sizes == {"norm": "fused"}
@@ -45,7 +45,7 @@ def test_a_llama_presets_fused_rmsnorm_reaches_every_pass_of_it():
 
 
 def test_a_sample_past_a_presets_context_is_traced_and_counted_as_sequences_of_it():
-    from topoprof.model.inputs.traces import model_shape
+    from topoprof.model.inputs.candidates import model_shape
 
     shape = model_shape("llama-7b", None, 2, 16384)    # 8192 tokens per sample, a context of 2048
     assert (shape.seq_len, shape.per_sample) == (2048, 4) and "as 4 sequences" in shape.label
@@ -58,7 +58,7 @@ def test_a_sample_past_a_presets_context_is_traced_and_counted_as_sequences_of_i
 def test_the_main_pass_and_the_fits_search_run_a_long_sample_as_the_same_sequences(micro_batch, tokens, sequences,
                                                                                    seq_len):
     from topoprof.model.compute.traced import preset_request
-    from topoprof.model.inputs.traces import model_shape
+    from topoprof.model.inputs.candidates import model_shape
 
     main = preset_request("gpt2", micro_batch, tokens, None)  # the compute's pass (context 1024)
     shape = model_shape("gpt2", None, micro_batch, tokens)    # the memory's and the search's passes

@@ -195,6 +195,7 @@ def _cli(*args):
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_model_lists_fsdp_strategies_with_step_times():
     args = ["--preset", "llama-7b", "--gpu", "h100-sxm", "--world-size", "8", "--tokens", "4096",
             "--link-bandwidth", "370"]

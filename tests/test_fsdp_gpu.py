@@ -190,6 +190,7 @@ def _cli(*args):
                           timeout=180)
 
 
+@pytest.mark.slow
 def test_the_model_command_shows_fsdps_parts_and_hsdps_levels():
     args = ["--preset", "llama3-8b", "--gpu", "h100-sxm", "--tokens", "8192", "--nodes", "4", "--gpus-per-node", "8",
             "--link-bandwidth", "450", "--network-bandwidth", "50", "--micro-batch-time", "1.0", "--no-sweep"]

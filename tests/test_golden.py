@@ -20,6 +20,7 @@ def _outputs_module():
 
 
 @pytest.mark.skipif(other_torch_than_ci() is not None, reason=str(other_torch_than_ci()))
+@pytest.mark.slow
 def test_every_kept_output_is_what_the_commands_print_now():
     golden = _outputs_module()
     found = golden.outputs()

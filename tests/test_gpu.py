@@ -166,7 +166,7 @@ def test_user_model_timed_on_cuda_under_each_precision(record_property):
     across a bucket boundary (seen with CPU autocast on this model)."""
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.ddp.buckets import ddp_buckets
-    from topoprof.model.inputs.user_model import user_compute, user_layout
+    from topoprof.model.inputs.user_record import user_compute, user_layout
 
     spec = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py") + ":build_1m"
     buckets = {}

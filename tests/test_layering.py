@@ -232,3 +232,52 @@ def test_probes_hold_probes_alone_in_rooms_by_concern():
     assert loose == []
     rooms = sorted(p.name for p in (ROOT / "probes").iterdir() if (p / "__init__.py").exists())
     assert rooms == ["device_profile", "hardware", "ranks"]
+
+
+# `topoprof model` gathers (model/inputs/gather.py: processes, files, hardware), then predicts
+# from what was gathered alone: these modules, and all they import, run and read nothing.
+PREDICT_STAGE = ("topoprof.model.inputs.resolve", "topoprof.model.inputs.search", "topoprof.model.strategies.payload")
+# where processes run, the hardware is read, or torch is imported
+NOT_IN_PREDICT = ("topoprof.measure", "topoprof.probes", "topoprof.trace", "topoprof.topology.collect",
+                  "topoprof.model.inputs.gather", "topoprof.model.inputs.traces", "topoprof.model.inputs.user_model",
+                  "subprocess", "multiprocessing", "torch", "pynvml")
+
+
+def _runtime_imports(path: Path) -> list[str]:
+    """What a file imports when it runs: `_imports` less those under `if TYPE_CHECKING:` (types only)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for stmt in node.body for n in ast.walk(stmt)}
+    lines = {n.lineno for n in ast.walk(tree) if id(n) in typing_only and isinstance(n, (ast.Import, ast.ImportFrom))}
+    return [target for line, target in _imports(path) if line not in lines]
+
+
+def _reached(start: tuple[str, ...]) -> dict[str, list[str]]:
+    """Every module the `start` modules import when they run, directly or not, with each one's
+    own imports (the project's and the others')."""
+    sources = {_module_name(p): p for p in _sources()}
+    seen: dict[str, list[str]] = {}
+    todo = list(start)
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in sources:
+            continue
+        seen[module] = _runtime_imports(sources[module])
+        todo += [t for t in seen[module] if t in sources]
+    return seen
+
+
+def _impure(start: tuple[str, ...]) -> list[str]:
+    return sorted(f"{module} imports {target}" for module, targets in _reached(start).items() for target in targets
+                  for banned in NOT_IN_PREDICT if target == banned or target.startswith(banned + "."))
+
+
+def test_the_model_commands_predict_stage_runs_and_reads_nothing():
+    assert _impure(PREDICT_STAGE) == []
+
+
+def test_the_predict_check_sees_a_gather_reached_through_a_pure_module():
+    assert "topoprof.model.inputs.gather imports topoprof.measure.runner" in _impure(("topoprof.model.inputs.gather",))
+    assert any(line.startswith("topoprof.model.inputs.user_model imports topoprof.measure")
+               for line in _impure(("topoprof.model.inputs.gather",)))

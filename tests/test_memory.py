@@ -129,6 +129,7 @@ def test_nothing_that_does_not_fit_is_recommended():
     assert rank([*strategy_recommendations(pred, "7B"), fit])[0].key == "fits"
 
 
+@pytest.mark.slow
 def test_model_cli_says_what_does_not_fit():
     proc = subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "llama-7b", "--gpu", "h100-sxm",
                            "--world-size", "8", "--tokens", "4096", "--link-bandwidth", "370", "--no-sweep",
@@ -181,18 +182,18 @@ def test_what_does_not_fit_is_neither_swept_nor_offered():
 
 
 def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
-    from topoprof.model.inputs import options
+    from topoprof.model.inputs import resolve
     from topoprof.model.inputs.request import ComputeRequest, MemoryRequest
 
     timed = {"device_name": "NVIDIA H100 80GB HBM3", "device_memory_bytes": 85.5e9}
     origins: list = []
-    memory = options._memory_of_the_timed_gpu(MemoryRequest(), ComputeRequest(), timed, origins)
+    memory = resolve._memory_of_the_timed_gpu(MemoryRequest(), ComputeRequest(), timed, origins)
     assert memory.gpu_memory_gb == 85.5 and origins == [("gpu_memory_gb", "NVIDIA H100 80GB HBM3's memory as CUDA "
                                                                          "reported it where the compute was timed")]
     for memory, compute, record in ((MemoryRequest(gpu_memory_gb=40.0), ComputeRequest(), timed),  # --gpu-memory wins
                                     (MemoryRequest(), ComputeRequest(gpu="h100-sxm"), timed),  # another GPU named
                                     (MemoryRequest(), ComputeRequest(), {"device_memory_bytes": None})):  # a CPU
-        assert options._memory_of_the_timed_gpu(memory, compute, record, origins) is memory
+        assert resolve._memory_of_the_timed_gpu(memory, compute, record, origins) is memory
     assert len(origins) == 1
 
 

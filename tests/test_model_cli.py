@@ -209,6 +209,7 @@ VISION = ["--preset", "resnet50", "--micro-batch-size", "32", "--gpu", "v100-sxm
           "--world-size", "8", "--link-bandwidth", "20"]
 
 
+@pytest.mark.slow
 def test_resnet50_on_v100_counts_the_micro_batchs_images():
     doc = _model_json(*VISION, "--image-size", "224")
     inputs = doc["inputs"]
@@ -259,9 +260,9 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
         return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None}
 
-    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.user_model"):
+    for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.user_model"):
         monkeypatch.setattr(f"{where}.visible_gpus", lambda: [0])
-    monkeypatch.setattr("topoprof.model.inputs.options.measure_preset", fake)
+    monkeypatch.setattr("topoprof.model.inputs.gather.measure_preset", fake)
     result = CliRunner().invoke(main, ["model", *VISION, "--image-size", "160", "--json"])
     assert result.exit_code == 0, result.output
     assert asked == [("resnet50", 32, None, "cuda:0", "fp32", 160)]
@@ -304,16 +305,18 @@ def test_a_model_that_cannot_run_on_meta_keeps_the_timed_order_with_a_note():
 def _no_gpu_here(monkeypatch):
     from topoprof.topology.build import Topology
 
-    monkeypatch.setattr("topoprof.model.inputs.options.collect_topology",
+    monkeypatch.setattr("topoprof.model.inputs.gather.collect_topology",
                         lambda: Topology(sources=("this machine",), gpus=(), nics=(), pairs=(), gpu_nic_paths={}))
 
 
 def _assumed(monkeypatch, gpu: str, **cluster):
-    from topoprof.model.inputs.options import build_comm
+    from topoprof.model.inputs.gather import gather_links
     from topoprof.model.inputs.request import ClusterRequest
+    from topoprof.model.inputs.resolve import comm_of
 
     _no_gpu_here(monkeypatch)
-    return build_comm(ClusterRequest(**cluster), gpu)
+    request = ClusterRequest(**cluster)
+    return comm_of(gather_links(request, gpu), request, gpu)
 
 
 def test_an_sxm_gpu_without_a_link_is_on_its_nvswitch_board(monkeypatch):

@@ -22,7 +22,8 @@ for _path in (HERE, ROOT):  # fake_nvml sits beside this file; probes/ and topop
 from fake_nvml import SCENARIOS, make_fake_nvml  # noqa: E402
 
 from topoprof.errors import EXIT_NOTHING_MEASURED, NothingMeasured  # noqa: E402
-from topoprof.probes.hardware.nvml import NvmlSnapshot, normalize_bus_id, nvlink_pairs, nvswitch_links, query_nvml  # noqa: E402
+from topoprof.probes.hardware.nvml import NvmlSnapshot, normalize_bus_id, query_nvml  # noqa: E402
+from topoprof.topology.build import nvlink_pairs, nvswitch_links  # noqa: E402
 
 MEASURABLE = [s for s in SCENARIOS if s not in ("no_driver", "driver_not_loaded")]
 NOT_IN_BINDING = "FunctionNotFound (not in this pynvml)"

@@ -53,11 +53,11 @@ def test_nothing_is_written_off_a_terminal_or_before_the_delay():
 
 def test_the_workers_stages_reach_the_command():
     from topoprof.measure.user_model import measure_user_model
-    from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.inputs.gather import gather
     from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest, WorkloadRequest
 
     heard: list[str] = []
-    build_inputs(ModelRequest(WorkloadRequest(user_model=TIED), ComputeRequest(gpu="h100-sxm"),
+    gather(ModelRequest(WorkloadRequest(user_model=TIED), ComputeRequest(gpu="h100-sxm"),
                               ClusterRequest(world_size=1)), heard.append)
     assert heard[0].startswith(f"tracing {TIED} on the meta device for h100-sxm")
     assert f"building {TIED} on meta" in heard

@@ -27,11 +27,12 @@ def timed(monkeypatch):
         return {"micro_batch_time_s": 0.03, "backward_fraction": 0.65, "optimizer_time_s": 0.004,
                 "source": f"{preset}: measured on cuda:0, 10 repeats, median", "scaled": scaled}
 
-    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.scan"):
+    for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.scan"):
         monkeypatch.setattr(f"{where}.measure_preset", fake)
     return calls
 
 
+@pytest.mark.slow
 def test_a_gpu_scan_times_the_default_sizes_as_real_architectures(timed):
     opts = ScanOptions(backend="nccl", nproc=8, note="")
     preds = scan_predictions.predictions(opts, _fit(), 8, None, None, H100)

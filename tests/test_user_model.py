@@ -10,9 +10,9 @@ import pytest
 
 from topoprof.errors import InputError
 from topoprof.model.ddp.buckets import ddp_buckets
-from topoprof.model.inputs.user_model import (
+from topoprof.model.inputs.request import check_spec
+from topoprof.model.inputs.user_record import (
     ReadyOrder,
-    check_spec,
     choose_ready_order,
     flop_order_reason,
     stated_shape,
@@ -160,7 +160,7 @@ def test_validate_trains_the_user_model_in_every_mode():
     # every step reduced the buckets the model predicted: the rotations' bucket sizes are DDP's
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.ddp.buckets import ddp_buckets
-    from topoprof.model.inputs.user_model import user_layout
+    from topoprof.model.inputs.user_record import user_layout
 
     predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure_user_model(f"{FIXTURE}:build", "cpu", 1)), 4))
     assert sorted(doc["rotations"]["rotations"][0][0]["bucket_numel"]) == predicted

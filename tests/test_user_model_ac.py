@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from helpers.cli import topoprof  # noqa: E402
 
-from topoprof.model.inputs.traces import UserShape, user_memory_set  # noqa: E402
+from topoprof.model.inputs.candidates import UserShape  # noqa: E402
+from topoprof.model.inputs.traces import user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
@@ -134,6 +135,7 @@ def _fits(*args: str) -> dict:
     return json.loads(proc.stdout)["fits"]
 
 
+@pytest.mark.slow
 def test_the_fits_search_runs_for_a_users_model_and_full_fits_more():
     fits = _fits("--gpu-memory", "3")
     assert "reason" not in fits
@@ -152,6 +154,7 @@ def test_the_fits_search_says_in_one_line_why_a_batch_cannot_be_resized():
     assert "cannot be resized from micro-batch 2" in reason and "\n" not in reason
 
 
+@pytest.mark.slow
 def test_the_command_checkpoints_a_users_model_and_says_which_blocks():
     proc = topoprof("model", "--model", f"{BLOCKS}:build", *WHAT_IF, "--activation-checkpointing", "full")
     assert proc.returncode == 0, proc.stderr
@@ -163,6 +166,7 @@ def test_the_command_checkpoints_a_users_model_and_says_which_blocks():
     assert "activation checkpointing layer:2 on model.layers (2 of 4 blocks; --fsdp-unit)" in layer.stdout
 
 
+@pytest.mark.slow
 def test_the_timing_checkpoints_the_same_blocks():
     from topoprof.probes.ranks.model_timing import measure
 

@@ -112,6 +112,7 @@ def test_one_rank_measures_ddps_own_costs_and_predicts_nothing(tmp_path):
 
 
 @pytest.mark.skipif(missing(FSDP2_VALIDATE) is not None, reason=str(missing(FSDP2_VALIDATE)))
+@pytest.mark.slow
 def test_a_checkpointed_model_is_validated_and_its_numerics_are_the_plain_models():
     """--activation-checkpointing op on 2 gloo ranks: every mode trains the checkpointed model,
     its step is measured and predicted as the others are, and one optimizer step of each lands

@@ -102,6 +102,7 @@ def test_image_size_only_for_image_models_and_n_layer_only_for_text():
         build("resnet50", n_layer=2)
 
 
+@pytest.mark.slow
 def test_resnet50_trains_one_step_on_cpu():
     from topoprof.measure.user_model import measure_user_model
 

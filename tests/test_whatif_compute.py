@@ -59,6 +59,7 @@ def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
     assert lo < single["step_time_s"] < hi
 
 
+@pytest.mark.slow
 def test_the_text_says_what_the_compute_rests_on():
     text = _cli("model", *SCALED).stdout
     assert "a what-if from the model's own ops" in text
@@ -79,6 +80,7 @@ def test_compiled_fuses_chains_and_pays_per_graph(gpt2_eager):
     assert any("--compiled applies to compute modelled" in w for w in measured["warnings"])
 
 
+@pytest.mark.slow
 def test_gpu_profile_prices_with_the_file_as_measured_or_scaled():
     same = _json(*GPT2[:4], "--gpu", "h200-sxm", "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")
     chosen = _json(*GPT2[:4], "--gpu", "h200-sxm", "--world-size", "1", "--no-sweep")   # the shipped one, chosen
@@ -94,6 +96,7 @@ def test_gpu_profile_prices_with_the_file_as_measured_or_scaled():
     assert "h200-sxm" in alone["gpu_memory_gb"]["source"]
 
 
+@pytest.mark.slow
 def test_a_gpu_with_a_shipped_profile_of_its_own_is_priced_from_it_as_measured():
     """The H100's profile measured by `topoprof profile` (reports/gpu-nvidia-h100-80gb-hbm3-20261127)
     is chosen for an H100 before the H200's scaled; the H200 keeps its own."""
@@ -138,6 +141,7 @@ def test_a_bad_gpu_profile_file_is_one_line_and_exit_2(tmp_path, content, messag
     assert fp16.returncode == 2 and "measured in bfloat16: it cannot price --precision fp16" in fp16.stderr
 
 
+@pytest.mark.slow
 def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
     doc = _json("--preset", "gpt2", "--tokens", "256", "--gpu", "v100-sxm2", "--precision", "fp16", "--world-size",
                 "1", "--no-sweep")
@@ -146,6 +150,7 @@ def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
     assert any("no device profile can be scaled to v100-sxm2 in fp16" in n for n in model["notes"])
 
 
+@pytest.mark.slow
 def test_params_n_is_priced_as_the_synthetic_model():
     inputs = _json("--params", "20M", "--tokens", "256", "--gpu", "a100-sxm4-80gb", "--world-size", "1",
                    "--no-sweep")["inputs"]
@@ -168,6 +173,7 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
     assert any("could not be priced (on meta, boom)" in w and "datasheet range stands in" in w for w in doc["warnings"])
 
 
+@pytest.mark.slow
 def test_a_users_model_predicted_for_a_gpu_is_traced_on_meta_and_never_run_here():
     spec = os.path.join(USER_MODELS, "tied.py:build")
     doc = _json("--model", spec, "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep")
@@ -220,6 +226,7 @@ def test_a_what_if_of_a_model_it_cannot_read_on_meta_is_one_line_and_exit_2(name
     assert first.startswith("topoprof: error: --model ") and says in first
 
 
+@pytest.mark.slow
 def test_a_70b_user_model_is_planned_here_without_building_it():
     """Llama 2 70B (276 GB of fp32 weights, past this machine's memory) from a user's callable that
     refuses to build for real: the what-if traces it on meta only. How long it takes is
@@ -242,17 +249,18 @@ def _fake_timing(monkeypatch, seconds=0.05):
         return {"micro_batch_time_s": seconds, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
                 "source": f"{preset}: measured on {device}", "scaled": None, "device_name": H100}
 
-    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.scan"):
+    for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.scan"):
         monkeypatch.setattr(f"{where}.measure_preset", fake)
     return asked
 
 
+@pytest.mark.slow
 def test_model_on_this_gpu_prints_the_modelled_range_beside_the_measured_time(monkeypatch):
     from click.testing import CliRunner
 
     from topoprof.cli import main
 
-    for where in ("topoprof.model.inputs.options", "topoprof.model.inputs.user_model"):
+    for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.user_model"):
         monkeypatch.setattr(f"{where}.visible_gpus", lambda: [0])
     asked = _fake_timing(monkeypatch)
     args = ["model", "--preset", "gpt2", "--tokens", "1024", "--world-size", "1", "--no-sweep"]

@@ -84,14 +84,15 @@ def plain_loop_step_s(name: str, batch: int) -> float:
 def predicted(name: str, batch: int) -> tuple[float, str]:
     """(the `single` step `topoprof model` predicts, where its compute came from)."""
     from topoprof.commands.model import model as command
-    from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.inputs.gather import gather
     from topoprof.model.inputs.request import ModelRequest
+    from topoprof.model.inputs.resolve import resolve
     from topoprof.model.strategies.predict import predict
 
     args = ["--preset", name, "--world-size", "1", "--micro-batch-size", str(batch),
             "--tokens", str(batch * SHAPES[name][4]), "--accum", str(ACCUM), "--no-sweep"]
     opts = dict(command.make_context("model", args).params)
-    inputs, _ = build_inputs(ModelRequest.from_options(opts))
+    inputs, _ = resolve(gather(ModelRequest.from_options(opts)))
     source = inputs.compute.origin("micro_batch_time_s")
     timing = re.search(r"\d+ repeats, median \(spread [^)]*\)", source)
     return predict(inputs).strategies["single"].step_time_s, timing.group(0) if timing else source

@@ -43,11 +43,12 @@ GPU_COLUMNS = {"2 GPUs": 2, "4 GPUs": 4, "8 GPUs": 8}
 def model_inputs(args: list[str]):
     """ModelInputs exactly as `topoprof model ARGS` builds them."""
     from topoprof.commands.model import model as command
-    from topoprof.model.inputs.options import build_inputs
+    from topoprof.model.inputs.gather import gather
     from topoprof.model.inputs.request import ModelRequest
+    from topoprof.model.inputs.resolve import resolve
 
     opts = dict(command.make_context("model", list(args)).params)
-    inputs, _ = build_inputs(ModelRequest.from_options(opts))
+    inputs, _ = resolve(gather(ModelRequest.from_options(opts)))
     return inputs
 
 
@@ -122,7 +123,8 @@ def fig10a(entry: dict) -> tuple[float, list[tuple[str, float, float]]]:
 
 def whatif_compute(entry: dict) -> list[tuple[str, float, tuple[float, float, float], str]]:
     """(preset, published compute, modelled (fast, middle, slow), what bounds it) per DGX-1 model."""
-    from topoprof.model.compute.traced import model_on_gpu, preset_request
+    from topoprof.model.compute.traced import preset_request
+    from topoprof.model.inputs.traces import model_on_gpu
 
     columns, out = entry["columns"], []
     for preset, times in entry["p50_s_per_iteration"].items():

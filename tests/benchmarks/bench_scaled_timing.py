@@ -24,7 +24,8 @@ def main() -> None:
     from topoprof.measure.runner import visible_gpus
     from topoprof.measure.user_model import measure_user_model
     from topoprof.model.compute.scaled import scaled_compute
-    from topoprof.model.inputs.user_model import PRESET_SPEC, SCALED_DEPTHS, user_compute
+    from topoprof.model.inputs.user_model import PRESET_SPEC, SCALED_DEPTHS
+    from topoprof.model.inputs.user_record import user_compute
     from topoprof.workload.presets import PRESET_DEPTH
 
     ap = argparse.ArgumentParser()

@@ -4,10 +4,12 @@ from __future__ import annotations
 import click
 
 from topoprof.jsonio import dumps, envelope
-from topoprof.model.inputs.options import build_inputs
+from topoprof.model.inputs.gather import gather, gather_candidates
 from topoprof.model.inputs.request import ModelRequest
-from topoprof.model.inputs.search import applying_strategies, fits_payload
+from topoprof.model.inputs.resolve import resolve
+from topoprof.model.inputs.search import applying_strategies, candidate_shape, fits_payload
 from topoprof.model.strategies.payload import model_payload
+from topoprof.model.strategies.search import plan_search
 from topoprof.progress import LiveProgress
 from topoprof.report.text_model import render_model
 from topoprof.workload.presets import RMSNORMS
@@ -105,12 +107,18 @@ def model(**opts):
     ddp_fp16_compress and FSDP2's fsdp_full_shard, fsdp_shard_grad_op and hsdp (each also _no_sync),
     with the exposed communication and what changing K or world size gains."""
     request = ModelRequest.from_options(opts)
+    # Gather (processes, files, hardware), then predict from what was gathered alone; the search
+    # for what fits gathers once more, the passes of the candidates the memory named.
     with LiveProgress() as progress:  # on stderr, when it is a terminal (topoprof.progress)
-        inputs, described = build_inputs(request, progress)
+        evidence = gather(request, progress)
+        inputs, described = resolve(evidence)
         progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
         payload = model_payload(inputs, described, sweep=request.sweep)
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
-        payload = {"fits": fits_payload(inputs, request, applying_strategies(payload), progress), **payload}
+        plan = plan_search(inputs, applying_strategies(payload))
+        passes = gather_candidates(candidate_shape(inputs, request, plan), plan.wanted, inputs.compute.gpu,
+                                   inputs.compute.precision, evidence.profile, progress)
+        payload = {"fits": fits_payload(inputs, request, plan, passes, evidence.profile), **payload}
     if opts["as_json"]:
         click.echo(dumps(envelope("model", payload)))
         return

@@ -8,7 +8,8 @@ from topoprof.jsonio import check_writable, dumps, envelope, write_text
 from topoprof.measure.launch import is_reporting_rank
 from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
-from topoprof.model.inputs.user_model import measure_here, user_layout
+from topoprof.model.inputs.user_model import measure_here
+from topoprof.model.inputs.user_record import user_layout
 from topoprof.model.validate.run import (
     FSDP_BACKENDS,
     ValidateOptions,

@@ -7,6 +7,5 @@ work that fails part-way fails the scan.
   ranks    all rank work in one launch, with progress
   pipeline from start to report
 
-`options` is the scan's request, as `topoprof.model.inputs.options` is the model command's: the same
-role in each stage.
+`options` is the scan's request, as `topoprof.model.inputs.request` is the model command's.
 """

@@ -6,8 +6,8 @@ from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
-from topoprof.model.inputs.request import check_image_options, parse_count
-from topoprof.model.inputs.user_model import check_spec, user_layout
+from topoprof.model.inputs.request import check_image_options, check_spec, parse_count
+from topoprof.model.inputs.user_record import user_layout
 from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
 from topoprof.specs.messages import CollectivesJob
 from topoprof.workload.checkpointing import parse_checkpointing

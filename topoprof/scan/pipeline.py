@@ -19,7 +19,8 @@ from topoprof.measure.profile import measure_device_profile
 from topoprof.model.comm.links import comm_from_topology
 from topoprof.model.compute.traced import gpu_target
 from topoprof.model.inputs.scan import composed_check, predictions, single_gpu_what_ifs
-from topoprof.model.inputs.user_model import here_device, measure_here, stated_shape
+from topoprof.model.inputs.user_model import here_device, measure_here
+from topoprof.model.inputs.user_record import stated_shape
 from topoprof.model.validate.run import summary
 from topoprof.probing import ERROR, OK, PARTIAL, SKIPPED, UNAVAILABLE, ProbeStatus, attempt
 from topoprof.report import recommend as rec

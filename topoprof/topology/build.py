@@ -15,14 +15,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from topoprof.errors import InputError
-from topoprof.probes.hardware.nvml import nvlink_pairs, nvswitch_links
 from topoprof.probing import ProbeStatus
 from topoprof.topology import constants
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
     from topoprof.probes.hardware.host import HostInfo
     from topoprof.probes.hardware.nvidia_smi import SmiTopology
-    from topoprof.probes.hardware.nvml import NvmlSnapshot
+    from topoprof.probes.hardware.nvml import NvLink, NvmlSnapshot
     from topoprof.topology.visible import JobGpu
 
 # `nvidia-smi topo -m` path kinds from best to worst, with the legend's meaning.
@@ -383,3 +382,44 @@ def _consistency_notes(smi, nvml) -> tuple[str, ...]:
                 notes.append(f"GPU {g.index} PCIe link at Gen{g.pcie_gen_current} below Gen{g.pcie_gen_max} "
                              "(normal at idle: GPUs lower the link speed to save power; check under load)")
     return tuple(notes)
+
+
+def _gpu_buses(snapshot: NvmlSnapshot) -> dict[str, int]:
+    return {gpu.pci_bus_id: gpu.index for gpu in snapshot.gpus if gpu.pci_bus_id is not None}
+
+
+def nvlink_pairs(snapshot: NvmlSnapshot) -> dict[tuple[int, int], int]:
+    """Active NVLinks between GPU pairs (a < b), the NV# of `nvidia-smi topo -m`.
+
+    Each link is seen from both ends; both ends are counted separately and the larger count kept,
+    so a GPU whose links cannot be read does not hide the pair and no link is counted twice.
+    """
+    owner = _gpu_buses(snapshot)
+    seen: dict[tuple[int, int], int] = {}
+    for gpu in snapshot.gpus:
+        for link in gpu.nvlinks:
+            peer = owner.get(link.remote_bus_id) if link.active and link.remote_bus_id is not None else None
+            if peer is not None and peer != gpu.index:
+                seen[(gpu.index, peer)] = seen.get((gpu.index, peer), 0) + 1
+    pairs: dict[tuple[int, int], int] = {}
+    for (a, b), count in seen.items():
+        key = (min(a, b), max(a, b))
+        pairs[key] = max(pairs.get(key, 0), count)
+    return dict(sorted(pairs.items()))
+
+
+def nvswitch_links(snapshot: NvmlSnapshot) -> dict[int, int]:
+    """Per GPU that is not lost: active links whose far end is an NVSwitch (`nvidia-smi nvlink -R`).
+
+    Where the remote type cannot be read, a remote bus id that is no GPU's counts as a switch
+    (on POWER9 an NVLink to the CPU would be counted too; only the type function tells them apart).
+    """
+    gpu_buses = set(_gpu_buses(snapshot))
+
+    def to_switch(link: NvLink) -> bool:
+        if link.remote_device_type is not None:
+            return link.remote_device_type == "switch"
+        return link.remote_bus_id is not None and link.remote_bus_id not in gpu_buses
+
+    return {gpu.index: sum(1 for link in gpu.nvlinks if link.active and to_switch(link))
+            for gpu in snapshot.gpus if not gpu.lost}

@@ -10,7 +10,8 @@ as a `Compute`'s modelled fields.
 - `--model`: the user's callable, traced in the same worker that reads and times it.
 
 The pass runs on the meta device for the GPU's precision (`topoprof/trace/op_trace.py`, its target),
-in a worker, so the CLI imports no torch. Where it cannot run (a text model without --tokens,
+in a worker (`topoprof.model.inputs.traces.trace_for_gpu`), so the CLI imports no torch; this module
+prices its record and runs nothing. Where it cannot run (a text model without --tokens,
 an op without a meta kernel, a worker that fails), the caller keeps the datasheet range and
 says why (`fallback_note`).
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.measure.meta_trace import trace_model
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.profile_choice import pricer_for
 from topoprof.model.compute.roofline import roofline
@@ -132,21 +132,6 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
     if not ops:
         return None
     return roofline({"ops": ops}, pricer).seconds
-
-
-def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None, gpu: str | None = None) -> dict:
-    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile, gpu),
-                       progress=progress)
-
-
-def model_on_gpu(request: TraceRequest | str, gpu: str | None, precision: str, compiled: bool, profile=None,
-                 profile_path: str | None = None, progress=None) -> tuple[dict, str | None]:
-    """(modelled fields, None), or ({}, why not) where no trace or no price could be had;
-    `progress` hears the trace's stages."""
-    if isinstance(request, str):
-        return {}, request
-    trace = trace_for_gpu(request, precision, profile, progress, gpu)
-    return priced(trace, gpu, precision, compiled, request.note, profile, profile_path)
 
 
 def priced(trace: dict | None, gpu: str | None, precision: str, compiled: bool, note: str | None = None,

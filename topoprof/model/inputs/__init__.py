@@ -1,11 +1,16 @@
-"""From what a user or a scan gives to the model's inputs: the `model` command's options
-(`options`), the user's own model and a preset timed here (`user_model`), and the predictions a
-scan makes from what it measured (`scan`).
+"""From what a user or a scan gives to the model's inputs, in two stages:
 
-Each module is the inputs stage of the feature of its name elsewhere: `options` as the scan's
-request (`topoprof.scan.options`), `user_model` as its measurement (`topoprof.measure.user_model`),
-`scan` as the command, `search` as the search over micro-batch sizes itself
-(`topoprof.model.strategies.search`).
+  gather       runs, traces and reads what a `model` request leaves open: the user's own model
+               and a preset timed here (`user_model`), the passes on meta (`traces`), the files,
+               this machine's topology; into the typed records of `evidence`
+  resolve      the request and those records alone into the model's inputs; pure, as are
+               `evidence`, `user_record` (the layout and ready order made of a model's record),
+               `candidates` (what the passes trace, and their compute priced) and `search`
+
+The search for what fits is a second round: the memory predicted names its candidates, whose
+passes `gather.gather_candidates` runs and `search.fits_payload` prices. `scan` makes the
+predictions a scan makes from what it measured; `request` is the command's typed request, as
+`topoprof.scan.options` is the scan's.
 
 Owns: measuring and tracing what the prediction needs, and the choice of sources. May import:
 every room below it (workload, comm, compute, ddp, fsdp, memory, strategies).

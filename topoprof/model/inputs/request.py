@@ -9,11 +9,13 @@ option and shows the arithmetic (`world_size(8) != nodes(3) * gpus_per_node(3)`)
   ClusterRequest    the links and the shape: a bench fit, a topology, or numbers; nodes, GPUs
   ModelRequest      the four, with K and whether to sweep
 
-`topoprof.model.inputs.options.build_inputs` takes a `ModelRequest` and resolves it into the
-model's inputs, measuring or tracing what it must. Nothing here imports torch.
+`topoprof.model.inputs.gather.gather` measures, traces and reads what a `ModelRequest` leaves
+open, and `topoprof.model.inputs.resolve.resolve` turns the two into the model's inputs. Nothing
+here imports torch.
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -22,11 +24,10 @@ from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import known_gpus, lookup_gpu
 from topoprof.model.compute.profile import load_profile
 from topoprof.model.compute.profile_choice import check_pricable
-from topoprof.model.inputs.user_model import check_spec
 from topoprof.workload.checkpointing import parse_checkpointing
 from topoprof.workload.presets import LLAMA_PRESETS, PRESETS, RMSNORMS, VISION_PRESETS, get_preset, is_vision
 from topoprof.workload.vision import check_image_size
-from topoprof.zoo.hf_spec import HFModelError, is_hf_spec, with_attn
+from topoprof.zoo.hf_spec import HFModelError, check_installed, config_path, is_hf_spec, with_attn
 
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
 _COUNT_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
@@ -195,6 +196,11 @@ class WorkloadRequest:
         """The model as an error message names it."""
         return self.preset_name or (f"--params {self.params}" if self.params else f"--model {self.user_model}")
 
+    def fsdp_casts_weights(self) -> bool:
+        """FSDP's param_dtype is 16-bit: the weights it computes with are cast (the memory passes'
+        `cast` variant)."""
+        return self.fsdp_bytes().get("fsdp_param_bytes") == 2
+
     def fsdp_bytes(self) -> dict:
         """FSDP's MixedPrecisionPolicy bytes and unit, as `Workload` takes them."""
         out = {key: FSDP_DTYPE_BYTES[value] for key, value in (("fsdp_param_bytes", self.fsdp_param_dtype),
@@ -355,3 +361,22 @@ class ModelRequest:
                 network_bandwidth_gbps=opts["network_bandwidth"], network_latency_us=opts["network_latency"]),
             memory=MemoryRequest(gpu_memory_gb=opts["gpu_memory"], activation_memory_gb=opts["activation_memory"]),
             accum=opts["accum"], sweep=opts["sweep"])
+
+
+def check_spec(spec: str) -> str:
+    """`PATH.py:CALLABLE`, `package.module:CALLABLE` or `hf:PATH[#ATTN]`; a path must exist (and
+    an `hf:` config name its architecture, with transformers installed). One line otherwise."""
+    if is_hf_spec(spec):
+        try:
+            config_path(spec)
+            check_installed()
+        except HFModelError as err:
+            raise InputError(f"--model {spec}: {err}") from None
+        return spec
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise InputError(f"--model {spec!r}: expected PATH.py:CALLABLE, package.module:CALLABLE "
+                         "(e.g. train.py:build) or hf:PATH (a Hugging Face config.json or its folder)")
+    if (target.endswith(".py") or os.sep in target) and not os.path.isfile(target):
+        raise InputError(f"--model {spec!r}: no such file: {target}")
+    return spec

@@ -21,10 +21,12 @@ from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.comm.links import measured_comm
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.model.compute.timing import Compute
-from topoprof.model.compute.traced import model_on_gpu, params_request, preset_request, priced
+from topoprof.model.compute.traced import params_request, preset_request, priced
 from topoprof.model.inputs.request import parse_count
 from topoprof.model.inputs.search import applying_strategies
-from topoprof.model.inputs.user_model import measure_preset, user_compute, user_layout
+from topoprof.model.inputs.traces import model_on_gpu
+from topoprof.model.inputs.user_model import measure_preset
+from topoprof.model.inputs.user_record import user_compute, user_layout
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.search import search

@@ -1,26 +1,28 @@
 """The search over micro-batch sizes and checkpointing modes (`topoprof.model.strategies.search`)
 for a `model` request: its memory from the workload's counts, its compute at each candidate priced
-from passes of the model at 1 and 2 blocks (`traces.compute_at`; a `--model`'s whole,
-`traces.user_compute_at`) where the compute is a what-if
-priced from the model's ops; elsewhere (measured, given, a utilization) only the memory is searched.
+from passes of the model at 1 and 2 blocks (a `--model`'s whole; `traces.candidate_passes`,
+gathered by `gather.gather_candidates` once `strategies.search.plan_search` has named the
+candidates) where the
+compute is a what-if priced from the model's ops; elsewhere (measured, given, a utilization) only
+the memory is searched. Pure, as `resolve` is.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from topoprof.jsonio import to_jsonable
 from topoprof.model.compute.timing import uses_modelled
-from topoprof.model.inputs.request import ModelRequest
-from topoprof.model.inputs.traces import (
+from topoprof.model.inputs.candidates import (
+    CandidatePasses,
     ModelShape,
     UserShape,
-    compute_at,
     model_shape,
-    user_compute_at,
+    priced_candidates,
     user_shape,
 )
-from topoprof.model.strategies.search import search
+from topoprof.model.inputs.request import ModelRequest
+from topoprof.model.strategies.job import ModelInputs
+from topoprof.model.strategies.search import SearchPlan, finish_search
 
 
 def applying_strategies(payload: dict) -> list[str]:
@@ -29,27 +31,31 @@ def applying_strategies(payload: dict) -> list[str]:
             or (s.get("memory") or {}).get("fits") is False]
 
 
-def fits_payload(inputs, request: ModelRequest, applying: list[str], progress=None) -> dict:
-    """The search's JSON for the strategies that apply here (`applying`); `progress` hears its stages."""
+def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan) -> ModelShape | UserShape | None:
+    """What the candidates' passes trace, where their compute is priced from the model's ops (a
+    what-if for a GPU named or profiled); None where it is not (the search then says why)."""
     w, c = request.workload, inputs.compute
-    price = None
-    shape: UserShape | ModelShape | str
-    at: Callable[..., dict | str]
+    if plan.table is None or not uses_modelled(c) or not (c.gpu or request.compute.gpu_profile):
+        return None
     if w.user_model:
-        shape, at, how = user_shape(w), user_compute_at, "passes of the whole model"
-    else:
-        shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
-        at, how = compute_at, "passes at 1 and 2 blocks"
-    if uses_modelled(c) and not isinstance(shape, str) and (c.gpu or request.compute.gpu_profile):
-        def price(wanted):
-            if progress is not None:
-                progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
-            fields = at(shape, wanted, c.gpu, c.precision, request.compute.compiled,
-                                request.compute.gpu_profile)
-            if isinstance(fields, str):
-                return fields
-            return {key: candidate_compute(c, f) for key, f in fields.items()}
-    return to_jsonable(search(inputs, applying, price))
+        return user_shape(w)
+    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
+    return None if isinstance(shape, str) else shape
+
+
+def fits_payload(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan,
+                 passes: CandidatePasses | str | None, profile=None) -> dict:
+    """The search's JSON: `plan` completed with the candidates priced from `passes` (None: their
+    compute is not priced here; a str: why their passes failed)."""
+    priced: dict | str | None = None
+    if isinstance(passes, str):
+        priced = passes
+    elif passes is not None:
+        c = inputs.compute
+        fields = priced_candidates(passes, c.gpu, c.precision, request.compute.compiled, profile,
+                                   request.compute.gpu_profile)
+        priced = fields if isinstance(fields, str) else {key: candidate_compute(c, f) for key, f in fields.items()}
+    return to_jsonable(finish_search(inputs, plan, priced))
 
 
 def candidate_compute(main, fields: dict):

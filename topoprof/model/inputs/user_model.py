@@ -1,65 +1,26 @@
-"""The user's own model (`--model PATH:CALLABLE`) as the model's inputs, from what
-`probes/ranks/model_timing.py` measured: its parameter list, gradient-ready order and times.
-
-- The layout holds the trainable parameters in registration order (DDP's parameter list: frozen
-  ones are never bucketed, a shared tensor counts once). Its uses are the measured ready events
-  in reverse, one tensor each, weighted by the share of backward that passed before each
-  gradient was ready, so that `Layout.ready_schedule()` returns the measured ready order and
-  moments: the order DDP rebuilds its buckets in after its first iteration. The weights are
-  scaled to 4 FLOPs per trainable parameter per token (the matmul convention of `presets`) so
-  that FLOP-based what-ifs stay comparable; the measured times are what the prediction uses.
-- Compute: forward + backward per micro-batch, the backward share and the optimizer step, each
-  the median of the timed repeats.
-- Which ready order: the timed one only where the model was timed on the device predicted. A
-  backward timed on a CPU (or given as --micro-batch-time, or for another GPU than this one)
-  spreads its work unlike the GPU's, so the order then comes from the backward FLOPs per tensor,
-  counted on the meta device at the stated shape (`topoprof/trace/op_trace.py`); where that pass fails,
-  the timed order stands in and a note says why.
-- A what-if (--gpu naming a GPU that is not here) is never timed here unless asked
-  (`trace_only`): the meta pass alone gives the parameters, the order and the ops to price;
-  where it fails after the model was built, the parameters stand in reverse registration order
-  (`registration_order`).
+"""The user's own model (`--model PATH:CALLABLE`) and a preset, measured or traced for the
+model's inputs: timed on this machine (`measure_here`, `measure_preset`, in the workers of
+`topoprof.measure.user_model`), or read on the meta device only for a what-if (`trace_only`);
+and what this machine's GPU is (NVML, no torch). What is made of their records, the layout and
+the ready order, is `user_record`'s.
 """
 from __future__ import annotations
 
-import math
 import os
-import statistics
-from dataclasses import dataclass
 from typing import Callable
 
 from topoprof.errors import InputError
 from topoprof.measure.meta_trace import trace_model
 from topoprof.measure.runner import visible_gpus
 from topoprof.measure.user_model import measure_user_model
-from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
 from topoprof.model.compute.scaled import scaled_compute
 from topoprof.model.compute.traced import gpu_target
+from topoprof.model.inputs.request import check_spec
+from topoprof.model.inputs.user_record import ReadyOrder, gpu_key, registration_order, stated_shape, user_compute
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.topology.visible import job_gpus
-from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
-from topoprof.zoo.hf_spec import HFModelError, check_installed, config_path, is_hf_spec
-
-
-def check_spec(spec: str) -> str:
-    """`PATH.py:CALLABLE`, `package.module:CALLABLE` or `hf:PATH[#ATTN]`; a path must exist (and
-    an `hf:` config name its architecture, with transformers installed). One line otherwise."""
-    if is_hf_spec(spec):
-        try:
-            config_path(spec)
-            check_installed()
-        except HFModelError as err:
-            raise InputError(f"--model {spec}: {err}") from None
-        return spec
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise InputError(f"--model {spec!r}: expected PATH.py:CALLABLE, package.module:CALLABLE "
-                         "(e.g. train.py:build) or hf:PATH (a Hugging Face config.json or its folder)")
-    if (target.endswith(".py") or os.sep in target) and not os.path.isfile(target):
-        raise InputError(f"--model {spec!r}: no such file: {target}")
-    return spec
 
 
 def here_device() -> str:
@@ -79,7 +40,7 @@ def names_this_gpu(gpu: str) -> bool:
     for it is no what-if. False without a GPU here, or where its name cannot be read. NVML alone
     answers (`here_gpu_name`): the command's own process never imports torch for it."""
     name = here_gpu_name("cuda:0")
-    return name is not None and _gpu_key(gpu) == _gpu_key(name)
+    return name is not None and gpu_key(gpu) == gpu_key(name)
 
 
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
@@ -124,133 +85,6 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
     return record, ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "
                                               f"meta at {trace['shape']}); a what-if traces the model, never runs it "
                                               f"here")
-
-
-def registration_order(record: dict, why: str) -> ReadyOrder:
-    """Gradients ready in reverse registration order, each after its share of the parameters: what
-    stands in where the pass on meta failed and nothing weighs them by their backward FLOPs."""
-    params = record["params"]
-    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
-    sizes = [math.prod(params[i]["shape"]) for i in reversed(trainable)]
-    total, done, ready = max(1, sum(sizes)), 0, []
-    for i, size in zip(reversed(trainable), sizes):
-        done += size
-        ready.append([i, done / total])
-    text = "gradient-ready order: reverse registration order, each tensor after its share of the parameters"
-    return ReadyOrder(ready, f"{text}, since the pass on the meta device failed",
-                      f"{text}: the pass on the meta device failed ({why})")
-
-
-def stated_shape(micro_batch: int, tokens: int | None) -> dict:
-    """The shape a prediction is for, as a `--model` callable may take it (`micro_batch`,
-    `seq_len` = tokens per sequence, as the presets are built)."""
-    return {"micro_batch": micro_batch, "seq_len": max(1, tokens // micro_batch) if tokens else None}
-
-
-def _gpu_key(name: str) -> str:
-    """The datasheet table's key for a GPU name, so that 'H100 SXM' and 'NVIDIA H100 80GB HBM3'
-    compare equal; the normalized name where the table does not know it."""
-    spec = lookup_gpu_quietly(name)  # an unknown name is compared as written, not warned about
-    return spec.name if spec is not None else normalize_gpu_name(name)
-
-
-def flop_order_reason(device: str, device_name: str | None, gpu: str | None,
-                      micro_batch_time: float | None) -> str | None:
-    """Why the timed ready order does not describe the device predicted; None where it does:
-    timed on a GPU, with no --gpu or --gpu naming that same GPU, and the compute not given."""
-    if micro_batch_time is not None:
-        return "the compute is given (--micro-batch-time), not timed here"
-    if not device.startswith("cuda"):
-        return f"it was timed on {device}, not on " + (f"the {gpu} predicted (--gpu)" if gpu else "a GPU")
-    if gpu is not None and (device_name is None or _gpu_key(gpu) != _gpu_key(device_name)):
-        return f"it was timed on {device_name or 'an unnamed GPU'} ({device}), not on the {gpu} predicted (--gpu)"
-    return None
-
-
-def trace_wanted(device: str, gpu: str | None, micro_batch_time: float | None) -> bool:
-    """Whether the FLOP order may be needed, before the timed GPU's name is known."""
-    return micro_batch_time is not None or not device.startswith("cuda") or gpu is not None
-
-
-@dataclass(frozen=True)
-class ReadyOrder:
-    """The gradient-ready events a layout is built from, what they are, and a note where the
-    order wanted could not be had."""
-
-    ready: list  # [[param_index, share of backward done], ...] in ready order
-    text: str    # "gradient-ready order: ..."
-    note: str | None = None
-
-
-def measured_order(record: dict) -> ReadyOrder:
-    return ReadyOrder(record["ready"], f"gradient-ready order: measured on {record['device']}")
-
-
-def choose_ready_order(record: dict, gpu: str | None = None, micro_batch_time: float | None = None) -> ReadyOrder:
-    """The timed order where the model was timed on the device predicted; else the backward
-    FLOPs per tensor from the record's meta pass, or the timed order with a note where that failed."""
-    why = flop_order_reason(record["device"], record.get("device_name"), gpu, micro_batch_time)
-    if why is None:
-        return measured_order(record)
-    trace = record.get("op_trace") or {"failure": "no pass on meta was run"}
-    failure = trace.get("failure") or _other_parameters(record, trace)
-    if failure:
-        measured = measured_order(record)
-        return ReadyOrder(measured.ready, f"{measured.text}, although {why}: counting the backward FLOPs per "
-                                          f"tensor failed ({failure})",
-                          f"{measured.text} although {why}: counting the backward FLOPs per tensor on the meta "
-                          f"device failed ({failure})")
-    return ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta "
-                                      f"at {trace['shape']}), since {why}")
-
-
-def _other_parameters(record: dict, trace: dict) -> str | None:
-    """The meta pass's indices mean the timed record's only where both list the same parameters."""
-    if [p["name"] for p in trace["params"]] == [p["name"] for p in record["params"]]:
-        return None
-    return f"the model built at {trace['shape']} has other parameters than the one timed"
-
-
-def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
-    """The trainable parameters as a Layout whose ready schedule is `order` (the timed one unless given)."""
-    order = order or measured_order(record)
-    params = record["params"]
-    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
-    position = {i: k for k, i in enumerate(trainable)}
-    tensors = tuple(TensorSpec(params[i]["name"], tuple(params[i]["shape"])) for i in trainable)
-    ready = [(position[i], fraction) for i, fraction in order.ready if i in position]
-    missing = sorted(set(range(len(trainable))) - {k for k, _ in ready})
-    if missing:
-        raise InputError(f"--model {record['spec']}: no gradient reached "
-                         f"{', '.join(tensors[k].name for k in missing[:4])} in backward (unused "
-                         "parameters: DDP would need find_unused_parameters=True, which topoprof does not model)")
-    total_flops = MATMUL_BACKWARD_FLOPS_PER_PARAM * sum(t.numel for t in tensors)
-    end = max(ready[-1][1], 1e-12)
-    uses, before = [], 0.0
-    for k, fraction in ready:
-        share = max(fraction, before)  # hooks fire in order; clock jitter never runs backwards
-        uses.append(Use((k,), total_flops * (share - before) / end))
-        before = share
-    if sum(u.backward_flops_per_token for u in uses) <= 0:  # every hook at the same instant
-        uses = [Use((k,), total_flops / len(ready)) for k, _ in ready]
-    frozen = len(params) - len(trainable)
-    shared = sum(1 for p in params if p["aliases"])
-    return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
-                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); "
-                  f"{order.text}")
-
-
-def user_compute(record: dict) -> dict:
-    """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
-    passes = record["passes"]
-    total = [p["forward_s"] + p["backward_s"] for p in passes]
-    where = (f"measured on {record['device']} ({record.get('precision', 'fp32')}, {record.get('optimizer', 'AdamW')}), "
-             f"{len(passes)} repeats, median")
-    return {"memory": record.get("memory"), "micro_batch_time_s": statistics.median(total),
-            "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
-            "optimizer_time_s": statistics.median(record["optimizer_s"]),
-            "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
-            "device_name": record.get("device_name"), "device_memory_bytes": record.get("device_memory_bytes")}
 
 
 PRESET_SPEC = "topoprof.zoo.preset_modules:build"

@@ -153,10 +153,22 @@ class ModeCost:
     recompute_s: float
 
 
-def search(inputs: ModelInputs, names: list[str],
-           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> dict:
-    """The search's result as JSON data (module docstring). `price` gives the compute (a `Compute`)
-    at each (mode, samples) asked, or why it cannot; None: the compute is not priced here."""
+@dataclass(frozen=True)
+class SearchPlan:
+    """The search as far as the memory takes it: its JSON so far (`out`; with a "reason" where it
+    is not searched), the largest size per mode and strategy (`table`), and the (mode, samples)
+    whose compute the fastest that fits needs (`wanted`)."""
+
+    out: dict
+    names: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    table: dict | None = None
+    wanted: tuple[tuple[str, int], ...] = ()
+
+
+def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
+    """The memory half of the search (module docstring); `finish_search` completes it with the
+    compute priced at `wanted`."""
     capacity, capacity_source = _gpu_memory(inputs.compute)
     why = why_not_searched(inputs, capacity)
     modes = searched_modes(inputs.workload.checkpointing)
@@ -166,28 +178,45 @@ def search(inputs: ModelInputs, names: list[str],
                  (inputs.workload.tokens_per_micro_batch or 0) // max(1, inputs.workload.micro_batch_size) or None,
                  "accumulation_steps": inputs.accumulation_steps}
     if why is not None:
-        return {**out, "reason": why}
+        return SearchPlan({**out, "reason": why})
     table = {mode: largest(inputs, names, mode) for mode in modes}
     out["largest"] = [{"strategies": list(group), **{mode: _cell(table[mode][group[0]]) for mode in modes}}
                       for group in _groups(names)]
     out["no_sync"] = no_sync_memory(inputs, names)
-    out.update(_fastest_and_costs(inputs, names, modes, table, price))
-    return out
+    now = inputs.workload.micro_batch_size
+    wanted: set[tuple[str, int]] = {(mode, now) for mode in modes}
+    wanted |= {(mode, size) for mode in modes for n in names if (size := table[mode][n].micro_batch)}
+    return SearchPlan(out, tuple(names), modes, table, tuple(sorted(wanted)))
+
+
+def finish_search(inputs: ModelInputs, plan: SearchPlan, priced: dict[tuple[str, int], object] | str | None) -> dict:
+    """The search's result as JSON data (module docstring). `priced`: the compute (a `Compute`)
+    at each (mode, samples) of `plan.wanted`, or why it could not be priced; None: the compute
+    is not priced here."""
+    if plan.table is None:
+        return plan.out
+    return {**plan.out, **_fastest_and_costs(inputs, list(plan.names), plan.modes, plan.table, priced)}
+
+
+def search(inputs: ModelInputs, names: list[str],
+           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> dict:
+    """The whole search, `price` giving the compute (a `Compute`) at each (mode, samples) asked,
+    or why it cannot; None: the compute is not priced here."""
+    plan = plan_search(inputs, names)
+    priced = price(list(plan.wanted)) if price is not None and plan.table is not None else None
+    return finish_search(inputs, plan, priced)
 
 
 def _cell(c: Largest) -> dict:
     return {"micro_batch": c.micro_batch, "total_gb": c.total_gb, "next_gb": c.next_gb, "reason": c.reason}
 
 
-def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, price) -> dict:
+def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, priced) -> dict:
     now = inputs.workload.micro_batch_size
-    wanted = sorted({(mode, table[mode][n].micro_batch) for mode in modes for n in names
-                     if table[mode][n].micro_batch} | {(mode, now) for mode in modes})
-    if price is None:
+    if priced is None:
         return {"fastest_reason": "the compute at other micro-batches and modes is not priced here (it was measured "
                                   "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them "
                                   "from the model's own ops"}
-    priced = price(wanted)
     if isinstance(priced, str):
         return {"fastest_reason": f"the compute at other sizes and modes could not be priced ({priced})"}
     candidates = []

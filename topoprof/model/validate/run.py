@@ -85,7 +85,7 @@ class ValidateOptions:
     timeout_s: float = 300.0
     bench_iters: int = 5
     # `--model PATH:CALLABLE`: the user's model, trained instead of `spec`, and its layout as
-    # measured (`topoprof.model.inputs.user_model.user_layout`)
+    # measured (`topoprof.model.inputs.user_record.user_layout`)
     user_model: str | None = None
     user_layout: Layout | None = None
     ac: str = "none"  # the blocks' activation checkpointing (topoprof.workload.checkpointing)

@@ -1,0 +1,136 @@
+"""The passes on meta the memory and the search's candidates are counted from, as records:
+what is traced (`ModelShape`, a preset or `--params` model at 1 and 2 blocks; `UserShape`, a
+`--model` whole), the candidates' passes (`CandidatePasses`, run by `traces.candidate_passes`)
+and their compute priced as the main pass is (`priced_candidates`). Pure: the passes are run in
+`traces`, from `gather`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topoprof.errors import InputError
+from topoprof.model.compute.extended import at_depth, priced_line
+from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_fields
+from topoprof.model.strategies.search import searched_modes
+from topoprof.workload.checkpointing import parse_checkpointing
+from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
+from topoprof.workload.synthetic import spec_for_params
+
+TRACED_MODES = ("none", "full", "op")
+DEPTHS = (1, 2)
+SAMPLES = (2, 3)  # not 1: `topoprof.model.memory.traced`
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What is traced: a builder, its arguments, the sequence and the real depth. A sample longer
+    than a preset's context is traced as `per_sample` sequences of `seq_len` tokens, as the main
+    pass is (`compute.traced.preset_request`)."""
+
+    spec: str
+    kwargs: dict
+    seq_len: int
+    blocks: int
+    label: str
+    per_sample: int = 1
+
+
+def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens: int | None,
+                sizes: dict | None = None) -> ModelShape | str:
+    """The shape a preset (its module's arguments changed by `sizes`) or `--params` is traced at,
+    or why it is not."""
+    if preset is None and params is None:
+        return "a --model's depth cannot be changed: its own pass counts it at the micro-batch given"
+    if is_vision(preset):
+        return "an image model's stages are not one block repeated: its own pass counts it at the micro-batch given"
+    if not tokens:
+        return "no --tokens: a text model's sequence length is unknown"
+    seq = max(1, tokens // micro_batch)
+    if preset is not None:
+        name = preset.strip().lower()
+        _, seq_len, per_sample = context_sequences(name, micro_batch, tokens)
+        changed = ", ".join(f"{k} {v}" for k, v in (sizes or {}).items())
+        label = f"{name} ({changed})" if changed else name
+        if per_sample > 1:
+            each = (f"its context {seq_len}" if seq_len == MAX_SEQ_LEN[name]
+                    else f"{seq_len} tokens (its context: {MAX_SEQ_LEN[name]})")
+            label += f", each sample of {seq} tokens as {per_sample} sequences of {each}"
+        return ModelShape(PRESET_SPEC, {"preset": name, **({"sizes": sizes} if sizes else {})}, seq_len,
+                          PRESET_DEPTH[name], label, per_sample)
+
+    assert params is not None  # a preset or --params
+    return ModelShape(SYNTHETIC_SPEC, {"params": params}, seq, spec_for_params(params, seq).n_layers,
+                      f"the synthetic model of {params:,} parameters (a block: fc1, GELU, fc2)")
+
+
+@dataclass(frozen=True)
+class UserShape:
+    """A user's `--model` as the search traces it: its callable, the micro-batch its example batch
+    was built at, the sequence stated (None without --tokens), its checkpointing's block list
+    (`unit`, --fsdp-unit) and the modes the search asks for."""
+
+    spec: str
+    micro_batch: int
+    seq_len: int | None
+    unit: str | None
+    modes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CandidatePasses:
+    """The passes the search's candidates (`wanted`: (checkpointing mode text, samples)) are
+    priced from: a preset's or `--params` model's at 1 and 2 blocks, keyed (mode, sequences,
+    depth); a `--model`'s whole, keyed (mode text, samples)."""
+
+    shape: ModelShape | UserShape
+    wanted: tuple[tuple[str, int], ...]
+    traces: dict
+
+
+def _modes_of(text: str) -> tuple[str, ...]:
+    """The traced modes a checkpointing mode is composed from: layer:N from none and full."""
+    mode = parse_checkpointing(text).mode
+    return ("none", "full") if mode == "layer" else (mode,)
+
+
+def block_passes(shape: ModelShape, wanted: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(traced mode, sequences) of the passes at 1 and 2 blocks the candidates need."""
+    return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in _modes_of(text)})
+
+
+def priced_candidates(passes: CandidatePasses, gpu: str | None, precision: str, compiled: bool,
+                      profile=None, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
+    """Modelled compute fields per candidate, priced as the main pass is (`profile`: a
+    --gpu-profile's, else the nearest shipped one), or why none: a `--model`'s pass whole, a
+    preset's or `--params` model's at 1 and 2 blocks extended to its depth."""
+    try:
+        if isinstance(passes.shape, UserShape):
+            return _priced_whole(passes, gpu, precision, compiled, profile, profile_path)
+        return _priced_by_blocks(passes, passes.shape, gpu, precision, compiled, profile)
+    except (InputError, ValueError, KeyError) as err:
+        return f"pricing its ops failed ({err})"
+
+
+def _priced_whole(passes: CandidatePasses, gpu, precision, compiled, profile, profile_path) -> dict:
+    return {key: modelled_fields(passes.traces[key], gpu, precision, compiled, profile=profile,
+                                 profile_path=profile_path) for key in passes.wanted}
+
+
+def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape, gpu, precision, compiled, profile) -> dict | str:
+    out = {}
+    for text, m in passes.wanted:
+        ac, sequences = parse_checkpointing(text), m * shape.per_sample
+        lines = {}
+        for mode in _modes_of(text):
+            one, two = passes.traces[(mode, sequences, 1)], passes.traces[(mode, sequences, 2)]
+            if one.get("failure") or two.get("failure"):
+                return one.get("failure") or two["failure"]
+            lines[mode] = priced_line(one, two, gpu, precision, compiled, profile)
+        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, f"{sequences}x{shape.seq_len}")
+    return out
+
+
+def user_shape(w) -> UserShape:
+    """The user's model of a `WorkloadRequest` as the search traces it."""
+    return UserShape(w.user_model, w.micro_batch_size, max(1, w.tokens // w.micro_batch_size) if w.tokens else None,
+                     w.fsdp_unit, searched_modes(w.checkpointing))

@@ -1,0 +1,76 @@
+"""What `topoprof model` gathered before it predicts, as typed records (`Evidence`, filled by
+`gather.gather`): what was measured or traced here, the files read, the links' source. Also the
+choices both stages make alike from the request and these records (`timing_stands`,
+`needs_no_link`). Pure: nothing here runs, reads or imports torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from topoprof.model.compute.profile import DeviceProfile
+from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
+from topoprof.model.inputs.user_record import ReadyOrder, flop_order_reason
+from topoprof.model.memory.traced import TracedMemory
+
+
+@dataclass(frozen=True)
+class UserModelRun:
+    """The user's model as its worker read it: timed here (`record["passes"]`) or traced on meta
+    only, and the gradient-ready order that fits the device predicted."""
+
+    record: dict
+    order: ReadyOrder
+
+    @property
+    def timed(self) -> bool:
+        return "passes" in self.record
+
+
+@dataclass(frozen=True)
+class MainTrace:
+    """A preset's or `--params` model's pass on meta for the GPU predicted (`trace`), or why none
+    could be run (`why`: a text model without --tokens, a GPU the datasheet does not know)."""
+
+    trace: dict | None = None
+    note: str | None = None  # how the stated shape was fitted to the model
+    why: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkEvidence:
+    """What the links are read from: a bench's all-reduce fit, or a topology (a file's or this
+    machine's); neither where the request gives the links or needs none."""
+
+    bench_fit: tuple[float, float, int, dict] | None = None
+    topology: Any = None
+    read_here: bool = False  # the topology is this machine's, read now
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything `resolve.resolve` predicts from (module docstring)."""
+
+    request: ModelRequest
+    compute: ComputeRequest  # the request's, its --gpu named from a --gpu-profile's device where not given
+    profile: DeviceProfile | None = None
+    calibration: dict | None = None
+    user: UserModelRun | None = None
+    preset_timed: dict | None = None  # a preset timed at its real size on this machine's GPU
+    main_trace: MainTrace | None = None
+    traced_memory: TracedMemory | str | None = None  # str: why those passes failed
+    links: LinkEvidence = LinkEvidence()
+
+
+def timing_stands(record: dict, compute: ComputeRequest) -> bool:
+    """A timing here is the compute predicted where no --gpu is named, or the --gpu is the GPU it
+    was timed on; never another device's."""
+    return compute.gpu is None or flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
+                                                    None) is None
+
+
+def needs_no_link(cluster: ClusterRequest) -> bool:
+    """One GPU per node, or one --gpus index without a --topology to check it in: no intra-node link."""
+    gpn, chosen = cluster.given_gpus_per_node(), cluster.gpus
+    one_index = chosen is not None and len(chosen) == 1
+    return (gpn == 1 and not chosen) or (one_index and not cluster.topology)

@@ -1,0 +1,209 @@
+"""What `topoprof model` reads and runs before it predicts, as typed records (`Evidence`): the
+device profile and calibration files, the user's model timed here or traced on meta, a preset
+timed on this GPU, the main pass on meta, the passes its memory is counted from, and the links
+(a bench fit, a topology file or this machine's). Every process, file and hardware read of the
+command is here; `resolve.resolve` reads only these records. The search for the largest
+micro-batch that fits is a second round: the memory predicted names its candidates, whose passes
+`gather_candidates` runs for `search.fits_payload` to price.
+
+What is gathered depends on what the request leaves open and on what was gathered before it (a
+preset timed here needs no what-if pricing); those choices are pure functions of the request and
+the earlier records, shared with `resolve` where it makes the same choice.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from topoprof.errors import InputError
+from topoprof.jsonio import load_json
+from topoprof.measure.runner import visible_gpus
+from topoprof.model.comm import links
+from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.compute.profile import DeviceProfile, load_profile
+from topoprof.model.compute.timing import CALIBRATION_KEYS
+from topoprof.model.compute.traced import TraceRequest, params_request, preset_request, target_for
+from topoprof.model.inputs.candidates import CandidatePasses, ModelShape, UserShape
+from topoprof.model.inputs.evidence import (
+    Evidence,
+    LinkEvidence,
+    MainTrace,
+    UserModelRun,
+    needs_no_link,
+    timing_stands,
+)
+from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest, WorkloadRequest
+from topoprof.model.inputs.traces import candidate_passes, trace_for_gpu, traced_memory_of
+from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
+from topoprof.model.inputs.user_record import choose_ready_order, stated_shape, trace_wanted
+from topoprof.topology.collect import collect_topology
+from topoprof.topology.load import topology_from_file
+from topoprof.workload.presets import context_sequences, is_vision
+
+Progress = Callable[[str], None]  # hears what a long stage waits for (`topoprof model` shows it on a terminal)
+
+
+def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
+    """The evidence for `request`, in the order the command shows its stages."""
+    say = progress or (lambda text: None)
+    profile = load_profile(request.compute.gpu_profile) if request.compute.gpu_profile is not None else None
+    compute = named_by_profile(request.compute, profile)
+    calibration = read_calibration(compute.calibration) if compute.calibration else None
+    w = request.workload
+    user = timed = main = None
+    if w.user_model:
+        user = _user_model_here(w, compute, profile, say)
+    else:
+        if w.preset and not compute.given and this_gpu_predicted(compute):
+            timed = _preset_on_this_gpu(w, compute, say)
+        main = _main_trace(w, compute, profile, timed, say)
+    memory_gpu = compute.gpu or (timed or {}).get("device_name")
+    traced = None
+    if memory_gpu and request.memory.activation_memory_gb is None and not _measured_memory_stands(user, compute):
+        if w.user_model:
+            say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
+        traced = traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights())
+    return Evidence(request, compute, profile, calibration, user, timed, main, traced,
+                    gather_links(request.cluster, request.compute.gpu, say))
+
+
+def named_by_profile(compute: ComputeRequest, profile: DeviceProfile | None) -> ComputeRequest:
+    """No --gpu with a --gpu-profile: the profile's GPU is the one predicted (its memory, its optimizer)."""
+    if compute.gpu is not None or profile is None:
+        return compute
+    named = lookup_gpu_quietly(profile.machine.device)
+    return replace(compute, gpu=named.name) if named is not None else compute
+
+
+def this_gpu_predicted(compute: ComputeRequest) -> bool:
+    """No --gpu, or --gpu naming this machine's GPU: what is timed here is the device predicted.
+    A --gpu of another GPU (or any --gpu on a machine without one) is a what-if, which never runs
+    the model here."""
+    if compute.gpu is None:
+        return True
+
+    return names_this_gpu(compute.gpu)
+
+
+def _measured_memory_stands(user: UserModelRun | None, compute: ComputeRequest) -> bool:
+    """A user's model timed on the GPU predicted: its memory as measured, at its own size."""
+    return (user is not None and user.timed and timing_stands(user.record, compute)
+            and bool(user.record.get("memory")))
+
+
+def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
+                     say: Progress) -> UserModelRun:
+    """The user's model and the gradient-ready order that fits the device predicted. A what-if
+    (`this_gpu_predicted` false) traces it on the meta device only, unless --time-here asks for
+    a timing here too: its order is the backward FLOPs per tensor. Otherwise it is timed here, and
+    its order is the timed one on this GPU, else the backward FLOPs per tensor from a pass on the
+    meta device at the stated shape. The same pass, for the GPU predicted (or timed), prices its
+    ops: one pass in the same worker, run where either may be needed."""
+    assert w.user_model is not None
+    if not (w.time_here or this_gpu_predicted(compute)):
+        say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
+        return UserModelRun(*trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, say,
+                                        w.checkpointing.text, w.fsdp_unit, compute.gpu))
+    device = here_device()
+    priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
+    target = target_for(compute.precision, profile, compute.gpu) if priced_for else None
+    wanted = trace_wanted(device, compute.gpu, compute.micro_batch_time_s) or target is not None
+    say(f"timing {w.user_model} on {device} (starting its worker: importing torch)")
+    record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
+                          trace=stated_shape(w.micro_batch_size, w.tokens) if wanted else None, target=target,
+                          progress=say, ac=w.checkpointing.text, unit=w.fsdp_unit)
+    return UserModelRun(record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s))
+
+
+def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, say: Progress) -> dict | None:
+    """A preset timed at its real size on this machine's first GPU; None without a GPU (the
+    datasheet estimate, or the user's own figures, then stand in)."""
+    if not visible_gpus():
+        return None
+
+    batch, preset, ac = w.micro_batch_size, w.preset_name, w.checkpointing.text
+    assert preset is not None  # timed only for a preset
+    say(f"timing {preset} on cuda:0 (starting its worker: importing torch)")
+    more: dict[str, Any] = {"progress": say, **({"sizes": w.preset_sizes} if w.preset_sizes else {})}
+    if is_vision(preset):
+        return measure_preset(preset, batch, None, "cuda:0", compute.precision, compute.optimizer,
+                              image_size=w.image_size, ac=ac, **more)
+    # a sample past the context as sequences of it, as the op trace runs it
+    sequences, seq_len = context_sequences(preset, batch, w.tokens)[:2] if w.tokens else (batch, None)
+    return measure_preset(preset, sequences, seq_len, "cuda:0", compute.precision, compute.optimizer, ac=ac, **more)
+
+
+def main_trace_wanted(compute: ComputeRequest, timed: dict | None) -> bool:
+    """A preset's or `--params` compute is priced from its own ops as the compute where nothing
+    measured it on a --gpu what-if, or beside the time measured on this GPU; not where the compute
+    is given, calibrated, timed here or a utilization is given."""
+    timed_gpu = (timed or {}).get("device_name")
+    what_if = (timed is None and not compute.given and compute.utilization is None  # a timing here fills it
+               and (compute.gpu is not None or compute.gpu_profile is not None))
+    return not (compute.gpu is None and timed_gpu is None and compute.gpu_profile is None) and \
+        (what_if or timed_gpu is not None)
+
+
+def _main_trace(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
+                timed: dict | None, say: Progress) -> MainTrace | None:
+    """The pass `main_trace_wanted` asks for, or None."""
+    if not main_trace_wanted(compute, timed):
+        return None
+    timed_gpu = (timed or {}).get("device_name")
+    gpu = compute.gpu or timed_gpu
+    if timed_gpu is not None and profile is None and lookup_gpu_quietly(timed_gpu) is None:
+        return MainTrace(why=f"{timed_gpu} is not in the datasheet table")
+    ac = w.checkpointing.text
+    request: TraceRequest | str = (
+        preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
+        else params_request(param_count(w), w.micro_batch_size, w.tokens, ac))
+    if isinstance(request, str):
+        return MainTrace(why=request)
+    say(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
+    return MainTrace(trace_for_gpu(request, compute.precision, profile, say, gpu), request.note)
+
+
+def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], gpu: str | None,
+                      precision: str, profile: DeviceProfile | None,
+                      progress: Progress | None = None) -> CandidatePasses | str | None:
+    """The second round, once the memory has named the search's candidates (`wanted`): their
+    passes on meta (`search.candidate_shape`; None: their compute is not priced here), or why
+    they failed."""
+    if shape is None:
+        return None
+    if progress is not None:
+        how = "passes of the whole model" if isinstance(shape, UserShape) else "passes at 1 and 2 blocks"
+        progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
+    return candidate_passes(shape, list(wanted), target_for(precision, profile, gpu))
+
+
+def param_count(w: WorkloadRequest) -> int:
+    """--params, where the request names no preset (it names one or the other)."""
+    count = w.param_count
+    assert count is not None
+    return count
+
+
+def gather_links(cluster: ClusterRequest, gpu: str | None = None, progress: Progress | None = None) -> LinkEvidence:
+    """The file or hardware the links are read from, where the request does not give them
+    (`resolve.comm_of` reads the first source given: a bench, explicit numbers, a topology file,
+    this machine's topology). One GPU per node needs no intra-node link: nothing is read."""
+    if cluster.bench:
+        return LinkEvidence(bench_fit=links.load_bench_fit(cluster.bench))
+    if needs_no_link(cluster) or cluster.link_bandwidth_gbps is not None:
+        return LinkEvidence()
+    if cluster.topology:
+        return LinkEvidence(topology=topology_from_file(cluster.topology))
+    if progress is not None:
+        progress("reading this machine's topology (NVML, nvidia-smi)")
+    return LinkEvidence(topology=collect_topology(), read_here=True)
+
+
+def read_calibration(path: str) -> dict:
+    doc = load_json(path)
+    calibration = doc.get("calibration", doc)
+    found = {k: calibration[k] for k in CALIBRATION_KEYS if calibration.get(k) is not None}
+    if "micro_batch_time_s" not in found:
+        raise InputError(f"{path}: no micro_batch_time_s in its calibration (expected `topoprof validate --json` "
+                         f"output)")
+    return found
