@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from helpers.cli import topoprof  # noqa: E402
 
-from topoprof.model.inputs.candidates import UserShape  # noqa: E402
+from topoprof.model.inputs.candidates import UserShape, WholePass, blocks_alike  # noqa: E402
 from topoprof.model.inputs.traces import user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
@@ -120,12 +120,56 @@ def test_a_dict_batch_is_resized_along_its_first_dimension():
 
 def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():
     shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
-    traced = user_memory_set(shape, "bf16", cast=False)
+    traced_as, traced = user_memory_set(shape, "bf16", cast=False)
     assert not isinstance(traced, str), traced
+    assert traced.whole and traced_as.blocks is None  # nothing to check cut passes against: whole
     for mode in shape.modes:
         direct = from_trace(_trace("build", mode, {"micro_batch": 6, "seq_len": 64}, resize_from=2)["memory"])
         counted = traced.count(parse_checkpointing(mode), 6)
         assert counted.activations + counted.logits == pytest.approx(direct.activations + direct.logits, rel=1e-9)
+
+
+def _kept_parts(traced, mode: str, samples: int) -> tuple[float, float, float]:
+    counted = traced.count(parse_checkpointing(mode), samples)
+    return counted.activations, counted.logits, counted.param_copies
+
+
+def test_a_users_alike_blocks_are_traced_at_one_and_two_and_keep_what_the_whole_passes_keep():
+    """Cut to its first 1 and 2 blocks, as a preset is traced, once the cut passes extended to its
+    4 blocks are its whole pass; what each mode keeps at any micro-batch is then what the passes
+    of the whole model count."""
+    shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
+    whole_pass = WholePass(_trace("build", "none"), "none")
+    cut_as, cut = user_memory_set(shape, "bf16", cast=True, whole=whole_pass)
+    whole_as, whole = user_memory_set(shape, "bf16", cast=True)
+    assert not isinstance(cut, str) and not isinstance(whole, str), (cut, whole)
+    assert (cut_as.blocks, cut.blocks, cut.whole) == (4, 4, False) and whole.whole
+    assert "cut to its first 1 and 2 blocks" in cut.source
+    for mode in shape.modes:
+        for samples in (1, 2, 7):
+            for variant in ("autocast", "cast"):
+                assert cut.count(parse_checkpointing(mode), samples, variant).activations == pytest.approx(
+                    whole.count(parse_checkpointing(mode), samples, variant).activations, rel=1e-9), (mode, samples)
+            assert _kept_parts(cut, mode, samples) == pytest.approx(_kept_parts(whole, mode, samples), rel=1e-9)
+
+
+def test_blocks_of_one_class_that_are_not_alike_are_traced_whole():
+    shape = UserShape(f"{BLOCKS}:unlike", 2, 64, None, ("none", "full"))
+    traced_as, traced = user_memory_set(shape, "bf16", cast=False, whole=WholePass(_trace("unlike", "none"), "none"))
+    assert traced_as.blocks is None and not isinstance(traced, str) and traced.whole
+
+
+def test_cut_passes_stand_for_the_whole_only_where_they_extend_to_it_exactly():
+    def trace(forward: int, backward: int, kept: int, blocks_of: int | None = None) -> dict:
+        return {"totals": {"forward": {"flops": forward}, "backward": {"flops": backward}},
+                "memory": {"activations_bytes": kept}, **({"blocks_of": blocks_of} if blocks_of else {})}
+
+    one, two = trace(10, 20, 100, blocks_of=8), trace(13, 26, 150, blocks_of=8)
+    assert blocks_alike(trace(10 + 7 * 3, 20 + 7 * 6, 100 + 7 * 50), one, two) == 8
+    assert blocks_alike(trace(10 + 7 * 3, 20 + 7 * 6, 100 + 7 * 50 + 1), one, two) is None  # a byte apart
+    assert blocks_alike(trace(10 + 7 * 3 + 1, 20 + 7 * 6, 100 + 7 * 50), one, two) is None
+    assert blocks_alike({"failure": "on meta"}, one, two) is None
+    assert blocks_alike(trace(31, 62, 450), {"failure": "cut"}, two) is None
 
 
 def _fits(*args: str) -> dict:

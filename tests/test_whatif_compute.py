@@ -163,7 +163,7 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
 
     from topoprof.cli import main
 
-    for where in ("topoprof.model.compute.traced", "topoprof.model.inputs.user_model"):
+    for where in ("topoprof.model.inputs.traces", "topoprof.model.inputs.user_model"):
         monkeypatch.setattr(f"{where}.trace_model", lambda *a, **k: {"failure": "on meta, boom"})
     result = CliRunner().invoke(main, ["model", *GPT2, "--json"])
     assert result.exit_code == 0, result.output

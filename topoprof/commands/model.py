@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from topoprof.jsonio import dumps, envelope
-from topoprof.model.inputs.gather import gather, gather_candidates
+from topoprof.model.inputs.gather import gather, gather_candidates, whole_pass
 from topoprof.model.inputs.request import ModelRequest
 from topoprof.model.inputs.resolve import resolve
 from topoprof.model.inputs.search import applying_strategies, candidate_shape, fits_payload
@@ -116,8 +116,9 @@ def model(**opts):
         payload = model_payload(inputs, described, sweep=request.sweep)
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
         plan = plan_search(inputs, applying_strategies(payload))
-        passes = gather_candidates(candidate_shape(inputs, request, plan), plan.wanted, inputs.compute.gpu,
-                                   inputs.compute.precision, evidence.profile, progress)
+        shape = candidate_shape(inputs, request, plan, evidence.user_blocks)
+        passes = gather_candidates(shape, plan.wanted, inputs.compute.gpu, inputs.compute.precision, evidence.profile,
+                                   progress, whole_pass(evidence.user, request.workload))
         payload = {"fits": fits_payload(inputs, request, plan, passes, evidence.profile), **payload}
     if opts["as_json"]:
         click.echo(dumps(envelope("model", payload)))

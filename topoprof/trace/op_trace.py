@@ -99,7 +99,7 @@ from topoprof.trace.selective_cost import selective_checkpoint_cost
 from topoprof.trace.target_lens import AUTOCAST_DTYPES, DEFAULT_CAPABILITY, TargetLens, check_target
 from topoprof.zoo.checkpoint_wrap import children_of, selective_modules
 from topoprof.zoo.hf_models import install_meta_patches
-from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
+from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list, keep_first_blocks
 from topoprof.zoo.user_callable import (
     UserModelError,
     call_user_callable,
@@ -560,7 +560,7 @@ def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
 
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
                      target: dict | None = None, progress=None, blocks: str | None = None,
-                     ac: str | None = None, resize_from: int | None = None) -> dict:
+                     ac: str | None = None, resize_from: int | None = None, depth: int | None = None) -> dict:
     """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
@@ -568,7 +568,8 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     repeated blocks (`repeated_blocks`); `ac`: a user's model's blocks checkpointed so
     (`topoprof/zoo/user_blocks.py`, said in "checkpointing"; a preset takes it in `kwargs`);
     `resize_from`: the micro-batch its example batch was built at, resized to the stated one
-    (`resized`). A failure says where: `user_error` (the stage, in USER_ERRORS, and its
+    (`resized`); `depth`: a user's model cut to its first `depth` blocks (`keep_first_blocks`; the
+    trace says how many it had, "blocks_of"). A failure says where: `user_error` (the stage, in USER_ERRORS, and its
     `traceback`) when the callable itself is wrong; `params` (its parameter list, read on meta)
     when the model was built and only its pass failed."""
     built: dict = {}
@@ -589,13 +590,16 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             batch = resized(batch, shape, stated, resize_from)
             if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
                 module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
+            unit = blocks
+            if depth is not None:  # its block list named from here on: one block is no list to find
+                unit, built["blocks_of"] = keep_first_blocks(module, blocks, depth)
             built["params"] = parameter_list(module)
-            done = checkpoint_user_model(module, ac, blocks) if ac else None
+            done = checkpoint_user_model(module, ac, unit) if ac else None
             if done is not None:
                 built["checkpointing"] = {k: v for k, v in done.items() if k != "names"}
             say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
-                                                    done["names"] if done else repeated_blocks(module, blocks))
+                                                    done["names"] if done else repeated_blocks(module, unit))
 
     target = check_target(target)
     autocast_failure = None
@@ -622,6 +626,7 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
             "params": parameter_list(module), **traced,
             **({"checkpointing": built["checkpointing"]} if "checkpointing" in built else {}),
+            **({"blocks_of": built["blocks_of"]} if "blocks_of" in built else {}),
             **({"autocast_failure": autocast_failure} if autocast_failure else {})}
 
 
@@ -660,5 +665,6 @@ def _variant(ctx, job: OpTraceJob, variant: dict) -> dict:
     kwargs, stated = {**(job.kwargs or {}), **variant.get("kwargs", {})}, variant.get("stated")
     ctx.progress(f"tracing {job.spec} {kwargs} {stated} on meta")
     traced = trace_user_model(job.spec, stated, kwargs, variant.get("target", job.target),
-                              blocks=job.blocks, ac=variant.get("ac", job.ac), resize_from=job.resize_from)
+                              blocks=job.blocks, ac=variant.get("ac", job.ac), resize_from=job.resize_from,
+                              depth=variant.get("depth"))
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

@@ -114,3 +114,25 @@ def checkpoint_user_model(module: nn.Module, mode: str, unit: str | None = None)
     return {"mode": mode, "container": container, "blocks": len(names), "wrapped": wrapped, "chosen": chosen,
             "names": names}
 
+
+
+def keep_first_blocks(module: nn.Module, unit: str | None, depth: int) -> tuple[str, int]:
+    """`module` cut, in place, to the first `depth` of its repeated blocks (the children of
+    `unit`, else the block list found); (that list's name, how many blocks it had). A model of
+    alike blocks holds and takes at N blocks what its passes at 1 and 2 extend to
+    (`topoprof.model.memory.traced`), which its caller checks against the pass of the whole model.
+    UserModelError("cut") where it has no block list, or fewer blocks than `depth`: the caller then
+    traces it whole."""
+    container = unit or find_block_list(module)
+    if container is None:
+        raise UserModelError("cut", "no repeated block list (an nn.ModuleList or nn.Sequential of modules of "
+                                    "one class)")
+    parent_name, _, attr = container.rpartition(".")
+    parent = module.get_submodule(parent_name) if parent_name else module
+    blocks = getattr(parent, attr)
+    children = list(blocks.children())
+    if len(children) < depth:
+        raise UserModelError("cut", f"{container} holds {len(children)} block(s), fewer than {depth}")
+    first = children[:depth]
+    setattr(parent, attr, nn.Sequential(*first) if isinstance(blocks, nn.Sequential) else nn.ModuleList(first))
+    return container, len(children)

@@ -67,20 +67,49 @@ def model_shape(preset: str | None, params: int | None, micro_batch: int, tokens
 class UserShape:
     """A user's `--model` as the search traces it: its callable, the micro-batch its example batch
     was built at, the sequence stated (None without --tokens), its checkpointing's block list
-    (`unit`, --fsdp-unit) and the modes the search asks for."""
+    (`unit`, --fsdp-unit), the modes the search asks for, and `blocks`: how many alike blocks it
+    has, where it is traced by its first 1 and 2 blocks as a preset is (checked against the pass of
+    the whole model, `traces.user_passes`); None: traced whole."""
 
     spec: str
     micro_batch: int
     seq_len: int | None
     unit: str | None
     modes: tuple[str, ...]
+    blocks: int | None = None
+    per_sample: int = 1  # sequences per sample (a preset's `ModelShape` may split one)
+
+
+@dataclass(frozen=True)
+class WholePass:
+    """The pass of a user's whole model (its trace, under the job's checkpointing `ac`) that its
+    passes at 1 and 2 blocks are checked against (`blocks_alike`)."""
+
+    trace: dict
+    ac: str
+
+
+def blocks_alike(whole: dict, one: dict, two: dict) -> int | None:
+    """N, the blocks of a user's model, where its passes cut to 1 and 2 blocks (`one`, `two`, at
+    the same size, mode and target as `whole`) extended to N blocks are its whole pass: the same
+    forward and backward FLOPs and the same bytes kept for backward, so each block takes and keeps
+    what the others do; else None (it is then traced whole)."""
+    n = one.get("blocks_of")
+    if not n or whole.get("failure") or "totals" not in whole or any(t.get("failure") for t in (one, two)):
+        return None
+
+    def measures(t: dict) -> tuple[int, int, int]:
+        return t["totals"]["forward"]["flops"], t["totals"]["backward"]["flops"], t["memory"]["activations_bytes"]
+
+    extended = tuple(a + (n - 1) * (b - a) for a, b in zip(measures(one), measures(two)))
+    return n if extended == measures(whole) else None
 
 
 @dataclass(frozen=True)
 class CandidatePasses:
     """The passes the search's candidates (`wanted`: (checkpointing mode text, samples)) are
-    priced from: a preset's or `--params` model's at 1 and 2 blocks, keyed (mode, sequences,
-    depth); a `--model`'s whole, keyed (mode text, samples)."""
+    priced from: at 1 and 2 blocks (`by_blocks`), keyed (traced mode, sequences, depth); a
+    `--model`'s whole, keyed (mode text, samples)."""
 
     shape: ModelShape | UserShape
     wanted: tuple[tuple[str, int], ...]
@@ -93,7 +122,7 @@ def _modes_of(text: str) -> tuple[str, ...]:
     return ("none", "full") if mode == "layer" else (mode,)
 
 
-def block_passes(shape: ModelShape, wanted: list[tuple[str, int]]) -> list[tuple[str, int]]:
+def block_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """(traced mode, sequences) of the passes at 1 and 2 blocks the candidates need."""
     return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in _modes_of(text)})
 
@@ -104,9 +133,9 @@ def priced_candidates(passes: CandidatePasses, gpu: str | None, precision: str, 
     --gpu-profile's, else the nearest shipped one), or why none: a `--model`'s pass whole, a
     preset's or `--params` model's at 1 and 2 blocks extended to its depth."""
     try:
-        if isinstance(passes.shape, UserShape):
-            return _priced_whole(passes, gpu, precision, compiled, profile, profile_path)
-        return _priced_by_blocks(passes, passes.shape, gpu, precision, compiled, profile)
+        if by_blocks(passes.shape):
+            return _priced_by_blocks(passes, passes.shape, gpu, precision, compiled, profile)
+        return _priced_whole(passes, gpu, precision, compiled, profile, profile_path)
     except (InputError, ValueError, KeyError) as err:
         return f"pricing its ops failed ({err})"
 
@@ -116,7 +145,15 @@ def _priced_whole(passes: CandidatePasses, gpu, precision, compiled, profile, pr
                                  profile_path=profile_path) for key in passes.wanted}
 
 
-def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape, gpu, precision, compiled, profile) -> dict | str:
+def by_blocks(shape: ModelShape | UserShape) -> bool:
+    """Whether the model is traced by its first 1 and 2 blocks (a preset or `--params` always; a
+    `--model` of alike blocks), else whole."""
+    return isinstance(shape, ModelShape) or shape.blocks is not None
+
+
+def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, gpu, precision, compiled,
+                      profile) -> dict | str:
+    assert shape.blocks is not None  # `by_blocks`
     out = {}
     for text, m in passes.wanted:
         ac, sequences = parse_checkpointing(text), m * shape.per_sample
@@ -126,11 +163,13 @@ def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape, gpu, precision
             if one.get("failure") or two.get("failure"):
                 return one.get("failure") or two["failure"]
             lines[mode] = priced_line(one, two, gpu, precision, compiled, profile)
-        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, f"{sequences}x{shape.seq_len}")
+        size = f"{sequences}x{shape.seq_len}" if shape.seq_len else f"micro-batch {sequences}"
+        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, size)
     return out
 
 
-def user_shape(w) -> UserShape:
-    """The user's model of a `WorkloadRequest` as the search traces it."""
+def user_shape(w, blocks: int | None = None) -> UserShape:
+    """The user's model of a `WorkloadRequest` as the search traces it (`blocks`: its alike blocks,
+    where they were found so; `UserShape`)."""
     return UserShape(w.user_model, w.micro_batch_size, max(1, w.tokens // w.micro_batch_size) if w.tokens else None,
-                     w.fsdp_unit, searched_modes(w.checkpointing))
+                     w.fsdp_unit, searched_modes(w.checkpointing), blocks)

@@ -59,6 +59,7 @@ class Evidence:
     preset_timed: dict | None = None  # a preset timed at its real size on this machine's GPU
     main_trace: MainTrace | None = None
     traced_memory: TracedMemory | str | None = None  # str: why those passes failed
+    user_blocks: int | None = None  # a user's model's alike blocks, where its passes were cut to them
     links: LinkEvidence = LinkEvidence()
 
 

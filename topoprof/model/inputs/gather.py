@@ -23,7 +23,7 @@ from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.profile import DeviceProfile, load_profile
 from topoprof.model.compute.timing import CALIBRATION_KEYS
 from topoprof.model.compute.traced import TraceRequest, params_request, preset_request, target_for
-from topoprof.model.inputs.candidates import CandidatePasses, ModelShape, UserShape
+from topoprof.model.inputs.candidates import CandidatePasses, ModelShape, UserShape, WholePass, by_blocks
 from topoprof.model.inputs.evidence import (
     Evidence,
     LinkEvidence,
@@ -58,13 +58,20 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
             timed = _preset_on_this_gpu(w, compute, say)
         main = _main_trace(w, compute, profile, timed, say)
     memory_gpu = compute.gpu or (timed or {}).get("device_name")
-    traced = None
+    traced = blocks = None
     if memory_gpu and request.memory.activation_memory_gb is None and not _measured_memory_stands(user, compute):
         if w.user_model:
             say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
-        traced = traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights())
-    return Evidence(request, compute, profile, calibration, user, timed, main, traced,
+        blocks, traced = traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights(),
+                                          whole_pass(user, w))
+    return Evidence(request, compute, profile, calibration, user, timed, main, traced, blocks,
                     gather_links(request.cluster, request.compute.gpu, say))
+
+
+def whole_pass(user: UserModelRun | None, w: WorkloadRequest) -> WholePass | None:
+    """The pass of the user's whole model its cut passes are checked against, where it ran."""
+    trace = user.record.get("op_trace") if user is not None else None
+    return WholePass(trace, w.checkpointing.text) if trace and not trace.get("failure") else None
 
 
 def named_by_profile(compute: ComputeRequest, profile: DeviceProfile | None) -> ComputeRequest:
@@ -164,17 +171,17 @@ def _main_trace(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProf
 
 
 def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], gpu: str | None,
-                      precision: str, profile: DeviceProfile | None,
-                      progress: Progress | None = None) -> CandidatePasses | str | None:
+                      precision: str, profile: DeviceProfile | None, progress: Progress | None = None,
+                      whole: WholePass | None = None) -> CandidatePasses | str | None:
     """The second round, once the memory has named the search's candidates (`wanted`): their
     passes on meta (`search.candidate_shape`; None: their compute is not priced here), or why
     they failed."""
     if shape is None:
         return None
     if progress is not None:
-        how = "passes of the whole model" if isinstance(shape, UserShape) else "passes at 1 and 2 blocks"
+        how = "passes at 1 and 2 blocks" if by_blocks(shape) else "passes of the whole model"
         progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
-    return candidate_passes(shape, list(wanted), target_for(precision, profile, gpu))
+    return candidate_passes(shape, list(wanted), target_for(precision, profile, gpu), whole)
 
 
 def param_count(w: WorkloadRequest) -> int:

@@ -31,14 +31,16 @@ def applying_strategies(payload: dict) -> list[str]:
             or (s.get("memory") or {}).get("fits") is False]
 
 
-def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan) -> ModelShape | UserShape | None:
+def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan,
+                    user_blocks: int | None = None) -> ModelShape | UserShape | None:
     """What the candidates' passes trace, where their compute is priced from the model's ops (a
-    what-if for a GPU named or profiled); None where it is not (the search then says why)."""
+    what-if for a GPU named or profiled); None where it is not (the search then says why).
+    `user_blocks`: a user's model's alike blocks, where its memory passes found them so."""
     w, c = request.workload, inputs.compute
     if plan.table is None or not uses_modelled(c) or not (c.gpu or request.compute.gpu_profile):
         return None
     if w.user_model:
-        return user_shape(w)
+        return user_shape(w, user_blocks)
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     return None if isinstance(shape, str) else shape
 

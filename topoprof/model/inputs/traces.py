@@ -11,13 +11,18 @@ Each set is one worker (`topoprof.measure.meta_trace.trace_models`): the CLI imp
 model needs its sequence length (--tokens); an image model's stages are not one block repeated:
 for it nothing is traced here, and the caller says why.
 
-A `--model`'s depth cannot be changed: it is traced whole (`UserShape`), at 2 and 3 samples under
-each mode the search asks for (`user_memory_set`), and at each candidate's (mode, samples) for its
+A `--model` (`UserShape`) is traced so too where its blocks are alike: cut to its first 1 and 2
+blocks, once two passes so cut at its main pass's size, mode and target extend to that whole pass
+exactly, checked in the same worker (`user_passes`); else whole, at 2 and 3 samples under each
+mode the search asks for (`user_memory_set`), and at each candidate's (mode, samples) for its
 compute (`candidate_passes`). Its callable builds each size where it takes `micro_batch` (or
 `batch_size`); else its example batch is resized along its first dimension
 (`topoprof/trace/op_trace.py:resized`), and where it cannot be, the search says why.
 """
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
 
 from topoprof.measure.meta_trace import trace_model, trace_models
 from topoprof.model.compute.traced import (
@@ -33,15 +38,19 @@ from topoprof.model.inputs.candidates import (
     CandidatePasses,
     ModelShape,
     UserShape,
+    WholePass,
     block_passes,
+    blocks_alike,
+    by_blocks,
     model_shape,
     user_shape,
 )
 from topoprof.model.memory.traced import TracedMemory, from_trace
 
 
-def _user_variant(shape: UserShape, mode: str, samples: int, target: dict) -> dict:
-    return {"stated": {"micro_batch": samples, "seq_len": shape.seq_len}, "ac": mode, "target": target}
+def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth: int | None = None) -> dict:
+    return {"stated": {"micro_batch": samples, "seq_len": shape.seq_len}, "ac": mode, "target": target,
+            **({"depth": depth} if depth is not None else {})}
 
 
 def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
@@ -55,23 +64,59 @@ def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
     return traces
 
 
-def user_memory_set(shape: UserShape, precision: str, cast: bool, gpu: str | None = None) -> TracedMemory | str:
-    """A user's model traced whole at 2 and 3 samples under each searched mode for the GPU named,
-    or why not."""
+Plan = Callable[[UserShape], list[tuple[tuple, dict]]]  # the (key, variant) of each pass, by blocks or whole
+
+
+def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[UserShape, dict | str]:
+    """(the shape as traced, its passes by key, or why they failed): by its first 1 and 2 blocks
+    where its blocks are known alike (`shape.blocks`) or found so in the same worker, two passes
+    cut to 1 and 2 blocks held against `whole` (`blocks_alike`); else whole, as before."""
+    if shape.blocks is None and whole is not None and whole.trace.get("target"):
+        probes = [_user_variant(shape, whole.ac, shape.micro_batch, whole.trace["target"], d) for d in DEPTHS]
+        pairs = plan(replace(shape, blocks=0))  # laid out by blocks; their number once the probes say it
+        traces = _user_traces(shape, probes + [variant for _, variant in pairs])
+        blocks = None if isinstance(traces, str) else blocks_alike(whole.trace, traces[0], traces[1])
+        if blocks is not None:
+            assert not isinstance(traces, str)
+            return replace(shape, blocks=blocks), dict(zip([key for key, _ in pairs], traces[2:]))
+    pairs = plan(shape)
+    traces = _user_traces(shape, [variant for _, variant in pairs])
+    return shape, traces if isinstance(traces, str) else dict(zip([key for key, _ in pairs], traces))
+
+
+def user_memory_set(shape: UserShape, precision: str, cast: bool, gpu: str | None = None,
+                    whole: WholePass | None = None) -> tuple[UserShape, TracedMemory | str]:
+    """A user's model traced for the GPU named at 2 and 3 samples under each searched mode, by its
+    first 1 and 2 blocks where they are alike (`user_passes`), else whole; (the shape as traced,
+    its memory or why not)."""
     target = gpu_target(precision, gpu)
     targets = {"autocast": target}
     if cast and precision != "fp32":
         targets["cast"] = {**target, "weights": "cast"}
-    keys = [(v, mode, m) for v in targets for mode in shape.modes for m in SAMPLES]
-    traces = _user_traces(shape, [_user_variant(shape, mode, m, targets[v]) for v, mode, m in keys])
+
+    def plan(at: UserShape) -> list[tuple[tuple, dict]]:
+        if by_blocks(at):
+            return [((v, mode, d, m), _user_variant(at, mode, m, targets[v], d))
+                    for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
+        return [((v, mode, m), _user_variant(at, mode, m, targets[v])) for v in targets for mode in at.modes
+                for m in SAMPLES]
+
+    shape, traces = user_passes(shape, plan, whole)
     if isinstance(traces, str):
-        return traces
+        return shape, traces
     points: dict = {}
-    for (v, mode, m), trace in zip(keys, traces):
+    if shape.blocks is not None:
+        for (v, mode, d, m), trace in traces.items():
+            points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
+        source = (f"passes of {shape.spec} cut to its first 1 and 2 blocks at {SAMPLES[0]} and {SAMPLES[1]} samples "
+                  f"on meta, extended to its {shape.blocks} blocks (each keeps what the others do: the cut passes "
+                  "extended are its whole pass) and the micro-batch (each sample the same)")
+        return shape, TracedMemory(shape.blocks, shape.seq_len or 0, points, source)
+    for (v, mode, m), trace in traces.items():
         points.setdefault((v, mode), {})[(1, m)] = from_trace(trace["memory"])
     source = (f"passes of {shape.spec} whole at {SAMPLES[0]} and {SAMPLES[1]} samples on meta, extended to the "
               "micro-batch (each sample the same)")
-    return TracedMemory(1, 0, points, source, whole=True)
+    return shape, TracedMemory(1, 0, points, source, whole=True)
 
 
 def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dict:
@@ -100,12 +145,19 @@ def memory_set(shape: ModelShape, precision: str, cast: bool, gpu: str | None = 
     return TracedMemory(shape.blocks, shape.seq_len, points, source)
 
 
-def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]],
-                     target: dict) -> CandidatePasses | str:
-    """The passes for `wanted` on meta for the `target` device (one worker), or why they failed."""
+def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]], target: dict,
+                     whole: WholePass | None = None) -> CandidatePasses | str:
+    """The passes for `wanted` on meta for the `target` device (one worker), or why they failed: a
+    user's model by its first 1 and 2 blocks where they are alike (`user_passes`), else whole."""
     if isinstance(shape, UserShape):
-        whole = _user_traces(shape, [_user_variant(shape, mode, m, target) for mode, m in wanted])
-        return whole if isinstance(whole, str) else CandidatePasses(shape, tuple(wanted), dict(zip(wanted, whole)))
+        def plan(at: UserShape) -> list[tuple[tuple, dict]]:
+            if by_blocks(at):
+                return [((mode, m, d), _user_variant(at, mode, m, target, d))
+                        for mode, m in block_passes(at, wanted) for d in DEPTHS]
+            return [((mode, m), _user_variant(at, mode, m, target)) for mode, m in wanted]
+
+        traced, passes = user_passes(shape, plan, whole)
+        return passes if isinstance(passes, str) else CandidatePasses(traced, tuple(wanted), passes)
     keys = [(mode, sequences, d) for mode, sequences in block_passes(shape, wanted) for d in DEPTHS]
     traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target)
                                                      for mode, m, d in keys])
@@ -114,17 +166,19 @@ def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]
     return CandidatePasses(shape, tuple(wanted), dict(zip(keys, traces)))
 
 
-def traced_memory_of(w, gpu: str, precision: str, cast: bool) -> TracedMemory | str | None:
+def traced_memory_of(w, gpu: str, precision: str, cast: bool,
+                     whole: WholePass | None = None) -> tuple[int | None, TracedMemory | str | None]:
     """The passes a `WorkloadRequest`'s model is counted from for the GPU named (`cast`: also with
     the weights cast, for FSDP's 16-bit param_dtype), why they failed, or None where a preset or
     `--params` has no sequence to trace (an image model, or no --tokens: the main pass alone
-    counts it)."""
+    counts it); with a user's model's alike blocks where they were found so (`user_passes`)."""
     if w.user_model:
-        return user_memory_set(user_shape(w), precision, cast=cast, gpu=gpu)
+        traced_as, traced = user_memory_set(user_shape(w), precision, cast=cast, gpu=gpu, whole=whole)
+        return traced_as.blocks, traced
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if isinstance(shape, str):
-        return None
-    return memory_set(shape, precision, cast=cast, gpu=gpu)
+        return None, None
+    return None, memory_set(shape, precision, cast=cast, gpu=gpu)
 
 
 def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None, gpu: str | None = None) -> dict:

@@ -18,9 +18,10 @@ Each part is what the micro-batch adds; the step never holds them all at once. W
 the pass (`timeline`, `topoprof.model.memory.timeline`) is composed from the passes at 2 blocks,
 each block as its mode runs it, at the micro-batch by the line through the two sizes.
 
-A user's `--model` cannot be built at another depth: it is traced whole (`whole`), at 2 and 3
-samples under each mode the search asks for (`layer:N` too, traced as such), and extended to the
-micro-batch alone, the line through the two: each sample keeps the same.
+A user's `--model` is traced so too where its blocks are alike (cut to its first 1 and 2 blocks,
+`topoprof.model.inputs.traces.user_passes`); where they are not, it is traced whole (`whole`), at
+2 and 3 samples under each mode the search asks for (`layer:N` too, traced as such), and extended
+to the micro-batch alone, the line through the two: each sample keeps the same.
 """
 from __future__ import annotations
 
