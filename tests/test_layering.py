@@ -11,6 +11,7 @@ topoprof.probes. Every import counts, also those inside functions.
 from __future__ import annotations
 
 import ast
+import fcntl
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,16 @@ ORDER = ["base", "specs", "workload", "zoo", "trace", "hardware", "topology", "w
          "scan", "commands", "cli"]
 # probes/ sits beside topoprof/ in the repository and is installed as topoprof.probes (pyproject.toml)
 PROBES_PACKAGE = "topoprof.probes"
+
+
+@pytest.fixture(autouse=True)
+def _one_at_a_time(tmp_path_factory):
+    """Some tests here write a probe module into the source tree that every other one reads:
+    across pytest-xdist's workers they take turns, under one file lock."""
+    lock = tmp_path_factory.getbasetemp().parent / "topoprof-layering.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 def _stage(module: str) -> str | None:

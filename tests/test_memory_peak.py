@@ -22,6 +22,7 @@ from tests.test_activation_bytes import REDUCED, VISION  # noqa: E402
 from topoprof.model.memory import holding  # noqa: E402
 from topoprof.model.memory.timeline import Point, Timeline  # noqa: E402
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
+from topoprof.specs.messages import TraceFailure  # noqa: E402
 from topoprof.trace.op_trace import shape_kwargs, trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
@@ -84,7 +85,7 @@ def _optimizer_steps(model) -> int:
 @pytest.mark.parametrize("spec, kwargs, stated", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_the_counted_peak_is_the_one_a_real_cpu_step_reaches(spec, kwargs, stated):
     traced = trace_user_model(spec, stated, kwargs, CPU)
-    assert "failure" not in traced, traced.get("failure")
+    assert not isinstance(traced, TraceFailure), traced
     model, batch, loss_fn = call_user_callable(spec, {**kwargs, **shape_kwargs(load_callable(spec), stated)})
     for k in (1, 2):
         held = _count(traced["memory"], model, batch, k)

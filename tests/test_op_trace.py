@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.specs.messages import TraceFailure  # noqa: E402
 from topoprof.trace.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, parameter_list  # noqa: E402
 
@@ -131,23 +132,25 @@ def test_the_stated_shape_reaches_a_callable_that_takes_it():
     assert shape_kwargs(lambda **anything: None, stated) == {}  # only parameters named so
 
 
-@pytest.mark.parametrize("name, says, keys", [
+@pytest.mark.parametrize("name, says, built", [
     # built, then its pass failed: the parameters read on meta come back with the reason
-    ("reads_a_value", "on meta, RuntimeError: Tensor.item() cannot be called on meta tensors", {"failure", "params"}),
-    ("no_matmul", "count no backward FLOPs", {"failure"}),
-    ("raises", "on meta, UserModelError", {"failure"}),  # raised while building: nothing built
-    ("reads_a_value_to_build", "on meta, UserModelError", {"failure"}),
+    ("reads_a_value", "on meta, RuntimeError: Tensor.item() cannot be called on meta tensors", True),
+    ("no_matmul", "count no backward FLOPs", False),
+    ("raises", "on meta, UserModelError", False),  # raised while building: nothing built
+    ("reads_a_value_to_build", "on meta, UserModelError", False),
 ])
-def test_what_cannot_be_traced_gives_a_reason(name, says, keys):
+def test_what_cannot_be_traced_gives_a_reason(name, says, built):
     spec = f"{TIED if name == 'raises' else META}:{name}"
     traced = trace_user_model(spec)
-    assert set(traced) == keys and says in traced["failure"]
+    assert isinstance(traced, TraceFailure) and traced.stage == "pass" and says in traced.reason
+    assert bool(traced.params) == built and not traced.users_to_fix
 
 
 @pytest.mark.parametrize("name, kind", [("wrong_shape", "return"), ("absent", "callable")])
 def test_a_callable_that_is_itself_wrong_says_so(name, kind):
     traced = trace_user_model(f"{TIED}:{name}")
-    assert traced["user_error"] == kind and "params" not in traced
+    assert isinstance(traced, TraceFailure) and traced.stage == kind and traced.users_to_fix
+    assert traced.params is None
 
 
 # ---- what the roofline reads: the target device, grouped convolutions, shapes ---------------

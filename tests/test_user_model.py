@@ -20,6 +20,7 @@ from topoprof.model.inputs.user_record import (
     user_compute,
     user_layout,
 )
+from topoprof.specs.messages import TraceFailure
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py")
 
@@ -244,7 +245,7 @@ def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
 
 
 @pytest.mark.parametrize("trace, says", [
-    ({"failure": "on meta, RuntimeError: Tensor.item() cannot be called on meta tensors"}, "Tensor.item()"),
+    (TraceFailure("on meta, RuntimeError: Tensor.item() cannot be called on meta tensors"), "Tensor.item()"),
     (None, "no pass on meta was run"),
     ("renamed", "has other parameters than the one timed"),
 ])

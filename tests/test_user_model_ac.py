@@ -17,6 +17,7 @@ from helpers.cli import topoprof  # noqa: E402
 from topoprof.model.inputs.candidates import UserShape, WholePass, blocks_alike  # noqa: E402
 from topoprof.model.inputs.traces import user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
+from topoprof.specs.messages import TraceFailure  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_blocks import find_block_list  # noqa: E402
@@ -34,8 +35,8 @@ def _trace(name: str, ac: str | None = None, stated: dict | None = None, **more)
     return trace_user_model(f"{BLOCKS}:{name}", stated or {"micro_batch": 2, "seq_len": 64}, target=BF16, ac=ac, **more)
 
 
-def _kept(trace: dict) -> int:
-    assert not trace.get("failure"), trace.get("failure")
+def _kept(trace: dict | TraceFailure) -> int:
+    assert not isinstance(trace, TraceFailure), trace
     return trace["memory"]["activations_bytes"]
 
 
@@ -75,12 +76,12 @@ def test_fsdp_unit_names_the_blocks_over_the_list_found():
     done = _trace("build", "full", blocks="model.layers.0.experts")["checkpointing"]
     assert (done["container"], done["blocks"], done["chosen"]) == ("model.layers.0.experts", 8, "--fsdp-unit")
     failed = _trace("build", "full", blocks="model.nothing")
-    assert failed["user_error"] == "blocks" and "--fsdp-unit model.nothing" in failed["failure"]
+    assert failed.stage == "blocks" and "--fsdp-unit model.nothing" in failed.reason
 
 
 def test_a_model_without_a_block_list_is_refused_naming_fsdp_unit():
     failed = _trace("no_list", "full")
-    assert failed["user_error"] == "blocks" and "--fsdp-unit" in failed["failure"]
+    assert failed.stage == "blocks" and "--fsdp-unit" in failed.reason
     assert _kept(_trace("no_list")) > 0  # without the option it is traced as before
     proc = topoprof("model", "--model", f"{BLOCKS}:no_list", *WHAT_IF, "--activation-checkpointing", "full")
     assert proc.returncode == 2 and "--fsdp-unit" in proc.stderr
@@ -92,15 +93,15 @@ def test_a_model_that_checkpoints_its_own_blocks_is_refused_beside_the_option(na
     own = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=BF16)
     assert own["totals"]["recompute"]["ops"] > 0  # its own checkpointing, traced as it runs
     failed = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=BF16, ac="full")
-    assert failed["user_error"] == "checkpointing" and "already checkpoints its blocks" in failed["failure"]
+    assert failed.stage == "checkpointing" and "already checkpoints its blocks" in failed.reason
     plain = trace_user_model(f"{CHECKPOINTED}:plain", {"micro_batch": 2, "seq_len": 16}, target=BF16, ac="full")
-    assert not plain.get("failure")
+    assert not isinstance(plain, TraceFailure), plain
 
 
 def test_hugging_faces_gradient_checkpointing_is_refused_before_anything_runs():
     pytest.importorskip("transformers")
     failed = _trace("hf_checkpointed", "full", {"micro_batch": 2})
-    assert failed["user_error"] == "checkpointing" and "activation_checkpointing_enable()" in failed["failure"]
+    assert failed.stage == "checkpointing" and "activation_checkpointing_enable()" in failed.reason
 
 
 def test_a_dict_batch_is_resized_along_its_first_dimension():
@@ -115,7 +116,7 @@ def test_a_dict_batch_is_resized_along_its_first_dimension():
     assert traced["shape"].startswith("input_ids 5x64, labels 5x64")
     assert _trace("encoder", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2)["shape"].startswith("(5x64x256")
     failed = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16}, resize_from=2)
-    assert failed["batch"] and "cannot be resized from micro-batch 2 to 5" in failed["failure"]
+    assert failed.stage == "batch" and "cannot be resized from micro-batch 2 to 5" in failed.reason
 
 
 def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():
@@ -168,8 +169,8 @@ def test_cut_passes_stand_for_the_whole_only_where_they_extend_to_it_exactly():
     assert blocks_alike(trace(10 + 7 * 3, 20 + 7 * 6, 100 + 7 * 50), one, two) == 8
     assert blocks_alike(trace(10 + 7 * 3, 20 + 7 * 6, 100 + 7 * 50 + 1), one, two) is None  # a byte apart
     assert blocks_alike(trace(10 + 7 * 3 + 1, 20 + 7 * 6, 100 + 7 * 50), one, two) is None
-    assert blocks_alike({"failure": "on meta"}, one, two) is None
-    assert blocks_alike(trace(31, 62, 450), {"failure": "cut"}, two) is None
+    assert blocks_alike({}, one, two) is None  # no totals: no whole pass to hold them against
+    assert blocks_alike(trace(31, 62, 450), TraceFailure("no repeated block list", "cut"), two) is None
 
 
 def _fits(*args: str) -> dict:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
+from topoprof.specs.messages import TraceFailure
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 SHIPPED_H200 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topoprof", "model", "compute", "profiles",
@@ -164,7 +165,7 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
     from topoprof.cli import main
 
     for where in ("topoprof.model.inputs.traces", "topoprof.model.inputs.user_model"):
-        monkeypatch.setattr(f"{where}.trace_model", lambda *a, **k: {"failure": "on meta, boom"})
+        monkeypatch.setattr(f"{where}.trace_model", lambda *a, **k: TraceFailure("on meta, boom"))
     result = CliRunner().invoke(main, ["model", *GPT2, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

@@ -30,7 +30,7 @@ import traceback
 
 import torch
 
-from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure
+from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure, write_pass
 from topoprof.trace.meta_device import has_meta_tensors
 from topoprof.trace.op_trace import trace_user_model, with_selective_cost
 from topoprof.zoo.user_blocks import checkpoint_user_model
@@ -267,6 +267,7 @@ def run_rank(ctx, job: UserModelJob) -> None:
     if job.trace is not None:  # the same model on meta: its ops and backward FLOPs per tensor
 
         ctx.progress(f"tracing {job.spec} on meta")
-        record["op_trace"] = with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs, job.target,
-                                                                   ctx.progress, job.unit, job.ac)])[0]
+        record["op_trace"] = write_pass(with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs,
+                                                                              job.target, ctx.progress, job.unit,
+                                                                              job.ac)])[0])
     ctx.send(UserModelResult(record=record))

@@ -18,7 +18,18 @@ import time
 import traceback
 
 from topoprof.probes.ranks import dist
-from topoprof.specs.messages import Message, PhasesJob, PhaseStarted, Progress, SleepJob, SleepStep, decode, encode
+from topoprof.specs.messages import (
+    Message,
+    PhasesJob,
+    PhaseStarted,
+    Progress,
+    RankDone,
+    RankError,
+    SleepJob,
+    SleepStep,
+    decode,
+    encode,
+)
 
 # <linux/prctl.h>: the signal a process gets when the thread that started it exits
 _PR_SET_PDEATHSIG = 1
@@ -159,10 +170,10 @@ def main() -> None:
         import torch.distributed
 
         torch.distributed.barrier()
-        emit({"type": "done"})
+        emit(encode(RankDone()))
     except BaseException as err:  # report, then exit non-zero: the launcher stops the peers
         traceback.print_exc()
-        emit({"type": "error", "message": f"{type(err).__name__}: {err}".splitlines()[0][:500]})
+        emit(encode(RankError(f"{type(err).__name__}: {err}".splitlines()[0][:500])))
         out.close()
         os._exit(1)
     # Leave without tearing the process group down: the work is done and reported, and gloo's

@@ -38,10 +38,11 @@ from typing import BinaryIO, Callable
 import topoprof
 from topoprof.errors import InputError
 from topoprof.measure import slurm
-from topoprof.specs.messages import Message, Progress, decode, encode, kind_of
+from topoprof.specs.messages import Message, Progress, RankDone, RankError, decode, encode, kind_of
 
-# Messages a rank sends, one JSON object a line: the launcher's own {"type": "error"|"done", ...},
-# or a typed message of topoprof.specs.messages (read with `as_message` and `worker_result`)
+# Messages a rank sends, one JSON object a line, each a typed message of topoprof.specs.messages:
+# the launcher's own (RankDone, RankError, Progress) and the workers' (read with `as_message` and
+# `worker_result`)
 OnMessage = Callable[[int, dict], None]
 
 
@@ -286,13 +287,13 @@ def _drain(r: _Rank, on_message: OnMessage, messages: list) -> None:
         msg = json.loads(line)
         r.last_progress_t = time.monotonic()
         r.started = True
-        step = as_message(msg, Progress)
-        if isinstance(step, Progress):
-            r.last_step = step.step
-        if msg.get("type") == "done":
+        own = as_message(msg, Progress, RankDone, RankError)
+        if isinstance(own, Progress):
+            r.last_step = own.step
+        elif isinstance(own, RankDone):
             r.done = True
-        if msg.get("type") == "error":
-            r.error, r.error_t = msg.get("message"), time.monotonic()
+        elif isinstance(own, RankError):
+            r.error, r.error_t = own.message, time.monotonic()
         messages.append((r.rank, msg))
         on_message(r.rank, msg)
 

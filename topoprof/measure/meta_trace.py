@@ -2,55 +2,57 @@
 worker), so that the CLI imports no torch: for a model nothing times here, a preset, `--params`
 or a user's `--model` predicted for a GPU that is not here (a what-if never runs the model on
 this machine: the worker only traces, and a model the callable builds on meta can only be
-traced). It never raises: what went wrong comes back as the trace's `failure`, and the caller
-keeps the datasheet range with that reason."""
+traced). It never raises: what went wrong comes back as a `TraceFailure` in the trace's place, and
+the caller keeps the datasheet range with its reason."""
 from __future__ import annotations
 
 import os
 from typing import Callable
 
 from topoprof.measure.launch import JobSpec, OnMessage, launch_local, progress_messages, worker_result
-from topoprof.specs.messages import Message, OpTraceJob, OpTraceResult, OpTracesResult
+from topoprof.specs.messages import Message, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure
 
 TRACE_TIMEOUT_S = 300.0
 
 
 def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = None, target: dict | None = None,
                 timeout_s: float = TRACE_TIMEOUT_S, progress: Callable[[str], None] | None = None,
-                ac: str | None = None, unit: str | None = None) -> dict:
+                ac: str | None = None, unit: str | None = None) -> dict | TraceFailure:
     """The worker's trace of `spec` (a `module:callable` returning (module, batch[, loss_fn])),
-    built with `kwargs` and the `stated` shape for the `target` device, or {"failure": reason};
+    built with `kwargs` and the `stated` shape for the `target` device, or its `TraceFailure`;
     `progress` hears each stage the worker reports; `ac`, `unit`: a user's model's blocks (the
     children of `unit`, else the block list found) checkpointed so (`topoprof/zoo/user_blocks.py`)."""
     checkpointed = bool(ac and ac != "none")  # "none" checkpoints nothing: the worker is sent no mode
     job = OpTraceJob(spec, kwargs, stated, target, os.getcwd(), ac=ac if checkpointed else None, blocks=unit)
-    result = _run_trace_worker(job, OpTraceResult, timeout_s, progress_messages(progress))
-    return result.trace if isinstance(result, OpTraceResult) else {"failure": result}
+    result = _run_trace_worker(job, (OpTraceResult, TraceFailure), timeout_s, progress_messages(progress))
+    if isinstance(result, OpTraceResult):
+        return result.trace
+    return result if isinstance(result, TraceFailure) else TraceFailure(str(result), "worker")
 
 
 def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: dict | None = None,
                  timeout_s: float = TRACE_TIMEOUT_S, unit: str | None = None,
-                 resize_from: int | None = None) -> list[dict] | dict:
+                 resize_from: int | None = None) -> list[dict | TraceFailure] | TraceFailure:
     """Several passes of one model in one worker: each variant's `kwargs` (over `kwargs`), `stated`
     shape, `target` (default `target`) and, for a user's model, `ac` (its blocks, the children of
     `unit` else the block list found, checkpointed so); `resize_from`: the micro-batch a user's
     example batch was built at, resized to each variant's. The traces in the variants' order (each
-    may be a {"failure": reason}), or {"failure": reason} where the worker gave nothing."""
+    may be its `TraceFailure`), or the worker's `TraceFailure` where it gave nothing."""
     job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=variants,
                      resize_from=resize_from or None)
-    result = _run_trace_worker(job, OpTracesResult, timeout_s)
-    return result.traces if isinstance(result, OpTracesResult) else {"failure": result}
+    result = _run_trace_worker(job, (OpTracesResult,), timeout_s)
+    return result.passes() if isinstance(result, OpTracesResult) else TraceFailure(str(result), "worker")
 
 
-def _run_trace_worker(job: OpTraceJob, kind: type[Message], timeout_s: float,
+def _run_trace_worker(job: OpTraceJob, kinds: tuple[type[Message], ...], timeout_s: float,
                       on_message: OnMessage | None = None) -> Message | str:
-    """The worker's result of `kind`, or why there is none: the caller keeps the datasheet range
-    with that reason, so nothing here raises."""
+    """The worker's result of one of `kinds`, or why there is none: the caller keeps the datasheet
+    range with that reason, so nothing here raises."""
     try:
         run = launch_local(JobSpec("op_trace", job, 1, "gloo", timeout_s), on_message)
     except Exception as err:  # noqa: BLE001 - no worker at all: the datasheet range stands, with the reason
         return f"the trace worker did not start ({type(err).__name__}: {err})"
-    result = worker_result(run, kind)
+    result = worker_result(run, *kinds)
     if result is None:
         why = run.failure.describe() if run.failure is not None else "it reported nothing"
         return f"the trace worker failed: {why}"

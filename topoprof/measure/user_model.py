@@ -7,7 +7,7 @@ from typing import Callable
 
 from topoprof.errors import InputError, RunFailed
 from topoprof.measure.launch import JobSpec, launch_local, progress_messages, worker_result
-from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure
+from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure, read_pass
 
 
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
@@ -18,7 +18,7 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
     """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
     traceback as the error's detail, printed once under its one line. With `trace` (the stated
     shape, e.g. {"micro_batch": 4, "seq_len": 512}) the record's "op_trace" is the model's pass
-    on the meta device (`topoprof/trace/op_trace.py`) for the `target` device, or {"failure": reason}.
+    on the meta device (`topoprof/trace/op_trace.py`) for the `target` device, or its `TraceFailure`.
     `progress` hears each stage the worker reports. `ac`: the model's blocks (the children of
     `unit`, else the block list found) checkpointed so, timed and traced (`topoprof/zoo/user_blocks.py`)."""
     checkpointed = bool(ac and ac != "none")  # the blocks are only named when they are checkpointed
@@ -33,4 +33,6 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
     if run.failure is not None or not isinstance(result, UserModelResult):
         why = run.failure.describe() if run.failure else "the worker reported nothing"
         raise RunFailed(f"--model {spec}: timing it failed: {why}")
+    if "op_trace" in result.record:
+        return {**result.record, "op_trace": read_pass(result.record["op_trace"])}
     return result.record

@@ -5,7 +5,7 @@ Each message is a frozen dataclass with a `KIND` (its `type` on the wire) and a 
 the launcher hands a worker (`UserModelJob`, `OpTraceJob`, `ProfileJob`, `CollectivesJob`,
 `TrainingJob` and its `ValidationJob` and `NumericsJob`, `NodesJob`, `PhasesJob` of `phase`s,
 `SleepJob`), what a worker sends back (`Progress`, `PhaseStarted`; `UserModelResult`,
-`OpTraceResult`, `OpTracesResult`, `DeviceProfileResult`, `ProfileProgress`; the collectives'
+`OpTraceResult`, `OpTracesResult` or a `TraceFailure`, `DeviceProfileResult`, `ProfileProgress`; the collectives'
 `CollectivesMeta`, `CollectiveRow`, `CollectiveStopped`; `TrainingCalibration`, `TrainingResult`,
 `NumericsResult`, `ValidationRotations`, `NodesResult`, `SleepStep`), or the worker's failure
 (`WorkerFailure`: the stage that failed and why, typed, never a bare string). `encode` gives the
@@ -301,8 +301,7 @@ class UserModelResult(Message):
 @message
 @dataclass(frozen=True)
 class OpTraceResult(Message):
-    """One pass on meta; a model that cannot be traced gives a trace with its `failure`, which
-    the model reads beside what was found (its parameters)."""
+    """One pass on meta; a model that cannot be traced sends its `TraceFailure` instead."""
 
     KIND: ClassVar[str] = "op_trace"
     VERSION: ClassVar[int] = 1
@@ -313,12 +312,57 @@ class OpTraceResult(Message):
 @message
 @dataclass(frozen=True)
 class OpTracesResult(Message):
-    """The passes of an OpTraceJob's variants, in their order."""
+    """The passes of an OpTraceJob's variants, in their order: each a trace, or an encoded
+    `TraceFailure` (`passes` reads them back)."""
 
     KIND: ClassVar[str] = "op_traces"
     VERSION: ClassVar[int] = 1
 
     traces: list[dict]
+
+    def passes(self) -> list[dict | TraceFailure]:
+        return [read_pass(t) for t in self.traces]
+
+
+# What is wrong with a user's callable itself (topoprof/zoo/user_callable.py's stages), or with it
+# under the checkpointing asked (topoprof/zoo/user_blocks.py): the user's to fix, whichever device
+# it is read on.
+USER_ERRORS = ("import", "callable", "return", "loss", "blocks", "checkpointing")
+
+
+@message
+@dataclass(frozen=True)
+class TraceFailure(Message):
+    """A pass on meta that could not be had, and why: `stage` one of USER_ERRORS (the callable is
+    the user's to fix, with its `traceback`), "batch" (its example batch cannot be resized),
+    "cut" (it cannot be cut to its first blocks), "pass" (the pass itself failed; `params`: its
+    parameters where it was built) or "worker" (the trace worker gave nothing)."""
+
+    KIND: ClassVar[str] = "trace_failure"
+    VERSION: ClassVar[int] = 1
+
+    reason: str
+    stage: str = "pass"
+    traceback: str = ""
+    params: list | None = None
+
+    @property
+    def users_to_fix(self) -> bool:
+        return self.stage in USER_ERRORS
+
+
+def read_pass(wire: dict) -> dict | TraceFailure:
+    """A pass as a worker sent it inside a result: its trace, or its `TraceFailure` decoded."""
+    if kind_of(wire) == TraceFailure.KIND:
+        failure = decode(wire)
+        assert isinstance(failure, TraceFailure)
+        return failure
+    return wire
+
+
+def write_pass(traced: dict | TraceFailure) -> dict:
+    """A pass as a result carries it: its trace, or its `TraceFailure` encoded."""
+    return encode(traced) if isinstance(traced, TraceFailure) else traced
 
 
 @message
@@ -367,6 +411,27 @@ class Progress(Message):
     VERSION: ClassVar[int] = 1
 
     step: str
+
+
+@message
+@dataclass(frozen=True)
+class RankDone(Message):
+    """The rank ran its worker to the end, and every rank had (probes/ranks/rank_main.py)."""
+
+    KIND: ClassVar[str] = "done"
+    VERSION: ClassVar[int] = 1
+
+
+@message
+@dataclass(frozen=True)
+class RankError(Message):
+    """The rank's worker raised: the first line of the error, before the rank exits non-zero (the
+    launcher blames it, and stops its peers)."""
+
+    KIND: ClassVar[str] = "error"
+    VERSION: ClassVar[int] = 1
+
+    message: str
 
 
 @message

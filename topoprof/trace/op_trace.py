@@ -91,7 +91,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from topoprof.specs.messages import OpTraceJob, OpTraceResult, OpTracesResult
+from topoprof.specs.messages import USER_ERRORS, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure, write_pass
 from topoprof.trace.fused_kernels import FUSED_OPS
 from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
@@ -513,11 +513,6 @@ def build_on_meta(spec: str, stated: dict | None = None, kwargs: dict | None = N
     return module.to("meta"), to_device(batch, "meta"), loss_fn, shape
 
 
-# What is wrong with the callable itself (topoprof/zoo/user_callable.py's stages), or with it under the
-# checkpointing asked (topoprof/zoo/user_blocks.py): the user's to fix, whichever device it is read on.
-USER_ERRORS = ("import", "callable", "return", "loss", "blocks", "checkpointing")
-
-
 def repeated_blocks(module, container: str | None = None) -> list[str] | None:
     """The qualified names of a model's repeated blocks: the children of `container` (a module
     name, as --fsdp-unit gives it), else those its class names in `BLOCKS` (the presets, the
@@ -560,8 +555,9 @@ def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
 
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
                      target: dict | None = None, progress=None, blocks: str | None = None,
-                     ac: str | None = None, resize_from: int | None = None, depth: int | None = None) -> dict:
-    """The op trace of the user's `--model` callable on meta, or {"failure": reason}. `stated`:
+                     ac: str | None = None, resize_from: int | None = None,
+                     depth: int | None = None) -> dict | TraceFailure:
+    """The op trace of the user's `--model` callable on meta, or its `TraceFailure`. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
     `progress`: called with each stage's text; `blocks`: the module whose children are the
@@ -569,9 +565,9 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     (`topoprof/zoo/user_blocks.py`, said in "checkpointing"; a preset takes it in `kwargs`);
     `resize_from`: the micro-batch its example batch was built at, resized to the stated one
     (`resized`); `depth`: a user's model cut to its first `depth` blocks (`keep_first_blocks`; the
-    trace says how many it had, "blocks_of"). A failure says where: `user_error` (the stage, in USER_ERRORS, and its
-    `traceback`) when the callable itself is wrong; `params` (its parameter list, read on meta)
-    when the model was built and only its pass failed."""
+    trace says how many it had, "blocks_of"). A failure says where (`TraceFailure.stage`): one of
+    USER_ERRORS, with its `traceback`, when the callable itself is wrong; "pass", with `params`
+    (its parameter list, read on meta), when the model was built and only its pass failed."""
     built: dict = {}
     say = progress or (lambda text: None)
     if (kwargs or {}).get("ac", "none") != "none" or not spec.startswith("topoprof.zoo."):
@@ -614,14 +610,12 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             autocast_failure = f"in {target['precision']}, {_first_line(err)}"
             shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
-        if isinstance(err, UserModelError) and err.kind in USER_ERRORS:
-            return {"failure": str(err), "user_error": err.kind, "traceback": err.trace}
-        if isinstance(err, UserModelError) and err.kind == "batch":
-            return {"failure": str(err), "batch": True}
-        return {"failure": f"on meta, {_first_line(err)}", **({"params": built["params"]} if "params" in built else {})}
+        if isinstance(err, UserModelError) and err.kind in (*USER_ERRORS, "batch", "cut"):
+            return TraceFailure(str(err), err.kind, err.trace)
+        return TraceFailure(f"on meta, {_first_line(err)}", params=built.get("params"))
     if not traced["ready"]:
-        return {"failure": "FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution "
-                           "or attention to weigh the gradients by)"}
+        return TraceFailure("FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution or "
+                            "attention to weigh the gradients by)")
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
     return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
             "params": parameter_list(module), **traced,
@@ -640,26 +634,29 @@ def run_rank(ctx, job: OpTraceJob) -> None:
     if job.cwd:
         os.chdir(job.cwd)
     if job.variants is not None:
-        ctx.send(OpTracesResult(traces=with_selective_cost([_variant(ctx, job, v) for v in job.variants])))
+        passes = with_selective_cost([_variant(ctx, job, v) for v in job.variants])
+        ctx.send(OpTracesResult(traces=[write_pass(t) for t in passes]))
         return
     ctx.progress(f"tracing {job.spec} on meta")
-    traced = trace_user_model(job.spec, job.stated, job.kwargs, job.target, ctx.progress, job.blocks, job.ac,
-                              job.resize_from)
-    ctx.send(OpTraceResult(trace=with_selective_cost([traced])[0]))
+    traced = with_selective_cost([trace_user_model(job.spec, job.stated, job.kwargs, job.target, ctx.progress,
+                                                   job.blocks, job.ac, job.resize_from)])[0]
+    ctx.send(traced if isinstance(traced, TraceFailure) else OpTraceResult(trace=traced))
 
 
-def with_selective_cost(traces: list[dict]) -> list[dict]:
+def with_selective_cost(traces: list[dict | TraceFailure]) -> list[dict | TraceFailure]:
     """The traces, those with ops `op` mode checkpoints given what its modes cost per op on this
     machine (`selective_cost`, under 0.1 s, once for them all) as `selective_checkpoint`."""
-    if not any(op.get("selective") for t in traces for op in t.get("ops", ())):
+    def selective(t: dict | TraceFailure) -> bool:
+        return isinstance(t, dict) and any(op.get("selective") for op in t.get("ops", ()))
+
+    if not any(selective(t) for t in traces):
         return traces
 
     cost = selective_checkpoint_cost()
-    return [{**t, "selective_checkpoint": cost} if any(op.get("selective") for op in t.get("ops", ())) else t
-            for t in traces]
+    return [{**t, "selective_checkpoint": cost} if isinstance(t, dict) and selective(t) else t for t in traces]
 
 
-def _variant(ctx, job: OpTraceJob, variant: dict) -> dict:
+def _variant(ctx, job: OpTraceJob, variant: dict) -> dict | TraceFailure:
     """One of several passes of one model (another depth, micro-batch, checkpointing mode or
     target), without what only the main pass needs (the ops summed by name, the parameters)."""
     kwargs, stated = {**(job.kwargs or {}), **variant.get("kwargs", {})}, variant.get("stated")
@@ -667,4 +664,6 @@ def _variant(ctx, job: OpTraceJob, variant: dict) -> dict:
     traced = trace_user_model(job.spec, stated, kwargs, variant.get("target", job.target),
                               blocks=job.blocks, ac=variant.get("ac", job.ac), resize_from=job.resize_from,
                               depth=variant.get("depth"))
+    if isinstance(traced, TraceFailure):
+        return traced
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

@@ -29,6 +29,7 @@ from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.profile_choice import pricer_for
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
+from topoprof.specs.messages import TraceFailure
 from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -134,10 +135,12 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
     return roofline({"ops": ops}, pricer).seconds
 
 
-def priced(trace: dict | None, gpu: str | None, precision: str, compiled: bool, note: str | None = None,
-           profile=None, profile_path: str | None = None) -> tuple[dict, str | None]:
-    if not trace or trace.get("failure"):
-        return {}, (trace or {}).get("failure") or "no pass on the meta device was run"
+def priced(trace: dict | TraceFailure | None, gpu: str | None, precision: str, compiled: bool,
+           note: str | None = None, profile=None, profile_path: str | None = None) -> tuple[dict, str | None]:
+    if not trace:
+        return {}, "no pass on the meta device was run"
+    if isinstance(trace, TraceFailure):
+        return {}, trace.reason
     want = target_for(precision, profile)
     if trace.get("target", {}).get("device") != want["device"]:
         return {}, f"the pass on the meta device was not run for a {'GPU' if want['device'] == 'cuda' else 'CPU'}"

@@ -12,6 +12,7 @@ from topoprof.errors import InputError
 from topoprof.model.compute.extended import at_depth, priced_line
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_fields
 from topoprof.model.strategies.search import searched_modes
+from topoprof.specs.messages import TraceFailure
 from topoprof.workload.checkpointing import parse_checkpointing
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 from topoprof.workload.synthetic import spec_for_params
@@ -89,13 +90,15 @@ class WholePass:
     ac: str
 
 
-def blocks_alike(whole: dict, one: dict, two: dict) -> int | None:
+def blocks_alike(whole: dict, one: dict | TraceFailure, two: dict | TraceFailure) -> int | None:
     """N, the blocks of a user's model, where its passes cut to 1 and 2 blocks (`one`, `two`, at
     the same size, mode and target as `whole`) extended to N blocks are its whole pass: the same
     forward and backward FLOPs and the same bytes kept for backward, so each block takes and keeps
     what the others do; else None (it is then traced whole)."""
+    if isinstance(one, TraceFailure) or isinstance(two, TraceFailure) or "totals" not in whole:
+        return None
     n = one.get("blocks_of")
-    if not n or whole.get("failure") or "totals" not in whole or any(t.get("failure") for t in (one, two)):
+    if not n:
         return None
 
     def measures(t: dict) -> tuple[int, int, int]:
@@ -160,8 +163,8 @@ def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, gp
         lines = {}
         for mode in _modes_of(text):
             one, two = passes.traces[(mode, sequences, 1)], passes.traces[(mode, sequences, 2)]
-            if one.get("failure") or two.get("failure"):
-                return one.get("failure") or two["failure"]
+            for failed in (t for t in (one, two) if isinstance(t, TraceFailure)):
+                return failed.reason
             lines[mode] = priced_line(one, two, gpu, precision, compiled, profile)
         size = f"{sequences}x{shape.seq_len}" if shape.seq_len else f"micro-batch {sequences}"
         out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, size)

@@ -12,6 +12,7 @@ from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
 from topoprof.model.inputs.user_record import ReadyOrder, flop_order_reason
 from topoprof.model.memory.traced import TracedMemory
+from topoprof.specs.messages import TraceFailure
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class MainTrace:
     """A preset's or `--params` model's pass on meta for the GPU predicted (`trace`), or why none
     could be run (`why`: a text model without --tokens, a GPU the datasheet does not know)."""
 
-    trace: dict | None = None
+    trace: dict | TraceFailure | None = None
     note: str | None = None  # how the stated shape was fitted to the model
     why: str | None = None
 

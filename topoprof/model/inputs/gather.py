@@ -71,7 +71,7 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
 def whole_pass(user: UserModelRun | None, w: WorkloadRequest) -> WholePass | None:
     """The pass of the user's whole model its cut passes are checked against, where it ran."""
     trace = user.record.get("op_trace") if user is not None else None
-    return WholePass(trace, w.checkpointing.text) if trace and not trace.get("failure") else None
+    return WholePass(trace, w.checkpointing.text) if isinstance(trace, dict) else None
 
 
 def named_by_profile(compute: ComputeRequest, profile: DeviceProfile | None) -> ComputeRequest:

@@ -46,6 +46,7 @@ from topoprof.model.inputs.candidates import (
     user_shape,
 )
 from topoprof.model.memory.traced import TracedMemory, from_trace
+from topoprof.specs.messages import TraceFailure
 
 
 def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth: int | None = None) -> dict:
@@ -55,13 +56,22 @@ def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth
 
 def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
     """The passes, or the first failure's reason."""
-    traces = trace_models(shape.spec, None, variants, unit=shape.unit, resize_from=shape.micro_batch)
-    if isinstance(traces, dict):
-        return traces["failure"]
-    failed = next((t for t in traces if t.get("failure") or t.get("autocast_failure")), None)
-    if failed is not None:
-        return failed.get("failure") or f"in 16 bits: {failed['autocast_failure']}"
-    return traces
+    return _every_pass(trace_models(shape.spec, None, variants, unit=shape.unit, resize_from=shape.micro_batch))
+
+
+def _why_not(trace: dict | TraceFailure) -> str | None:
+    """Why a pass does not stand for the target asked: it failed, or ran in fp32 only."""
+    if isinstance(trace, TraceFailure):
+        return trace.reason
+    return f"in 16 bits: {trace['autocast_failure']}" if trace.get("autocast_failure") else None
+
+
+def _every_pass(traces: list[dict | TraceFailure] | TraceFailure) -> list[dict] | str:
+    """The passes where every one stands, else the first one's reason."""
+    if isinstance(traces, TraceFailure):
+        return traces.reason
+    failed = next((why for why in map(_why_not, traces) if why is not None), None)
+    return failed if failed is not None else [t for t in traces if isinstance(t, dict)]
 
 
 Plan = Callable[[UserShape], list[tuple[tuple, dict]]]  # the (key, variant) of each pass, by blocks or whole
@@ -132,12 +142,13 @@ def memory_set(shape: ModelShape, precision: str, cast: bool, gpu: str | None = 
     keys = [(v, mode, d, m) for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
     traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, targets[v])
                                                      for v, mode, d, m in keys])
-    if isinstance(traces, dict):
-        return traces["failure"]
+    if isinstance(traces, TraceFailure):
+        return traces.reason
     points: dict = {}
     for (v, mode, d, m), trace in zip(keys, traces):
-        if trace.get("failure") or trace.get("autocast_failure"):
-            return f"{mode} at {d} block(s) x {m}: {trace.get('failure') or trace['autocast_failure']}"
+        why = _why_not(trace)
+        if why is not None or not isinstance(trace, dict):
+            return f"{mode} at {d} block(s) x {m}: {why}"
         points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
     source = (f"passes of {shape.label} at 1 and 2 blocks and {SAMPLES[0]} and {SAMPLES[1]} sequences of "
               f"{shape.seq_len} tokens on meta, "
@@ -161,8 +172,8 @@ def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]
     keys = [(mode, sequences, d) for mode, sequences in block_passes(shape, wanted) for d in DEPTHS]
     traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target)
                                                      for mode, m, d in keys])
-    if isinstance(traces, dict):
-        return traces["failure"]
+    if isinstance(traces, TraceFailure):
+        return traces.reason
     return CandidatePasses(shape, tuple(wanted), dict(zip(keys, traces)))
 
 
@@ -181,7 +192,8 @@ def traced_memory_of(w, gpu: str, precision: str, cast: bool,
     return None, memory_set(shape, precision, cast=cast, gpu=gpu)
 
 
-def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None, gpu: str | None = None) -> dict:
+def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None,
+                  gpu: str | None = None) -> dict | TraceFailure:
     return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile, gpu),
                        progress=progress)
 

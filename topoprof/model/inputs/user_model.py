@@ -18,6 +18,7 @@ from topoprof.model.compute.traced import gpu_target
 from topoprof.model.inputs.request import check_spec
 from topoprof.model.inputs.user_record import ReadyOrder, gpu_key, registration_order, stated_shape, user_compute
 from topoprof.probes.hardware.nvml import query_nvml
+from topoprof.specs.messages import TraceFailure
 from topoprof.topology.visible import job_gpus
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
@@ -70,21 +71,28 @@ def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
     blocks checkpointed so (`topoprof/zoo/user_blocks.py`)."""
     shape = stated_shape(micro_batch, tokens)
     trace = trace_model(check_spec(spec), None, shape, gpu_target(precision, gpu), progress=progress, ac=ac, unit=unit)
-    if trace.get("user_error"):
-        error = InputError(f"--model {spec}: {trace['failure']}")
-        error.detail_text = trace.get("traceback") or ""
-        raise error
-    if trace.get("failure") and not trace.get("params"):
-        raise InputError(f"--model {spec}: it could not be built on the meta device, or its pass there failed "
-                         f"before any parameter was read ({trace['failure']}); a --gpu what-if never runs it on this "
-                         "machine: give --time-here to time it here")
+    if isinstance(trace, TraceFailure):
+        return _params_read_before(spec, trace)
     record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace,
               **({"checkpointing": trace["checkpointing"]} if trace.get("checkpointing") else {})}
-    if trace.get("failure"):
-        return record, registration_order(record, trace["failure"])
     return record, ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "
                                               f"meta at {trace['shape']}); a what-if traces the model, never runs it "
                                               f"here")
+
+
+def _params_read_before(spec: str, failure: TraceFailure) -> tuple[dict, ReadyOrder]:
+    """A what-if whose pass on meta failed: the parameters read before it, in reverse registration
+    order; InputError where the callable is the user's to fix, or nothing of it was read."""
+    if failure.users_to_fix:
+        error = InputError(f"--model {spec}: {failure.reason}")
+        error.detail_text = failure.traceback
+        raise error
+    if not failure.params:
+        raise InputError(f"--model {spec}: it could not be built on the meta device, or its pass there failed "
+                         f"before any parameter was read ({failure.reason}); a --gpu what-if never runs it on this "
+                         "machine: give --time-here to time it here")
+    record = {"spec": spec, "device": "meta", "params": failure.params, "op_trace": failure}
+    return record, registration_order(record, failure.reason)
 
 
 PRESET_SPEC = "topoprof.zoo.preset_modules:build"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
+from topoprof.specs.messages import TraceFailure
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
 
 
@@ -98,9 +99,10 @@ def choose_ready_order(record: dict, gpu: str | None = None, micro_batch_time: f
     why = flop_order_reason(record["device"], record.get("device_name"), gpu, micro_batch_time)
     if why is None:
         return measured_order(record)
-    trace = record.get("op_trace") or {"failure": "no pass on meta was run"}
-    failure = trace.get("failure") or _other_parameters(record, trace)
-    if failure:
+    trace = record.get("op_trace")
+    failure = ("no pass on meta was run" if not trace else trace.reason if isinstance(trace, TraceFailure)
+               else _other_parameters(record, trace))
+    if failure or not isinstance(trace, dict):
         measured = measured_order(record)
         return ReadyOrder(measured.ready, f"{measured.text}, although {why}: counting the backward FLOPs per "
                                           f"tensor failed ({failure})",
