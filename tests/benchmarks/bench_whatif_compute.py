@@ -159,14 +159,15 @@ def fresh_bytes(trace: dict, min_bytes: int) -> int:
 
 
 def traced(preset: str, kwargs: dict, target: dict | None = None) -> dict:
+    from topoprof.specs.messages import TraceFailure
     from topoprof.trace.op_trace import trace_user_model
 
     shape = {k: kwargs[k] for k in ("micro_batch", "seq_len") if k in kwargs}
     rest = {k: v for k, v in kwargs.items() if k not in shape}
     trace = trace_user_model("topoprof.zoo.preset_modules:build", shape, {"preset": preset, **rest},
                              target or {"device": "cpu"})
-    if "failure" in trace:
-        raise RuntimeError(f"{preset} {kwargs}: {trace['failure']}")
+    if isinstance(trace, TraceFailure):
+        raise RuntimeError(f"{preset} {kwargs}: {trace.reason}")
     return trace
 
 
