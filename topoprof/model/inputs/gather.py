@@ -179,7 +179,9 @@ def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[
     if shape is None:
         return None
     if progress is not None:
-        how = "passes at 1 and 2 blocks" if by_blocks(shape) else "passes of the whole model"
+        how = ("passes at 1 and 2 blocks" if by_blocks(shape) else
+               "passes of the model, cut to 1 and 2 blocks where they are alike" if whole is not None else
+               "passes of the whole model")
         progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
     return candidate_passes(shape, list(wanted), target_for(precision, profile, gpu), whole)
 
