@@ -5,7 +5,7 @@ one GPU per node needs no intra-node link); compute from a measurement, a calibr
 or the model's own ops priced. Pure: it runs no process, reads no file and no hardware, and imports no torch."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from topoprof.errors import InputError
 from topoprof.model.comm import links
@@ -34,7 +34,8 @@ from topoprof.workload.checkpointing import describe_wrapped
 def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
     """(ModelInputs, what was described of the links and the sources) for the gathered request."""
     request = evidence.request
-    workload, compute, memory, origins, notes, modelled = _workload_and_compute(evidence)
+    done = _workload_and_compute(evidence)
+    workload, notes = done.workload, done.notes
     if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
         fsdp_plan(workload.layout, workload.fsdp_unit)
     cl = request.cluster
@@ -55,9 +56,9 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
     # the links measured by a bench on gloo (CPU ranks) carry its blocking collectives to FSDP
     cluster = Cluster(comm, nodes=cl.nodes, gpus_per_node=gpn,
                       backend="gloo" if described.get("backend") == "gloo" else "nccl")
-    resolved = _compute(compute, memory, evidence.calibration, modelled)
-    if origins:
-        resolved = replace(resolved, origins=tuple(origins))
+    resolved = _compute(done.compute, done.memory, evidence.calibration, done.modelled)
+    if done.origins:
+        resolved = replace(resolved, origins=tuple(done.origins))
     return ModelInputs(workload, resolved, cluster, accumulation_steps=request.accum), described
 
 
@@ -160,23 +161,35 @@ def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
                 checkpointing=w.checkpointing)
 
 
-def _workload_and_compute(evidence: Evidence):
-    """The workload, and the compute and memory requests completed with what was measured here:
-    (workload, compute, memory, origins of measured values, notes, modelled fields)."""
-    w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
-    work_kw = _workload_options(w, memory)
+@dataclass
+class _Completed:
+    """The workload, and the compute and memory requests completed with what was measured here or
+    priced from the model's ops: where each measured value came from (`origins`), the notes for
+    the user, and the modelled fields of the compute."""
+
+    workload: Workload
+    compute: ComputeRequest
+    memory: MemoryRequest
+    origins: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    modelled: dict = field(default_factory=dict)
+
+
+def _workload_and_compute(evidence: Evidence) -> _Completed:
+    work_kw = _workload_options(evidence.request.workload, evidence.request.memory)
     if evidence.user is not None:
-        workload, compute, memory, origins, notes, modelled = _user_model(evidence, evidence.user, work_kw)
+        done = _user_model(evidence, evidence.user, work_kw)
     else:
-        workload, compute, memory, origins, notes, modelled = _preset_or_params(evidence, work_kw)
-    if compute.compiled and not modelled.get("modelled_s"):
-        notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
-                     "measured or given, as it ran")
-    workload, note = _with_traced_memory(workload, evidence.traced_memory, user=evidence.user is not None)
-    return workload, compute, memory, origins, notes + ([note] if note else []), modelled
+        done = _preset_or_params(evidence, work_kw)
+    if done.compute.compiled and not done.modelled.get("modelled_s"):
+        done.notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
+                          "measured or given, as it ran")
+    done.workload, note = _with_traced_memory(done.workload, evidence.traced_memory, user=evidence.user is not None)
+    done.notes += [note] if note else []
+    return done
 
 
-def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict):
+def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Completed:
     """`_workload_and_compute` for a user's model, timed here or traced on meta only."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
     record, order = user.record, user.order
@@ -203,10 +216,10 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict):
                                compute.precision, compute.compiled, None, evidence.profile, compute.gpu_profile)
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
-    return workload, compute, memory, origins, notes, modelled
+    return _Completed(workload, compute, memory, origins, notes, modelled)
 
 
-def _preset_or_params(evidence: Evidence, work_kw: dict):
+def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
     """`_workload_and_compute` for a preset (timed on this GPU where it has one) or `--params`."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
     origins: list = []
@@ -231,7 +244,7 @@ def _preset_or_params(evidence: Evidence, work_kw: dict):
     if why is not None:
         notes.append(fallback_note(why) if timed_gpu is None else
                      f"compute: the model's own ops could not be priced beside the measured time ({why})")
-    return workload, compute, memory, origins, notes, modelled
+    return _Completed(workload, compute, memory, origins, notes, modelled)
 
 
 def _with_traced_memory(workload: Workload, traced: TracedMemory | str | None, user: bool):
