@@ -166,6 +166,8 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
 
     for where in ("topoprof.model.inputs.traces", "topoprof.model.inputs.user_model"):
         monkeypatch.setattr(f"{where}.trace_model", lambda *a, **k: TraceFailure("on meta, boom"))
+    # the main pass with the memory passes, in one worker
+    monkeypatch.setattr("topoprof.model.inputs.traces.trace_models", lambda *a, **k: TraceFailure("on meta, boom"))
     result = CliRunner().invoke(main, ["model", *GPT2, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

@@ -140,10 +140,12 @@ class UserModelJob(Message):
 @dataclass(frozen=True)
 class OpTraceJob(Message):
     """Trace a model on the meta device (topoprof/trace/op_trace.py): once, with `stated` and
-    `kwargs`, or once per entry of `variants`; `blocks`, `ac`: which blocks are checkpointed how."""
+    `kwargs`, or once per entry of `variants` (each `kwargs` over the job's, `stated`, `target`,
+    `ac`, `depth`; `whole`: the whole trace, as the single pass keeps it); `blocks`, `ac`: which
+    blocks are checkpointed how."""
 
     KIND: ClassVar[str] = "op_trace_job"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: a variant may ask for the whole trace
 
     spec: str
     kwargs: dict | None = None

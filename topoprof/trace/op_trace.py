@@ -658,12 +658,14 @@ def with_selective_cost(traces: list[dict | TraceFailure]) -> list[dict | TraceF
 
 def _variant(ctx, job: OpTraceJob, variant: dict) -> dict | TraceFailure:
     """One of several passes of one model (another depth, micro-batch, checkpointing mode or
-    target), without what only the main pass needs (the ops summed by name, the parameters)."""
+    target), without what only the main pass needs (the ops summed by name, the parameters),
+    unless it is the main pass (`whole`)."""
     kwargs, stated = {**(job.kwargs or {}), **variant.get("kwargs", {})}, variant.get("stated")
+    whole = bool(variant.get("whole"))
     ctx.progress(f"tracing {job.spec} {kwargs} {stated} on meta")
     traced = trace_user_model(job.spec, stated, kwargs, variant.get("target", job.target),
-                              blocks=job.blocks, ac=variant.get("ac", job.ac), resize_from=job.resize_from,
-                              depth=variant.get("depth"))
-    if isinstance(traced, TraceFailure):
+                              ctx.progress if whole else None, blocks=job.blocks, ac=variant.get("ac", job.ac),
+                              resize_from=job.resize_from, depth=variant.get("depth"))
+    if isinstance(traced, TraceFailure) or whole:
         return traced
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

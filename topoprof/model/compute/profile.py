@@ -120,11 +120,21 @@ class DeviceProfile:
         return self._gemm_class(m, n, k, dtype) or tuple(p for p in self.gemm if p.dtype == dtype)
 
     def _gemm_class(self, m: int, n: int, k: int, dtype: str) -> tuple[GemmPoint, ...]:
-        points = [p for p in self.gemm if p.dtype == dtype]
-        if not points:
+        classes = self._gemm_classes.get(dtype)
+        if classes is None:
             raise InputError(f"device profile of {self.machine.device}: no GEMM measured at {dtype}")
-        aligned = _aligned((m, n, k), dtype)
-        return tuple(p for p in points if _aligned((p.m, p.n, p.k), dtype) == aligned)
+        return classes[_aligned((m, n, k), dtype)]
+
+    @cached_property
+    def _gemm_classes(self) -> dict[str, dict[bool, tuple[GemmPoint, ...]]]:
+        """The GEMM points of each dtype, split by alignment once: a model's pricing asks for them
+        per product, thousands of times."""
+        out: dict[str, dict[bool, tuple[GemmPoint, ...]]] = {}
+        for dtype in dict.fromkeys(p.dtype for p in self.gemm):
+            points = [p for p in self.gemm if p.dtype == dtype]
+            out[dtype] = {aligned: tuple(p for p in points if _aligned((p.m, p.n, p.k), dtype) == aligned)
+                          for aligned in (True, False)}
+        return out
 
     def memory_bytes_per_s(self, kind: str, nbytes: int, dtype: str | None = None) -> Read:
         """Bytes read + written per second of a memory-bound `kind` moving `nbytes` (read + written)."""

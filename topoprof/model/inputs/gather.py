@@ -23,7 +23,14 @@ from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.profile import DeviceProfile, load_profile
 from topoprof.model.compute.timing import CALIBRATION_KEYS
 from topoprof.model.compute.traced import TraceRequest, params_request, preset_request, target_for
-from topoprof.model.inputs.candidates import CandidatePasses, ModelShape, UserShape, WholePass, by_blocks
+from topoprof.model.inputs.candidates import (
+    CandidatePasses,
+    ModelShape,
+    UserShape,
+    WholePass,
+    by_blocks,
+    model_shape,
+)
 from topoprof.model.inputs.evidence import (
     Evidence,
     LinkEvidence,
@@ -33,9 +40,10 @@ from topoprof.model.inputs.evidence import (
     timing_stands,
 )
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest, WorkloadRequest
-from topoprof.model.inputs.traces import candidate_passes, trace_for_gpu, traced_memory_of
+from topoprof.model.inputs.traces import candidate_passes, main_and_memory, trace_for_gpu, traced_memory_of
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import choose_ready_order, stated_shape, trace_wanted
+from topoprof.model.memory.traced import TracedMemory
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
 from topoprof.workload.presets import context_sequences, is_vision
@@ -50,22 +58,44 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     compute = named_by_profile(request.compute, profile)
     calibration = read_calibration(compute.calibration) if compute.calibration else None
     w = request.workload
-    user = timed = main = None
+    user = timed = None
     if w.user_model:
         user = _user_model_here(w, compute, profile, say)
-    else:
-        if w.preset and not compute.given and this_gpu_predicted(compute):
-            timed = _preset_on_this_gpu(w, compute, say)
-        main = _main_trace(w, compute, profile, timed, say)
+    elif w.preset and not compute.given and this_gpu_predicted(compute):
+        timed = _preset_on_this_gpu(w, compute, say)
     memory_gpu = compute.gpu or (timed or {}).get("device_name")
-    traced = blocks = None
-    if memory_gpu and request.memory.activation_memory_gb is None and not _measured_memory_stands(user, compute):
-        if w.user_model:
-            say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
+    memory_wanted = (memory_gpu is not None and request.memory.activation_memory_gb is None
+                     and not _measured_memory_stands(user, compute))
+    main, traced, blocks = None, None, None
+    if not w.user_model:
+        main, traced = _preset_passes(w, compute, profile, timed, memory_gpu if memory_wanted else None, say)
+    elif memory_wanted:
+        assert memory_gpu is not None
+        say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
         blocks, traced = traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights(),
                                           whole_pass(user, w))
     return Evidence(request, compute, profile, calibration, user, timed, main, traced, blocks,
                     gather_links(request.cluster, request.compute.gpu, say))
+
+
+def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, timed: dict | None,
+                   memory_gpu: str | None, say: Progress) -> tuple[MainTrace | None, TracedMemory | str | None]:
+    """A preset's or `--params` model's main pass (`main_trace_wanted`) and the passes its memory
+    is counted from for `memory_gpu` (None: not wanted), in one worker where both are run."""
+    request = _main_request(w, compute, profile, timed)
+    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes) \
+        if memory_gpu is not None else None
+    if isinstance(request, TraceRequest) and isinstance(shape, ModelShape):
+        assert memory_gpu is not None
+        say(f"tracing {w.what()} on the meta device for {_main_gpu(compute, timed)}, and at 1 and 2 blocks for its "
+            "memory (starting its worker: importing torch)")
+        trace, memory = main_and_memory(request, target_for(compute.precision, profile, _main_gpu(compute, timed)),
+                                        shape, compute.precision, w.fsdp_casts_weights(), memory_gpu, say)
+        return MainTrace(trace, request.note), memory
+    main = _main_trace(request, w, compute, profile, timed, say)
+    if memory_gpu is None:
+        return main, None
+    return main, traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights())[1]
 
 
 def whole_pass(user: UserModelRun | None, w: WorkloadRequest) -> WholePass | None:
@@ -151,21 +181,31 @@ def main_trace_wanted(compute: ComputeRequest, timed: dict | None) -> bool:
         (what_if or timed_gpu is not None)
 
 
-def _main_trace(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
-                timed: dict | None, say: Progress) -> MainTrace | None:
-    """The pass `main_trace_wanted` asks for, or None."""
+def _main_gpu(compute: ComputeRequest, timed: dict | None) -> str | None:
+    return compute.gpu or (timed or {}).get("device_name")
+
+
+def _main_request(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
+                  timed: dict | None) -> TraceRequest | MainTrace | None:
+    """What the main pass `main_trace_wanted` asks for traces, why it cannot be run, or None."""
     if not main_trace_wanted(compute, timed):
         return None
     timed_gpu = (timed or {}).get("device_name")
-    gpu = compute.gpu or timed_gpu
     if timed_gpu is not None and profile is None and lookup_gpu_quietly(timed_gpu) is None:
         return MainTrace(why=f"{timed_gpu} is not in the datasheet table")
     ac = w.checkpointing.text
     request: TraceRequest | str = (
         preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
         else params_request(param_count(w), w.micro_batch_size, w.tokens, ac))
-    if isinstance(request, str):
-        return MainTrace(why=request)
+    return MainTrace(why=request) if isinstance(request, str) else request
+
+
+def _main_trace(request: TraceRequest | MainTrace | None, w: WorkloadRequest, compute: ComputeRequest,
+                profile: DeviceProfile | None, timed: dict | None, say: Progress) -> MainTrace | None:
+    """The main pass alone, where `_main_request` asks for one."""
+    if not isinstance(request, TraceRequest):
+        return request
+    gpu = _main_gpu(compute, timed)
     say(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
     return MainTrace(trace_for_gpu(request, compute.precision, profile, say, gpu), request.note)
 

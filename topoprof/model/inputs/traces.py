@@ -136,14 +136,34 @@ def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dic
 
 def memory_set(shape: ModelShape, precision: str, cast: bool, gpu: str | None = None) -> TracedMemory | str:
     """The memory passes (module docstring) for the GPU named, or why they failed."""
+    keys, variants = _memory_variants(shape, precision, cast, gpu)
+    traces = trace_models(shape.spec, shape.kwargs, variants)
+    return traces.reason if isinstance(traces, TraceFailure) else _memory_of(shape, keys, traces)
+
+
+def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, precision: str, cast: bool,
+                    gpu: str | None, progress: Callable[[str], None] | None = None
+                    ) -> tuple[dict | TraceFailure, TracedMemory | str]:
+    """The main pass (`trace_for_gpu`'s) and the memory passes (`memory_set`'s) of one preset or
+    `--params` model in one worker: one start and one torch import where two would be the same.
+    The main pass is a variant that keeps the whole trace, with its own arguments over the shape's."""
+    keys, variants = _memory_variants(shape, precision, cast, gpu)
+    main = {"kwargs": request.kwargs, "stated": request.stated, "target": target, "whole": True}
+    traces = trace_models(shape.spec, shape.kwargs, [main, *variants], progress=progress)
+    if isinstance(traces, TraceFailure):
+        return traces, traces.reason
+    return traces[0], _memory_of(shape, keys, traces[1:])
+
+
+def _memory_variants(shape: ModelShape, precision: str, cast: bool, gpu: str | None) -> tuple[list[tuple], list[dict]]:
     targets = {"autocast": gpu_target(precision, gpu)}
     if cast and precision != "fp32":
         targets["cast"] = {**gpu_target(precision, gpu), "weights": "cast"}
     keys = [(v, mode, d, m) for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
-    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, targets[v])
-                                                     for v, mode, d, m in keys])
-    if isinstance(traces, TraceFailure):
-        return traces.reason
+    return keys, [_variant(mode, d, m, shape.seq_len, targets[v]) for v, mode, d, m in keys]
+
+
+def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[dict | TraceFailure]) -> TracedMemory | str:
     points: dict = {}
     for (v, mode, d, m), trace in zip(keys, traces):
         why = _why_not(trace)
