@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN, ROOT
+from helpers.model_reports import model_report
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import HierarchicalComm, MeasuredComm, RingComm
@@ -221,9 +222,9 @@ def test_model_refuses_an_fsdp_unit_that_wraps_nothing():
 def test_the_model_text_says_fsdps_own_work_is_unpriced_only_without_a_gpu_or_a_measurement():
     from topoprof.report.text_model import _fsdp_heading
 
-    plain = {"inputs": {"fsdp_groups": {"value": {"grouping": "2 groups"}}}}
-    assert "is not priced: no GPU named and nothing measured it" in _fsdp_heading(plain)
-    measured = {"inputs": {**plain["inputs"], "fsdp_forward_overhead_s": {"value": 1e-4, "source": "calibration"}}}
-    assert "not priced" not in _fsdp_heading(measured)
-    priced = {"inputs": {**plain["inputs"], "fsdp_host_step_s": {"value": 8e-6, "source": "what-if range"}}}
-    assert "not priced" not in _fsdp_heading(priced)
+    plain = {"fsdp_groups": {"grouping": "2 groups"}}
+    assert "is not priced: no GPU named and nothing measured it" in _fsdp_heading(model_report(inputs=plain))
+    measured = {**plain, "fsdp_forward_overhead_s": {"value": 1e-4, "source": "calibration"}}
+    assert "not priced" not in _fsdp_heading(model_report(inputs=measured))
+    priced = {**plain, "fsdp_host_step_s": {"value": 8e-6, "source": "what-if range"}}
+    assert "not priced" not in _fsdp_heading(model_report(inputs=priced))

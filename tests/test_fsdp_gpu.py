@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN
+from helpers.model_reports import model_report
 
 from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.compute.timing import Compute
@@ -21,6 +22,7 @@ from topoprof.model.fsdp.gpu_costs import (
 )
 from topoprof.model.fsdp.timeline import FsdpOverhead, FsdpSetting, collective_times, fsdp_micro_batch
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
+from topoprof.model.strategies.model_report import read_model_report
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.predict import predict
 from topoprof.specs.fsdp_modes import MODES
@@ -165,9 +167,9 @@ def test_without_a_gpu_the_hooks_stay_unpriced_and_a_calibration_replaces_the_pa
 def test_any_measured_part_of_fsdps_own_work_drops_the_note_that_it_is_unpriced():
     from topoprof.report.text_model import fsdp_note
 
-    assert fsdp_note({"inputs": {}})
+    assert fsdp_note(model_report())
     for key in ("fsdp_forward_overhead_s", "fsdp_backward_overhead_s", "fsdp_unshard_overhead_s"):
-        assert fsdp_note({"inputs": {key: (1e-3, "validate")}}) == []
+        assert fsdp_note(model_report(inputs={key: {"value": 1e-3, "source": "validate"}})) == []
 
 
 def test_hsdp_shows_its_all_reduce_across_the_replicas():
@@ -181,7 +183,7 @@ def test_hsdp_shows_its_all_reduce_across_the_replicas():
     assert predict(_gpu_inputs()).hsdp is None
     from topoprof.report.text_fsdp import hsdp_line
 
-    line = hsdp_line(model_payload(inputs, {}, sweep=False))[0]
+    line = hsdp_line(read_model_report(model_payload(inputs, {}, sweep=False)))[0]
     assert "all-reduced across the 2 nodes" in line and "(1 GB/s per node)" in line
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.model_reports import model_report
 
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.datasheet import gpu_memory_gb
@@ -119,10 +120,10 @@ def test_nothing_that_does_not_fit_is_recommended():
         return {"step_time_s": step, "comm_exposed_s": 0.0,
                 "memory": {"fits": fits, "total_gb": total, "gpu_memory_gb": 80.0, "reason": "does not fit: needs",
                            "parts_gb": {"activations": 1.0}}}
-    pred = {"inputs": {"accumulation_steps": {"value": 8}, "world_size": {"value": 8}},
-            "strategies": {"single": strategy(8.0, False), "ddp_synced": strategy(1.2, False),
-                           "ddp_no_sync": strategy(1.0, False), "fsdp_full_shard": strategy(1.5, True, 40.0),
-                           "fsdp_full_shard_no_sync": strategy(1.3, True, 70.0)}}
+    pred = model_report(inputs={"accumulation_steps": 8, "world_size": 8},
+                        strategies={"single": strategy(8.0, False), "ddp_synced": strategy(1.2, False),
+                                    "ddp_no_sync": strategy(1.0, False), "fsdp_full_shard": strategy(1.5, True, 40.0),
+                                    "fsdp_full_shard_no_sync": strategy(1.3, True, 70.0)})
     assert all(r.key != "no_sync" for r in strategy_recommendations(pred, "7B"))
     fit = fit_recommendation(pred, "7B")
     assert fit.key == "fits" and fit.numbers["strategy"] == "fsdp_full_shard_no_sync"
@@ -200,10 +201,13 @@ def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
 def test_sweep_with_no_strategy_that_fits_says_so_instead_of_an_empty_table():
     from topoprof.report.text_model import _sweep_rows
 
-    none_fit = {"sweep": {"accum": [1, 2, 4], "strategies": {"single": [None] * 3, "ddp_synced": [None] * 3}}}
+    sweep = {"world_size": 8, "samples_per_micro_batch": 1}
+    none_fit = model_report(sweep={**sweep, "accum": [1, 2, 4],
+                                   "strategies": {"single": [None] * 3, "ddp_synced": [None] * 3}}).sweep
     assert _sweep_rows(none_fit) == ["Step time by accumulation steps K: none (no strategy above fits in memory "
                                      "and applies here)"]
-    one_fits = {"sweep": {"accum": [1, 2], "strategies": {"single": [0.1, 0.2], "ddp_synced": [None, None]}}}
+    one_fits = model_report(sweep={**sweep, "accum": [1, 2],
+                                   "strategies": {"single": [0.1, 0.2], "ddp_synced": [None, None]}}).sweep
     lines = _sweep_rows(one_fits)
     assert lines[0] == "Step time (ms) by accumulation steps K:" and len(lines) == 3 and lines[2].startswith("single")
 

@@ -6,6 +6,7 @@ import os
 
 import pytest
 from fake_nvml import make_fake_nvml
+from helpers.model_reports import model_doc, model_report
 
 from topoprof.jsonio import to_jsonable
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
@@ -53,10 +54,9 @@ def test_environment_variables_that_disable_transports_are_flagged():
 def _pred(synced, no_sync, dp, fp16, k=8, exposed=0.1):
     def s(step):
         return {"step_time_s": step, "comm_exposed_s": exposed, "samples_per_s": 1 / step, "speedup_vs_ddp_synced": 1.0}
-    return {"inputs": {"accumulation_steps": {"value": k}, "world_size": {"value": 4}},
-            "strategies": {"ddp_synced": s(synced), "ddp_no_sync": s(no_sync),
-                           "dp": s(dp) if dp else {"step_time_s": None},
-                           "ddp_fp16_compress": s(fp16)}}
+    return model_report(inputs={"accumulation_steps": k, "world_size": 4},
+                        strategies={"ddp_synced": s(synced), "ddp_no_sync": s(no_sync),
+                                    "dp": s(dp) if dp else {"step_time_s": None}, "ddp_fp16_compress": s(fp16)})
 
 
 def test_strategy_advice_follows_the_predicted_gains():
@@ -107,10 +107,9 @@ def _multi_node_report(*, backend="gloo", sysctl=1, micro_batch_s=0.06, accum=8,
         "mode": {"backend": backend}, "environment": {},
         "cluster": {"nodes": nodes, "levels": {"inter": {"inter": {
             "fit": {"latency_us": latency_us, "bandwidth_gbps": busbw_gbps}, "peak_busbw_gbps": busbw_gbps}}}},
-        "predictions": [{"inputs": {"micro_batch_time_s": {"value": micro_batch_s},
-                                    "accumulation_steps": {"value": accum}},
-                         "strategies": {"ddp_no_sync": {"step_time_s": step_s},
-                                        "ddp_synced": {"step_time_s": 2 * step_s}}}]}
+        "predictions": [model_doc(inputs={"micro_batch_time_s": micro_batch_s, "accumulation_steps": accum},
+                                  strategies={"ddp_no_sync": {"step_time_s": step_s},
+                                              "ddp_synced": {"step_time_s": 2 * step_s}})]}
 
 
 def test_slow_start_restart_costs_one_round_trip_per_doubling():
@@ -144,8 +143,7 @@ def test_a_dp_row_says_what_it_leaves_out_until_its_thread_cost_is_given():
     from topoprof.report.text_model import dp_note
 
     def payload(dp_step, overhead):
-        return {"strategies": {"dp": {"step_time_s": dp_step}},
-                "inputs": {"dp_thread_overhead_s": {"value": overhead, "source": "given"}}}
+        return model_report(strategies={"dp": {"step_time_s": dp_step}}, inputs={"dp_thread_overhead_s": overhead})
 
     assert "lower bound" in " ".join(dp_note(payload(0.02, 0.0)))
     assert dp_note(payload(0.02, 0.004)) == [] and dp_note(payload(None, 0.0)) == []

@@ -8,8 +8,10 @@ import math
 import os
 import platform
 import tempfile
+import types
+import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from topoprof import __version__
 from topoprof.errors import InputError
@@ -30,6 +32,115 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+T = TypeVar("T")
+
+
+class SchemaError(ValueError):
+    """JSON data that does not have the shape its typed record declares, located by its key path."""
+
+
+def from_jsonable(cls: type[T], data: Any, where: str = "") -> T:
+    """The typed record `cls` (a dataclass) read back from what `to_jsonable` made of it, checked
+    against its fields' types; `SchemaError` names the key path where it differs.
+
+    A field missing from the data takes its default (documents written before it existed); a key
+    no field names is left unread (documents written after). Values are kept as they are (an int
+    stays an int where a float is declared): what a renderer prints of them does not change.
+    Where a field's type is a union of dataclasses, the first whose fields without a default are
+    all present is read."""
+    return _read(cls, data, where or cls.__name__)
+
+
+def _read(tp: Any, data: Any, where: str) -> Any:
+    if tp is Any or tp is object:
+        return data
+    if dataclasses.is_dataclass(tp):
+        return _read_dataclass(tp, data, where)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _read_union(args, data, where)
+    if origin is typing.Literal:
+        if data not in args:
+            raise SchemaError(f"{where}: {data!r} is none of {', '.join(map(repr, args))}")
+        return data
+    if origin in (dict, Mapping):
+        _expect(isinstance(data, dict), "an object", data, where)
+        return {k: _read(args[1] if args else Any, v, f"{where}.{k}") for k, v in data.items()}
+    if origin in (list, tuple):
+        _expect(isinstance(data, (list, tuple)), "an array", data, where)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            _expect(len(data) == len(args), f"an array of {len(args)}", data, where)
+            return tuple(_read(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(args, data)))
+        item = args[0] if args else Any
+        values = [_read(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return tuple(values) if origin is tuple else values
+    return _read_scalar(tp, data, where)
+
+
+def _read_dataclass(cls: Any, data: Any, where: str) -> Any:
+    _expect(isinstance(data, dict), "an object", data, where)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            values[f.name] = _read(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif not _has_default(f):
+            raise SchemaError(f"{where}: no {f.name!r}")
+    return cls(**values)
+
+
+def _read_union(members: tuple, data: Any, where: str) -> Any:
+    if data is None:
+        _expect(type(None) in members, "a value", data, where)
+        return None
+    others = [m for m in members if m is not type(None)]
+    if len(others) == 1:  # an optional value: its own reading says what is wrong
+        return _read(others[0], data, where)
+    for member in others:
+        if dataclasses.is_dataclass(member):
+            if isinstance(data, dict) and all(f.name in data for f in dataclasses.fields(member)
+                                              if not _has_default(f)):
+                return _read_dataclass(member, data, where)
+            continue
+        try:
+            return _read(member, data, where)
+        except SchemaError:
+            continue
+    raise SchemaError(f"{where}: {_shown(data)} is none of {' | '.join(_name(m) for m in members)}")
+
+
+def _read_scalar(tp: Any, data: Any, where: str) -> Any:
+    if tp is float:
+        _expect(isinstance(data, (int, float)) and not isinstance(data, bool), "a number", data, where)
+    elif tp is int:
+        _expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, where)
+    elif tp in (str, bool):
+        _expect(isinstance(data, tp), "a string" if tp is str else "true or false", data, where)
+    elif tp is type(None):
+        _expect(data is None, "null", data, where)
+    else:
+        raise TypeError(f"{where}: no JSON reading of {tp!r}")
+    return data
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _expect(ok: bool, what: str, data: Any, where: str) -> None:
+    if not ok:
+        raise SchemaError(f"{where}: expected {what}, got {_shown(data)}")
+
+
+def _shown(data: Any) -> str:
+    text = json.dumps(data) if not isinstance(data, (dict, list)) else type(data).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
 
 
 def envelope(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:

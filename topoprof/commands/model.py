@@ -8,6 +8,7 @@ from topoprof.model.inputs.gather import gather, gather_candidates, whole_pass
 from topoprof.model.inputs.request import ModelRequest
 from topoprof.model.inputs.resolve import resolve
 from topoprof.model.inputs.search import applying_strategies, candidate_shape, fits_payload
+from topoprof.model.strategies.model_report import read_model_report
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.search import plan_search
 from topoprof.progress import LiveProgress
@@ -120,7 +121,6 @@ def model(**opts):
         passes = gather_candidates(shape, plan.wanted, inputs.compute.gpu, inputs.compute.precision, evidence.profile,
                                    progress, whole_pass(evidence.user, request.workload))
         payload = {"fits": fits_payload(inputs, request, plan, passes, evidence.profile), **payload}
-    if opts["as_json"]:
-        click.echo(dumps(envelope("model", payload)))
-        return
-    click.echo(render_model(payload))
+    doc = envelope("model", payload)
+    # the text reads what the JSON holds, through the one reader a scan's report reads it with
+    click.echo(dumps(doc) if opts["as_json"] else render_model(read_model_report(doc)))

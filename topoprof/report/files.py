@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 
 from topoprof.errors import InputError
-from topoprof.jsonio import SCHEMA_VERSION, dumps, load_json, spare_folder
+from topoprof.jsonio import SCHEMA_VERSION, SchemaError, dumps, load_json, spare_folder, to_jsonable
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
+from topoprof.model.strategies.results import Memory, StrategyResult
 from topoprof.report import plots
 from topoprof.report.markdown import render_markdown
 from topoprof.report.verdict import copy_verdicts
@@ -31,20 +33,18 @@ def _nominal(report: dict) -> list[dict]:
     return [{"label": f"{label} {lo:g}-{hi:g} GB/s", "low_gbps": lo, "high_gbps": hi}]
 
 
-def _primary(report: dict) -> dict | None:
-    preds = [p for p in report.get("predictions") or [] if not p.get("skipped")]
-    if not preds:
-        return None
-    return next((p for p in preds if p["label"].startswith("1.3B")), preds[0])
+def _primary(predictions: list[ModelReport]) -> ModelReport | None:
+    return next((p for p in predictions if (p.label or "").startswith("1.3B")), predictions[0] if predictions else None)
 
 
-def _largest(report: dict) -> dict | None:
+def _largest(predictions: list[ModelReport]) -> ModelReport | None:
     """The prediction whose model holds the most memory (the one that may not fit), among those
     whose GPU's memory is known (without a GPU there is no memory to fit into)."""
-    preds = [p for p in report.get("predictions") or [] if not p.get("skipped")
-             and any(((s or {}).get("memory") or {}).get("gpu_memory_gb") for s in p.get("strategies", {}).values())]
-    return max(preds, key=lambda p: max((s or {}).get("memory", {}).get("total_gb", 0) or 0
-                                        for s in p["strategies"].values()), default=None)
+    def memories(p: ModelReport) -> list[Memory]:
+        return [s.memory for s in p.strategies.values() if isinstance(s, StrategyResult) and s.memory is not None]
+
+    sized = [p for p in predictions if any(m.gpu_memory_gb for m in memories(p))]
+    return max(sized, key=lambda p: max(m.total_gb or 0 for m in memories(p)), default=None)
 
 
 def _copy_reference(report: dict) -> dict:
@@ -78,15 +78,16 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
     what_if = report.get("what_if") or {}
     if what_if.get("cases"):  # one GPU: what more such GPUs and nodes would give
         charts["what_if"] = plots.plot_what_if(what_if, os.path.join(out_dir, "what_if.png"))
-    primary = _primary(report)
-    if primary and primary.get("sweep"):
+    predictions = made(read_predictions(report.get("predictions")))
+    primary = _primary(predictions)
+    if primary is not None and primary.sweep is not None:
         charts["step_vs_accum"] = plots.plot_step_vs_accum(
-            primary["sweep"], os.path.join(out_dir, "step_vs_accum.png"),
-            title=f"Predicted step time vs accumulation steps: {primary['label']}")
-    fitted = _largest(report)
+            to_jsonable(primary.sweep), os.path.join(out_dir, "step_vs_accum.png"),
+            title=f"Predicted step time vs accumulation steps: {primary.label}")
+    fitted = _largest(predictions)
     if fitted is not None:
-        charts["memory"] = plots.plot_memory(fitted["strategies"], os.path.join(out_dir, "memory.png"),
-                                             title=f"Memory per GPU by strategy: {fitted['label']}")
+        charts["memory"] = plots.plot_memory(to_jsonable(fitted.strategies), os.path.join(out_dir, "memory.png"),
+                                             title=f"Memory per GPU by strategy: {fitted.label}")
     validation = report.get("validation") or {}
     cases = [{"label": validation.get("label", ""), "mode": mode, **m}
              for mode, m in (validation.get("modes") or {}).items() if m.get("measured_step_s")]
@@ -136,4 +137,8 @@ def load_report(path: str) -> dict:
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this "
                          f"topoprof reads")
+    try:  # read here, so that a prediction the renderers cannot read is one line naming where
+        read_predictions(doc.get("predictions"))
+    except SchemaError as err:
+        raise InputError(f"{path}: {err}") from None
     return doc

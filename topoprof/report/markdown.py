@@ -1,10 +1,12 @@
 """report.md: what to do first, then the evidence, written for GitHub's Markdown."""
 from __future__ import annotations
 
+from topoprof.model.strategies.model_report import ModelReport, Skipped, made, read_predictions
+from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
 from topoprof.report.costs import part_rows, share_span
 from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
-from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note
+from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
 from topoprof.report.verdict import copy_verdicts
 from topoprof.topology.visible import describe, gpu_marks, job_devices
@@ -25,21 +27,18 @@ def _chart(report: dict, name: str, alt: str) -> list[str]:
     return [f"![{alt}]({path})", ""] if path else []
 
 
-def _todo(report: dict) -> list[str]:
+def _todo(report: dict, predictions: list[ModelReport]) -> list[str]:
     recs = report.get("recommendations") or []
     out = ["## What to do", ""]
     if not recs:
         out += ["Nothing stands out: no change is predicted to save 5 % or more of a step here."]
-        for p in report.get("predictions") or []:
-            if p.get("skipped"):
-                continue
-            synced = (p["strategies"].get("ddp_synced") or {}).get("step_time_s")
-            no_sync = (p["strategies"].get("ddp_no_sync") or {}).get("step_time_s")
-            if synced and no_sync:
-                k = p["inputs"]["accumulation_steps"]["value"]
-                out.append(f"- {p['label']}, K = {k}: `no_sync()` {100 * (synced - no_sync) / synced:.1f} % faster "
-                           f"than syncing every micro-batch; exposed communication "
-                           f"{100 * p['strategies']['ddp_synced']['comm_exposed_s'] / synced:.1f} % of a synced step.")
+        for p in predictions:
+            synced, no_sync = p.result("ddp_synced"), p.result("ddp_no_sync")
+            if synced and no_sync and synced.step_time_s and no_sync.step_time_s:
+                step = synced.step_time_s
+                out.append(f"- {p.label}, K = {p.value('accumulation_steps')}: `no_sync()` "
+                           f"{100 * (step - no_sync.step_time_s) / step:.1f} % faster than syncing every micro-batch; "
+                           f"exposed communication {100 * synced.comm_exposed_s / step:.1f} % of a synced step.")
         return out + [""]
     for i, r in enumerate(recs[:3], 1):
         gain = f" (predicted {r['gain_pct']:.0f}% faster steps)" if r.get("gain_pct") else ""
@@ -137,92 +136,93 @@ def _speedup(value) -> str:
     return "–" if value is None else f"{value:.2f}x"  # None: ddp_synced does not apply
 
 
-def _predictions(report: dict) -> list[str]:
-    preds = report.get("predictions") or []
+def _predictions(report: dict, predictions: list[ModelReport | Skipped]) -> list[str]:
     out = ["## Predictions", ""]
-    if not preds and _one_rank(report):
+    if not predictions and _one_rank(report):
         return out + ["One GPU: nothing to all-reduce, so no DDP prediction for this node; "
                       "\"What if\" below shows more such GPUs and nodes.", ""]
-    if not preds:
+    if not predictions:
         return out + ["No prediction: it needs an all-reduce fit from at least 2 ranks.", ""]
-    if preds[0].get("skipped"):
-        return out + [f"No prediction: {preds[0]['skipped']}.", ""]
-    for p in preds:
-        k = p["inputs"]["accumulation_steps"]["value"]
-        n = p["inputs"]["world_size"]["value"]
-        out += [f"### {p['label']}: {n} rank(s), K = {k}", ""] + _fits_block(p)
-        out += [f"Compute: {p['compute_source']}.", ""]
-        what_if = p["inputs"].get("micro_batch_time_range_s")
-        if what_if:
-            fast, slow = what_if["value"]
-            out += [f"Compute per micro-batch {_ms(fast)} – {_ms(slow)} ms ({what_if['source']}). Every step "
-                    "time is a range; the step column uses the middle.", ""]
-        beside = p["inputs"].get("micro_batch_time_modelled_s")
-        if beside:  # a GPU scan checks the what-if against what it measured
-            out += [_measured_vs_modelled(p["inputs"]["micro_batch_time_s"]["value"], beside["value"]), ""]
-        model = (p["inputs"].get("compute_model") or {}).get("value")
-        if model:
-            out += [f"Compute model: {model['summary']}.", ""]
-        ranged = any(s.get("range") for s in p["strategies"].values())
-        # memory only where there is a GPU's memory to hold it against
-        sized = any(((s.get("memory") or {}).get("gpu_memory_gb")) for s in p["strategies"].values())
-        rows = []
-        for name, s in p["strategies"].items():
-            if s.get("step_time_s") is None:
-                rows.append([f"`{name}`", "–", "–", "–", s.get("reason", "")] + (["–"] if ranged else []))
-            elif (s.get("memory") or {}).get("fits") is False:  # kept, never ranked
-                mem = s["memory"]
-                rows.append([f"`{name}`", "–", "–", "–", "–", f"{mem['total_gb']:,.1f}",
-                             f"does not fit: needs {mem['total_gb']:,.1f} GB of {mem['gpu_memory_gb']:,.1f} GB"]
-                            + (["–"] if ranged else []))
-            else:
-                rows.append([f"`{name}`", _ms(s["step_time_s"]), _ms(s["comm_exposed_s"]),
-                             f"{s['samples_per_s']:,.2f}", _speedup(s.get("speedup_vs_ddp_synced"))]
-                            + ([_memory_gb(s), _fits(s)] if sized else []) + ([_step_range(s)] if ranged else []))
-        out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
-                      + (["memory GB", "fits"] if sized else []) + (["step range ms"] if ranged else []), rows) + [""]
-
-        fsdp_rows = any(name.startswith("fsdp_") and s.get("step_time_s") for name, s in p["strategies"].items())
-        notes = [f"Note: {line}." for line in dp_note(p) + (fsdp_note(p) if fsdp_rows else [])]
-        out += [line for note in notes for line in (note, "")]
-        out += (_memory_basis(p) if sized else []) + _ddp_costs(p) + _fsdp_costs(p)
+    if isinstance(predictions[0], Skipped):
+        return out + [f"No prediction: {predictions[0].skipped}.", ""]
+    for p in made(predictions):
+        out += _prediction(p)
     out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
     out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")
     return out
 
 
-def _fits_block(p: dict) -> list[str]:
+def _prediction(p: ModelReport) -> list[str]:
+    out = [f"### {p.label}: {p.value('world_size')} rank(s), K = {p.value('accumulation_steps')}", ""]
+    out += _fits_block(p) + [f"Compute: {p.compute_source}.", ""]
+    what_if = p.value("micro_batch_time_range_s")
+    if what_if:
+        fast, slow = what_if
+        out += [f"Compute per micro-batch {_ms(fast)} – {_ms(slow)} ms ({p.source('micro_batch_time_range_s')}). "
+                "Every step time is a range; the step column uses the middle.", ""]
+    beside = p.value("micro_batch_time_modelled_s")
+    if beside:  # a GPU scan checks the what-if against what it measured
+        out += [_measured_vs_modelled(p.value("micro_batch_time_s"), beside), ""]
+    model = p.value("compute_model")
+    if model:
+        out += [f"Compute model: {model['summary']}.", ""]
+    results = [s for s in p.strategies.values() if isinstance(s, StrategyResult)]
+    ranged = any(s.range for s in results)
+    # memory only where there is a GPU's memory to hold it against
+    sized = any(s.memory is not None and s.memory.gpu_memory_gb for s in results)
+    rows = [_strategy_row(name, s, ranged, sized) for name, s in p.strategies.items()]
+    out += _table(["strategy", "step ms", "exposed comm ms", "samples/s", "vs ddp_synced"]
+                  + (["memory GB", "fits"] if sized else []) + (["step range ms"] if ranged else []), rows) + [""]
+    fsdp_rows = any(name.startswith("fsdp_") and isinstance(s, StrategyResult) and s.step_time_s
+                    for name, s in p.strategies.items())
+    notes = [f"Note: {line}." for line in dp_note(p) + (fsdp_note(p) if fsdp_rows else [])]
+    out += [line for note in notes for line in (note, "")]
+    return out + (_memory_basis(p) if sized else []) + _ddp_costs(p) + _fsdp_costs(p)
+
+
+def _strategy_row(name: str, s: StrategyResult | Unavailable, ranged: bool, sized: bool) -> list:
+    if isinstance(s, Unavailable):
+        return [f"`{name}`", "–", "–", "–", s.reason] + (["–"] if ranged else [])
+    mem = s.memory
+    if mem is not None and mem.fits is False:  # kept, never ranked
+        return ([f"`{name}`", "–", "–", "–", "–", f"{mem.total_gb:,.1f}",
+                 f"does not fit: needs {mem.total_gb:,.1f} GB of {mem.gpu_memory_gb:,.1f} GB"]
+                + (["–"] if ranged else []))
+    return ([f"`{name}`", _ms(s.step_time_s), _ms(s.comm_exposed_s), f"{s.samples_per_s:,.2f}",
+             _speedup(s.speedup_vs_ddp_synced)]
+            + ([_memory_gb(s), _fits(s)] if sized else []) + ([_step_range(s)] if ranged else []))
+
+
+def _fits_block(p: ModelReport) -> list[str]:
     """What fits, first (`topoprof.report.text_fits`), as a fixed-width block."""
-    lines = fits_lines(p.get("fits"))
+    lines = fits_lines(p.fits)
     return ["```text", *[line for line in lines if line], "```", ""] if lines else []
 
 
-def _memory_gb(s: dict) -> str:
-    mem = s.get("memory")
-    if not mem:
+def _memory_gb(s: StrategyResult) -> str:
+    mem = s.memory
+    if mem is None:
         return "–"
-    return f"{mem['total_gb']:,.1f}" + (" + activations?" if mem["parts_gb"].get("activations") is None else "")
+    return f"{mem.total_gb:,.1f}" + (" + activations?" if mem.parts_gb.get("activations") is None else "")
 
 
-def _fits(s: dict) -> str:
-    fits = (s.get("memory") or {}).get("fits")
-    return {True: "yes", False: "no", None: "?"}[fits]
+def _fits(s: StrategyResult) -> str:
+    return {True: "yes", False: "no", None: "?"}[None if s.memory is None else s.memory.fits]
 
 
-def _memory_basis(p: dict) -> list[str]:
+def _memory_basis(p: ModelReport) -> list[str]:
     """What the memory column rests on, and the arithmetic of what does not fit."""
-    capacity, act = p["inputs"].get("gpu_memory_gb") or {}, p["inputs"].get("activation_memory_gb") or {}
-    if not capacity:
+    if "gpu_memory_gb" not in p.inputs:
         return []
-    activations = "unknown" if act.get("value") is None else f"{act['value']:.1f} GB"
-    out = [f"Memory per GPU, counted: the GPU has {capacity.get('value') or '?'} GB ({capacity.get('source')}); "
-           f"activations {activations} ({act.get('source')}).", ""]
-    reasons = sorted({s["memory"]["reason"] for s in p["strategies"].values()
-                      if (s.get("memory") or {}).get("fits") is False})
+    act = p.value("activation_memory_gb")
+    activations = "unknown" if act is None else f"{act:.1f} GB"
+    out = [f"Memory per GPU, counted: the GPU has {p.value('gpu_memory_gb') or '?'} GB ({p.source('gpu_memory_gb')}); "
+           f"activations {activations} ({p.source('activation_memory_gb')}).", ""]
+    reasons = not_fitting_reasons(p)
     return out + [f"- {r}" for r in reasons] + ([""] if reasons else [])
 
 
-def _ddp_costs(p: dict) -> list[str]:
+def _ddp_costs(p: ModelReport) -> list[str]:
     """Where DDP's cost goes per synced micro-batch, and the options that act on each part."""
     share = ddp_cost_share(p)
     if share is None:
@@ -231,17 +231,15 @@ def _ddp_costs(p: dict) -> list[str]:
     verdict = (f" Even at the top of its range that is under {NOTHING_TO_GAIN_PCT:.0f} %: nothing worth attacking."
                if high < NOTHING_TO_GAIN_PCT else "")
     out = ["Where DDP's cost goes, per synced micro-batch (a range where nothing measured the part):", ""]
-    out += _cost_table(p["ddp_costs"])
+    out += _cost_table(p.ddp_costs)
     out += ["", f"DDP takes {nominal:.1f} % of a `ddp_synced` step{share_span(low, high, '–')}.{verdict}", ""]
-    knobs = p.get("ddp_knobs") or []
-    if knobs:
+    if p.ddp_knobs:
         out += ["DDP options with a predicted gain on `ddp_synced`: " + "; ".join(
-            f"`{o['knob']}` {o['gain_s'] * 1e3:.1f} ms ({o['gain_pct']:.1f} %, on {o['part']})" for o in knobs) + ".",
-                ""]
+            f"`{o.knob}` {o.gain_s * 1e3:.1f} ms ({o.gain_pct:.1f} %, on {o.part})" for o in p.ddp_knobs) + ".", ""]
     return out
 
 
-def _fsdp_costs(p: dict) -> list[str]:
+def _fsdp_costs(p: ModelReport) -> list[str]:
     """Where FSDP's cost goes per synced micro-batch of fsdp_full_shard, and HSDP's levels."""
     share = fsdp_cost_share(p)
     out = [f"{line[0].upper()}{line[1:]}.\n" for line in hsdp_line(p)]
@@ -250,17 +248,17 @@ def _fsdp_costs(p: dict) -> list[str]:
     nominal, low, high = share
     out += [f"Where FSDP's cost goes in `{COST_STRATEGY}`, per synced micro-batch (a range where nothing measured "
             "the part):", ""]
-    out += _cost_table(p["fsdp_costs"])
+    out += _cost_table(p.fsdp_costs)
     return out + ["", f"FSDP takes {nominal:.1f} % of an `{COST_STRATEGY}` step{share_span(low, high, '–')}.", ""]
 
 
-def _cost_table(costs: dict) -> list[str]:
+def _cost_table(costs: dict[str, PartCost]) -> list[str]:
     return _table(["part", "ms", "range ms", "scales with", "from"],
-                  [[f"`{name}`", ms, rng, c["scales_with"], c["source"]]
+                  [[f"`{name}`", ms, rng, c.scales_with, c.source]
                    for name, ms, rng, c in part_rows(costs, _ms, _span_ms, "–")])
 
 
-def _span_ms(pair: list) -> str:
+def _span_ms(pair: list | tuple[float, float]) -> str:
     low, high = sorted(pair)
     return f"{low * 1e3:.1f}" if abs(high - low) < 0.05e-3 else f"{low * 1e3:.1f}–{high * 1e3:.1f}"
 
@@ -399,12 +397,11 @@ def _validation(report: dict) -> list[str]:
     return out + _chart(report, "pred_vs_measured", "predicted vs measured step time")
 
 
-def _method(report: dict) -> list[str]:
+def _method(report: dict, predictions: list[ModelReport | Skipped]) -> list[str]:
     bench = report.get("bench") or {}
     out = ["## Method and assumptions", "", f"- Bench: {(bench.get('metadata') or {}).get('protocol', '')}."]
-    preds = report.get("predictions") or []
-    if preds:
-        out += [f"- Model: {a}" for a in preds[0].get("assumptions", [])]
+    if predictions and isinstance(predictions[0], ModelReport):
+        out += [f"- Model: {a}" for a in predictions[0].assumptions]
     timing = report.get("timing") or {}
     out += ["", "Wall time per stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items() if k != "total_s")
             + f"; total {timing.get('total_s', 0):.1f} s.", ""]
@@ -412,9 +409,8 @@ def _method(report: dict) -> list[str]:
     return out + ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
 
 
-def _step_range(s: dict) -> str:
-    rng = s.get("range")
-    return "–" if not rng else f"{_ms(rng['step_time_s'][0])} – {_ms(rng['step_time_s'][1])}"
+def _step_range(s: StrategyResult) -> str:
+    return "–" if s.range is None else f"{_ms(s.range.step_time_s[0])} – {_ms(s.range.step_time_s[1])}"
 
 
 def _cluster(report: dict) -> list[str]:
@@ -453,10 +449,11 @@ def _cluster(report: dict) -> list[str]:
 
 
 def render_markdown(report: dict) -> str:
+    predictions = read_predictions(report.get("predictions"))
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    out += _todo(report) + _sources(report) + _cluster(report) + _topology(report) + _bandwidth(report)
-    out += _predictions(report)
+    out += _todo(report, made(predictions)) + _sources(report) + _cluster(report) + _topology(report)
+    out += _bandwidth(report) + _predictions(report, predictions)
     out += _what_if(report)
     out += _validation(report)
     more = (report.get("recommendations") or [])[3:]
@@ -467,4 +464,4 @@ def render_markdown(report: dict) -> str:
             if r.get("snippet"):
                 out += ["", "  ```", *[f"  {line}" for line in r["snippet"].splitlines()], "  ```"]
         out.append("")
-    return "\n".join(out + _method(report))
+    return "\n".join(out + _method(report, predictions))

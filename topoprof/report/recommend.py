@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from topoprof.model.comm import tcp
+from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
+from topoprof.model.strategies.results import StrategyResult
 
 # A strategy change is worth recommending when it saves at least this share of step time;
 # smaller differences are inside the run-to-run noise of real training loops.
@@ -58,41 +60,38 @@ class Recommendation:
     numbers: dict = field(default_factory=dict)
 
 
-def _step(pred: dict, name: str) -> float | None:
+def _step(pred: ModelReport, name: str) -> float | None:
     """A strategy's step time, or None where it does not apply or does not fit in memory (a
     strategy that does not fit is never recommended, nor ranked against)."""
-    s = pred.get("strategies", {}).get(name) or {}
-    if (s.get("memory") or {}).get("fits") is False:
-        return None
-    return s.get("step_time_s")
+    s = pred.fitting(name)
+    return None if s is None else s.step_time_s
 
 
-def _memory(s: dict) -> str:
-    mem = s.get("memory") or {}
-    if not mem:
+def _memory(s: StrategyResult) -> str:
+    mem = s.memory
+    if mem is None:
         return ""
-    unknown = ", activations unknown" if (mem.get("parts_gb") or {}).get("activations") is None else ""
-    return f"{mem['total_gb']:.1f} GB per GPU{unknown}"
+    unknown = ", activations unknown" if mem.parts_gb.get("activations") is None else ""
+    return f"{mem.total_gb:.1f} GB per GPU{unknown}"
 
 
-def fit_recommendation(pred: dict, label: str) -> Recommendation | None:
+def fit_recommendation(pred: ModelReport, label: str) -> Recommendation | None:
     """When DDP does not fit on these GPUs: the fastest strategy that does, with its memory."""
-    strategies = pred.get("strategies", {})
-    ddp = strategies.get("ddp_synced") or {}
-    if (ddp.get("memory") or {}).get("fits") is not False:
+    ddp = pred.result("ddp_synced")
+    if ddp is None or ddp.memory is None or ddp.memory.fits is not False:
         return None
-    fitting = {n: s for n, s in strategies.items() if n != "single" and _step(pred, n) is not None}
+    fitting = {n: s for n in pred.strategies if n != "single" and (s := pred.fitting(n)) is not None}
     if not fitting:
         return Recommendation("nothing_fits", f"Nothing fits on these GPUs ({label})",
-                              f"{ddp['memory']['reason']}; no strategy predicted here holds less: shard more "
+                              f"{ddp.memory.reason}; no strategy predicted here holds less: shard more "
                               "widely, recompute activations, or use GPUs with more memory.")
-    name = min(fitting, key=lambda n: fitting[n]["step_time_s"])
+    name = min(fitting, key=lambda n: fitting[n].step_time_s)
     best = fitting[name]
     return Recommendation(
         "fits", f"Train with {name}: DDP does not fit ({label})",
-        f"DDP {ddp['memory']['reason']}. {name} holds {_memory(best)} and takes "
-        f"{best['step_time_s'] * 1e3:.1f} ms per step, the fastest of the strategies that fit.",
-        None, None, {"strategy": name, "step_time_s": best["step_time_s"], "memory": best.get("memory")})
+        f"DDP {ddp.memory.reason}. {name} holds {_memory(best)} and takes "
+        f"{best.step_time_s * 1e3:.1f} ms per step, the fastest of the strategies that fit.",
+        None, None, {"strategy": name, "step_time_s": best.step_time_s, "memory": best.memory})
 
 
 def _saving(before: float | None, after: float | None) -> float | None:
@@ -101,10 +100,10 @@ def _saving(before: float | None, after: float | None) -> float | None:
     return 100.0 * (before - after) / before
 
 
-def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
+def strategy_recommendations(pred: ModelReport, label: str) -> list[Recommendation]:
     """DDP over DP, no_sync() for accumulation, fp16 compression, from one model's prediction."""
     out = []
-    k = pred["inputs"]["accumulation_steps"]["value"]
+    k = pred.value("accumulation_steps")
     synced, no_sync = _step(pred, "ddp_synced"), _step(pred, "ddp_no_sync")
     gain = _saving(synced, no_sync)
     if k > 1 and gain is not None and gain >= 100 * MIN_GAIN:
@@ -120,7 +119,7 @@ def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
     gain = _saving(dp, synced)
     if dp and gain is not None and gain > 0:
         assert synced is not None
-        n = pred["inputs"]["world_size"]["value"]
+        n = pred.value("world_size")
         out.append(Recommendation(
             "ddp_over_dp", f"Use DistributedDataParallel, not DataParallel ({label})",
             f"DataParallel re-broadcasts every parameter each forward and reduces all gradients onto "
@@ -129,54 +128,55 @@ def strategy_recommendations(pred: dict, label: str) -> list[Recommendation]:
             gain, DDP_SNIPPET.format(n=n), {"dp_s": dp, "ddp_synced_s": synced}))
     fp16 = _step(pred, "ddp_fp16_compress")
     gain = _saving(synced, fp16)
-    if gain is not None and gain >= 100 * MIN_GAIN:
+    ddp = pred.result("ddp_synced")
+    if gain is not None and gain >= 100 * MIN_GAIN and ddp is not None:
         assert fp16 is not None
         out.append(Recommendation(
             "fp16_compress", f"Compress gradients to fp16 for the all-reduce ({label})",
-            f"Communication is exposed: {pred['strategies']['ddp_synced']['comm_exposed_s'] * 1e3:.1f} ms "
+            f"Communication is exposed: {ddp.comm_exposed_s * 1e3:.1f} ms "
             f"per step with DDP; halving the bytes gives {fp16 * 1e3:.1f} ms ({gain:.0f}% less).",
             gain, FP16_HOOK_SNIPPET, {"ddp_synced_s": synced, "ddp_fp16_compress_s": fp16}))
     out += knob_recommendations(pred, label)
     return out
 
 
-def knob_recommendations(pred: dict, label: str) -> list[Recommendation]:
+def knob_recommendations(pred: ModelReport, label: str) -> list[Recommendation]:
     """DDP constructor options whose predicted gain, from the part of DDP's cost they act on,
     is worth a change (the fp16 hook has its own recommendation above)."""
     synced = _step(pred, "ddp_synced")
     out = []
-    for o in pred.get("ddp_knobs") or []:
-        if o["knob"].startswith("register_comm_hook") or o["gain_pct"] < 100 * MIN_GAIN:
+    for o in pred.ddp_knobs:
+        if o.knob.startswith("register_comm_hook") or o.gain_pct < 100 * MIN_GAIN:
             continue
         assert synced is not None  # DDP's options are priced on its synced step
         out.append(Recommendation(
-            f"ddp_{o['knob'].split('=')[0]}", f"DistributedDataParallel(..., {o['knob']}) ({label})",
-            f"It acts on {o['part']} of what DDP adds to a synced micro-batch: {synced * 1e3:.1f} ms per step "
-            f"becomes {o['step_time_s'] * 1e3:.1f} ms ({o['gain_pct']:.0f}% less).",
-            o["gain_pct"], f"model = DistributedDataParallel(model, device_ids=[local_rank], {o['knob']})",
-            {"ddp_synced_s": synced, "after_s": o["step_time_s"]}))
+            f"ddp_{o.knob.split('=')[0]}", f"DistributedDataParallel(..., {o.knob}) ({label})",
+            f"It acts on {o.part} of what DDP adds to a synced micro-batch: {synced * 1e3:.1f} ms per step "
+            f"becomes {o.step_time_s * 1e3:.1f} ms ({o.gain_pct:.0f}% less).",
+            o.gain_pct, f"model = DistributedDataParallel(model, device_ids=[local_rank], {o.knob})",
+            {"ddp_synced_s": synced, "after_s": o.step_time_s}))
     return out
 
 
-def fewer_gpus_recommendation(pred: dict, label: str) -> Recommendation | None:
+def fewer_gpus_recommendation(pred: ModelReport, label: str) -> Recommendation | None:
     """For a fixed global batch: does using fewer GPUs with more accumulation lose little?"""
-    fixed = pred.get("fixed_global_batch") or {}
-    options = [o for o in fixed.get("options", []) if o.get("samples_per_s_per_gpu")]
-    if len(options) < 2:
+    fixed = pred.fixed_global_batch
+    options = [o for o in (fixed.options if fixed is not None else ()) if o.samples_per_s_per_gpu]
+    if fixed is None or len(options) < 2:
         return None
-    full = max(options, key=lambda o: o["world_size"])
-    best = max(options, key=lambda o: o["samples_per_s_per_gpu"])
-    if best["world_size"] == full["world_size"]:
+    full = max(options, key=lambda o: o.world_size)
+    best = max(options, key=lambda o: o.samples_per_s_per_gpu or 0.0)
+    if best.world_size == full.world_size or not (best.samples_per_s_per_gpu and full.samples_per_s_per_gpu):
         return None
-    gain = 100.0 * (best["samples_per_s_per_gpu"] / full["samples_per_s_per_gpu"] - 1)
+    gain = 100.0 * (best.samples_per_s_per_gpu / full.samples_per_s_per_gpu - 1)
     if gain < 100 * MIN_GAIN:
         return None
     return Recommendation(
-        "fewer_gpus", f"Per GPU, {best['world_size']} GPU(s) with K={best['accumulation_steps']} beat "
-                      f"{full['world_size']} ({label})",
-        f"For the same global batch of {fixed['global_batch_samples']} samples, {best['world_size']} GPU(s) "
-        f"reach {best['samples_per_s_per_gpu']:.1f} samples/s per GPU vs {full['samples_per_s_per_gpu']:.1f} "
-        f"with {full['world_size']}: the extra GPUs mostly wait on communication. Give them other work.",
+        "fewer_gpus", f"Per GPU, {best.world_size} GPU(s) with K={best.accumulation_steps} beat "
+                      f"{full.world_size} ({label})",
+        f"For the same global batch of {fixed.global_batch_samples} samples, {best.world_size} GPU(s) "
+        f"reach {best.samples_per_s_per_gpu:.1f} samples/s per GPU vs {full.samples_per_s_per_gpu:.1f} "
+        f"with {full.world_size}: the extra GPUs mostly wait on communication. Give them other work.",
         gain, None, {"options": options})
 
 
@@ -295,11 +295,13 @@ def slow_start_recommendation(report: dict) -> Recommendation | None:
     # The network's all-reduce latency bounds one round trip; its peak busbw is the link's rate.
     rtt_s = inter["fit"]["latency_us"] * 1e-6
     cost = tcp.restart_cost_s(inter["peak_busbw_gbps"] * 1e9, rtt_s)
-    inputs = report["predictions"][0]["inputs"]
-    c, k = inputs["micro_batch_time_s"]["value"], inputs["accumulation_steps"]["value"]
+    first = made(read_predictions(report["predictions"][:1]))
+    if not first:
+        return None
+    c, k = first[0].value("micro_batch_time_s"), first[0].value("accumulation_steps")
     worst = None
     for mode, between, syncs in (("ddp_no_sync", k, 1), ("ddp_synced", 1, k)):
-        step = _step(report["predictions"][0], mode)
+        step = _step(first[0], mode)
         if step:
             lost = tcp.restarts_per_step(c, between, syncs) * cost
             if worst is None or lost / step > worst[1] / worst[2]:

@@ -4,6 +4,9 @@ fastest combination that fits, what each mode costs in time and no_sync in memor
 lines, for `topoprof model`'s text and a scan's Markdown alike."""
 from __future__ import annotations
 
+from topoprof.model.strategies.model_report import FitCell, Fits, ModelReport
+from topoprof.model.strategies.results import Memory
+
 # The memory parts in the order shown, with their names in the table.
 PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"), ("buckets", "DDP buckets"),
          ("unsharded", "FSDP unsharded"), ("activations", "activations"), ("logits", "logits and loss"),
@@ -17,114 +20,107 @@ PARTS_COLUMNS = ("single", "dp", "ddp_synced", "fsdp_full_shard", "fsdp_full_sha
                  "fsdp_shard_grad_op_no_sync", "hsdp", "hsdp_no_sync")
 
 
-def _gb(x) -> str:
+def _gb(x: float | None) -> str:
     return "-" if x is None else f"{x:,.1f}"
 
 
-def _cell(c: dict) -> str:
-    if c.get("micro_batch"):
-        return f"{c['micro_batch']} ({c['total_gb']:,.1f} GB)"
-    if c.get("total_gb") is not None:
-        return f"0 (1: {c['total_gb']:,.0f} GB)"
+def _cell(c: FitCell) -> str:
+    if c.micro_batch:
+        return f"{c.micro_batch} ({c.total_gb:,.1f} GB)"
+    if c.total_gb is not None:
+        return f"0 (1: {c.total_gb:,.0f} GB)"
     return "?"
 
 
-def fits_lines(fits: dict | None) -> list[str]:
+def fits_lines(fits: Fits | None) -> list[str]:
     """The lead: what fits and what is fastest (module docstring)."""
-    if not fits:
+    if fits is None:
         return []
-    gpu = fits.get("gpu_memory_gb")
-    seq = f", {fits['tokens_per_sample']} tokens per sequence" if fits.get("tokens_per_sample") else ""
-    head = (f"What fits on a GPU of {gpu:,.1f} GB ({fits.get('gpu_memory_source')}){seq}, K = "
-            f"{fits['accumulation_steps']}:"
+    gpu = fits.gpu_memory_gb
+    seq = f", {fits.tokens_per_sample} tokens per sequence" if fits.tokens_per_sample else ""
+    head = (f"What fits on a GPU of {gpu:,.1f} GB ({fits.gpu_memory_source}){seq}, K = {fits.accumulation_steps}:"
             if gpu else "What fits:")
-    if fits.get("reason"):
-        return [head, f"  not searched: {fits['reason']}", ""]
-    modes = fits["modes"]
+    if fits.reason:
+        return [head, f"  not searched: {fits.reason}", ""]
+    modes = fits.modes
     out = [head, "  the largest micro-batch (sequences) that fits, per strategy and activation checkpointing mode "
                  "(memory per GPU at that size, the top of its range; 0: not even 1, and what 1 needs):",
            "  " + f"{'strategy':<30}" + "".join(f"{m:>18}" for m in modes)]
-    for row in fits["largest"]:
-        names = row["strategies"]
+    for row in fits.largest:
+        names = row.strategies
         label = names[0] if len(names) == 1 else f"{names[0]} (and {len(names) - 1} more)"
-        out.append("  " + f"{label:<30}" + "".join(f"{_cell(row[m]):>18}" for m in modes))
-    unknown = sorted({row[m]["reason"] for row in fits["largest"] for m in modes
-                      if not row[m].get("micro_batch") and row[m].get("total_gb") is None and row[m].get("reason")})
+        out.append("  " + f"{label:<30}" + "".join(f"{_cell(row.cells[m]):>18}" for m in modes))
+    unknown = sorted({c.reason for row in fits.largest for c in (row.cells[m] for m in modes)
+                      if not c.micro_batch and c.total_gb is None and c.reason})
     out += [f"  ?: {r}" for r in unknown]
     out += _fastest_lines(fits) + _cost_lines(fits) + _no_sync_lines(fits)
     return out + [""]
 
 
-def _fastest_lines(fits: dict) -> list[str]:
-    if fits.get("fastest_reason"):
-        return [f"  Fastest that fits: not priced ({fits['fastest_reason']})."]
-    best = fits.get("fastest") or []
+def _fastest_lines(fits: Fits) -> list[str]:
+    if fits.fastest_reason:
+        return [f"  Fastest that fits: not priced ({fits.fastest_reason})."]
+    best = fits.fastest
     if not best:
         return ["  Fastest that fits: nothing fits."]
     b = best[0]
-    out = [f"  Fastest that fits: {b['strategy']} with activation checkpointing {b['mode']} at micro-batch "
-           f"{b['micro_batch']}: {b['samples_per_s']:,.2f} samples/s (step {b['step_time_s'] * 1e3:,.1f} ms, "
-           f"{b['memory_gb']:,.1f} GB per GPU)."]
+    out = [f"  Fastest that fits: {b.strategy} with activation checkpointing {b.mode} at micro-batch "
+           f"{b.micro_batch}: {b.samples_per_s:,.2f} samples/s (step {b.step_time_s * 1e3:,.1f} ms, "
+           f"{b.memory_gb:,.1f} GB per GPU)."]
     if len(best) > 1:
-        out.append("    then: " + "; ".join(f"{c['strategy']} {c['mode']} x{c['micro_batch']} {c['samples_per_s']:,.2f}"
+        out.append("    then: " + "; ".join(f"{c.strategy} {c.mode} x{c.micro_batch} {c.samples_per_s:,.2f}"
                                             for c in best[1:]))
     return out
 
 
-def _cost_lines(fits: dict) -> list[str]:
-    costs = [c for c in fits.get("mode_costs") or [] if c["mode"] != "none"]
+def _cost_lines(fits: Fits) -> list[str]:
+    costs = [c for c in fits.mode_costs if c.mode != "none"]
     if not costs:
         return []
-    now = fits["micro_batch_now"]
-    parts = [f"{c['mode']} +{c['extra_s'] * 1e3:,.0f} ms "
-             f"({100 * c['extra_s'] / (c['micro_batch_s'] - c['extra_s']):+.0f} %"
-             f", recompute {c['recompute_s'] * 1e3:,.0f} ms)" for c in costs]
-    return [f"  What checkpointing costs per micro-batch of {now} (its compute over none's; its recompute priced "
-            f"alone): {'; '.join(parts)}."]
+    parts = [f"{c.mode} +{c.extra_s * 1e3:,.0f} ms ({100 * c.extra_s / (c.micro_batch_s - c.extra_s):+.0f} %"
+             f", recompute {c.recompute_s * 1e3:,.0f} ms)" for c in costs]
+    return [f"  What checkpointing costs per micro-batch of {fits.micro_batch_now} (its compute over none's; its "
+            f"recompute priced alone): {'; '.join(parts)}."]
 
 
-def _no_sync_lines(fits: dict) -> list[str]:
-    rows = fits.get("no_sync") or []
-    if not rows:
+def _no_sync_lines(fits: Fits) -> list[str]:
+    if not fits.no_sync:
         return []
     return ["  no_sync holds every group's full-size gradient until the micro-batch that syncs: "
-            + "; ".join(f"{r['no_sync']} +{r['extra_gb']:,.1f} GB per GPU over {r['synced']}" for r in rows) + "."]
+            + "; ".join(f"{r.no_sync} +{r.extra_gb:,.1f} GB per GPU over {r.synced}" for r in fits.no_sync) + "."]
 
 
-def memory_parts_lines(payload: dict) -> list[str]:
+def memory_parts_lines(report: ModelReport) -> list[str]:
     """Every part of the memory per GPU for the strategies that apply, and where each comes from."""
-    strategies = payload["strategies"]
-    columns = [n for n in PARTS_COLUMNS if (strategies.get(n) or {}).get("memory")]
+    mems = {n: m for n in PARTS_COLUMNS if (m := _memory(report, n)) is not None}
+    columns = list(mems)
     if not columns:
         return []
-    mems = {n: strategies[n]["memory"] for n in columns}
-    capacity = payload["inputs"].get("gpu_memory_gb") or {}
-    gpu = capacity.get("value")
-    out = ["", f"Memory per GPU, part by part (GB; GPU {_gb(gpu)} GB: {capacity.get('source')}):",
+    gpu = report.value("gpu_memory_gb")
+    out = ["", f"Memory per GPU, part by part (GB; GPU {_gb(gpu)} GB: {report.source('gpu_memory_gb')}):",
            "  " + f"{'part':<26}" + "".join(f"{n[:14]:>15}" for n in columns)]
     for key, label in PARTS:
-        values = [mems[n]["parts_gb"].get(key) for n in columns]
+        values = [mems[n].parts_gb.get(key) for n in columns]
         if all(v is None or v == 0 for v in values) and key not in ("activations",):
             continue
         out.append("  " + f"{label:<26}" + "".join(f"{_gb(v):>15}" for v in values))
-    if all(mems[n].get("peak_gb") is not None for n in columns):
-        out.append("  " + f"{'allocated peak':<26}" + "".join(f"{_gb(mems[n]['peak_gb']):>15}" for n in columns))
-        out.append("  " + f"{'reserved (range)':<26}"
-                   + "".join(f"{_span(mems[n]['reserved_gb']):>15}" for n in columns))
+    if all(mems[n].peak_gb is not None for n in columns):
+        out.append("  " + f"{'allocated peak':<26}" + "".join(f"{_gb(mems[n].peak_gb):>15}" for n in columns))
+        out.append("  " + f"{'reserved (range)':<26}" + "".join(f"{_span(mems[n].reserved_gb):>15}" for n in columns))
     out.append("  " + f"{'total (range)':<26}" + "".join(f"{_range(mems[n]):>15}" for n in columns))
     fit_text = {True: "fits", False: "no", None: "maybe" if gpu is not None else "?"}
-    out.append("  " + f"{'fits':<26}" + "".join(f"{fit_text[mems[n]['fits']]:>15}" for n in columns))
+    out.append("  " + f"{'fits':<26}" + "".join(f"{fit_text[mems[n].fits]:>15}" for n in columns))
     out += ["  (the parts never all coexist: the allocated peak is the most the step holds at once, the reserved range "
             "adds the caching allocator's reserve above it, the total the rest of the environment at the ends of its "
             "ranges; the fit reads the total)"]
     where: dict[str, list[str]] = {}
     for n in columns:
-        if mems[n].get("peak_at"):
-            where.setdefault(mems[n]["peak_at"], []).append(n)
+        if mems[n].peak_at:
+            where.setdefault(mems[n].peak_at, []).append(n)
     out += [f"  peak of {', '.join(names)}: at {text}" for text, names in where.items()]
     sources: dict[str, list[str]] = {}
     for n in columns:
-        for key, text in (mems[n].get("sources") or {}).items():
+        for key, text in mems[n].sources.items():
             sources.setdefault(key, [])
             if text not in sources[key]:
                 sources[key].append(text)
@@ -135,13 +131,18 @@ def memory_parts_lines(payload: dict) -> list[str]:
     return out
 
 
-def _span(pair) -> str:
-    lo, hi = pair or (None, None)
-    if lo is None:
+def _memory(report: ModelReport, name: str) -> Memory | None:
+    result = report.result(name)
+    return None if result is None else result.memory
+
+
+def _span(pair: tuple[float, float] | None) -> str:
+    if pair is None:
         return "-"
+    lo, hi = pair
     return f"{lo:,.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:,.1f}-{hi:,.1f}"
 
 
-def _range(mem: dict) -> str:
-    lo, hi = mem.get("range_gb") or (mem["total_gb"], mem["total_gb"])
+def _range(mem: Memory) -> str:
+    lo, hi = mem.range_gb or (mem.total_gb, mem.total_gb)
     return f"{lo:,.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:,.1f}-{hi:,.1f}"

@@ -21,6 +21,7 @@ from topoprof.model.compute.traced import gpu_target
 from topoprof.model.inputs.scan import composed_check, predictions, single_gpu_what_ifs
 from topoprof.model.inputs.user_model import here_device, measure_here
 from topoprof.model.inputs.user_record import stated_shape
+from topoprof.model.strategies.model_report import made, read_predictions
 from topoprof.model.validate.run import summary
 from topoprof.probing import ERROR, OK, PARTIAL, SKIPPED, UNAVAILABLE, ProbeStatus, attempt
 from topoprof.report import recommend as rec
@@ -72,13 +73,12 @@ def _ring(topology, gpus: list[int]) -> dict | None:
 
 def _recommendations(report: dict) -> list:
     recs = []
-    for pred in report["predictions"]:
-        if pred.get("skipped"):
-            continue
-        recs += rec.strategy_recommendations(pred, pred["label"])
-        fit = rec.fit_recommendation(pred, pred["label"])
+    for pred in made(read_predictions(report["predictions"])):
+        label = pred.label or ""
+        recs += rec.strategy_recommendations(pred, label)
+        fit = rec.fit_recommendation(pred, label)
         recs += [fit] if fit else []
-        fewer = rec.fewer_gpus_recommendation(pred, pred["label"])
+        fewer = rec.fewer_gpus_recommendation(pred, label)
         if fewer:
             recs.append(fewer)
     # One model's advice is enough per kind: keep the largest gain of each key.
