@@ -156,6 +156,23 @@ def test_topo_marks_the_jobs_gpus_in_text_and_json(node, monkeypatch):
     assert "this job" not in plain and "*" not in plain and plain == render_topology(node)
 
 
+def test_a_topology_json_that_does_not_read_is_one_line_naming_the_file_and_the_key(node, tmp_path):
+    from topoprof.errors import InputError
+    from topoprof.topology.load import topology_from_file
+
+    data = to_jsonable(node)
+    data["gpus"][1]["index"] = "one"
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps({"kind": "topology", "topology": data}))
+    with pytest.raises(InputError) as err:
+        topology_from_file(str(path))
+    assert str(err.value) == (f"{path}: topology JSON does not match this version: topology.gpus[1].index: "
+                              'expected an integer, got "one"')
+    data["gpus"][1]["index"] = 1
+    path.write_text(json.dumps({"kind": "topology", "topology": data}))
+    assert topology_from_file(str(path)) == node
+
+
 def test_topo_command_marks_the_jobs_gpus_without_torch(tmp_path):
     env = driver_env(tmp_path, nvml_scenario=NODE)
     env.update(CUDA_VISIBLE_DEVICES=f"GPU-8f2a,{GPU2[:12]}")  # unique UUID prefixes
@@ -173,11 +190,15 @@ def test_topo_command_marks_the_jobs_gpus_without_torch(tmp_path):
 
 def test_scan_report_marks_the_jobs_gpus(node, monkeypatch):
     from topoprof.report.markdown import _topology
+    from topoprof.topology.load import topology_from_dict
 
-    md = "\n".join(_topology({"topology": to_jsonable(_for_job(node, monkeypatch, "6,2")), "probes": [1]}))
+    def saved(topology):  # as a report.json holds it, read back
+        return topology_from_dict(json.loads(json.dumps(to_jsonable(topology))))
+
+    md = "\n".join(_topology({"probes": [1]}, saved(_for_job(node, monkeypatch, "6,2"))))
     assert "| GPU6\\* | cuda:0 | NVIDIA L4 |" in md and "| GPU0 | – | NVIDIA L40S |" in md
     assert "\\* = visible to this job (`CUDA_VISIBLE_DEVICES=6,2`): cuda:0 = GPU6, cuda:1 = GPU2." in md
-    plain = "\n".join(_topology({"topology": to_jsonable(node), "probes": [1]}))
+    plain = "\n".join(_topology({"probes": [1]}, saved(node)))
     assert "this job" not in plain and "\\*" not in plain
 
 

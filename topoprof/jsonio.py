@@ -65,6 +65,9 @@ def _read(tp: Any, data: Any, where: str) -> Any:
         if data not in args:
             raise SchemaError(f"{where}: {data!r} is none of {', '.join(map(repr, args))}")
         return data
+    if tp in (dict, list):  # declared without what it holds: kept as written
+        _expect(isinstance(data, tp), "an object" if tp is dict else "an array", data, where)
+        return data
     if origin in (dict, Mapping):
         _expect(isinstance(data, dict), "an object", data, where)
         return {k: _read(args[1] if args else Any, v, f"{where}.{k}") for k, v in data.items()}

@@ -9,6 +9,8 @@ from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
 from topoprof.report.verdict import copy_verdicts
+from topoprof.topology.build import Topology
+from topoprof.topology.load import topology_from_dict
 from topoprof.topology.visible import describe, gpu_marks, job_devices
 
 
@@ -58,40 +60,35 @@ def _sources(report: dict) -> list[str]:
     return ["## Sources", ""] + _table(["source", "status", "detail"], rows) + [""]
 
 
-def _topology(report: dict) -> list[str]:
-    topo = report.get("topology") or {}
+def _topology(report: dict, topo: Topology | None) -> list[str]:
     out = ["## Topology", ""]
+    if topo is None:
+        return out + ["No NVIDIA GPU on this machine.", ""]
     if not report.get("probes"):  # reports written before sources had statuses
-        out += [f"Sources: {', '.join(topo.get('sources', [])) or 'none'}.", ""]
-    gpus = topo.get("gpus", [])
-    if gpus:
+        out += [f"Sources: {', '.join(topo.sources) or 'none'}.", ""]
+    if topo.gpus:
         marks = gpu_marks(topo)
-        rows = [[f"GPU{g['index']}" + ("\\*" if g["index"] in (marks or {}) else ""),
-                 *([marks.get(g["index"], "–")] if marks is not None else []), g.get("name") or "–",
-                 g.get("pci_bus_id") or "–",
-                 f"Gen{g.get('pcie_gen_current')}x{g.get('pcie_width_current')} / "
-                 f"Gen{g.get('pcie_gen_max')}x{g.get('pcie_width_max')}"
-                 if g.get("pcie_gen_max") else "–", g.get("numa_node", "–"),
-                 g.get("nvlinks_active", "–")] for g in gpus]
+        rows = [[f"GPU{g.index}" + ("\\*" if g.index in (marks or {}) else ""),
+                 *([marks.get(g.index, "–")] if marks is not None else []), g.name or "–", g.pci_bus_id or "–",
+                 f"Gen{g.pcie_gen_current}x{g.pcie_width_current} / Gen{g.pcie_gen_max}x{g.pcie_width_max}"
+                 if g.pcie_gen_max else "–", g.numa_node, g.nvlinks_active] for g in topo.gpus]
         out += _table(["GPU", *(["this job"] if marks is not None else []), "name", "bus id", "PCIe now / max",
                        "NUMA", "NVLinks"], rows) + [""]
         if marks is not None:
-            out += [f"\\* = visible to this job (`CUDA_VISIBLE_DEVICES={topo['visible_devices']}`): "
+            out += [f"\\* = visible to this job (`CUDA_VISIBLE_DEVICES={topo.visible_devices}`): "
                     f"{describe(job_devices(topo))}.", ""]
         out += _chart(report, "links", "GPU x GPU links")
     else:
         out += ["No NVIDIA GPU on this machine.", ""]
-    host = topo.get("host") or {}
+    host = topo.host or {}
     cpu = host.get("cpu") or {}
     if host:
         out += [f"Host `{host.get('hostname')}`: {cpu.get('model') or 'CPU model unknown'}, {cpu.get('sockets')} "
                 f"socket(s), {cpu.get('cpus_logical')} logical CPUs, {len(host.get('numa_nodes', []))} NUMA node(s), "
                 f"{(host.get('memory_total_bytes') or 0) / 2**30:.0f} GiB.", ""]
-    for nic in topo.get("nics", []):
-        out.append(f"- NIC {nic['device']}: {nic.get('rate_gbit') or '?'} Gb/s, {nic.get('link_layer') or '?'}, "
-                   f"{nic.get('state') or '?'}")
-    notes = topo.get("notes", [])
-    return out + ([""] if topo.get("nics") else []) + [f"> {n}" for n in notes] + ([""] if notes else [])
+    for nic in topo.nics:
+        out.append(f"- NIC {nic.device}: {nic.rate_gbit or '?'} Gb/s, {nic.link_layer or '?'}, {nic.state or '?'}")
+    return out + ([""] if topo.nics else []) + [f"> {n}" for n in topo.notes] + ([""] if topo.notes else [])
 
 
 def _one_rank(report: dict) -> bool:
@@ -452,7 +449,8 @@ def render_markdown(report: dict) -> str:
     predictions = read_predictions(report.get("predictions"))
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    out += _todo(report, made(predictions)) + _sources(report) + _cluster(report) + _topology(report)
+    topology = topology_from_dict(report["topology"]) if report.get("topology") else None
+    out += _todo(report, made(predictions)) + _sources(report) + _cluster(report) + _topology(report, topology)
     out += _bandwidth(report) + _predictions(report, predictions)
     out += _what_if(report)
     out += _validation(report)

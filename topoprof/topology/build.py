@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from topoprof.errors import InputError
 from topoprof.probing import ProbeStatus
 from topoprof.topology import constants
+from topoprof.topology.visible import JobGpu
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
     from topoprof.probes.hardware.host import HostInfo
     from topoprof.probes.hardware.nvidia_smi import SmiTopology
     from topoprof.probes.hardware.nvml import NvLink, NvmlSnapshot
-    from topoprof.topology.visible import JobGpu
 
 # `nvidia-smi topo -m` path kinds from best to worst, with the legend's meaning.
 PATH_MEANING = {
