@@ -266,3 +266,49 @@ def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch
                           env={"NCCL_DEBUG": "INFO"}), lambda rank, msg: None)
     assert "injected failure" in bad.failure.describe() and "whole log" not in bad.failure.describe()
     assert not os.path.exists(bad.log_dir) and "NCCL_DEBUG_FILE" not in os.environ
+
+
+def test_two_exits_seen_at_once_blame_the_rank_that_did_not_lose_a_peer(tmp_path):
+    """Rank 1 killed, rank 0 failing on the lost connection a moment later, and both exits first
+    seen in the same check: the rank whose log says it lost a peer is not the one blamed."""
+    from types import SimpleNamespace
+
+    from topoprof.measure.launch import _check, _Rank
+
+    logs = {0: "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:7067: Connection reset by "
+               "peer. This is typically caused by a remote worker hanging\n", 1: ""}
+    ranks = []
+    for rank, code in ((0, 1), (1, -signal.SIGKILL)):
+        log = tmp_path / f"rank{rank}.log"
+        log.write_text(logs[rank])
+        proc = SimpleNamespace(pid=0, returncode=code, poll=lambda code=code: code)
+        ranks.append(_Rank(rank, proc, None, str(log), eof=True, started=True))  # type: ignore[arg-type]
+    failure = _check(ranks, 60.0, 60.0)
+    assert failure is not None and failure.rank == 1 and failure.reason == "was killed by SIGKILL"
+
+
+def test_a_rank_whose_pipe_closed_is_waited_for_before_its_lost_peer_is_blamed(tmp_path):
+    """The kernel closes a killed rank's pipe before its exit can be reaped: while the only
+    failure seen is a peer's that lost it, the watch waits for that exit, then blames it."""
+    import time
+    from types import SimpleNamespace
+
+    from topoprof.measure.launch import EXIT_GRACE_S, _check, _Rank
+
+    exit_codes = {0: 1, 1: None}  # rank 1 killed, not yet reaped
+    ranks = []
+    for rank, text in ((0, "RuntimeError: Connection reset by peer\n"), (1, "")):
+        log = tmp_path / f"rank{rank}.log"
+        log.write_text(text)
+        proc = SimpleNamespace(pid=0, poll=lambda rank=rank: exit_codes[rank])
+        ranks.append(_Rank(rank, proc, None, str(log), eof=True, started=True))  # type: ignore[arg-type]
+    ranks[0].proc.returncode = 1
+    assert _check(ranks, 60.0, 60.0) is None  # rank 1 is still being torn down
+    exit_codes[1] = ranks[1].proc.returncode = -signal.SIGKILL
+    failure = _check(ranks, 60.0, 60.0)
+    assert failure is not None and failure.rank == 1 and failure.reason == "was killed by SIGKILL"
+    # a rank that never comes to be seen exiting: after the grace, the peer's failure is what there is
+    exit_codes[1], ranks[1].proc.returncode, ranks[1].exit_seen_t = None, None, None
+    ranks[0].exit_seen_t = time.monotonic() - EXIT_GRACE_S - 1
+    failure = _check(ranks, 60.0, 60.0)
+    assert failure is not None and failure.rank == 0

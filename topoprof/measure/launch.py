@@ -309,11 +309,18 @@ def _check(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float) -> Ra
         if r.exit_seen_t is None and r.proc.poll() is not None:
             r.exit_seen_t = now
     # When one rank dies its peers fail too a moment later, with errors about the lost peer:
-    # blame the rank whose failure is its own, then the first to report or to exit.
+    # blame the rank whose failure is its own, then the first to report or to exit. A rank that
+    # died before it could report says what it lost in its log (two exits can be seen at once).
     dead = [r for r in ranks if r.exit_seen_t is not None and r.proc.returncode != 0 and r.eof]
     if dead:
-        r = min(dead, key=lambda x: (_lost_a_peer(x.error), x.error_t if x.error_t is not None else now,
-                                     x.exit_seen_t))
+        lost = {x.rank: _lost_a_peer(x.error or _log_tail(x.log_path)) for x in dead}
+        # The kernel closes a dying process's pipe before its exit can be reaped: a rank killed
+        # first may still be in its teardown when the peer it left has failed and exited. Wait for
+        # it while every failure seen only reflects a lost peer.
+        exiting = [x for x in ranks if x.eof and x.exit_seen_t is None]
+        if all(lost.values()) and exiting and now - min(x.exit_seen_t or now for x in dead) < EXIT_GRACE_S:
+            return None
+        r = min(dead, key=lambda x: (lost[x.rank], x.error_t if x.error_t is not None else now, x.exit_seen_t))
         return _failure(r, _exit_reason(r.proc.returncode))
     # A rank stuck while its peers wait for it: blame the one silent the longest.
     def limit(r: _Rank) -> float:
@@ -328,6 +335,11 @@ def _check(ranks: list[_Rank], timeout_s: float, startup_timeout_s: float) -> Ra
                            f"(timeout {limit(r):g} s{state})")
     return None
 
+
+# How long a rank whose pipe has closed may take to be seen exiting before a peer's failure is
+# blamed instead: its teardown (unmapping torch's memory) takes milliseconds, longer on a loaded
+# machine; the watch goes on as soon as the exit is seen.
+EXIT_GRACE_S = 2.0
 
 # How torch's gloo and NCCL process groups word an error that only reflects a peer's failure.
 _PEER_LOSS = ("remote worker", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
