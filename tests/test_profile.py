@@ -20,6 +20,10 @@ from topoprof.model.compute.profile_facts import SHIPPED, profile_from_gpu_facts
 from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
 from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
+# Its tests share one module fixture of rank launches: one worker runs them all, so the launches
+# run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
+pytestmark = pytest.mark.xdist_group("profile")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_FACTS = os.path.join(ROOT, "..", "shared", "gpu-facts", "h200-2026-11-26.jsonl")
 

@@ -8,6 +8,10 @@ import pytest
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.unwritable import broken_after_check, cli_with, one_error_line
 
+# Its tests share one module fixture of rank launches: one worker runs them all, so the launches
+# run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
+pytestmark = pytest.mark.xdist_group("scan")
+
 REPORT_KEYS = {"schema_version", "kind", "tool", "host", "created_utc", "status", "error", "mode", "inputs",
                "versions", "environment", "topology", "ring", "bench", "copies", "predictions", "validation",
                "verdict", "recommendations", "charts", "timing", "cluster", "probes", "what_if"}

@@ -22,6 +22,10 @@ from topoprof.model.inputs.user_record import (
 )
 from topoprof.specs.messages import TraceFailure
 
+# Its tests share one module fixture of rank launches: one worker runs them all, so the launches
+# run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
+pytestmark = pytest.mark.xdist_group("user_model")
+
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py")
 
 

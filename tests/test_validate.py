@@ -8,6 +8,10 @@ import pytest
 from tests.helpers.cli import topoprof as _cli
 from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
 
+# Its tests share one module fixture of rank launches: one worker runs them all, so the launches
+# run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
+pytestmark = pytest.mark.xdist_group("validate")
+
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):

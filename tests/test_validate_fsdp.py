@@ -14,6 +14,10 @@ from topoprof.measure import torch_support
 from topoprof.measure.torch_support import FSDP2_VALIDATE
 from topoprof.model.validate.run import ALL_MODES, DDP_MODES, parse_modes
 
+# Its tests share one module fixture of rank launches: one worker runs them all, so the launches
+# run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
+pytestmark = pytest.mark.xdist_group("validate_fsdp")
+
 FSDP = ("fsdp_full_shard", "fsdp_full_shard_no_sync", "fsdp_shard_grad_op", "fsdp_shard_grad_op_no_sync")
 NO_FSDP = torch_support.missing(FSDP2_VALIDATE)  # why this torch cannot run them, or None
 needs_fsdp = pytest.mark.skipif(NO_FSDP is not None, reason=str(NO_FSDP))
