@@ -96,7 +96,7 @@ def test_a_scans_predictions_read_as_made_or_skipped():
     read = read_predictions([{"label": "7B", "skipped": "no compute"}, {**doc, "label": "gpt2", "compute_source": "x"}])
     assert isinstance(read[0], Skipped) and read[0].skipped == "no compute"
     assert [p.label for p in made(read)] == ["gpt2"] and made(read)[0].compute_source == "x"
-    with pytest.raises(SchemaError, match=r"predictions\[1\]: expected an object, got \[\]|predictions\[1\]: no"):
+    with pytest.raises(SchemaError, match=r"^predictions\[1\]: expected an object, got list$"):
         read_predictions([{"label": "a", "skipped": "why"}, []])
 
 
@@ -153,3 +153,20 @@ def test_the_generic_reader_defaults_what_is_missing_and_leaves_what_it_does_not
     with pytest.raises(SchemaError, match=r"_Outer.inner.b: expected an array of 2, got list"):
         from_jsonable(_Outer, {"inner": {"a": 1, "b": [1, 2, 3]}})
     assert isinstance(read_model_report(DOCS[0][1]), ModelReport)
+
+
+def test_a_scans_validation_reads_back_typed_and_one_that_does_not_is_refused(tmp_path):
+    from topoprof.model.validate.report import read_validate_report
+
+    doc = json.load(open(OLD_SCAN))
+    val = read_validate_report(doc["validation"], "validation")
+    for mode, m in doc["validation"]["modes"].items():
+        assert (val.modes[mode].measured_step_s, val.modes[mode].error_pct) == (m["measured_step_s"], m["error_pct"])
+    assert set(val.calibration.spread) == set(doc["validation"]["calibration"]["spread"])
+    assert read_validate_report({"status": "skipped", "reason": "--no-validate"}).reason == "--no-validate"
+    doc["validation"]["modes"]["ddp_synced"]["error_pct"] = "small"
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(doc))
+    proc = _cli("report", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert f"{path}: validation.modes.ddp_synced.error_pct: expected a number, got \"small\"" in proc.stderr

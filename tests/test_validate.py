@@ -158,3 +158,26 @@ def test_the_training_config_checks_its_checkpointing_and_the_model_is_wrapped()
     assert wrapped == [i % 2 == 1 for i in range(spec.n_layers)]
     plain = build_model(spec, 0)
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
+
+
+def test_the_text_shows_what_the_json_holds_read_through_the_typed_reader(tiny_run):
+    """validate's text is rendered from its JSON document through `read_validate_report`, as a
+    scan's report.md reads its validation: every mode's numbers, the calibration, the fit."""
+    from topoprof.model.validate.report import read_validate_report
+    from topoprof.report.text_validate import render_validate
+
+    doc, _ = tiny_run
+    report = read_validate_report(doc)
+    text = render_validate(report)
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():  # the mode table's row, before the parts table's
+        if line.startswith("ddp_"):
+            rows.setdefault(line.split()[0], line.split())
+    for mode, m in doc["modes"].items():
+        assert report.modes[mode].measured_step_s == m["measured_step_s"]
+        assert rows[mode][1:3] == [f"{m['measured_step_s'] * 1e3:.1f}", f"{m['predicted_step_s'] * 1e3:.1f}"]
+    fit = doc["fit"]
+    assert f"all-reduce fit on these ranks: {fit['latency_us']:.0f} us + S / {fit['bandwidth_gbps']:.3f} GB/s" in text
+    spread = doc["calibration"]["spread"]["micro_batch_time_s"]
+    assert f"{spread['value'] * 1e3:.1f} ms   quartiles" in text and f"n = {spread['n']}" in text
+    assert f"calibration over {doc['calibration']['rotations']} rotation(s)" in text

@@ -53,6 +53,15 @@ def from_jsonable(cls: type[T], data: Any, where: str = "") -> T:
     return _read(cls, data, where or cls.__name__)
 
 
+def read_document(cls: type[T], doc: dict, where: str) -> T:
+    """`from_jsonable` of a topoprof document, or of a part of one written without the envelope:
+    refused, naming where, when it carries a schema version other than this topoprof's."""
+    version = doc.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise SchemaError(f"{where}: schema_version {version!r}; this topoprof reads {SCHEMA_VERSION}")
+    return from_jsonable(cls, doc, where)
+
+
 def _read(tp: Any, data: Any, where: str) -> Any:
     if tp is Any or tp is object:
         return data

@@ -10,6 +10,7 @@ from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
 from topoprof.model.inputs.user_model import measure_here
 from topoprof.model.inputs.user_record import user_layout
+from topoprof.model.validate.report import read_validate_report
 from topoprof.model.validate.run import (
     FSDP_BACKENDS,
     ValidateOptions,
@@ -95,7 +96,8 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
     if save_calibration_to and result.calibration:
         moved.append(save_calibration(save_calibration_to, payload))
     moved = [m for m in moved if m]
-    click.echo(dumps(doc) if as_json else render_validate(payload))
+    # the text reads what the JSON holds, through the one reader a scan's report reads it with
+    click.echo(dumps(doc) if as_json else render_validate(read_validate_report(doc)))
     if not as_json and any(m.written_to is None for m in moved):  # a file written nowhere: the JSON on stdout
         click.echo(dumps(doc))
     failed = f"{result.error}; results measured before the failure were kept" if result.status != "ok" else None

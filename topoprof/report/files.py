@@ -13,6 +13,7 @@ from topoprof.jsonio import SCHEMA_VERSION, SchemaError, dumps, load_json, spare
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
 from topoprof.model.strategies.results import Memory, StrategyResult
+from topoprof.model.validate.report import read_validate_report
 from topoprof.report import plots
 from topoprof.report.markdown import render_markdown
 from topoprof.report.verdict import copy_verdicts
@@ -137,8 +138,9 @@ def load_report(path: str) -> dict:
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this "
                          f"topoprof reads")
-    try:  # read here, so that a prediction the renderers cannot read is one line naming where
+    try:  # read here, so that a prediction or validation the renderers cannot read is one line naming where
         read_predictions(doc.get("predictions"))
+        read_validate_report(doc.get("validation") or {"status": ""}, "validation")
     except SchemaError as err:
         raise InputError(f"{path}: {err}") from None
     return doc

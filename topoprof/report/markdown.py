@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made, read_predictions
 from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
+from topoprof.model.validate.report import Calibration, ModeCheck, read_validate_report
 from topoprof.report.costs import part_rows, share_span
 from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
@@ -319,37 +320,31 @@ def _what_if(report: dict) -> list[str]:
 _PARTS = ("compute", "exposed_comm", "optimizer", "other")
 
 
-def _range(v: dict) -> str:
-    rng = v.get("predicted_range_s")
+def _range(v: ModeCheck) -> str:
+    rng = v.predicted_range_s
     if not rng:
         return "–"
-    inside = {True: " (inside)", False: " (outside)", None: ""}[v.get("inside_range")]
+    inside = {True: " (inside)", False: " (outside)", None: ""}[v.inside_range]
     return f"{_ms(rng[0])} – {_ms(rng[1])}{inside}"
 
 
-def _parts_rows(modes: dict) -> list[list]:
+def _parts_rows(modes: dict[str, ModeCheck]) -> list[list]:
     rows = []
     for m, v in modes.items():
-        parts = v.get("parts") or {}
-        meas, pred = parts.get("measured"), parts.get("predicted")
+        meas, pred = v.parts.measured, v.parts.predicted
         if meas and pred:
             rows.append([f"`{m}`", *[f"{_ms(meas[p])} / {_ms(pred[p])}" for p in _PARTS]])
     return rows
 
 
-def _calibration_rows(cal: dict) -> list[list]:
-    spread = cal.get("spread") or {}
-    rows = []
-    for key, label, unit in INPUTS:
-        s = spread.get(key)
-        if s and key != "comm_slowdown_during_compute":
-            rows.append([label, _value(s["value"], unit), f"{_value(s['p25'], unit)} – {_value(s['p75'], unit)}",
-                         s["n"]])
-    for key, s in spread.items():
+def _calibration_rows(cal: Calibration) -> list[list]:
+    rows = [[label, _value(s.value, unit), f"{_value(s.p25, unit)} – {_value(s.p75, unit)}", s.n]
+            for key, label, unit in INPUTS if key != "comm_slowdown_during_compute" and (s := cal.spread.get(key))]
+    for key, s in cal.spread.items():
         if key.startswith("comm_slowdown_at_"):
             size = int(key.split("_")[-2])
-            rows.append([f"all-reduce of {size / 2**20:.1f} MiB beside compute", _value(s["value"], "x"),
-                         f"{_value(s['p25'], 'x')} – {_value(s['p75'], 'x')}", s["n"]])
+            rows.append([f"all-reduce of {size / 2**20:.1f} MiB beside compute", _value(s.value, "x"),
+                         f"{_value(s.p25, 'x')} – {_value(s.p75, 'x')}", s.n])
     return rows
 
 
@@ -358,15 +353,16 @@ def _value(v: float, unit: str) -> str:
 
 
 def _validation(report: dict) -> list[str]:
-    val = report.get("validation") or {}
+    val = read_validate_report(report.get("validation") or {"status": ""}, "validation")
     out = ["## Validation: predicted vs measured", ""]
-    if val.get("status") == "skipped":
-        return out + [f"Skipped: {val.get('reason')}.", ""]
-    modes = val.get("modes") or {}
-    rows = [[f"`{m}`", _ms(v["measured_step_s"]), _ms(v["predicted_step_s"]), _range(v),
-             "–" if v["error_pct"] is None else f"{v['error_pct']:+.1f}%"] for m, v in modes.items()]
-    cal = val.get("calibration") or {}
-    out += [f"Real training loops of a {val.get('label')} model on the same ranks, in {cal.get('rotations', '?')} "
+    if val.status == "skipped":
+        return out + [f"Skipped: {val.reason}.", ""]
+    modes = val.modes
+    rows = [[f"`{m}`", _ms(v.measured_step_s), _ms(v.predicted_step_s), _range(v),
+             "–" if v.error_pct is None else f"{v.error_pct:+.1f}%"] for m, v in modes.items()]
+    cal = val.calibration or Calibration()
+    out += [f"Real training loops of a {val.label} model on the same ranks, in "
+            f"{cal.rotations if cal.rotations is not None else '?'} "
             "rotations: each rotation measures every input of the prediction and runs one step of every mode, so "
             "that a machine whose speed drifts moves both together (step time = max over ranks, median over "
             "rotations; the error compares each rotation's prediction with that rotation's measured step, median "
@@ -382,9 +378,9 @@ def _validation(report: dict) -> list[str]:
     if calibration:
         out += ["The model's inputs, measured in every rotation (value used, interquartile range, samples):", ""]
         out += _table(["input", "value", "quartiles", "n"], calibration) + [""]
-    num = val.get("numerics") or {}
-    checked = [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]
+    checked = val.numerics_checked()
     if checked:
+        num = val.numerics or {}
         agree = all(num[m]["allclose"] for m in checked)
         worst = max(num[m]["max_abs_diff_vs_single"] for m in checked)
         names = ", ".join(f"`{m}`" for m in checked)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from topoprof.jsonio import SCHEMA_VERSION, SchemaError, from_jsonable
+from topoprof.jsonio import SchemaError, from_jsonable, read_document
 from topoprof.model.strategies.results import (
     BucketSummary,
     GlobalBatchOption,
@@ -168,16 +168,13 @@ def read_model_report(doc: dict, where: str = "model") -> ModelReport:
     """The typed report from `topoprof model`'s JSON (with or without its envelope), or from one
     of a scan's predictions; `SchemaError` names the key path where the JSON differs from the
     schema, or the schema version it is not."""
-    version = doc.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
-        raise SchemaError(f"{where}: schema_version {version!r}; this topoprof reads {SCHEMA_VERSION}")
     fits = doc.get("fits")
     if isinstance(fits, dict) and isinstance(fits.get("largest"), list):
         modes = fits.get("modes") or ()
         rows = [{"strategies": row.get("strategies"), "cells": {m: row.get(m) for m in modes}}
                 if isinstance(row, dict) else row for row in fits["largest"]]
         doc = {**doc, "fits": {**fits, "largest": rows}}
-    return from_jsonable(ModelReport, doc, where)
+    return read_document(ModelReport, doc, where)
 
 
 @dataclass(frozen=True)
@@ -193,10 +190,9 @@ def read_predictions(predictions: list | None, where: str = "predictions") -> li
     out: list[ModelReport | Skipped] = []
     for i, p in enumerate(predictions or []):
         at = f"{where}[{i}]"
-        if isinstance(p, dict) and p.get("skipped"):
-            out.append(from_jsonable(Skipped, p, at))
-        else:
-            out.append(read_model_report(p if isinstance(p, dict) else {}, at))
+        if not isinstance(p, dict):
+            raise SchemaError(f"{at}: expected an object, got {type(p).__name__}")
+        out.append(from_jsonable(Skipped, p, at) if p.get("skipped") else read_model_report(p, at))
     return out
 
 
