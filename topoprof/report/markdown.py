@@ -1,6 +1,9 @@
 """report.md: what to do first, then the evidence, written for GitHub's Markdown."""
 from __future__ import annotations
 
+import math
+
+from topoprof.measure.fit import Fit
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made, read_predictions
 from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
 from topoprof.model.validate.report import Calibration, ModeCheck, read_validate_report
@@ -10,6 +13,7 @@ from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
 from topoprof.report.verdict import copy_verdicts
+from topoprof.specs.collective_spec import BenchRow, row_from_dict
 from topoprof.topology.build import Topology
 from topoprof.topology.load import topology_from_dict
 from topoprof.topology.visible import describe, gpu_marks, job_devices
@@ -106,20 +110,17 @@ def _bandwidth(report: dict) -> list[str]:
         status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
         out += [f"**{v['level']}: {status.get(v['status'], v['status'])}.** {v['summary']}.", ""]
         out += [f"- likely cause: {c}" for c in v.get("causes", [])] + ([""] if v.get("causes") else [])
-    by_coll: dict[str, list] = {}
-    for row in bench.get("rows", []):
-        if row.get("level", "job") == "job":  # the levels of a multi-node job are in "Cluster"
-            by_coll.setdefault(row["collective"], []).append(row)
+    by_coll: dict[str, list[BenchRow]] = {}
+    for row in (row_from_dict(r) for r in bench.get("rows", [])):
+        if row.level == "job":  # the levels of a multi-node job are in "Cluster"
+            by_coll.setdefault(row.collective, []).append(row)
+    fits = {coll: Fit.from_dict(f) for coll, f in (bench.get("fit") or {}).items() if f}
     rows = []
     for coll, rs in by_coll.items():
-        good = [r for r in rs if not r.get("wrong") and r.get("busbw_gbps") is not None]
-        peak = max(good, key=lambda r: r["busbw_gbps"]) if good else None
-        fit = (bench.get("fit") or {}).get(coll) or {}
-        bw = fit.get("bandwidth_gbps")
-        rows.append([coll, len(rs), sum(1 for r in rs if r.get("wrong")),
-                     f"{peak['busbw_gbps']:.3f} @ {peak['size_bytes']:,} B" if peak else "–",
-                     (f"{fit.get('latency_us', 0):.1f} µs + S / {bw:.3f} GB/s" if bw else
-                      f"{fit.get('latency_us', 0):.1f} µs (latency only)") if fit else "–"])
+        peak = max((r for r in rs if not r.wrong and r.busbw_gbps is not None),
+                   key=lambda r: r.busbw_gbps or 0.0, default=None)
+        rows.append([coll, len(rs), sum(1 for r in rs if r.wrong),
+                     f"{peak.busbw_gbps:.3f} @ {peak.size_bytes:,} B" if peak else "–", _fit_text(fits.get(coll))])
     if rows:
         out += _table(["collective", "sizes", "#wrong", "peak busbw GB/s", "fit t(S)"], rows) + [""]
     out += _chart(report, "busbw", "bus bandwidth vs message size")
@@ -128,6 +129,14 @@ def _bandwidth(report: dict) -> list[str]:
     if bench.get("error"):
         out += [f"> The run failed: {bench['error']}. The rows above were measured before the failure.", ""]
     return out + _copies(report)
+
+
+def _fit_text(fit: Fit | None) -> str:
+    if fit is None:
+        return "–"
+    if math.isinf(fit.bandwidth_gbps) or not fit.bandwidth_gbps:  # the times did not grow with the size
+        return f"{fit.latency_us:.1f} µs (latency only)"
+    return f"{fit.latency_us:.1f} µs + S / {fit.bandwidth_gbps:.3f} GB/s"
 
 
 def _speedup(value) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from topoprof.errors import InputError
+from topoprof.jsonio import from_jsonable
 
 # NCCL datatypes are 1, 2, 4 or 8 bytes (ncclInt8 .. ncclFloat64, src/common.cu test_types).
 ELEM_BYTES_ALLOWED = (1, 2, 4, 8)
@@ -182,10 +183,9 @@ class BenchRow:
     ranks: tuple[int, ...] = ()  # global ranks that took part
 
 
-def row_from_dict(data: dict) -> BenchRow:
-    """A BenchRow from its JSON form (lists back to tuples)."""
-    return BenchRow(**{**data, "rank_times_us": tuple(data.get("rank_times_us", ())),
-                       "ranks": tuple(data.get("ranks", ()))})
+def row_from_dict(data: dict, where: str = "row") -> BenchRow:
+    """A BenchRow from its JSON form, through the one typed reader (`SchemaError` names where it differs)."""
+    return from_jsonable(BenchRow, data, where)
 
 
 def algbw_gbps(size_bytes: int, time_us: float) -> float:
