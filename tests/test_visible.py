@@ -189,16 +189,18 @@ def test_topo_command_marks_the_jobs_gpus_without_torch(tmp_path):
 
 
 def test_scan_report_marks_the_jobs_gpus(node, monkeypatch):
+    from topoprof.probing import ProbeStatus
     from topoprof.report.markdown import _topology
     from topoprof.topology.load import topology_from_dict
 
     def saved(topology):  # as a report.json holds it, read back
         return topology_from_dict(json.loads(json.dumps(to_jsonable(topology))))
 
-    md = "\n".join(_topology({"probes": [1]}, saved(_for_job(node, monkeypatch, "6,2"))))
+    asked = [ProbeStatus("NVML", "OK")]
+    md = "\n".join(_topology({}, saved(_for_job(node, monkeypatch, "6,2")), asked))
     assert "| GPU6\\* | cuda:0 | NVIDIA L4 |" in md and "| GPU0 | – | NVIDIA L40S |" in md
     assert "\\* = visible to this job (`CUDA_VISIBLE_DEVICES=6,2`): cuda:0 = GPU6, cuda:1 = GPU2." in md
-    plain = "\n".join(_topology({"probes": [1]}, saved(node)))
+    plain = "\n".join(_topology({}, saved(node), asked))
     assert "this job" not in plain and "\\*" not in plain
 
 

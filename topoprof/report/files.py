@@ -13,9 +13,9 @@ from topoprof.jsonio import SCHEMA_VERSION, SchemaError, dumps, load_json, spare
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
 from topoprof.model.strategies.results import Memory, StrategyResult
-from topoprof.model.validate.report import read_validate_report
 from topoprof.report import plots
 from topoprof.report.markdown import render_markdown
+from topoprof.report.scan_report import read_scan_parts
 from topoprof.report.verdict import copy_verdicts
 
 CHARTS = ("busbw", "links", "copies", "what_if", "step_vs_accum", "pred_vs_measured", "memory")
@@ -138,9 +138,8 @@ def load_report(path: str) -> dict:
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}, the one this "
                          f"topoprof reads")
-    try:  # read here, so that a prediction or validation the renderers cannot read is one line naming where
-        read_predictions(doc.get("predictions"))
-        read_validate_report(doc.get("validation") or {"status": ""}, "validation")
+    try:  # read here, so that a part the renderers cannot read is one line naming where
+        read_scan_parts(doc)
     except SchemaError as err:
         raise InputError(f"{path}: {err}") from None
     return doc

@@ -4,18 +4,20 @@ from __future__ import annotations
 import math
 
 from topoprof.measure.fit import Fit
-from topoprof.model.strategies.model_report import ModelReport, Skipped, made, read_predictions
+from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
-from topoprof.model.validate.report import Calibration, ModeCheck, read_validate_report
+from topoprof.model.validate.report import Calibration, ModeCheck, ValidateReport
+from topoprof.probing import ProbeStatus
 from topoprof.report.costs import part_rows, share_span
+from topoprof.report.recommend import Recommendation
+from topoprof.report.scan_report import read_scan_parts
 from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
-from topoprof.report.verdict import copy_verdicts
+from topoprof.report.verdict import Verdict, copy_verdicts
 from topoprof.specs.collective_spec import BenchRow, row_from_dict
 from topoprof.topology.build import Topology
-from topoprof.topology.load import topology_from_dict
 from topoprof.topology.visible import describe, gpu_marks, job_devices
 
 
@@ -34,8 +36,7 @@ def _chart(report: dict, name: str, alt: str) -> list[str]:
     return [f"![{alt}]({path})", ""] if path else []
 
 
-def _todo(report: dict, predictions: list[ModelReport]) -> list[str]:
-    recs = report.get("recommendations") or []
+def _todo(recs: list[Recommendation], predictions: list[ModelReport]) -> list[str]:
     out = ["## What to do", ""]
     if not recs:
         out += ["Nothing stands out: no change is predicted to save 5 % or more of a step here."]
@@ -48,28 +49,26 @@ def _todo(report: dict, predictions: list[ModelReport]) -> list[str]:
                            f"exposed communication {100 * synced.comm_exposed_s / step:.1f} % of a synced step.")
         return out + [""]
     for i, r in enumerate(recs[:3], 1):
-        gain = f" (predicted {r['gain_pct']:.0f}% faster steps)" if r.get("gain_pct") else ""
-        out += [f"**{i}. {r['title']}**{gain}", "", r["why"], ""]
-        if r.get("snippet"):
-            out += ["```python" if "import" in r["snippet"] or "model" in r["snippet"] else "```bash",
-                    r["snippet"], "```", ""]
+        gain = f" (predicted {r.gain_pct:.0f}% faster steps)" if r.gain_pct else ""
+        out += [f"**{i}. {r.title}**{gain}", "", r.why, ""]
+        if r.snippet:
+            out += ["```python" if "import" in r.snippet or "model" in r.snippet else "```bash", r.snippet, "```", ""]
     return out
 
 
-def _sources(report: dict) -> list[str]:
+def _sources(probes: list[ProbeStatus]) -> list[str]:
     """Every source the scan asked, and what became of it: a failed one is said here, once."""
-    probes = report.get("probes") or []
     if not probes:
         return []
-    rows = [[p["name"], p["status"], (p.get("detail") or "").replace("|", "\\|")] for p in probes]
+    rows = [[p.name, p.status, p.detail.replace("|", "\\|")] for p in probes]
     return ["## Sources", ""] + _table(["source", "status", "detail"], rows) + [""]
 
 
-def _topology(report: dict, topo: Topology | None) -> list[str]:
+def _topology(report: dict, topo: Topology | None, probes: list[ProbeStatus]) -> list[str]:
     out = ["## Topology", ""]
     if topo is None:
         return out + ["No NVIDIA GPU on this machine.", ""]
-    if not report.get("probes"):  # reports written before sources had statuses
+    if not probes:  # reports written before sources had statuses
         out += [f"Sources: {', '.join(topo.sources) or 'none'}.", ""]
     if topo.gpus:
         marks = gpu_marks(topo)
@@ -100,16 +99,15 @@ def _one_rank(report: dict) -> bool:
     return (report.get("mode") or {}).get("nproc") == 1
 
 
-def _bandwidth(report: dict) -> list[str]:
+def _bandwidth(report: dict, v: Verdict | None) -> list[str]:
     bench = report.get("bench") or {}
     out = ["## Measured bandwidth", ""]
     if _one_rank(report):
         return out + ["One GPU: no GPU-to-GPU link to measure.", ""] + _copies(report)
-    v = report.get("verdict")
-    if v:
+    if v is not None:
         status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
-        out += [f"**{v['level']}: {status.get(v['status'], v['status'])}.** {v['summary']}.", ""]
-        out += [f"- likely cause: {c}" for c in v.get("causes", [])] + ([""] if v.get("causes") else [])
+        out += [f"**{v.level}: {status.get(v.status, v.status)}.** {v.summary}.", ""]
+        out += [f"- likely cause: {c}" for c in v.causes] + ([""] if v.causes else [])
     by_coll: dict[str, list[BenchRow]] = {}
     for row in (row_from_dict(r) for r in bench.get("rows", [])):
         if row.level == "job":  # the levels of a multi-node job are in "Cluster"
@@ -361,8 +359,7 @@ def _value(v: float, unit: str) -> str:
     return f"{v * 1e3:,.1f} ms" if unit == "ms" else f"×{v:.2f}"
 
 
-def _validation(report: dict) -> list[str]:
-    val = read_validate_report(report.get("validation") or {"status": ""}, "validation")
+def _validation(report: dict, val: ValidateReport) -> list[str]:
     out = ["## Validation: predicted vs measured", ""]
     if val.status == "skipped":
         return out + [f"Skipped: {val.reason}.", ""]
@@ -451,20 +448,19 @@ def _cluster(report: dict) -> list[str]:
 
 
 def render_markdown(report: dict) -> str:
-    predictions = read_predictions(report.get("predictions"))
+    parts = read_scan_parts(report)
+    predictions = parts.predictions
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    topology = topology_from_dict(report["topology"]) if report.get("topology") else None
-    out += _todo(report, made(predictions)) + _sources(report) + _cluster(report) + _topology(report, topology)
-    out += _bandwidth(report) + _predictions(report, predictions)
-    out += _what_if(report)
-    out += _validation(report)
-    more = (report.get("recommendations") or [])[3:]
+    out += _todo(parts.recommendations, made(predictions)) + _sources(parts.probes) + _cluster(report)
+    out += _topology(report, parts.topology, parts.probes) + _bandwidth(report, parts.verdict)
+    out += _predictions(report, predictions) + _what_if(report) + _validation(report, parts.validation)
+    more = parts.recommendations[3:]
     if more:
         out += ["## More advice", ""]
         for r in more:
-            out += [f"- **{r['title']}.** {r['why']}"]
-            if r.get("snippet"):
-                out += ["", "  ```", *[f"  {line}" for line in r["snippet"].splitlines()], "  ```"]
+            out += [f"- **{r.title}.** {r.why}"]
+            if r.snippet:
+                out += ["", "  ```", *[f"  {line}" for line in r.snippet.splitlines()], "  ```"]
         out.append("")
     return "\n".join(out + _method(report, predictions))
