@@ -126,8 +126,10 @@ def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():
 def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
     """Every one-GPU scan checks the what-if method: the compute timed here beside the range its
     own ops are priced at, in the report's what-if section."""
+    from topoprof.jsonio import to_jsonable
     from topoprof.model.inputs.scan import compute_check
     from topoprof.report.markdown import _what_if
+    from topoprof.report.scan_report import read_scan_parts
 
     assert compute_check(Compute(micro_batch_time_s=0.03)) is None  # nothing modelled beside it
     compute = Compute(micro_batch_time_s=0.03, optimizer_time_s=0.004, modelled_s=(0.02, 0.025, 0.04),
@@ -136,8 +138,8 @@ def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
     assert check["inside"] and check["error_vs_middle"] == pytest.approx(0.2)
     outside = compute_check(Compute(micro_batch_time_s=0.05, modelled_s=(0.02, 0.025, 0.04)))
     assert not outside["inside"]
-    md = "\n".join(_what_if({"what_if": {**_what_if_payload(), "compute_source": "timed on GPU0",
-                                         "compute_check": check}}))
+    report = {"what_if": {**_what_if_payload(), "compute_source": "timed on GPU0", "compute_check": check}}
+    md = "\n".join(_what_if(report, read_scan_parts(to_jsonable(report)).what_if))
     assert ("Compute per micro-batch measured 30.0 ms; modelled from its own ops 20.0 – 40.0 ms, middle 25.0 ms: "
             "measured is +20 % of the middle, inside the range.") in md
 

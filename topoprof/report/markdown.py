@@ -6,6 +6,7 @@ import math
 from topoprof.measure.fit import Fit
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
+from topoprof.model.strategies.whatif import WhatIfReport
 from topoprof.model.validate.report import Calibration, ModeCheck, ValidateReport
 from topoprof.probing import ProbeStatus
 from topoprof.report.costs import part_rows, share_span
@@ -297,30 +298,30 @@ def _measured_vs_modelled(measured: float, modelled) -> str:
             f"middle, {'inside' if fast <= measured <= slow else 'outside'} the range.")
 
 
-def _what_if(report: dict) -> list[str]:
-    w = report.get("what_if")
-    if not w:
+def _what_if(report: dict, w: WhatIfReport | None) -> list[str]:
+    if w is None:
         return []
     out = ["## What if: more GPUs like this one", ""]
-    if w.get("skipped"):
-        return out + [f"No what-if: {w['skipped']}.", ""]
-    out += [f"**What-if from nominal figures, not measured.** {w['label']}, K = {w['accum']}; compute: "
-            f"{w['compute_source']}. One GPU: {w['single_step_s'] * 1e3:.1f} ms per optimizer step. "
+    if w.skipped:
+        return out + [f"No what-if: {w.skipped}.", ""]
+    assert w.single_step_s is not None  # a what-if that was made times one GPU's step
+    out += [f"**What-if from nominal figures, not measured.** {w.label}, K = {w.accum}; compute: "
+            f"{w.compute_source}. One GPU: {w.single_step_s * 1e3:.1f} ms per optimizer step. "
             "Each range spans the link's nominal low and high.", ""]
-    check = w.get("compute_check")
-    if check:  # the what-if method held against this GPU: what a GPU that is not here would be priced by
-        out += [_measured_vs_modelled(check["measured_s"], check["modelled_s"])
-                + (f" ({check['summary']}.)" if check.get("summary") else ""), ""]
+    check = w.compute_check
+    if check is not None:  # the what-if method held against this GPU: what a GPU that is not here would be priced by
+        out += [_measured_vs_modelled(check.measured_s, check.modelled_s)
+                + (f" ({check.summary}.)" if check.summary else ""), ""]
     rows = []
-    for c in w["cases"]:
-        low, high = sorted(c["no_sync_saving"])
+    for c in w.cases:
+        low, high = sorted(c.no_sync_saving)
         span = f"{100 * low:.0f}" if round(100 * low) == round(100 * high) else f"{100 * low:.0f}–{100 * high:.0f}"
         advice = (f"`no_sync()`: {span} % faster" if low >= 0.05 else
                   "sync every micro-batch: `no_sync()` saves under 5 %")
-        rows.append([c["label"], c["basis"], _span_ms(c["step_time_s"]["ddp_synced"]),
-                     _span_ms(c["step_time_s"]["ddp_no_sync"]), advice])
+        rows.append([c.label, c.basis, _span_ms(c.step_time_s["ddp_synced"]), _span_ms(c.step_time_s["ddp_no_sync"]),
+                     advice])
     out += _table(["job", "link", "ddp_synced ms", "ddp_no_sync ms", "advice"], rows) + [""]
-    out += [f"- {m}" for m in w.get("missing", [])] + ([""] if w.get("missing") else [])
+    out += [f"- {m}" for m in w.missing] + ([""] if w.missing else [])
     return out + _chart(report, "what_if", "throughput of each job over this one GPU, synced vs no_sync")
 
 
@@ -454,7 +455,7 @@ def render_markdown(report: dict) -> str:
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
     out += _todo(parts.recommendations, made(predictions)) + _sources(parts.probes) + _cluster(report)
     out += _topology(report, parts.topology, parts.probes) + _bandwidth(report, parts.verdict)
-    out += _predictions(report, predictions) + _what_if(report) + _validation(report, parts.validation)
+    out += _predictions(report, predictions) + _what_if(report, parts.what_if) + _validation(report, parts.validation)
     more = parts.recommendations[3:]
     if more:
         out += ["## More advice", ""]

@@ -146,3 +146,45 @@ def _step_time_s(result) -> float:
     """A what-if's strategy always applies: its step time."""
     assert isinstance(result, StrategyResult), result
     return result.step_time_s
+
+
+# ---- the result as a scan's report.json holds it, read back typed (report/scan_report.py) ----------
+
+
+@dataclass(frozen=True)
+class WhatIfCase:
+    """One job of such GPUs (`_case`): each strategy's step at the link's (fast, slow) ends."""
+
+    label: str
+    kind: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    basis: str
+    bandwidth_gbps: tuple[float, float]
+    step_time_s: dict[str, tuple[float, float]]
+    no_sync_saving: tuple[float, float]  # at the slow end, at the fast end
+
+
+@dataclass(frozen=True)
+class ComputeCheck:
+    """The compute measured on this GPU beside the range priced from the model's own ops
+    (`topoprof.model.inputs.scan.compute_check`)."""
+
+    measured_s: float
+    modelled_s: tuple[float, float, float]
+    summary: str | None = None
+
+
+@dataclass(frozen=True)
+class WhatIfReport:
+    """A one-GPU scan's what-if (`what_ifs`, with the scan's label and compute), or why it was skipped."""
+
+    label: str | None = None
+    skipped: str | None = None
+    accum: int | None = None
+    single_step_s: float | None = None
+    cases: tuple[WhatIfCase, ...] = ()
+    missing: tuple[str, ...] = ()
+    compute_source: str | None = None
+    compute_check: ComputeCheck | None = None
