@@ -13,15 +13,15 @@ from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.report import recommend as rec
 from topoprof.report.verdict import judge
-from topoprof.topology.build import build_topology
+from topoprof.topology.build import Topology, build_topology
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
 
 
-def _topo(prefix: str, nvml: str | None = None) -> dict:
+def _topo(prefix: str, nvml: str | None = None) -> Topology:
     smi = read_topo_file(glob.glob(os.path.join(FIX, f"{prefix}_*[!s].txt"))[0])
     snap = query_nvml(make_fake_nvml(nvml)) if nvml else None
-    return to_jsonable(build_topology(smi=smi, nvml=snap))
+    return build_topology(smi=smi, nvml=snap)
 
 
 def test_nv12_node_needs_no_gpu_choice_advice():
@@ -46,7 +46,7 @@ def test_phb_pair_with_p2p_off_is_flagged():
 
 
 def test_environment_variables_that_disable_transports_are_flagged():
-    recs = {r.key for r in rec.environment_recommendations({"pairs": []}, {"NCCL_P2P_DISABLE": "1"},
+    recs = {r.key for r in rec.environment_recommendations(build_topology(), {"NCCL_P2P_DISABLE": "1"},
                                                            {"NCCL_IB_DISABLE": "1"})}
     assert recs == {"env_NCCL_P2P_DISABLE", "env_NCCL_IB_DISABLE"}
 
@@ -76,7 +76,7 @@ def test_no_advice_when_gains_are_small_or_k_is_1():
 
 
 def test_verdict_low_nvlink_names_causes():
-    topo = _topo("18", nvml="dgx_h100_nvswitch")
+    topo = to_jsonable(_topo("18", nvml="dgx_h100_nvswitch"))  # as the scan's report holds it
     ring = {"ring": list(range(8)), "bottleneck_gbps": [370.8, 370.8], "hop": "NV"}
     bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": 150.0, "wrong": 0}],
              "metadata": {"world_size": 8, "backend": "nccl"},

@@ -12,6 +12,7 @@ from itertools import combinations
 from topoprof.model.comm import tcp
 from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
 from topoprof.model.strategies.results import StrategyResult
+from topoprof.topology.build import PairLink, Topology
 
 # A strategy change is worth recommending when it saves at least this share of step time;
 # smaller differences are inside the run-to-run noise of real training loops.
@@ -185,36 +186,36 @@ def fewer_gpus_recommendation(pred: ModelReport, label: str) -> Recommendation |
 PATH_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
-def _pair_score(pairs: dict, group: tuple[int, ...]) -> tuple[float, int]:
+def _pair_score(pairs: dict[tuple[int, int], PairLink], group: tuple[int, ...]) -> tuple[float, int]:
     """(slowest link in GB/s, minus the worst path's rank): larger is better."""
     worst_bw, worst_path = float("inf"), 0
     for a, b in combinations(group, 2):
         p = pairs[(min(a, b), max(a, b))]
-        bw = p.get("bandwidth_gbps") or (p.get("bandwidth_range_gbps") or [0.0])[0]
+        bw = p.bandwidth_gbps or (p.bandwidth_range_gbps or (0.0,))[0]
         worst_bw = min(worst_bw, bw)
-        rank = PATH_ORDER.index(p["path"]) if p.get("path") in PATH_ORDER else len(PATH_ORDER)
+        rank = PATH_ORDER.index(p.path) if p.path in PATH_ORDER else len(PATH_ORDER)
         worst_path = max(worst_path, rank)
     return worst_bw, -worst_path
 
 
-def gpu_choice_recommendations(topology: dict) -> list[Recommendation]:
+def gpu_choice_recommendations(topology: Topology) -> list[Recommendation]:
     """Which GPUs to give 2- and 4-GPU jobs: the fastest slowest-link, then one NUMA node."""
-    gpus = [g for g in topology.get("gpus", []) if not g.get("lost")]
-    pairs = {(p["gpu_a"], p["gpu_b"]): p for p in topology.get("pairs", [])}
-    numa = {g["index"]: g.get("numa_node") for g in gpus}
+    gpus = [g for g in topology.gpus if not g.lost]
+    pairs = {(p.gpu_a, p.gpu_b): p for p in topology.pairs}
+    numa = {g.index: g.numa_node for g in gpus}
     out = []
     for size in (2, 4):
         if len(gpus) <= size:
             continue
-        groups = list(combinations([g["index"] for g in gpus], size))
+        groups = list(combinations([g.index for g in gpus], size))
         scored = sorted(groups, key=lambda grp: (_pair_score(pairs, grp), -len({numa[i] for i in grp})),
                         reverse=True)
         best, worst = scored[0], scored[-1]
         if _pair_score(pairs, best) == _pair_score(pairs, worst):
             continue  # every choice is wired alike (e.g. all GPUs on one NVSwitch); NUMA is its own advice
         (best_bw, _), (worst_bw, _) = _pair_score(pairs, best), _pair_score(pairs, worst)
-        kinds = sorted({pairs[(min(a, b), max(a, b))]["path"] or "?" for a, b in combinations(best, 2)})
-        worst_kinds = sorted({pairs[(min(a, b), max(a, b))]["path"] or "?" for a, b in combinations(worst, 2)})
+        kinds = sorted({pairs[(min(a, b), max(a, b))].path or "?" for a, b in combinations(best, 2)})
+        worst_kinds = sorted({pairs[(min(a, b), max(a, b))].path or "?" for a, b in combinations(worst, 2)})
         nodes = sorted({str(numa[i]) for i in best})
         out.append(Recommendation(
             f"gpus_{size}", f"For {size}-GPU jobs use GPUs {','.join(map(str, best))}",
@@ -226,15 +227,12 @@ def gpu_choice_recommendations(topology: dict) -> list[Recommendation]:
     return out
 
 
-def numa_recommendation(topology: dict) -> Recommendation | None:
-    nodes = {g.get("numa_node") for g in topology.get("gpus", []) if g.get("numa_node") is not None}
+def numa_recommendation(topology: Topology) -> Recommendation | None:
+    nodes = {g.numa_node for g in topology.gpus if g.numa_node is not None}
     if len(nodes) < 2:
         return None
-    lines = []
-    for g in topology["gpus"]:
-        cpus = g.get("cpu_affinity")
-        if cpus:
-            lines.append(f"GPU{g['index']}: NUMA {g.get('numa_node')}, CPUs {cpus[0]}-{cpus[-1]}")
+    lines = [f"GPU{g.index}: NUMA {g.numa_node}, CPUs {g.cpu_affinity[0]}-{g.cpu_affinity[-1]}"
+             for g in topology.gpus if g.cpu_affinity]
     return Recommendation(
         "numa", "Bind each rank to its GPU's NUMA node",
         "GPUs hang off different CPU sockets/NUMA nodes; a rank that runs or allocates on the far node "
@@ -244,7 +242,7 @@ def numa_recommendation(topology: dict) -> Recommendation | None:
         {"numa_nodes": sorted(nodes)})
 
 
-def environment_recommendations(topology: dict, env: dict, nccl_overrides: dict) -> list[Recommendation]:
+def environment_recommendations(topology: Topology, env: dict, nccl_overrides: dict) -> list[Recommendation]:
     out = []
     seen = {**{k: v for k, v in env.items() if k.startswith("NCCL_")}, **nccl_overrides}
     for var, meaning in (("NCCL_P2P_DISABLE", "GPU peer-to-peer is off: traffic goes through host memory"),
@@ -253,17 +251,17 @@ def environment_recommendations(topology: dict, env: dict, nccl_overrides: dict)
         if str(seen.get(var, "0")) not in ("0", ""):
             out.append(Recommendation(f"env_{var}", f"Unset {var} unless you need it",
                                       f"{var}={seen[var]}: {meaning}.", None, f"unset {var}", {var: seen[var]}))
-    no_p2p = [p for p in topology.get("pairs", []) if p.get("path") in ("NV", "PIX", "PXB") and p.get("p2p") == "no"]
+    no_p2p = [p for p in topology.pairs if p.path in ("NV", "PIX", "PXB") and p.p2p == "no"]
     if no_p2p:
-        names = ", ".join(f"{p['gpu_a']}-{p['gpu_b']}" for p in no_p2p[:6])
+        names = ", ".join(f"{p.gpu_a}-{p.gpu_b}" for p in no_p2p[:6])
         out.append(Recommendation(
             "p2p_off", "GPU peer-to-peer is unavailable on pairs that should have it",
-            f"Pairs {names} are wired for P2P ({no_p2p[0]['path']}) but P2P is off "
-            f"({no_p2p[0].get('p2p_basis')}): NCCL stages their traffic through host memory. Check the "
+            f"Pairs {names} are wired for P2P ({no_p2p[0].path}) but P2P is off "
+            f"({no_p2p[0].p2p_basis}): NCCL stages their traffic through host memory. Check the "
             "IOMMU/ACS settings in the BIOS and kernel (ACS redirects P2P through the root complex), "
             "and whether the GPUs are consumer parts with P2P disabled by the driver.",
-            None, "nvidia-smi topo -p2p r", {"pairs": [[p["gpu_a"], p["gpu_b"]] for p in no_p2p]}))
-    for note in topology.get("notes", []):
+            None, "nvidia-smi topo -p2p r", {"pairs": [[p.gpu_a, p.gpu_b] for p in no_p2p]}))
+    for note in topology.notes:
         if "PCIe link runs x" in note:
             out.append(Recommendation("pcie_width", "A GPU's PCIe link is narrower than it can be", note,
                                       None, "nvidia-smi -q -d PCIE", {}))

@@ -29,6 +29,7 @@ from topoprof.report.files import save_report
 from topoprof.report.verdict import judge
 from topoprof.scan.ranks import environment, run_ranks, versions
 from topoprof.topology.collect import collect_topology, identified
+from topoprof.topology.load import topology_from_dict
 from topoprof.topology.visible import JobView, identify, job_devices, job_gpu
 
 
@@ -87,7 +88,7 @@ def _recommendations(report: dict) -> list:
         if r.key not in best or (r.gain_pct or 0) > (best[r.key].gain_pct or 0):
             best[r.key] = r
     recs = list(best.values())
-    topo = report["topology"]
+    topo = topology_from_dict(report["topology"])
     recs += rec.gpu_choice_recommendations(topo)
     numa = rec.numa_recommendation(topo)
     recs += [numa] if numa else []
