@@ -233,9 +233,9 @@ def test_scan_verdict_compares_with_the_rings_together():
         return {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": busbw, "wrong": 0}],
                 "metadata": {"world_size": 4, "backend": "nccl"}, "slow_ranks": []}
 
-    ok = judge(bench(220.0), to_jsonable(topo), ring)
+    ok = judge(bench(220.0), topo, ring)
     assert ok.status == "ok" and ok.expected_gbps == pytest.approx(240.0) and "12 at once" in ok.level
-    low = judge(bench(100.0), to_jsonable(topo), ring)  # above one ring's 80, below the rings together
+    low = judge(bench(100.0), topo, ring)  # above one ring's 80, below the rings together
     assert low.status == "low" and low.ratio == pytest.approx(100 / 240)
     switch = to_jsonable(_ring(_topo("18", nvml="dgx_h100_nvswitch"), list(range(8))))
     assert switch["bus_bandwidth_gbps"] == switch["bottleneck_gbps"] == pytest.approx([370.8, 370.8])

@@ -8,7 +8,6 @@ import pytest
 from fake_nvml import make_fake_nvml
 from helpers.model_reports import model_doc, model_report
 
-from topoprof.jsonio import to_jsonable
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.report import recommend as rec
@@ -76,7 +75,7 @@ def test_no_advice_when_gains_are_small_or_k_is_1():
 
 
 def test_verdict_low_nvlink_names_causes():
-    topo = to_jsonable(_topo("18", nvml="dgx_h100_nvswitch"))  # as the scan's report holds it
+    topo = _topo("18", nvml="dgx_h100_nvswitch")
     ring = {"ring": list(range(8)), "bottleneck_gbps": [370.8, 370.8], "hop": "NV"}
     bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": 150.0, "wrong": 0}],
              "metadata": {"world_size": 8, "backend": "nccl"},
@@ -92,7 +91,7 @@ def test_verdict_low_nvlink_names_causes():
 def test_verdict_for_gloo_says_there_is_no_nominal():
     bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 24, "busbw_gbps": 1.2, "wrong": 0}],
              "metadata": {"world_size": 2, "backend": "gloo"}}
-    v = judge(bench, {"pairs": []}, None)
+    v = judge(bench, build_topology(), None)
     assert v.status == "unknown" and "no nominal figure" in v.summary
 
 

@@ -93,9 +93,10 @@ def test_one_gpu_scan_without_compute_says_what_to_give(tmp_path):
 
 def _copy_case(measured, gen_now=5, width_now=16):
     from topoprof.report.verdict import copy_verdicts
+    from topoprof.topology.build import Gpu, Topology
 
-    topology = {"gpus": [{"index": 0, "pcie_gen_current": gen_now, "pcie_gen_max": 5,
-                          "pcie_width_current": width_now, "pcie_width_max": 16}]}
+    topology = Topology((), (Gpu(0, pcie_gen_current=gen_now, pcie_gen_max=5, pcie_width_current=width_now,
+                                 pcie_width_max=16),), (), (), {})
     copies = {"status": "ok", "measurements": [
         {"kind": "h2d", "src": "host", "dst": "cuda:0", "bandwidth_gbps": measured},
         {"kind": "d2d", "src": "cuda:0", "dst": "cuda:0", "bandwidth_gbps": 1479.0}]}
@@ -118,7 +119,7 @@ def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():
     from topoprof.report.verdict import judge
 
     rows = [{"collective": "all_reduce", "size_bytes": 8 << 20, "busbw_gbps": 0.0, "algbw_gbps": 900.0, "wrong": 0}]
-    verdict = judge({"rows": rows, "metadata": {"world_size": 1, "backend": "nccl"}}, {}, None)
+    verdict = judge({"rows": rows, "metadata": {"world_size": 1, "backend": "nccl"}}, None, None)
     assert verdict.status == "unknown" and "one rank: nothing crosses a link" in verdict.summary
     assert "0.000" not in verdict.summary
 

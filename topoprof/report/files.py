@@ -17,6 +17,7 @@ from topoprof.report import plots
 from topoprof.report.markdown import render_markdown
 from topoprof.report.scan_report import read_scan_parts
 from topoprof.report.verdict import copy_verdicts
+from topoprof.topology.load import topology_from_dict
 
 CHARTS = ("busbw", "links", "copies", "what_if", "step_vs_accum", "pred_vs_measured", "memory")
 
@@ -53,7 +54,8 @@ def _copy_reference(report: dict) -> dict:
     the copies' verdict takes it, from NVML) and the GPU's datasheet memory bandwidth, where every
     copied GPU is the same known model; None where unknown."""
     copies = report.get("copies") or {}
-    links = [r["nominal_gbps"] for r in copy_verdicts(copies, report.get("topology") or {}) if r["nominal_gbps"]]
+    topology = topology_from_dict(report["topology"]) if report.get("topology") else None
+    links = [r["nominal_gbps"] for r in copy_verdicts(copies, topology) if r["nominal_gbps"]]
     # an unknown GPU has no figure: nothing is drawn for it
     specs = {lookup_gpu_quietly(name) for name in copies.get("device_names") or ()}
     spec = next(iter(specs)) if len(specs) == 1 else None

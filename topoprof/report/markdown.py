@@ -100,11 +100,11 @@ def _one_rank(report: dict) -> bool:
     return (report.get("mode") or {}).get("nproc") == 1
 
 
-def _bandwidth(report: dict, v: Verdict | None) -> list[str]:
+def _bandwidth(report: dict, v: Verdict | None, topology: Topology | None) -> list[str]:
     bench = report.get("bench") or {}
     out = ["## Measured bandwidth", ""]
     if _one_rank(report):
-        return out + ["One GPU: no GPU-to-GPU link to measure.", ""] + _copies(report)
+        return out + ["One GPU: no GPU-to-GPU link to measure.", ""] + _copies(report, topology)
     if v is not None:
         status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
         out += [f"**{v.level}: {status.get(v.status, v.status)}.** {v.summary}.", ""]
@@ -127,7 +127,7 @@ def _bandwidth(report: dict, v: Verdict | None) -> list[str]:
     out += [f"- NCCL: {line}" for line in nccl] + ([""] if nccl else [])
     if bench.get("error"):
         out += [f"> The run failed: {bench['error']}. The rows above were measured before the failure.", ""]
-    return out + _copies(report)
+    return out + _copies(report, topology)
 
 
 def _fit_text(fit: Fit | None) -> str:
@@ -269,8 +269,8 @@ def _span_ms(pair: list | tuple[float, float]) -> str:
     return f"{low * 1e3:.1f}" if abs(high - low) < 0.05e-3 else f"{low * 1e3:.1f}–{high * 1e3:.1f}"
 
 
-def _copies(report: dict) -> list[str]:
-    rows = copy_verdicts(report.get("copies"), report.get("topology") or {})
+def _copies(report: dict, topology: Topology | None) -> list[str]:
+    rows = copy_verdicts(report.get("copies"), topology)
     if not rows:
         return []
     status = {"ok": "OK", "low": "LOW", "unknown": "no reference figure"}
@@ -454,7 +454,7 @@ def render_markdown(report: dict) -> str:
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
     out += _todo(parts.recommendations, made(predictions)) + _sources(parts.probes) + _cluster(report)
-    out += _topology(report, parts.topology, parts.probes) + _bandwidth(report, parts.verdict)
+    out += _topology(report, parts.topology, parts.probes) + _bandwidth(report, parts.verdict, parts.topology)
     out += _predictions(report, predictions) + _what_if(report, parts.what_if) + _validation(report, parts.validation)
     more = parts.recommendations[3:]
     if more:

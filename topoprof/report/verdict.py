@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from topoprof.topology import constants
+from topoprof.topology.build import Topology
 from topoprof.topology.visible import job_devices
 
 # Judgement threshold, not a model constant: below this share of NCCL's own nominal figure a
@@ -39,22 +40,23 @@ def _peak(rows: list[dict], collective: str = "all_reduce") -> dict | None:
     return max(good, key=lambda r: r["busbw_gbps"]) if good else None
 
 
-def likely_causes(topology: dict, bench: dict) -> list[str]:
+def likely_causes(topology: Topology | None, bench: dict) -> list[str]:
     causes = []
     for line in (bench.get("nccl") or {}).get("explained", []):
         causes.append(f"NCCL: {line}")
-    for p in topology.get("pairs", []):
-        if p.get("path") in ("NV", "PIX", "PXB") and p.get("p2p") == "no":
-            causes.append(f"P2P is off between GPU {p['gpu_a']} and {p['gpu_b']} ({p.get('p2p_basis')})")
+    pairs, notes = (topology.pairs, topology.notes) if topology is not None else ((), ())
+    for p in pairs:
+        if p.path in ("NV", "PIX", "PXB") and p.p2p == "no":
+            causes.append(f"P2P is off between GPU {p.gpu_a} and {p.gpu_b} ({p.p2p_basis})")
             break
-    causes += [n for n in topology.get("notes", []) if "PCIe link" in n]
+    causes += [n for n in notes if "PCIe link" in n]
     for flag in bench.get("slow_ranks", []):
         causes.append(f"rank {flag['rank']} is consistently slower ({flag['median_excess_pct']:+.0f}% on "
                       f"{flag['slower_sizes']}/{flag['sizes']} sizes): check its GPU, link and CPU binding")
     return causes
 
 
-def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
+def judge(bench: dict, topology: Topology | None, ring: dict | None) -> Verdict:
     """One verdict for the measured all-reduce against the nominal bus bandwidth of `ring` (the
     `links` description of `model.links.comm_from_topology`; a report written before it had
     several rings gives only the one ring's `bottleneck_gbps`)."""
@@ -97,7 +99,7 @@ def judge(bench: dict, topology: dict, ring: dict | None) -> Verdict:
     return Verdict(level, measured, size, None, (lo, hi), status, None, text, causes if status == "low" else ())
 
 
-def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
+def copy_verdicts(copies: dict | None, topology: Topology | None) -> list[dict]:
     """Each host<->GPU copy against its GPU's PCIe link as NVML reports it: the raw rate after
     line encoding at the link's maximum generation and width (a pinned copy reaches most of it;
     an idle GPU reports a lower current generation to save power, so the maximum is the
@@ -106,17 +108,17 @@ def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
     `job_gpus`: under CUDA_VISIBLE_DEVICES=6,2 cuda:0 is GPU 6; a MIG device copies over its GPU's)."""
     if not copies or copies.get("status") != "ok":
         return []
-    gpus = {g["index"]: g for g in topology.get("gpus", [])}
-    devices = job_devices(topology)
+    gpus = {g.index: g for g in topology.gpus} if topology is not None else {}
+    devices = job_devices(topology) if topology is not None else ()
     out = []
     for m in copies.get("measurements", []):
         if m["kind"] not in ("h2d", "d2h"):
             continue
         ordinal = int((m["dst"] if m["kind"] == "h2d" else m["src"]).split(":")[1])
         index = devices[ordinal].gpu if ordinal < len(devices) else None
-        gpu = gpus.get(index) or {}
-        gen = gpu.get("pcie_gen_max") or gpu.get("pcie_gen_current")
-        width = gpu.get("pcie_width_max") or gpu.get("pcie_width_current")
+        gpu = gpus.get(index) if index is not None else None
+        gen = (gpu.pcie_gen_max or gpu.pcie_gen_current) if gpu is not None else None
+        width = (gpu.pcie_width_max or gpu.pcie_width_current) if gpu is not None else None
         nominal = constants.pcie_raw_gbps(gen, width)
         row = {"gpu": index, "device": f"cuda:{ordinal}", "kind": m["kind"], "measured_gbps": m["bandwidth_gbps"],
                "nominal_gbps": nominal, "link": f"Gen{gen} x{width}" if nominal else "unknown", "ratio": None,
@@ -125,9 +127,8 @@ def copy_verdicts(copies: dict | None, topology: dict) -> list[dict]:
             row["ratio"] = m["bandwidth_gbps"] / nominal
             row["status"] = "ok" if row["ratio"] >= LOW_SHARE else "low"
         below = [f"{what}{now} of {what}{best}" for what, now, best in
-                 (("Gen", gpu.get("pcie_gen_current"), gpu.get("pcie_gen_max")),
-                  ("x", gpu.get("pcie_width_current"), gpu.get("pcie_width_max")))
-                 if now and best and now < best]
+                 (("Gen", gpu.pcie_gen_current, gpu.pcie_gen_max), ("x", gpu.pcie_width_current, gpu.pcie_width_max))
+                 if now and best and now < best] if gpu is not None else []
         if below and row["status"] == "low":
             row["cause"] = "the link runs below what it can (" + ", ".join(below) + \
                            "): check `nvidia-smi -q -d PCIE` while a copy runs " + \

@@ -263,7 +263,7 @@ def run(opts, stages, out_dir: str) -> Written | None:
         "cluster": cluster_payload(node_ranks, levels, bench.rows, opts.nproc),
     })
     report = to_jsonable(report)
-    report["verdict"] = to_jsonable(judge(report["bench"], report["topology"], report["ring"]))
+    report["verdict"] = to_jsonable(judge(report["bench"], topology_from_dict(report["topology"]), report["ring"]))
     stages.begin("recommendations and report")
     report["recommendations"] = to_jsonable(_recommendations(report))
     report["timing"] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 # How CUDA reads CUDA_VISIBLE_DEVICES (CUDA C++ Programming Guide, "CUDA Environment Variables";
 # GPU Deployment and Management guide, MPS): a comma-separated list of GPU indices, GPU UUIDs as
@@ -181,22 +181,27 @@ def identify(view: JobView, identities: Sequence[tuple[str | None, str | None]],
     return JobView(tuple(devices), tuple(notes))
 
 
-def job_devices(topology: Any) -> tuple[JobGpu, ...]:
-    """torch's devices on a node, from a Topology or its JSON form: its `job_gpus`; one without
-    them (a saved `nvidia-smi topo -m` from elsewhere, a report written before they were kept)
-    reads as a node without CUDA_VISIBLE_DEVICES, cuda:i being GPU i."""
-    if isinstance(topology, dict):
-        saved = topology.get("job_gpus")
-        if saved is not None:
-            return tuple(JobGpu(**d) for d in saved)
-        return tuple(JobGpu(i, g["index"], None, basis=UNSET) for i, g in enumerate(topology.get("gpus", [])))
-    saved = getattr(topology, "job_gpus", None)
-    if saved is not None:
-        return tuple(saved)
+class Node(Protocol):
+    """What of a `topology.build.Topology` the job's view reads (that module builds on this one)."""
+
+    @property
+    def gpus(self) -> Sequence[Any]: ...
+    @property
+    def visible_devices(self) -> str | None: ...
+    @property
+    def job_gpus(self) -> tuple[JobGpu, ...] | None: ...
+
+
+def job_devices(topology: Node) -> tuple[JobGpu, ...]:
+    """torch's devices on a node: its `job_gpus`; one without them (a saved `nvidia-smi topo -m`
+    from elsewhere, a report written before they were kept) reads as a node without
+    CUDA_VISIBLE_DEVICES, cuda:i being GPU i."""
+    if topology.job_gpus is not None:
+        return tuple(topology.job_gpus)
     return tuple(JobGpu(i, g.index, None, basis=UNSET) for i, g in enumerate(topology.gpus))
 
 
-def job_gpu(topology: Any, ordinal: int = 0) -> tuple[Any, str]:
+def job_gpu(topology: Node, ordinal: int = 0) -> tuple[Any, str]:
     """(the node's GPU record that torch's cuda:<ordinal> is, "") or (None, why there is none): a
     device that is not there, whose GPU is unknown, or a MIG device (only a slice of its GPU, so
     the GPU's name, memory and links do not describe it)."""
@@ -209,18 +214,15 @@ def job_gpu(topology: Any, ordinal: int = 0) -> tuple[Any, str]:
     if device.mig:
         return None, (f"cuda:{ordinal} is a MIG device of GPU {device.gpu}: a slice of it, which the GPU's "
                       "name, memory and links do not describe")
-    gpus = topology.get("gpus", []) if isinstance(topology, dict) else topology.gpus
-    index = (lambda g: g["index"]) if isinstance(topology, dict) else (lambda g: g.index)
-    found = next((g for g in gpus if index(g) == device.gpu), None)
+    found = next((g for g in topology.gpus if g.index == device.gpu), None)
     return found, "" if found is not None else f"GPU {device.gpu} is not in the topology"
 
 
-def gpu_marks(topology: Any) -> dict[int, str] | None:
-    """GPU index -> the torch device(s) it is to the job ("cuda:0", "cuda:1 (MIG)"), from a Topology
-    or its JSON form; None where nothing is to be marked: CUDA_VISIBLE_DEVICES unset (every GPU is
-    the job's) or a topology that is not this process's node."""
-    get = topology.get if isinstance(topology, dict) else (lambda key: getattr(topology, key, None))
-    if get("visible_devices") is None or get("job_gpus") is None:
+def gpu_marks(topology: Node) -> dict[int, str] | None:
+    """GPU index -> the torch device(s) it is to the job ("cuda:0", "cuda:1 (MIG)"); None where
+    nothing is to be marked: CUDA_VISIBLE_DEVICES unset (every GPU is the job's) or a topology that
+    is not this process's node."""
+    if topology.visible_devices is None or topology.job_gpus is None:
         return None
     marks: dict[int, list[str]] = {}
     for d in job_devices(topology):
