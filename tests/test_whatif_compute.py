@@ -297,16 +297,20 @@ def test_a_gpu_scan_checks_the_what_if_against_what_it_timed(monkeypatch):
     assert "measured 50.0 ms; modelled from its own ops" in page and "Compute model:" in page
 
 
+def _one_h100():
+    """A node of one H100, as the scan's topology holds it."""
+    from topoprof.topology.build import Gpu, Topology
+
+    return Topology((), (Gpu(0, H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16),), (), (), {})
+
+
 def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch):
     """The one-GPU what-if (the scan's only GPU-only stage) carries the check of the method, and
     where timing on GPU0 fails it is a partial status in the summary, not a silent fallback."""
-    from types import SimpleNamespace
-
     from topoprof.scan.options import ScanOptions
     from topoprof.scan.pipeline import _what_ifs
 
-    gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
-    topology = SimpleNamespace(gpus=[gpu])
+    topology = _one_h100()
     opts = ScanOptions(backend="nccl", nproc=1, note="", preset="gpt2", tokens=1024)
     _fake_timing(monkeypatch)
     timed, status = _what_ifs(opts, topology)
@@ -325,18 +329,15 @@ def test_a_one_gpu_scan_checks_the_what_if_or_says_its_timing_failed(monkeypatch
 def test_a_gpu_scan_prices_its_what_if_with_the_profile_it_measured(monkeypatch):
     """A scan on a GPU measures the GPU's quick profile first and prices its what-if compute with
     it, as that GPU; a profile that cannot be measured is a status, and the shipped ones price it."""
-    from types import SimpleNamespace
-
     from topoprof.errors import NothingMeasured
     from topoprof.scan import pipeline as job
     from topoprof.scan.options import ScanOptions
 
-    gpu = SimpleNamespace(index=0, name=H100, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
     doc = profile_doc(device=H100, gemm=GRID, host=HOST, memory=[(("add", 1 << 20), 4e11), (("add", 1 << 26), 3e12)],
                       sdpa=[((128, 64, True), 1e13), ((8192, 64, True), 5e14)])
     opts = ScanOptions(backend="nccl", nproc=1, note="", preset="gpt2", tokens=1024, device_profile=doc)
     _fake_timing(monkeypatch)
-    timed, status = job._what_ifs(opts, SimpleNamespace(gpus=[gpu]))
+    timed, status = job._what_ifs(opts, _one_h100())
     check = timed["compute_check"]
     assert status.status == "ok" and f"on {H100} (bf16, eager, profile)" in check["basis"]
     monkeypatch.setattr("topoprof.scan.pipeline.measure_device_profile",
