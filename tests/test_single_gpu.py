@@ -106,13 +106,13 @@ def _copy_case(measured, gen_now=5, width_now=16):
 def test_copies_are_judged_against_the_pcie_link():
     # the H100 VM of fixture 28: host->GPU 54.8 GB/s measured on Gen5 x16 (raw 63.0 GB/s)
     (row,) = _copy_case(54.8)
-    assert row["status"] == "ok" and row["link"] == "Gen5 x16"
-    assert row["nominal_gbps"] == pytest.approx(16 * 32 * 128 / 130 / 8)
-    assert row["ratio"] == pytest.approx(54.8 / row["nominal_gbps"]) and row["cause"] is None
+    assert row.status == "ok" and row.link == "Gen5 x16"
+    assert row.nominal_gbps == pytest.approx(16 * 32 * 128 / 130 / 8)
+    assert row.ratio == pytest.approx(54.8 / row.nominal_gbps) and row.cause is None
     # an idle GPU's lower current generation is not a fault when the copy is fast
-    assert _copy_case(54.8, gen_now=1)[0]["cause"] is None
+    assert _copy_case(54.8, gen_now=1)[0].cause is None
     low = _copy_case(20.0, width_now=8)[0]
-    assert low["status"] == "low" and "x8 of x16" in low["cause"]
+    assert low.status == "low" and low.cause is not None and "x8 of x16" in low.cause
 
 
 def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():

@@ -221,13 +221,13 @@ def test_copies_are_judged_against_the_link_of_the_gpu_cuda_i_is(node, monkeypat
     topo = _for_job(node, monkeypatch, "6,2")
     # 20 GB/s: fine on GPU 6's eight lanes, low on GPU 2's (or GPU 0's) sixteen
     first, second = copy_verdicts(_copies(20.0), topo)
-    assert (first["device"], first["gpu"], first["link"], first["status"]) == ("cuda:0", 6, "Gen4 x8", "ok")
-    assert (second["device"], second["gpu"], second["link"], second["status"]) == ("cuda:1", 2, "Gen4 x16", "low")
+    assert (first.device, first.gpu, first.link, first.status) == ("cuda:0", 6, "Gen4 x8", "ok")
+    assert (second.device, second.gpu, second.link, second.status) == ("cuda:1", 2, "Gen4 x16", "low")
     md = "\n".join(copies_md({"copies": _copies(20.0)}, topo))
     assert "| GPU6 (cuda:0) | h2d |" in md and "| GPU2 (cuda:1) | d2h |" in md
     # a report written before job_gpus were kept: cuda:i read as GPU i, as then
     old = {k: v for k, v in to_jsonable(topo).items() if k not in ("job_gpus", "visible_devices")}
-    assert copy_verdicts(_copies(20.0), topology_from_dict(old))[0]["link"] == "Gen4 x16"
+    assert copy_verdicts(_copies(20.0), topology_from_dict(old))[0].link == "Gen4 x16"
 
 
 def test_the_scan_ties_devices_by_what_cuda_said_in_the_copies(node, monkeypatch):

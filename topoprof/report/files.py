@@ -55,7 +55,7 @@ def _copy_reference(report: dict) -> dict:
     copied GPU is the same known model; None where unknown."""
     copies = report.get("copies") or {}
     topology = topology_from_dict(report["topology"]) if report.get("topology") else None
-    links = [r["nominal_gbps"] for r in copy_verdicts(copies, topology) if r["nominal_gbps"]]
+    links = [r.nominal_gbps for r in copy_verdicts(copies, topology) if r.nominal_gbps]
     # an unknown GPU has no figure: nothing is drawn for it
     specs = {lookup_gpu_quietly(name) for name in copies.get("device_names") or ()}
     spec = next(iter(specs)) if len(specs) == 1 else None

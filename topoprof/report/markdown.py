@@ -16,7 +16,7 @@ from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
-from topoprof.report.verdict import Verdict, copy_verdicts
+from topoprof.report.verdict import CopyVerdict, Verdict, copy_verdicts
 from topoprof.specs.collective_spec import BenchRow, row_from_dict
 from topoprof.topology.build import Topology
 from topoprof.topology.visible import describe, gpu_marks, job_devices
@@ -276,19 +276,18 @@ def _copies(report: dict, topology: Topology | None) -> list[str]:
     status = {"ok": "OK", "low": "LOW", "unknown": "no reference figure"}
     out = ["### Host↔GPU copies against the PCIe link", ""]
     out += _table(["GPU", "copy", "measured GB/s", "link (NVML)", "raw GB/s", "share", "verdict"],
-                  [[_copy_gpu(r), r["kind"], f"{r['measured_gbps']:.1f}", r["link"],
-                    f"{r['nominal_gbps']:.1f}" if r["nominal_gbps"] else "–",
-                    f"{100 * r['ratio']:.0f} %" if r["ratio"] else "–", status[r["status"]]] for r in rows]) + [""]
-    causes = sorted({r["cause"] for r in rows if r["cause"]})
+                  [[_copy_gpu(r), r.kind, f"{r.measured_gbps:.1f}", r.link,
+                    f"{r.nominal_gbps:.1f}" if r.nominal_gbps else "–",
+                    f"{100 * r.ratio:.0f} %" if r.ratio else "–", status[r.status]] for r in rows]) + [""]
+    causes = sorted({r.cause for r in rows if r.cause})
     return out + [f"- {c}" for c in causes] + ([""] if causes else [])
 
 
-def _copy_gpu(row: dict) -> str:
+def _copy_gpu(row: CopyVerdict) -> str:
     """"GPU6 (cuda:0)" where the job's device is not the node's GPU of the same number."""
-    device = row.get("device") or f"cuda:{row['gpu']}"
-    if row["gpu"] is None:
-        return f"{device} (GPU unknown)"
-    return f"GPU{row['gpu']}" + ("" if device == f"cuda:{row['gpu']}" else f" ({device})")
+    if row.gpu is None:
+        return f"{row.device} (GPU unknown)"
+    return f"GPU{row.gpu}" + ("" if row.device == f"cuda:{row.gpu}" else f" ({row.device})")
 
 
 def _measured_vs_modelled(measured: float, modelled) -> str:

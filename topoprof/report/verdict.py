@@ -99,7 +99,22 @@ def judge(bench: dict, topology: Topology | None, ring: dict | None) -> Verdict:
     return Verdict(level, measured, size, None, (lo, hi), status, None, text, causes if status == "low" else ())
 
 
-def copy_verdicts(copies: dict | None, topology: Topology | None) -> list[dict]:
+@dataclass
+class CopyVerdict:
+    """One host<->GPU copy against its GPU's PCIe link."""
+
+    gpu: int | None                 # the node's GPU the device is; None: unknown
+    device: str                     # torch's cuda:i
+    kind: str                       # h2d or d2h
+    measured_gbps: float
+    nominal_gbps: float | None      # the link's raw rate; None: unknown
+    link: str                       # "Gen5 x16", or "unknown"
+    ratio: float | None = None
+    status: str = "unknown"         # ok, low, unknown
+    cause: str | None = None        # why it is low, where NVML saw the link run below what it can
+
+
+def copy_verdicts(copies: dict | None, topology: Topology | None) -> list[CopyVerdict]:
     """Each host<->GPU copy against its GPU's PCIe link as NVML reports it: the raw rate after
     line encoding at the link's maximum generation and width (a pinned copy reaches most of it;
     an idle GPU reports a lower current generation to save power, so the maximum is the
@@ -120,17 +135,16 @@ def copy_verdicts(copies: dict | None, topology: Topology | None) -> list[dict]:
         gen = (gpu.pcie_gen_max or gpu.pcie_gen_current) if gpu is not None else None
         width = (gpu.pcie_width_max or gpu.pcie_width_current) if gpu is not None else None
         nominal = constants.pcie_raw_gbps(gen, width)
-        row = {"gpu": index, "device": f"cuda:{ordinal}", "kind": m["kind"], "measured_gbps": m["bandwidth_gbps"],
-               "nominal_gbps": nominal, "link": f"Gen{gen} x{width}" if nominal else "unknown", "ratio": None,
-               "status": "unknown", "cause": None}
+        row = CopyVerdict(index, f"cuda:{ordinal}", m["kind"], m["bandwidth_gbps"], nominal,
+                          f"Gen{gen} x{width}" if nominal else "unknown")
         if nominal:
-            row["ratio"] = m["bandwidth_gbps"] / nominal
-            row["status"] = "ok" if row["ratio"] >= LOW_SHARE else "low"
+            row.ratio = m["bandwidth_gbps"] / nominal
+            row.status = "ok" if row.ratio >= LOW_SHARE else "low"
         below = [f"{what}{now} of {what}{best}" for what, now, best in
                  (("Gen", gpu.pcie_gen_current, gpu.pcie_gen_max), ("x", gpu.pcie_width_current, gpu.pcie_width_max))
                  if now and best and now < best] if gpu is not None else []
-        if below and row["status"] == "low":
-            row["cause"] = "the link runs below what it can (" + ", ".join(below) + \
+        if below and row.status == "low":
+            row.cause = "the link runs below what it can (" + ", ".join(below) + \
                            "): check `nvidia-smi -q -d PCIE` while a copy runs " + \
                            "(an idle GPU lowers its generation on purpose)"
         out.append(row)
