@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from topoprof.measure.fit import FitLine
 
 
 def nodes_from_ranks(ranks: list[dict]) -> list[dict]:
@@ -41,3 +45,56 @@ def summarize(nodes: list[dict]) -> dict:
                     differing.append(f"{f['host']}: {key} = {f[key]} (most nodes: {common})")
     return {"nodes": len(facts), "ranks_per_node": sorted({f["ranks"] for f in facts}),
             "gpus_per_node": sorted({f["gpus"] for f in facts}), "per_node": facts, "differing": differing}
+
+
+# ---- the cluster part of a scan's report.json, read back typed (report/scan_report.py) ----------
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What `_node_facts` says of one node."""
+
+    host: str
+    ranks: int
+    gpus: int
+    gpu_names: tuple[str, ...]
+    nics: tuple[tuple[str, float | None], ...]        # (RDMA device, Gb/s)
+    interfaces: tuple[tuple[str, float | None], ...]  # (name, Mb/s), up and not loopback
+    cpu: str | None
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    nodes: int
+    ranks_per_node: tuple[int, ...]
+    gpus_per_node: tuple[int, ...]
+    per_node: tuple[NodeFacts, ...]
+    differing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LevelFit:
+    """One group's all-reduce at one level (`topoprof.scan.pipeline.level_fits`)."""
+
+    fit: FitLine
+    ranks: tuple[int, ...]
+    peak_busbw_gbps: float
+    peak_size_bytes: int
+
+
+@dataclass(frozen=True)
+class ComposedCheck:
+    """The levels composed vs the whole job at its largest size (`topoprof.model.inputs.scan.composed_check`)."""
+
+    size_bytes: int
+    measured_s: float
+    composed_s: float
+    error_pct: float
+
+
+@dataclass(frozen=True)
+class ClusterReport:
+    summary: ClusterSummary
+    levels: dict[str, dict[str, LevelFit]] = field(default_factory=dict)  # "intra", "inter", "job": group -> fit
+    composed_check: ComposedCheck | None = None
+    nodes: list[Any] = field(default_factory=list)  # each node's ranks and topology as its ranks sent them

@@ -77,6 +77,15 @@ class Fit:
         )
 
 
+@dataclass(frozen=True)
+class FitLine:
+    """A `Fit` as a report holds it and a renderer reads it: t = latency + S / bandwidth; no
+    bandwidth where the times did not grow with the size (the JSON's null for an infinite one)."""
+
+    latency_us: float
+    bandwidth_gbps: float | None
+
+
 def _usable(rows: Sequence[BenchRow]) -> list[tuple[float, float]]:
     """(S, t) pairs: rows with data errors, zero size (aligned away) or no finite time are dropped."""
     return [

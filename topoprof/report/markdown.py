@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from topoprof.measure.cluster import ClusterReport
 from topoprof.measure.fit import Fit
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
@@ -412,37 +413,35 @@ def _step_range(s: StrategyResult) -> str:
     return "–" if s.range is None else f"{_ms(s.range.step_time_s[0])} – {_ms(s.range.step_time_s[1])}"
 
 
-def _cluster(report: dict) -> list[str]:
-    cluster = report.get("cluster")
-    if not cluster:
+def _cluster(cluster: ClusterReport | None) -> list[str]:
+    if cluster is None:
         return []
-    summ = cluster["summary"]
-    out = ["## Cluster", "", f"{summ['nodes']} nodes, {'/'.join(map(str, summ['ranks_per_node']))} rank(s) and "
-           f"{'/'.join(map(str, summ['gpus_per_node']))} GPU(s) per node.", ""]
-    rows = [[f["host"], f["ranks"], f["gpus"], ", ".join(f["gpu_names"]) or "–",
-             ", ".join(f"{d} {r or '?'} Gb/s" for d, r in f["nics"]) or
-             ", ".join(f"{n} {(s or 0) / 1000:g} Gb/s" for n, s in f["interfaces"]) or "–"] for f in summ["per_node"]]
+    summ = cluster.summary
+    out = ["## Cluster", "", f"{summ.nodes} nodes, {'/'.join(map(str, summ.ranks_per_node))} rank(s) and "
+           f"{'/'.join(map(str, summ.gpus_per_node))} GPU(s) per node.", ""]
+    rows = [[f.host, f.ranks, f.gpus, ", ".join(f.gpu_names) or "–",
+             ", ".join(f"{d} {r or '?'} Gb/s" for d, r in f.nics) or
+             ", ".join(f"{n} {(s or 0) / 1000:g} Gb/s" for n, s in f.interfaces) or "–"] for f in summ.per_node]
     out += _table(["node", "ranks", "GPUs", "GPU model", "NICs / interfaces"], rows) + [""]
-    out += [f"> differs: {d}" for d in summ["differing"]] + ([""] if summ["differing"] else [])
-    levels = cluster.get("levels") or {}
+    out += [f"> differs: {d}" for d in summ.differing] + ([""] if summ.differing else [])
+    levels = cluster.levels
     rows = []
     for level, label in (("intra", "inside a node"), ("inter", "network (one rank per node)"), ("job", "whole job")):
-        if level == "intra" and not levels.get(level) and max(summ["ranks_per_node"], default=0) == 1:
+        if level == "intra" and not levels.get(level) and max(summ.ranks_per_node, default=0) == 1:
             rows.append([label, "–", 1, "–", "one rank per node: nothing to all-reduce inside a node"])
         for group, e in (levels.get(level) or {}).items():
-            fit = e["fit"]
-            bw = fit.get("bandwidth_gbps")
-            rows.append([label, group, len(e["ranks"]), f"{e['peak_busbw_gbps']:.3f} @ {e['peak_size_bytes']:,} B",
-                         f"{fit['latency_us']:.0f} µs + S / {bw:.3f} GB/s" if bw else f"{fit['latency_us']:.0f} µs "
-                                                                                      f"(latency only)"])
+            bw = e.fit.bandwidth_gbps
+            rows.append([label, group, len(e.ranks), f"{e.peak_busbw_gbps:.3f} @ {e.peak_size_bytes:,} B",
+                         f"{e.fit.latency_us:.0f} µs + S / {bw:.3f} GB/s" if bw else
+                         f"{e.fit.latency_us:.0f} µs (latency only)"])
     if rows:
         out += (["All-reduce at each level:", ""]
                 + _table(["level", "group", "ranks", "peak busbw GB/s", "fit"], rows) + [""])
-    check = cluster.get("composed_check")
-    if check:
+    check = cluster.composed_check
+    if check is not None:
         out += [f"Cross-check: the per-node ring and the network measured alone, composed as NCCL's ring crosses "
-                f"them, give {check['composed_s'] * 1e3:.2f} ms for a {check['size_bytes']:,} B all-reduce; the whole "
-                f"job measured {check['measured_s'] * 1e3:.2f} ms ({check['error_pct']:+.0f}%). Predictions use the "
+                f"them, give {check.composed_s * 1e3:.2f} ms for a {check.size_bytes:,} B all-reduce; the whole "
+                f"job measured {check.measured_s * 1e3:.2f} ms ({check.error_pct:+.0f}%). Predictions use the "
                 "whole job's own measurement.", ""]
     return out
 
@@ -452,7 +451,7 @@ def render_markdown(report: dict) -> str:
     predictions = parts.predictions
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    out += _todo(parts.recommendations, made(predictions)) + _sources(parts.probes) + _cluster(report)
+    out += _todo(parts.recommendations, made(predictions)) + _sources(parts.probes) + _cluster(parts.cluster)
     out += _topology(report, parts.topology, parts.probes) + _bandwidth(report, parts.verdict, parts.topology)
     out += _predictions(report, predictions) + _what_if(report, parts.what_if) + _validation(report, parts.validation)
     more = parts.recommendations[3:]

@@ -1,13 +1,14 @@
 """A scan's report.json read back typed, part by part, through the one reader
 (`topoprof.jsonio.from_jsonable`): the model's predictions, the validation, the topology, the
-bandwidth's verdict, the advice, the sources asked and a one-GPU scan's what-if. report.md is rendered from these, and
-`topoprof report` reads them before it writes anything, so that a report it cannot read is one
-line naming where."""
+bandwidth's verdict, the advice, the sources asked, a one-GPU scan's what-if and a multi-node
+scan's cluster. report.md is rendered from these, and `topoprof report` reads them before it
+writes anything, so that a report it cannot read is one line naming where."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from topoprof.jsonio import from_jsonable
+from topoprof.measure.cluster import ClusterReport
 from topoprof.model.strategies.model_report import ModelReport, Skipped, read_predictions
 from topoprof.model.strategies.whatif import WhatIfReport
 from topoprof.model.validate.report import ValidateReport, read_validate_report
@@ -27,6 +28,7 @@ class ScanParts:
     recommendations: list[Recommendation]
     probes: list[ProbeStatus]  # empty in reports written before sources had statuses
     what_if: WhatIfReport | None  # a one-GPU scan's
+    cluster: ClusterReport | None  # a multi-node scan's
 
 
 def read_scan_parts(report: dict) -> ScanParts:
@@ -40,4 +42,5 @@ def read_scan_parts(report: dict) -> ScanParts:
         recommendations=[from_jsonable(Recommendation, r, f"recommendations[{i}]")
                          for i, r in enumerate(report.get("recommendations") or [])],
         probes=[from_jsonable(ProbeStatus, p, f"probes[{i}]") for i, p in enumerate(report.get("probes") or [])],
-        what_if=from_jsonable(WhatIfReport, report["what_if"], "what_if") if report.get("what_if") else None)
+        what_if=from_jsonable(WhatIfReport, report["what_if"], "what_if") if report.get("what_if") else None,
+        cluster=from_jsonable(ClusterReport, report["cluster"], "cluster") if report.get("cluster") else None)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topoprof.jsonio import read_document
+from topoprof.measure.fit import FitLine
 from topoprof.model.validate.rotations import Spread
 
 
@@ -43,15 +44,6 @@ class Calibration:
     rotations: int | None = None
     combine: str = ""
     ddp_copies_basis: str | None = None
-
-
-@dataclass(frozen=True)
-class FitLine:
-    """The all-reduce fit of the ranks (`topoprof.measure.fit.Fit`): t = latency + S / bandwidth;
-    no bandwidth where the times did not grow with the size."""
-
-    latency_us: float
-    bandwidth_gbps: float | None
 
 
 @dataclass(frozen=True)
