@@ -247,14 +247,16 @@ def test_a_scan_draws_its_copies_against_the_gpus_pcie_link_and_memory():
     import os
 
     from topoprof.report.files import _copy_reference
+    from topoprof.topology.load import topology_from_dict
 
     path = os.path.join(_repo_root(), "reports", "gpu-nvidia-h200-20261126", "scan", "report.json")
     with open(path) as f:
         report = json.load(f)
-    reference = _copy_reference(report)
+    topology = topology_from_dict(report["topology"])
+    reference = _copy_reference(report, topology)
     assert reference["pcie_gbps"] == pytest.approx(63.0, abs=0.05) and reference["hbm_gbps"] == 4800.0
     report["copies"]["device_names"] = ["NVIDIA H200", "Some Unknown GPU"]
-    assert _copy_reference(report)["hbm_gbps"] is None  # no figure is borrowed for an unknown GPU
+    assert _copy_reference(report, topology)["hbm_gbps"] is None  # no figure is borrowed for an unknown GPU
 
 
 def test_what_if_chart_from_a_real_one_gpu_scan(tmp_path):
@@ -264,11 +266,12 @@ def test_what_if_chart_from_a_real_one_gpu_scan(tmp_path):
 
     from topoprof.report.files import render_charts
     from topoprof.report.plots.whatif import _speedups
+    from topoprof.report.scan_report import read_scan_parts
 
     path = os.path.join(_repo_root(), "reports", "gpu-nvidia-h200-20261126", "scan-standalone", "report.json")
     with open(path) as f:
         report = json.load(f)
-    assert render_charts(report, str(tmp_path))["what_if"] == "what_if.png"
+    assert render_charts(report, read_scan_parts(report), str(tmp_path))["what_if"] == "what_if.png"
     assert_png(tmp_path / "what_if.png")
     # 2 GPUs over NVLink: 2 x 193.7 ms / (217.0..217.7 ms) for DDP synced every micro-batch
     case, single = report["what_if"]["cases"][0], report["what_if"]["single_step_s"]

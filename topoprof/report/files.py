@@ -11,13 +11,13 @@ import os
 from topoprof.errors import InputError
 from topoprof.jsonio import SCHEMA_VERSION, SchemaError, dumps, load_json, spare_folder, to_jsonable
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
-from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
+from topoprof.model.strategies.model_report import ModelReport, made
 from topoprof.model.strategies.results import Memory, StrategyResult
 from topoprof.report import plots
 from topoprof.report.markdown import render_markdown
-from topoprof.report.scan_report import read_scan_parts
+from topoprof.report.scan_report import ScanParts, read_scan_parts
 from topoprof.report.verdict import copy_verdicts
-from topoprof.topology.load import topology_from_dict
+from topoprof.topology.build import Topology
 
 CHARTS = ("busbw", "links", "copies", "what_if", "step_vs_accum", "pred_vs_measured", "memory")
 
@@ -49,12 +49,11 @@ def _largest(predictions: list[ModelReport]) -> ModelReport | None:
     return max(sized, key=lambda p: max(m.total_gb or 0 for m in memories(p)), default=None)
 
 
-def _copy_reference(report: dict) -> dict:
+def _copy_reference(report: dict, topology: Topology | None) -> dict:
     """The figures the copies chart draws its measurements against: the PCIe link's raw rate (as
     the copies' verdict takes it, from NVML) and the GPU's datasheet memory bandwidth, where every
     copied GPU is the same known model; None where unknown."""
     copies = report.get("copies") or {}
-    topology = topology_from_dict(report["topology"]) if report.get("topology") else None
     links = [r.nominal_gbps for r in copy_verdicts(copies, topology) if r.nominal_gbps]
     # an unknown GPU has no figure: nothing is drawn for it
     specs = {lookup_gpu_quietly(name) for name in copies.get("device_names") or ()}
@@ -63,7 +62,8 @@ def _copy_reference(report: dict) -> dict:
     return {"pcie_gbps": max(links) if links else None, "hbm_gbps": hbm}
 
 
-def render_charts(report: dict, out_dir: str) -> dict[str, str]:
+def render_charts(report: dict, parts: ScanParts, out_dir: str) -> dict[str, str]:
+    """The PNG charts of `report` in out_dir (`parts`: its typed parts, `read_scan_parts`); their file names."""
     charts = {}
     bench = report.get("bench") or {}
     job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
@@ -77,11 +77,11 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
     copies = report.get("copies") or {}
     if copies.get("status") == "ok":
         charts["copies"] = plots.plot_copy_matrix(copies, os.path.join(out_dir, "copies.png"),
-                                                  reference=_copy_reference(report))
+                                                  reference=_copy_reference(report, parts.topology))
     what_if = report.get("what_if") or {}
     if what_if.get("cases"):  # one GPU: what more such GPUs and nodes would give
         charts["what_if"] = plots.plot_what_if(what_if, os.path.join(out_dir, "what_if.png"))
-    predictions = made(read_predictions(report.get("predictions")))
+    predictions = made(parts.predictions)
     primary = _primary(predictions)
     if primary is not None and primary.sweep is not None:
         charts["step_vs_accum"] = plots.plot_step_vs_accum(
@@ -102,12 +102,13 @@ def render_charts(report: dict, out_dir: str) -> dict[str, str]:
 def write_report(report: dict, out_dir: str, beside: dict[str, str] | None = None) -> dict[str, str]:
     """report.json, the charts, report.md and the files `beside` (name: text) in out_dir; returns
     the file names written."""
+    parts = read_scan_parts(report)  # once, for the charts and report.md
     os.makedirs(out_dir, exist_ok=True)
-    report["charts"] = render_charts(report, out_dir)
+    report["charts"] = render_charts(report, parts, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         f.write(dumps(report) + "\n")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(render_markdown(report))
+        f.write(render_markdown(report, parts))
     for name, text in (beside or {}).items():
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(text)

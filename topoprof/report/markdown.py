@@ -12,7 +12,7 @@ from topoprof.model.validate.report import Calibration, ModeCheck, ValidateRepor
 from topoprof.probing import ProbeStatus
 from topoprof.report.costs import part_rows, share_span
 from topoprof.report.recommend import Recommendation
-from topoprof.report.scan_report import read_scan_parts
+from topoprof.report.scan_report import ScanParts
 from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
@@ -446,8 +446,8 @@ def _cluster(cluster: ClusterReport | None) -> list[str]:
     return out
 
 
-def render_markdown(report: dict) -> str:
-    parts = read_scan_parts(report)
+def render_markdown(report: dict, parts: ScanParts) -> str:
+    """report.md of `report`, from its typed parts (`read_scan_parts`) and the rest of its JSON."""
     predictions = parts.predictions
     mode = report.get("mode") or {}
     out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]

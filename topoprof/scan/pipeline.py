@@ -28,8 +28,8 @@ from topoprof.report import recommend as rec
 from topoprof.report.files import save_report
 from topoprof.report.verdict import judge
 from topoprof.scan.ranks import environment, run_ranks, versions
+from topoprof.topology.build import Topology
 from topoprof.topology.collect import collect_topology, identified
-from topoprof.topology.load import topology_from_dict
 from topoprof.topology.visible import JobView, identify, job_devices, job_gpu
 
 
@@ -72,7 +72,7 @@ def _ring(topology, gpus: list[int]) -> dict | None:
         return None
 
 
-def _recommendations(report: dict) -> list:
+def _recommendations(report: dict, topo: Topology) -> list:
     recs = []
     for pred in made(read_predictions(report["predictions"])):
         label = pred.label or ""
@@ -88,7 +88,6 @@ def _recommendations(report: dict) -> list:
         if r.key not in best or (r.gain_pct or 0) > (best[r.key].gain_pct or 0):
             best[r.key] = r
     recs = list(best.values())
-    topo = topology_from_dict(report["topology"])
     recs += rec.gpu_choice_recommendations(topo)
     numa = rec.numa_recommendation(topo)
     recs += [numa] if numa else []
@@ -263,9 +262,9 @@ def run(opts, stages, out_dir: str) -> Written | None:
         "cluster": cluster_payload(node_ranks, levels, bench.rows, opts.nproc),
     })
     report = to_jsonable(report)
-    report["verdict"] = to_jsonable(judge(report["bench"], topology_from_dict(report["topology"]), report["ring"]))
+    report["verdict"] = to_jsonable(judge(report["bench"], topology, report["ring"]))
     stages.begin("recommendations and report")
-    report["recommendations"] = to_jsonable(_recommendations(report))
+    report["recommendations"] = to_jsonable(_recommendations(report, topology))
     report["timing"] = {}
 
     folder, moved_because = save_report(report, out_dir)
