@@ -351,7 +351,7 @@ def test_the_profile_a_scan_priced_with_is_written_beside_its_report_or_with_it_
     from topoprof.report import files
 
     report = {"kind": "scan", "mode": {"summary": "", "nproc": 1}}
-    monkeypatch.setattr("topoprof.report.files.render_markdown", lambda report: "")
+    monkeypatch.setattr("topoprof.report.files.render_markdown", lambda report, parts: "")
     folder, why = files.save_report(dict(report), str(tmp_path / "out"), {"device-profile.json": "{}\n"})
     assert why is None and (tmp_path / "out" / "device-profile.json").read_text() == "{}\n"
     blocked = tmp_path / "file"
