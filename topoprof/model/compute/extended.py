@@ -44,6 +44,10 @@ def priced_line(one_block: dict, two_blocks: dict, gpu: str | None, precision: s
 def extended_fields(values: tuple[float, ...], device: str, shape: str, how: str) -> dict:
     """A `Compute`'s modelled fields from (fast, middle, slow, forward, recompute) seconds."""
     fast, middle, slow, forward, recompute = values
+    # each end is extended on its own line: where the host and the device trade the bound between
+    # depths, the lines can cross (a fast end past the middle). The range then holds both ends
+    # about the middle as extended.
+    fast, slow = min(fast, middle, slow), max(fast, middle, slow)
     basis = f"its ops at {shape} on {device}, {how}"
     detail = {"seconds": [fast, middle, slow], "device": device, "shape": shape, "basis": [basis], "summary": basis,
               "notes": [], **({"recompute_s": [recompute] * 3} if recompute > 0 else {})}
