@@ -9,6 +9,7 @@ import pytest
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import RingComm
+from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan, recompute_shares
 from topoprof.model.fsdp.timeline import FsdpSetting, collective_times, fsdp_micro_batch
@@ -85,7 +86,7 @@ def _priced(mode: str) -> dict:
     # under its policy's modes can cost more host time than full's)
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "topoprof", "model", "compute",
                         "profiles", "nvidia-h200-sxm-gpu-facts-20261126.json")
-    return modelled_fields(trace, "h100-sxm", "bf16", False, profile=load_profile(path), profile_path=path)
+    return modelled_fields(trace, named_gpu("h100-sxm"), "bf16", False, profile=load_profile(path), profile_path=path)
 
 
 def test_the_recompute_is_priced_in_backward_for_full_and_op_and_is_none_without():

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
+from topoprof.model.compute.datasheet import named_gpu  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
@@ -161,7 +162,7 @@ def test_op_mode_step_grows_by_exactly_the_ratios_share_of_a_recorded_op(by_mode
     priced = {**plain, "selective_checkpoint": {"ratio": 3.0, "how": "measured here: a stated 3"}}
     # a profile that did not measure the policy's modes (the H200's facts): the trace's ratio prices them
     path = os.path.join(SHIPPED_DIR, "nvidia-h200-sxm-gpu-facts-20261126.json")
-    pricer, _ = pricer_for("h100-sxm", "bf16", False, load_profile(path), path)
+    pricer, _ = pricer_for(named_gpu("h100-sxm"), "bf16", False, load_profile(path), path)
     before, after = roofline(plain, pricer), roofline(priced, pricer)
     recorded = pricer.host.get("autograd_forward").at("middle", False)
     seen = sum(1 for op in plain["ops"] if op.get("selective") and not op["view"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.profiles import HOST, h100_profile
+from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds
 from topoprof.model.compute.profile_choice import pricer_for
@@ -67,7 +68,7 @@ def test_a_trace_without_storage_keys_reads_the_first_op_and_writes_the_last():
 
 
 def test_compiled_pays_a_call_per_graph_and_a_launch_per_kernel():
-    dev = pricer_for("h100-sxm", "bf16", True, h100_profile(), "hand-made")[0]
+    dev = pricer_for(named_gpu("h100-sxm"), "bf16", True, h100_profile(), "hand-made")[0]
     fused = fuse(_trace(), "middle")
     host = compiled_host_seconds(fused, dev.host, "middle")
     launch = dev.host.compiled_kernel.at("middle", fast_is_high=False)
@@ -76,7 +77,7 @@ def test_compiled_pays_a_call_per_graph_and_a_launch_per_kernel():
     first_backward = next(i for i, op in enumerate(fused["ops"]) if op["phase"] == "backward")
     assert host[first_backward] == pytest.approx(launch + HOST["autograd_backward_node"]
                                                  + 2 * (HOST["autograd_backward_node"] - HOST["op"]))
-    eager = roofline(_trace(), pricer_for("h100-sxm", "bf16", False, h100_profile(), "hand-made")[0])
+    eager = roofline(_trace(), pricer_for(named_gpu("h100-sxm"), "bf16", False, h100_profile(), "hand-made")[0])
     compiled = roofline(_trace(), dev)
     assert compiled.kernels < eager.kernels == 7
     assert compiled.middle.host_s < eager.middle.host_s and compiled.middle.device_s < eager.middle.device_s

@@ -10,7 +10,7 @@ import pytest
 from helpers.model_reports import model_report
 
 from topoprof.model.comm.collectives import RingComm
-from topoprof.model.compute.datasheet import gpu_memory_gb
+from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.timing import Compute
 from topoprof.model.memory import holding
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
@@ -66,13 +66,13 @@ GIB = 2 ** 30 / 1e9  # NVIDIA's "GB" of memory are GiB: the H200 here, "141 GB",
 
 
 def test_gpu_memory_from_the_name_or_the_datasheet():
-    assert gpu_memory_gb("NVIDIA H100 80GB HBM3")[0] == 80 * GIB
-    assert gpu_memory_gb("Tesla V100-SXM2-32GB")[0] == 32 * GIB
-    assert gpu_memory_gb("v100-sxm2")[0] == 16 * GIB and "smaller" in gpu_memory_gb("v100-sxm2")[1]
-    assert gpu_memory_gb("h200-sxm")[0] == 141 * GIB
+    assert named_gpu("NVIDIA H100 80GB HBM3").memory_gb[0] == 80 * GIB
+    assert named_gpu("Tesla V100-SXM2-32GB").memory_gb[0] == 32 * GIB
+    assert named_gpu("v100-sxm2").memory_gb[0] == 16 * GIB and "smaller" in named_gpu("v100-sxm2").memory_gb[1]
+    assert named_gpu("h200-sxm").memory_gb[0] == 141 * GIB
     # the H200 of reports/gpu-nvidia-h200-20261126: nvidia-smi's 143771 MiB is within 0.5 % of 141 GiB
-    assert abs(143771 * 2 ** 20 / 1e9 / gpu_memory_gb("h200-sxm")[0] - 1) < 0.005
-    assert gpu_memory_gb("no such gpu") is None
+    assert abs(143771 * 2 ** 20 / 1e9 / named_gpu("h200-sxm").memory_gb[0] - 1) < 0.005
+    assert named_gpu("no such gpu").memory_gb is None
 
 
 def test_largest_group_is_a_block():

@@ -310,13 +310,14 @@ def _no_gpu_here(monkeypatch):
 
 
 def _assumed(monkeypatch, gpu: str, **cluster):
+    from topoprof.model.compute.datasheet import named_gpu
     from topoprof.model.inputs.gather import gather_links
     from topoprof.model.inputs.request import ClusterRequest
     from topoprof.model.inputs.resolve import comm_of
 
     _no_gpu_here(monkeypatch)
     request = ClusterRequest(**cluster)
-    return comm_of(gather_links(request, gpu), request, gpu)
+    return comm_of(gather_links(request), request, named_gpu(gpu))
 
 
 def test_an_sxm_gpu_without_a_link_is_on_its_nvswitch_board(monkeypatch):

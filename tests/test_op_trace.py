@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.model.compute.datasheet import named_gpu  # noqa: E402
 from topoprof.specs.messages import TraceFailure  # noqa: E402
 from topoprof.trace.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, parameter_list  # noqa: E402
@@ -260,7 +261,7 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
     assert traced["autocast_failure"] == "in bf16, RuntimeError: mixed dtypes"
     from topoprof.model.compute.traced import priced
 
-    modelled, why = priced(traced, "h100-sxm", "bf16", False)
+    modelled, why = priced(traced, named_gpu("h100-sxm"), "bf16", False)
     assert modelled == {} and "ran in fp32, not bf16" in why and "mixed dtypes" in why
 
 

@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.profile import HOST_KINDS, MEMORY_KINDS, load_profile, profile_from_dict, profile_to_json
 from topoprof.model.compute.profile_facts import SHIPPED, profile_from_gpu_facts
 from topoprof.model.compute.profile_scale import datasheet_ratios, scale_to
@@ -147,10 +148,10 @@ def test_scaling_gives_a_range_spanning_the_ratios_that_could_bind():
     assert memory.optimizer_bytes_per_s() is None
     host = scaled.host_seconds("op")
     assert host.low == host.high == 6e-6 and "same class of host CPU" in host.basis
-    ratios = datasheet_ratios(p, "H200 SXM")   # the profile's GPU is an H100 SXM: same peak and SMs
+    ratios = datasheet_ratios(p, named_gpu("H200 SXM"))   # the profile's GPU is an H100 SXM: same peak and SMs
     assert (ratios.peak, ratios.sms) == (1.0, 1.0) and ratios.bandwidth == pytest.approx(4800 / 3350)
     with pytest.raises(InputError, match="no datasheet"):
-        datasheet_ratios(p, "Radeon 9000")
+        datasheet_ratios(p, named_gpu("Radeon 9000"))
 
 
 # ---- the file format ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.profiles import GRID, HOST, MEMORY, SDPA, h100_profile, power, profile_doc
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import SM_COUNT
+from topoprof.model.compute.datasheet import SM_COUNT, named_gpu
 from topoprof.model.compute.host_costs import eager_host_seconds, host_costs_from
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.model.compute.profile_choice import nearest_profile, pricer_for
@@ -53,7 +53,7 @@ def _trace():
 
 
 def _h100(**changes):
-    return pricer_for("h100-sxm", "bf16", False, h100_profile(**changes), "hand-made")[0]
+    return pricer_for(named_gpu("h100-sxm"), "bf16", False, h100_profile(**changes), "hand-made")[0]
 
 
 def test_each_op_takes_exactly_what_the_profiles_points_imply():
@@ -123,8 +123,8 @@ def test_attention_splits_the_profiles_forward_plus_backward_as_the_trace_counts
 
 def test_a_profile_scaled_to_another_gpu_spans_exactly_the_stated_ratios():
     profile = h100_profile()
-    ratios = datasheet_ratios(profile, "a100-sxm4-80gb")
-    dev = pricer_for("a100-sxm4-80gb", "bf16", False, profile, "hand-made")[0]
+    ratios = datasheet_ratios(profile, named_gpu("a100-sxm4-80gb"))
+    dev = pricer_for(named_gpu("a100-sxm4-80gb"), "bf16", False, profile, "hand-made")[0]
     gemm = _mm(1024, 768, 768)   # 24 tiles: under a wave on either GPU, so no quantization either way
     flops, rate = gemm["flops"], power(1024, 768, 768)
     gemm_ratios = (ratios.peak, ratios.peak / ratios.sms, ratios.bandwidth)
@@ -172,7 +172,7 @@ def test_below_the_smallest_shape_a_small_kernel_takes_between_its_rate_and_its_
 def test_a_reading_blended_from_scattered_shapes_carries_their_spread():
     scattered = [((1024, 768, 768), 1e14), ((4096, 3072, 768), 6e14), ((2048, 1024, 1024), 3e14)]
     profile = profile_from_dict(profile_doc(gemm=scattered, host=HOST), "scattered")
-    dev = pricer_for("h100-sxm", "bf16", False, profile, "scattered")[0]
+    dev = pricer_for(named_gpu("h100-sxm"), "bf16", False, profile, "scattered")[0]
     read = profile.gemm_flops_per_s(2048, 2048, 768)
     assert "blend" in read.basis and read.spread > 0
     op = _mm(2048, 2048, 768)
@@ -210,7 +210,7 @@ def test_a_cpu_profile_runs_inline_its_points_less_the_calls_host_cost():
     got = price(trace, dev, "middle")
     assert got.seconds == pytest.approx(got.host_s + got.device_s)   # inline: host and device add
     with pytest.raises(InputError, match="a CPU's: it cannot be scaled to GPU"):
-        pricer_for("h100-sxm", "bf16", False, cpu)
+        pricer_for(named_gpu("h100-sxm"), "bf16", False, cpu)
 
 
 def test_the_nearest_profile_by_the_stated_rule():
@@ -228,32 +228,32 @@ def test_the_nearest_profile_by_the_stated_rule():
     a100 = made("NVIDIA A100-SXM4-80GB")
     h100_fp16 = made("NVIDIA H100 80GB HBM3", dtype="float16")
     pool = [h200_facts, h200, h200_quick_newer, h100, a100, h100_fp16]
-    assert nearest_profile("h100-sxm", "bf16", pool).profile is h100[1]        # 1: the same GPU
-    pick = nearest_profile("h200-sxm", "bf16", pool)
+    assert nearest_profile(named_gpu("h100-sxm"), "bf16", pool).profile is h100[1]        # 1: the same GPU
+    pick = nearest_profile(named_gpu("h200-sxm"), "bf16", pool)
     assert pick.profile is h200[1] and pick.rule == 0   # measured before converted facts, full before quick
-    assert nearest_profile("h100-pcie", "bf16", pool).rule == 1                # 2: same compute capability
-    assert nearest_profile("a100-pcie-40gb", "bf16", pool).profile is a100[1]  # sm_80 before sm_90
-    assert nearest_profile("l40s", "bf16", [h100, a100]).rule == 2             # 3: the same major (8.9, 8.0)
+    assert nearest_profile(named_gpu("h100-pcie"), "bf16", pool).rule == 1                # 2: same compute capability
+    assert nearest_profile(named_gpu("a100-pcie-40gb"), "bf16", pool).profile is a100[1]  # sm_80 before sm_90
+    assert nearest_profile(named_gpu("l40s"), "bf16", [h100, a100]).rule == 2             # 3: the same major (8.9, 8.0)
     fp16 = [made("NVIDIA H100 80GB HBM3", dtype="float16"), made("NVIDIA A100-SXM4-80GB", dtype="float16")]
-    other = nearest_profile("t4", "fp16", fp16)
+    other = nearest_profile(named_gpu("t4"), "fp16", fp16)
     assert other.rule == 3 and other.profile is fp16[1][1]                     # 4: the nearest other (7.5: 8.0)
-    assert nearest_profile("h100-sxm", "fp16", pool).profile is h100_fp16[1]   # only in the what-if's precision
-    assert nearest_profile("v100-sxm2", "bf16", pool) is None                 # no bf16 on a V100 to scale by
+    assert nearest_profile(named_gpu("h100-sxm"), "fp16", pool).profile is h100_fp16[1]  # only in its precision
+    assert nearest_profile(named_gpu("v100-sxm2"), "bf16", pool) is None                 # no bf16 on a V100 to scale by
 
 
 def test_a_given_profile_of_another_architecture_says_so_as_a_shipped_one_does():
-    assert pricer_for("h100-pcie", "bf16", False, h100_profile(), "given")[1] == []   # the same sm_90
-    _, notes = pricer_for("a100-sxm4-80gb", "bf16", False, h100_profile(), "given")
+    assert pricer_for(named_gpu("h100-pcie"), "bf16", False, h100_profile(), "given")[1] == []   # the same sm_90
+    _, notes = pricer_for(named_gpu("a100-sxm4-80gb"), "bf16", False, h100_profile(), "given")
     assert notes and "is another architecture than a100-sxm4-80gb" in notes[0]
 
 
 def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
-    dev, notes = pricer_for("v100-sxm2", "fp16", False)
+    dev, notes = pricer_for(named_gpu("v100-sxm2"), "fp16", False)
     assert isinstance(dev, DeviceModel) and "datasheet" in dev.name
     assert notes and "no device profile can be scaled to v100-sxm2 in fp16" in notes[0]
     with pytest.raises(InputError, match="measured in bfloat16: it cannot price --precision fp16"):
-        pricer_for("h100-sxm", "fp16", False, h100_profile())
-    result = roofline(_trace(), pricer_for("h100-sxm", "bf16", False, h100_profile(), "given")[0])
+        pricer_for(named_gpu("h100-sxm"), "fp16", False, h100_profile())
+    result = roofline(_trace(), pricer_for(named_gpu("h100-sxm"), "bf16", False, h100_profile(), "given")[0])
     assert result.kernels == 6 and result.views == 1 and any("device profile" in b for b in result.basis)
 
 
@@ -268,7 +268,7 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     trace = {**_trace(), "params": [{"name": "w", "shape": [1000, 100], "requires_grad": True},
                                     {"name": "b", "shape": [1000], "requires_grad": True},
                                     {"name": "frozen", "shape": [10], "requires_grad": False}]}
-    fields = modelled_fields(trace, "h100-sxm", "bf16", False, profile=profile)
+    fields = modelled_fields(trace, named_gpu("h100-sxm"), "bf16", False, profile=profile)
     assert fields["modelled_detail"]["optimizer"]["tensors"] == 2
     times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,
                           grad_bytes=4)

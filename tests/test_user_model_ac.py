@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from helpers.cli import topoprof  # noqa: E402
 
+from topoprof.model.compute.traced import gpu_target  # noqa: E402
 from topoprof.model.inputs.candidates import UserShape, WholePass, blocks_alike  # noqa: E402
 from topoprof.model.inputs.traces import user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
@@ -121,7 +122,7 @@ def test_a_dict_batch_is_resized_along_its_first_dimension():
 
 def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():
     shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
-    traced_as, traced = user_memory_set(shape, "bf16", cast=False)
+    traced_as, traced = user_memory_set(shape, "bf16", cast=False, target=gpu_target("bf16"))
     assert not isinstance(traced, str), traced
     assert traced.whole and traced_as.blocks is None  # nothing to check cut passes against: whole
     for mode in shape.modes:
@@ -141,8 +142,8 @@ def test_a_users_alike_blocks_are_traced_at_one_and_two_and_keep_what_the_whole_
     of the whole model count."""
     shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
     whole_pass = WholePass(_trace("build", "none"), "none")
-    cut_as, cut = user_memory_set(shape, "bf16", cast=True, whole=whole_pass)
-    whole_as, whole = user_memory_set(shape, "bf16", cast=True)
+    cut_as, cut = user_memory_set(shape, "bf16", cast=True, target=gpu_target("bf16"), whole=whole_pass)
+    whole_as, whole = user_memory_set(shape, "bf16", cast=True, target=gpu_target("bf16"))
     assert not isinstance(cut, str) and not isinstance(whole, str), (cut, whole)
     assert (cut_as.blocks, cut.blocks, cut.whole) == (4, 4, False) and whole.whole
     assert "cut to its first 1 and 2 blocks" in cut.source
@@ -156,7 +157,8 @@ def test_a_users_alike_blocks_are_traced_at_one_and_two_and_keep_what_the_whole_
 
 def test_blocks_of_one_class_that_are_not_alike_are_traced_whole():
     shape = UserShape(f"{BLOCKS}:unlike", 2, 64, None, ("none", "full"))
-    traced_as, traced = user_memory_set(shape, "bf16", cast=False, whole=WholePass(_trace("unlike", "none"), "none"))
+    traced_as, traced = user_memory_set(shape, "bf16", cast=False, target=gpu_target("bf16"),
+                                        whole=WholePass(_trace("unlike", "none"), "none"))
     assert traced_as.blocks is None and not isinstance(traced, str) and traced.whole
 
 

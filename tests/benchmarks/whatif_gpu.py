@@ -80,12 +80,13 @@ def print_rows(rows: list[tuple[str, float, object]]) -> None:
 
 
 def main_committed(path: str, shapes, traced, describe) -> None:
+    from topoprof.model.compute.datasheet import named_gpu
     from topoprof.model.compute.profile_choice import pricer_for
     from topoprof.model.compute.roofline import roofline
 
     names = {describe(p, kw): (p, kw) for p, kw in shapes}
     gpu, measured = committed_rows(path, names)
-    pricer, notes = pricer_for(gpu, "bf16", False)
+    pricer, notes = pricer_for(named_gpu(gpu), "bf16", False)
     print(f"# measured: {os.path.relpath(path, ROOT)} ({gpu}); priced: {pricer.name}")
     for line in pricer.basis_lines()[:2]:
         print(f"# {line}")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.compute.profile import HOST_KINDS, PRECISION_OF_DTYPE, DeviceProfile
 
 
@@ -26,7 +25,7 @@ def datasheet(profile: DeviceProfile) -> tuple[float | None, float | None]:
     (`topoprof.model.compute`); (None, None) for a CPU or a GPU not in it."""
     if profile.machine.kind != "cuda":
         return None, None
-    spec = lookup_gpu_quietly(profile.machine.device)
+    spec = profile.gpu.row
     if spec is None:
         return None, None
     precision = PRECISION_OF_DTYPE.get(profile.dtype)

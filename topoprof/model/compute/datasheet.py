@@ -136,21 +136,6 @@ _MEMORY_GB: dict[str, float] = {
 }
 
 
-def gpu_memory_gb(name: str) -> tuple[float, str] | None:
-    """(GB, basis) of a GPU named as `lookup_gpu` takes it: the size in the name when it has one
-    ("Tesla V100-SXM2-32GB"), else the datasheet row's; None for an unknown name."""
-    spec = lookup_gpu_quietly(name)
-    if spec is None:
-        return None
-    sized = re.search(r"(\d+)gb", normalize_gpu_name(name))
-    if sized:
-        return float(sized.group(1)) * BINARY_GB, f"{sized.group(1)} GB in the name {name!r}, {BINARY_BASIS}"
-    note = (" (the smaller of its sizes: give the full name, e.g. V100-SXM2-32GB)"
-            if spec.name.startswith("v100") else "")
-    size = _MEMORY_GB[spec.name]
-    return size * BINARY_GB, f"{spec.name} datasheet {size:g} GB{note}, {BINARY_BASIS}"
-
-
 # Normalized `nvidia-smi --query-gpu=name` strings (and common short names) -> table key.
 # The names are the ones the driver prints, e.g. "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB".
 _ALIASES: dict[str, str] = {
@@ -198,6 +183,53 @@ def lookup_gpu_quietly(name: str | None) -> GpuSpec | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return lookup_gpu(name)
+
+
+
+@dataclass(frozen=True)
+class NamedGpu:
+    """A GPU as it was named (by --gpu, a device profile's machine, or CUDA where a model was timed)
+    with its datasheet row, looked up once where the name enters; `row` is None where the table
+    does not know the name, and `why` then says so as `lookup_gpu` warns. Everything after prices,
+    scales, sizes or targets by the row, and writes the name where it speaks of the GPU as the user
+    or the driver named it."""
+
+    name: str
+    row: GpuSpec | None
+    why: str | None = None
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        return self.row.compute_capability if self.row is not None else None
+
+    def same_row(self, other: NamedGpu | None) -> bool:
+        """Both names are one datasheet row (an unknown name is no row)."""
+        return other is not None and self.row is not None and other.row is not None and self.row.name == other.row.name
+
+    @property
+    def memory_gb(self) -> tuple[float, str] | None:
+        """(GB, basis): the size in the name when it has one ("Tesla V100-SXM2-32GB"), else the
+        datasheet row's; None for an unknown name."""
+        if self.row is None:
+            return None
+        sized = re.search(r"(\d+)gb", normalize_gpu_name(self.name))
+        if sized:
+            return float(sized.group(1)) * BINARY_GB, f"{sized.group(1)} GB in the name {self.name!r}, {BINARY_BASIS}"
+        note = (" (the smaller of its sizes: give the full name, e.g. V100-SXM2-32GB)"
+                if self.row.name.startswith("v100") else "")
+        size = _MEMORY_GB[self.row.name]
+        return size * BINARY_GB, f"{self.row.name} datasheet {size:g} GB{note}, {BINARY_BASIS}"
+
+
+def named_gpu(name: str | None) -> NamedGpu | None:
+    """`name` with its datasheet row (`lookup_gpu`), and its warning kept as `why` where it has
+    none; None for no name."""
+    if not name:
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row = lookup_gpu(name)
+    return NamedGpu(name, row, None if row is not None else "; ".join(str(w.message) for w in caught) or None)
 
 
 # Streaming multiprocessors per GPU (NVIDIA architecture whitepapers and datasheets: V100 80,

@@ -29,6 +29,7 @@ from typing import Any
 from topoprof import __version__
 from topoprof.errors import InputError
 from topoprof.jsonio import load_json, to_jsonable
+from topoprof.model.compute.datasheet import NamedGpu, named_gpu
 from topoprof.model.compute.profile_interp import Grid, Read
 from topoprof.model.compute.profile_reader import Reader
 from topoprof.model.compute.profile_records import (
@@ -99,6 +100,13 @@ class DeviceProfile:
     schema_version: int = PROFILE_SCHEMA_VERSION
     # kinds not measured, bounded from what was (low, high) seconds; `host_how` says how
     host_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @cached_property
+    def gpu(self) -> NamedGpu:
+        """Its device as the datasheet knows it (no row for a CPU or an unknown GPU), looked up once
+        per profile."""
+        named = named_gpu(self.machine.device)
+        return named if named is not None else NamedGpu(self.machine.device, None)
 
     # ---- lookups ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
+from topoprof.model.compute.datasheet import SM_COUNT, NamedGpu
 from topoprof.model.compute.host_costs import host_costs_from
 from topoprof.model.compute.profile import DTYPE_OF_PRECISION, DeviceProfile, load_profile
 from topoprof.model.compute.profile_scale import datasheet_ratios
@@ -69,15 +69,15 @@ class Choice:
                 "same compute capability, then same major, then the nearest other)")
 
 
-def nearest_profile(gpu: str, precision: str, candidates=None) -> Choice | None:
+def nearest_profile(gpu: NamedGpu, precision: str, candidates=None) -> Choice | None:
     """The profile that prices `gpu` at `precision` by the module's rule, or None."""
-    target = lookup_gpu_quietly(gpu)
+    target = gpu.row
     dtype = DTYPE_OF_PRECISION.get(precision)
     if target is None or target.compute_capability is None:
         return None
     ranked = []
     for path, profile in (shipped_profiles() if candidates is None else candidates):
-        source = lookup_gpu_quietly(profile.machine.device)
+        source = profile.gpu.row
         if profile.machine.kind != "cuda" or profile.dtype != dtype or source is None or not source.compute_capability:
             continue
         try:
@@ -95,18 +95,18 @@ def nearest_profile(gpu: str, precision: str, candidates=None) -> Choice | None:
     return Choice(profile, path, rule)
 
 
-def _profiled(profile: DeviceProfile, gpu: str | None, precision: str, compiled: bool, choice: str,
+def _profiled(profile: DeviceProfile, gpu: NamedGpu | None, precision: str, compiled: bool, choice: str,
               notes: tuple[str, ...] = ()) -> ProfiledDevice:
     """A pricer from `profile` for `gpu` (None: the profiled device itself)."""
     if profile.dtype != DTYPE_OF_PRECISION.get(precision, precision) and profile.machine.kind == "cuda":
         raise InputError(f"the device profile of {profile.machine.device} was measured in {profile.dtype}: it cannot "
                          f"price --precision {precision}")
-    source, target = lookup_gpu_quietly(profile.machine.device), lookup_gpu_quietly(gpu)
-    same = gpu is None or (source is not None and target is not None and source.name == target.name)
+    source, target = profile.gpu.row, gpu.row if gpu is not None else None
+    same = gpu is None or profile.gpu.same_row(gpu)
     if profile.machine.kind != "cuda":
         if gpu is not None:
             raise InputError(f"the device profile of {profile.machine.device} is a CPU's: it cannot be scaled to GPU "
-                             f"{gpu!r} (leave --gpu out to price the model on that CPU)")
+                             f"{gpu.name!r} (leave --gpu out to price the model on that CPU)")
         return ProfiledDevice(f"{profile.machine.device} ({profile.dtype}, {'compiled' if compiled else 'eager'}, "
                               "profile)", profile, host_costs_from(profile), False, choice, compiled=compiled,
                               notes=notes)
@@ -123,22 +123,21 @@ def _profiled(profile: DeviceProfile, gpu: str | None, precision: str, compiled:
                           notes=notes)
 
 
-def pricer_for(gpu: str | None, precision: str, compiled: bool, profile: DeviceProfile | None = None,
+def pricer_for(gpu: NamedGpu | None, precision: str, compiled: bool, profile: DeviceProfile | None = None,
                profile_path: str | None = None):
     """(pricer, notes): `profile` (given) as measured or scaled to `gpu`; else the nearest shipped
     profile; else the datasheet path, with a note saying so. InputError where a given profile
     cannot price it, or the GPU is unknown."""
     if profile is not None:
-        source, target = lookup_gpu_quietly(profile.machine.device), lookup_gpu_quietly(gpu)
+        source, target = profile.gpu.row, gpu.row if gpu is not None else None
         # as the shipped profiles' rule has it (RULES): another compute capability is another architecture
         other = source is not None and target is not None and source.compute_capability != target.compute_capability
         notes = (_another_architecture(profile.machine.device, target.name),) if other and target is not None else ()
         return _profiled(profile, gpu, precision, compiled, f"given ({profile_path or 'a profile'})", notes), \
             list(notes)
-    spec = lookup_gpu_quietly(gpu)
-    if spec is None:
-        raise InputError(f"GPU {gpu!r} is not in the datasheet table")
-    assert gpu is not None  # the table has no row for None
+    spec = gpu.row if gpu is not None else None
+    if gpu is None or spec is None:
+        raise InputError(f"GPU {gpu.name if gpu is not None else None!r} is not in the datasheet table")
     choice = nearest_profile(gpu, precision)
     if choice is not None:
         notes = () if choice.rule < 2 else (_another_architecture(choice.profile.machine.device, spec.name),)
@@ -154,7 +153,7 @@ def _another_architecture(profiled: str, gpu: str) -> str:
             "the range spans")
 
 
-def check_pricable(profile: DeviceProfile, gpu: str | None, precision: str, where: str) -> None:
+def check_pricable(profile: DeviceProfile, gpu: NamedGpu | None, precision: str, where: str) -> None:
     """InputError naming `where` (the option) when `profile` cannot price `gpu` at `precision`."""
     try:
         _profiled(profile, gpu, precision, False, where)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import SM_COUNT, lookup_gpu_quietly
+from topoprof.model.compute.datasheet import SM_COUNT, NamedGpu
 from topoprof.model.compute.profile import PRECISION_OF_DTYPE, DeviceProfile
 from topoprof.model.compute.profile_interp import Read
 
@@ -105,17 +105,17 @@ def scale_to(profile: DeviceProfile, peak_ratio: float, bandwidth_ratio: float, 
     return ScaledProfile(profile, Ratios(peak_ratio, bandwidth_ratio, sm_ratio, host_ratio, basis))
 
 
-def datasheet_ratios(profile: DeviceProfile, target_gpu: str) -> Ratios:
-    """Target / profiled GPU from the datasheet table (`topoprof.model.compute.datasheet`) and the SM counts
+def datasheet_ratios(profile: DeviceProfile, target: NamedGpu) -> Ratios:
+    """Target / profiled GPU from the datasheet rows (`topoprof.model.compute.datasheet`) and the SM counts
     (`topoprof.model.compute.datasheet.SM_COUNT`), at the profile's dtype; InputError where either GPU or a
     figure is not in the tables (never a borrowed number)."""
     precision = PRECISION_OF_DTYPE.get(profile.dtype)
     specs, peaks = [], []
-    for name in (profile.machine.device, target_gpu):
-        spec = lookup_gpu_quietly(name)
+    for gpu in (profile.gpu, target):
+        spec = gpu.row
         peak = spec.peak_tflops(precision) if spec is not None and precision is not None else None
         if spec is None or peak is None or spec.name not in SM_COUNT:
-            raise InputError(f"GPU {name!r}: no datasheet peak at {profile.dtype}, bandwidth and SM count to scale "
+            raise InputError(f"GPU {gpu.name!r}: no datasheet peak at {profile.dtype}, bandwidth and SM count to scale "
                              "a profile by")
         specs.append(spec)
         peaks.append(peak)

@@ -5,13 +5,12 @@ peak x utilization) and per optimizer step (memory traffic over bandwidth, or me
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import PRECISIONS, GpuSpec, lookup_gpu
+from topoprof.model.compute.datasheet import PRECISIONS, GpuSpec, NamedGpu, named_gpu
 
 # Backward ~= 2x forward: C ~= 6N per token = 2N forward + 4N backward (Kaplan et al. 2020,
 # "Scaling Laws for Neural Language Models", §2.1).
@@ -127,8 +126,11 @@ class Compute:
     modelled_basis: str = ""
     modelled_backward_fraction: float | None = None
     modelled_detail: dict | None = None
+    # `gpu` with its datasheet row, looked up once here for everything that prices or sizes by it
+    named: NamedGpu | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "named", named_gpu(self.gpu))
         for name in ("micro_batch_time_s", "peak_tflops", "memory_bandwidth_gbps", "ddp_copy_bandwidth_gbps"):
             value = getattr(self, name)
             _need(value is None or value > 0, f"{name} must be > 0, got {value}")
@@ -208,13 +210,13 @@ class ComputeTimes:
 
 
 def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
-    if compute.gpu is None:
+    """The datasheet row of the GPU predicted for; where it has none, the note saying why."""
+    named = compute.named
+    if named is None:
         return None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        spec = lookup_gpu(compute.gpu)
-    notes.extend(str(w.message) for w in caught)
-    return spec
+    if named.why is not None:
+        notes.append(named.why)
+    return named.row
 
 
 MODELLED_SOURCE = "what-if from the model's own ops"

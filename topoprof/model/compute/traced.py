@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.profile_choice import pricer_for
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
@@ -78,23 +78,22 @@ def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = 
                         "embedding, MLP blocks, LayerNorm, untied head; no attention)")
 
 
-def gpu_target(precision: str, gpu: str | None = None) -> dict:
+def gpu_target(precision: str, gpu: NamedGpu | None = None) -> dict:
     """A CUDA target at `precision`, with the compute capability of the GPU named where its
     datasheet gives one (its attention backend depends on it: `topoprof.trace.target_lens`)."""
-    spec = lookup_gpu_quietly(gpu)
-    capability = spec.compute_capability if spec is not None else None
+    capability = gpu.capability if gpu is not None else None
     return {"device": "cuda", "precision": precision, **({"capability": list(capability)} if capability else {})}
 
 
-def target_for(precision: str, profile=None, gpu: str | None = None) -> dict:
+def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> dict:
     """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`:
     the GPU named, else the profile's own."""
     if profile is not None and profile.machine.kind != "cuda":
         return {"device": "cpu", "precision": "fp32"}
-    return gpu_target(precision, gpu or (profile.machine.device if profile is not None else None))
+    return gpu_target(precision, gpu or (profile.gpu if profile is not None else None))
 
 
-def modelled_fields(trace: dict, gpu: str | None, precision: str, compiled: bool, note: str | None = None,
+def modelled_fields(trace: dict, gpu: NamedGpu | None, precision: str, compiled: bool, note: str | None = None,
                     profile=None, profile_path: str | None = None) -> dict:
     """A `Compute`'s modelled_* fields from a trace on the GPU named (or the profile's own device);
     InputError where the GPU, its precision or the profile cannot price it, ValueError where the
@@ -135,7 +134,7 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
     return roofline({"ops": ops}, pricer).seconds
 
 
-def priced(trace: dict | TraceFailure | None, gpu: str | None, precision: str, compiled: bool,
+def priced(trace: dict | TraceFailure | None, gpu: NamedGpu | None, precision: str, compiled: bool,
            note: str | None = None, profile=None, profile_path: str | None = None) -> tuple[dict, str | None]:
     if not trace:
         return {}, "no pass on the meta device was run"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
+from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.extended import at_depth, priced_line
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_fields
 from topoprof.model.strategies.search import searched_modes
@@ -130,7 +131,7 @@ def block_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]]) -
     return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in _modes_of(text)})
 
 
-def priced_candidates(passes: CandidatePasses, gpu: str | None, precision: str, compiled: bool,
+def priced_candidates(passes: CandidatePasses, gpu: NamedGpu | None, precision: str, compiled: bool,
                       profile=None, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
     """Modelled compute fields per candidate, priced as the main pass is (`profile`: a
     --gpu-profile's, else the nearest shipped one), or why none: a `--model`'s pass whole, a

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
 from topoprof.model.inputs.user_record import ReadyOrder, flop_order_reason
@@ -62,6 +63,9 @@ class Evidence:
     traced_memory: TracedMemory | str | None = None  # str: why those passes failed
     user_blocks: int | None = None  # a user's model's alike blocks, where its passes were cut to them
     links: LinkEvidence = LinkEvidence()
+    # the GPU predicted, with its datasheet row: named (--gpu, or a --gpu-profile's device), else
+    # the one a preset was timed on
+    gpu: NamedGpu | None = None
 
 
 def timing_stands(record: dict, compute: ComputeRequest) -> bool:

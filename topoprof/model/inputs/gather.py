@@ -19,10 +19,10 @@ from topoprof.errors import InputError
 from topoprof.jsonio import load_json
 from topoprof.measure.runner import visible_gpus
 from topoprof.model.comm import links
-from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.compute.datasheet import NamedGpu, named_gpu
 from topoprof.model.compute.profile import DeviceProfile, load_profile
 from topoprof.model.compute.timing import CALIBRATION_KEYS
-from topoprof.model.compute.traced import TraceRequest, params_request, preset_request, target_for
+from topoprof.model.compute.traced import TraceRequest, gpu_target, params_request, preset_request, target_for
 from topoprof.model.inputs.candidates import (
     CandidatePasses,
     ModelShape,
@@ -63,39 +63,47 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
         user = _user_model_here(w, compute, profile, say)
     elif w.preset and not compute.given and this_gpu_predicted(compute):
         timed = _preset_on_this_gpu(w, compute, say)
-    memory_gpu = compute.gpu or (timed or {}).get("device_name")
-    memory_wanted = (memory_gpu is not None and request.memory.activation_memory_gb is None
+    # the GPU predicted: named (--gpu, or a --gpu-profile's device), else the one a preset was timed on
+    gpu = compute.named or named_gpu((timed or {}).get("device_name"))
+    memory_wanted = (gpu is not None and request.memory.activation_memory_gb is None
                      and not _measured_memory_stands(user, compute))
+    memory_target = gpu_target(compute.precision, gpu) if memory_wanted else None
     main, traced, blocks = None, None, None
     if not w.user_model:
-        main, traced = _preset_passes(w, compute, profile, timed, memory_gpu if memory_wanted else None, say)
-    elif memory_wanted:
-        assert memory_gpu is not None
+        main, traced = _preset_passes(w, compute, profile, gpu, timed, memory_target, say)
+    elif memory_target is not None:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
-        blocks, traced = traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights(),
+        blocks, traced = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights(),
                                           whole_pass(user, w))
     return Evidence(request, compute, profile, calibration, user, timed, main, traced, blocks,
-                    gather_links(request.cluster, request.compute.gpu, say))
+                    gather_links(request.cluster, say), gpu)
 
 
-def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, timed: dict | None,
-                   memory_gpu: str | None, say: Progress) -> tuple[MainTrace | None, TracedMemory | str | None]:
-    """A preset's or `--params` model's main pass (`main_trace_wanted`) and the passes its memory
-    is counted from for `memory_gpu` (None: not wanted), in one worker where both are run."""
-    request = _main_request(w, compute, profile, timed)
+def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
+                   timed: dict | None, memory_target: dict | None, say: Progress
+                   ) -> tuple[MainTrace | None, TracedMemory | str | None]:
+    """A preset's or `--params` model's main pass (`main_trace_wanted`) for the GPU predicted and
+    the passes its memory is counted from for `memory_target` (None: not wanted), in one worker
+    where both are run."""
+    request = _main_request(w, compute, profile, gpu, timed)
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes) \
-        if memory_gpu is not None else None
+        if memory_target is not None else None
     if isinstance(request, TraceRequest) and isinstance(shape, ModelShape):
-        assert memory_gpu is not None
-        say(f"tracing {w.what()} on the meta device for {_main_gpu(compute, timed)}, and at 1 and 2 blocks for its "
+        assert memory_target is not None
+        say(f"tracing {w.what()} on the meta device for {_spoken(gpu, profile)}, and at 1 and 2 blocks for its "
             "memory (starting its worker: importing torch)")
-        trace, memory = main_and_memory(request, target_for(compute.precision, profile, _main_gpu(compute, timed)),
-                                        shape, compute.precision, w.fsdp_casts_weights(), memory_gpu, say)
+        trace, memory = main_and_memory(request, target_for(compute.precision, profile, gpu), shape,
+                                        compute.precision, w.fsdp_casts_weights(), memory_target, say)
         return MainTrace(trace, request.note), memory
-    main = _main_trace(request, w, compute, profile, timed, say)
-    if memory_gpu is None:
+    main = _main_trace(request, w, compute, profile, gpu, say)
+    if memory_target is None:
         return main, None
-    return main, traced_memory_of(w, memory_gpu, compute.precision, w.fsdp_casts_weights())[1]
+    return main, traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights())[1]
+
+
+def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:
+    """The device a pass stands for, as the progress line names it."""
+    return gpu.name if gpu is not None else profile.machine.device if profile is not None else "the GPU"
 
 
 def whole_pass(user: UserModelRun | None, w: WorkloadRequest) -> WholePass | None:
@@ -108,7 +116,7 @@ def named_by_profile(compute: ComputeRequest, profile: DeviceProfile | None) -> 
     """No --gpu with a --gpu-profile: the profile's GPU is the one predicted (its memory, its optimizer)."""
     if compute.gpu is not None or profile is None:
         return compute
-    named = lookup_gpu_quietly(profile.machine.device)
+    named = profile.gpu.row
     return replace(compute, gpu=named.name) if named is not None else compute
 
 
@@ -139,11 +147,11 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: Devic
     assert w.user_model is not None
     if not (w.time_here or this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
-        return UserModelRun(*trace_only(w.user_model, w.micro_batch_size, w.tokens, compute.precision, say,
-                                        w.checkpointing.text, w.fsdp_unit, compute.gpu))
+        return UserModelRun(*trace_only(w.user_model, w.micro_batch_size, w.tokens, say, w.checkpointing.text,
+                                        w.fsdp_unit, gpu_target(compute.precision, compute.named)))
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
-    target = target_for(compute.precision, profile, compute.gpu) if priced_for else None
+    target = target_for(compute.precision, profile, compute.named) if priced_for else None
     wanted = trace_wanted(device, compute.gpu, compute.micro_batch_time_s) or target is not None
     say(f"timing {w.user_model} on {device} (starting its worker: importing torch)")
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
@@ -181,18 +189,13 @@ def main_trace_wanted(compute: ComputeRequest, timed: dict | None) -> bool:
         (what_if or timed_gpu is not None)
 
 
-def _main_gpu(compute: ComputeRequest, timed: dict | None) -> str | None:
-    return compute.gpu or (timed or {}).get("device_name")
-
-
 def _main_request(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
-                  timed: dict | None) -> TraceRequest | MainTrace | None:
+                  gpu: NamedGpu | None, timed: dict | None) -> TraceRequest | MainTrace | None:
     """What the main pass `main_trace_wanted` asks for traces, why it cannot be run, or None."""
     if not main_trace_wanted(compute, timed):
         return None
-    timed_gpu = (timed or {}).get("device_name")
-    if timed_gpu is not None and profile is None and lookup_gpu_quietly(timed_gpu) is None:
-        return MainTrace(why=f"{timed_gpu} is not in the datasheet table")
+    if (timed or {}).get("device_name") is not None and profile is None and gpu is not None and gpu.row is None:
+        return MainTrace(why=f"{gpu.name} is not in the datasheet table")
     ac = w.checkpointing.text
     request: TraceRequest | str = (
         preset_request(w.preset, w.micro_batch_size, w.tokens, w.image_size, ac, w.preset_sizes) if w.preset
@@ -201,16 +204,15 @@ def _main_request(w: WorkloadRequest, compute: ComputeRequest, profile: DevicePr
 
 
 def _main_trace(request: TraceRequest | MainTrace | None, w: WorkloadRequest, compute: ComputeRequest,
-                profile: DeviceProfile | None, timed: dict | None, say: Progress) -> MainTrace | None:
+                profile: DeviceProfile | None, gpu: NamedGpu | None, say: Progress) -> MainTrace | None:
     """The main pass alone, where `_main_request` asks for one."""
     if not isinstance(request, TraceRequest):
         return request
-    gpu = _main_gpu(compute, timed)
-    say(f"tracing {w.what()} on the meta device for {gpu} (starting its worker: importing torch)")
-    return MainTrace(trace_for_gpu(request, compute.precision, profile, say, gpu), request.note)
+    say(f"tracing {w.what()} on the meta device for {_spoken(gpu, profile)} (starting its worker: importing torch)")
+    return MainTrace(trace_for_gpu(request, target_for(compute.precision, profile, gpu), say), request.note)
 
 
-def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], gpu: str | None,
+def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], gpu: NamedGpu | None,
                       precision: str, profile: DeviceProfile | None, progress: Progress | None = None,
                       whole: WholePass | None = None) -> CandidatePasses | str | None:
     """The second round, once the memory has named the search's candidates (`wanted`): their
@@ -233,7 +235,7 @@ def param_count(w: WorkloadRequest) -> int:
     return count
 
 
-def gather_links(cluster: ClusterRequest, gpu: str | None = None, progress: Progress | None = None) -> LinkEvidence:
+def gather_links(cluster: ClusterRequest, progress: Progress | None = None) -> LinkEvidence:
     """The file or hardware the links are read from, where the request does not give them
     (`resolve.comm_of` reads the first source given: a bench, explicit numbers, a topology file,
     this machine's topology). One GPU per node needs no intra-node link: nothing is read."""

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import known_gpus, lookup_gpu
+from topoprof.model.compute.datasheet import NamedGpu, known_gpus, named_gpu
 from topoprof.model.compute.profile import load_profile
 from topoprof.model.compute.profile_choice import check_pricable
 from topoprof.workload.checkpointing import parse_checkpointing
@@ -76,20 +75,15 @@ def check_image_options(preset: str | None, image_size: int | None, tokens: int 
                          "not to --params or --model")
 
 
-def check_gpu_name(name: str | None) -> None:
+def check_gpu_name(gpu: NamedGpu | None) -> None:
     """A --gpu must be one the datasheet table knows: refused by name, with the list."""
-    if name is None:
+    if gpu is None or gpu.row is not None:
         return
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = lookup_gpu(name)
-    if found is None:
-        why = str(caught[0].message) if caught else f"GPU {name!r} is not in the datasheet table"
-        raise InputError(f"--gpu: {why.split(' (known')[0]}; known: {', '.join(known_gpus())}")
+    why = gpu.why or f"GPU {gpu.name!r} is not in the datasheet table"
+    raise InputError(f"--gpu: {why.split(' (known')[0]}; known: {', '.join(known_gpus())}")
 
 
-def check_gpu_profile(path: str, gpu: str | None, precision: str) -> None:
+def check_gpu_profile(path: str, gpu: NamedGpu | None, precision: str) -> None:
     """A --gpu-profile must load (`load_profile`: one line naming the file and what is wrong) and be
     able to price the what-if: in its precision, of the --gpu named or scalable to it."""
     check_pricable(load_profile(path), gpu, precision, f"--gpu-profile {path}")
@@ -225,12 +219,15 @@ class ComputeRequest:
     optimizer: str = "adamw"
     optimizer_time_s: float | None = None
     gpu_profile: str | None = None         # a device profile file (`topoprof profile`) to price the what-if with
+    # `gpu` with its datasheet row, looked up once here: what gathers and prices for it takes this
+    named: NamedGpu | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "named", named_gpu(self.gpu))
         if self.precision not in PRECISIONS:
             raise InputError(f"--precision {self.precision}: valid: {', '.join(PRECISIONS)}")
         if self.gpu_profile is not None:
-            check_gpu_profile(self.gpu_profile, self.gpu, self.precision)
+            check_gpu_profile(self.gpu_profile, self.named, self.precision)
         _positive("--micro-batch-time", self.micro_batch_time_s, " seconds")
         if self.backward_fraction is not None and not 0 < self.backward_fraction < 1:
             raise InputError(f"--backward-fraction {self.backward_fraction:g}: the share of a micro-batch in "
@@ -323,7 +320,7 @@ class ModelRequest:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1 "
                              "(K micro-batches per optimizer step)")
         self._check_tokens_for_a_what_if()
-        check_gpu_name(self.compute.gpu)
+        check_gpu_name(self.compute.named)
 
     def _check_tokens_for_a_what_if(self) -> None:
         """A text model's --gpu what-if prices its tokens: without --tokens (or a compute measured

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from topoprof.errors import InputError
 from topoprof.model.comm import links
 from topoprof.model.comm.collectives import HierarchicalComm
-from topoprof.model.compute.datasheet import lookup_gpu, lookup_gpu_quietly
+from topoprof.model.compute.datasheet import NamedGpu, lookup_gpu_quietly, named_gpu
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.fsdp.plan import fsdp_plan
@@ -39,7 +39,7 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
     if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
         fsdp_plan(workload.layout, workload.fsdp_unit)
     cl = request.cluster
-    comm, gpn, described = comm_of(evidence.links, cl, request.compute.gpu)
+    comm, gpn, described = comm_of(evidence.links, cl, request.compute.named)
     if request.workload.rmsnorm != "eager":
         notes = [f"{request.workload.preset_name} with its RMSNorm {request.workload.rmsnorm}: each norm keeps its "
                  "input and the reciprocal RMS for backward, not its fp32 upcast (topoprof/zoo/llama.py)", *notes]
@@ -80,7 +80,7 @@ def _no_link(cluster: ClusterRequest) -> tuple[None, int, dict]:
     return None, 1, described
 
 
-def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: str | None = None):
+def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | None = None):
     """(CommModel for one node or None when none is needed, gpus_per_node, description) from
     the first source given (`gather.gather_links` read the file or the machine); `gpu` (--gpu)
     pins a topology's NVLink generation."""
@@ -112,19 +112,18 @@ def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: str | None = N
                                    **({"notes": notes} if notes else {})}
 
 
-def _holds(topology, name: str) -> bool:
+def _holds(topology, gpu: NamedGpu) -> bool:
     """Whether this machine's GPUs are the one --gpu names (by their datasheet rows)."""
-    wanted = lookup_gpu_quietly(name)
     here = [lookup_gpu_quietly(g.name) for g in topology.gpus]
-    return wanted is not None and any(row is not None and row.name == wanted.name for row in here)
+    return gpu.row is not None and any(row is not None and row.name == gpu.row.name for row in here)
 
 
-def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
+def _standard_node(gpu: NamedGpu, gpn: int, cluster: ClusterRequest) -> tuple:
     """--gpu without a link: the node its datasheet's form is sold in (`whatif.standard_link`),
     said in one line; refused where it has no such link or the job's node holds more GPUs."""
-    link, spec = standard_link(name), lookup_gpu_quietly(name)
+    link, spec = standard_link(gpu.row), gpu.row
     if link is None:
-        raise InputError(f"no link information: --gpu {name} has no nominal link in the datasheet table; give "
+        raise InputError(f"no link information: --gpu {gpu.name} has no nominal link in the datasheet table; give "
                          "--bench FILE, --topology FILE or --link-bandwidth GB/s")
     assert spec is not None  # a GPU with a standard link is in the datasheet table
     if gpn > STANDARD_NODE_GPUS:
@@ -139,19 +138,19 @@ def _standard_node(name: str, gpn: int, cluster: ClusterRequest) -> tuple:
             {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)})
 
 
-def _pin_nvlink_generation(topology, name: str | None, chosen: list[int] | None):
+def _pin_nvlink_generation(topology, gpu: NamedGpu | None, chosen: list[int] | None):
     """--gpu names the GPU, so its compute capability and with it the NVLink per-link rate, for
     the GPUs the topology gives none (a saved `nvidia-smi topo -m` text never does); a GPU's own
     capability is kept, with a note when --gpu disagrees. (topology, origin or None, notes)."""
-    if name is None:
+    if gpu is None:
         return topology, None, []
 
-    origin = f"--gpu {name}"
+    origin = f"--gpu {gpu.name}"
     used = set(chosen) if chosen is not None else {g.index for g in topology.gpus}
     lacking = any(g.compute_capability is None for g in topology.gpus if g.index in used)
-    spec = lookup_gpu(name)
-    assert spec is not None and spec.compute_capability is not None  # --gpu was looked up before
-    topology, notes = with_compute_capability(topology, spec.compute_capability, origin)
+    capability = gpu.capability
+    assert capability is not None  # --gpu is a datasheet row (`request.check_gpu_name`), each with one
+    topology, notes = with_compute_capability(topology, capability, origin)
     return topology, origin if lacking else None, notes
 
 
@@ -212,7 +211,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
     # measured here: the model beside it
     if user.timed and not modelled and why is None and record["device"].startswith("cuda"):
-        modelled, why = priced(record.get("op_trace"), compute.gpu or record.get("device_name") or "GPU0",
+        modelled, why = priced(record.get("op_trace"), compute.named or named_gpu(record.get("device_name") or "GPU0"),
                                compute.precision, compute.compiled, None, evidence.profile, compute.gpu_profile)
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
@@ -239,7 +238,7 @@ def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
         if main.why is not None:
             why = main.why
         else:
-            modelled, why = priced(main.trace, compute.gpu or timed_gpu, compute.precision, compute.compiled,
+            modelled, why = priced(main.trace, evidence.gpu, compute.precision, compute.compiled,
                                    main.note, evidence.profile, compute.gpu_profile)
     if why is not None:
         notes.append(fallback_note(why) if timed_gpu is None else
@@ -288,7 +287,7 @@ def _user_model_modelled(record: dict, compute: ComputeRequest, evidence: Eviden
     if compute.gpu is not None and flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
                                                      None) is None:
         return {}, None  # timed on the GPU predicted
-    return priced(record.get("op_trace"), compute.gpu, compute.precision, compute.compiled, None,
+    return priced(record.get("op_trace"), compute.named, compute.precision, compute.compiled, None,
                   evidence.profile, compute.gpu_profile)
 
 

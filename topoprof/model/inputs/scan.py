@@ -19,6 +19,7 @@ from topoprof.errors import InputError
 from topoprof.jsonio import to_jsonable
 from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.comm.links import measured_comm
+from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import params_request, preset_request, priced
@@ -62,7 +63,7 @@ def _priced_as(opts, gpu_name: str | None) -> tuple:
     """(GPU to price for, profile, where it came from): this scan's GPU as its own profile measured
     it, or the GPU named with the shipped profiles."""
     profile = scan_profile(opts)
-    return (None, profile, PROFILE_WHERE) if profile is not None else (gpu_name, None, None)
+    return (None, profile, PROFILE_WHERE) if profile is not None else (named_gpu(gpu_name), None, None)
 
 
 def timed_preset(opts, size: str | None) -> str | None:

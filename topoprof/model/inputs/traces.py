@@ -25,9 +25,9 @@ from dataclasses import replace
 from typing import Callable
 
 from topoprof.measure.meta_trace import trace_model, trace_models
+from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.traced import (
     TraceRequest,
-    gpu_target,
     priced,
     target_for,
 )
@@ -94,12 +94,11 @@ def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[
     return shape, traces if isinstance(traces, str) else dict(zip([key for key, _ in pairs], traces))
 
 
-def user_memory_set(shape: UserShape, precision: str, cast: bool, gpu: str | None = None,
+def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
                     whole: WholePass | None = None) -> tuple[UserShape, TracedMemory | str]:
-    """A user's model traced for the GPU named at 2 and 3 samples under each searched mode, by its
-    first 1 and 2 blocks where they are alike (`user_passes`), else whole; (the shape as traced,
-    its memory or why not)."""
-    target = gpu_target(precision, gpu)
+    """A user's model traced for the GPU `target` (`traced.gpu_target`) at 2 and 3 samples under
+    each searched mode, by its first 1 and 2 blocks where they are alike (`user_passes`), else
+    whole; (the shape as traced, its memory or why not)."""
     targets = {"autocast": target}
     if cast and precision != "fp32":
         targets["cast"] = {**target, "weights": "cast"}
@@ -134,20 +133,21 @@ def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dic
             "stated": {"micro_batch": samples, "seq_len": seq}, "target": target}
 
 
-def memory_set(shape: ModelShape, precision: str, cast: bool, gpu: str | None = None) -> TracedMemory | str:
-    """The memory passes (module docstring) for the GPU named, or why they failed."""
-    keys, variants = _memory_variants(shape, precision, cast, gpu)
+def memory_set(shape: ModelShape, precision: str, cast: bool, target: dict) -> TracedMemory | str:
+    """The memory passes (module docstring) for the GPU `target` (as `user_memory_set`), or why they failed."""
+    keys, variants = _memory_variants(shape, precision, cast, target)
     traces = trace_models(shape.spec, shape.kwargs, variants)
     return traces.reason if isinstance(traces, TraceFailure) else _memory_of(shape, keys, traces)
 
 
 def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, precision: str, cast: bool,
-                    gpu: str | None, progress: Callable[[str], None] | None = None
+                    memory_target: dict, progress: Callable[[str], None] | None = None
                     ) -> tuple[dict | TraceFailure, TracedMemory | str]:
-    """The main pass (`trace_for_gpu`'s) and the memory passes (`memory_set`'s) of one preset or
-    `--params` model in one worker: one start and one torch import where two would be the same.
-    The main pass is a variant that keeps the whole trace, with its own arguments over the shape's."""
-    keys, variants = _memory_variants(shape, precision, cast, gpu)
+    """The main pass (`trace_for_gpu`'s, for `target`) and the memory passes (`memory_set`'s, for
+    `memory_target`) of one preset or `--params` model in one worker: one start and one torch
+    import where two would be the same. The main pass is a variant that keeps the whole trace,
+    with its own arguments over the shape's."""
+    keys, variants = _memory_variants(shape, precision, cast, memory_target)
     main = {"kwargs": request.kwargs, "stated": request.stated, "target": target, "whole": True}
     traces = trace_models(shape.spec, shape.kwargs, [main, *variants], progress=progress)
     if isinstance(traces, TraceFailure):
@@ -155,10 +155,10 @@ def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, prec
     return traces[0], _memory_of(shape, keys, traces[1:])
 
 
-def _memory_variants(shape: ModelShape, precision: str, cast: bool, gpu: str | None) -> tuple[list[tuple], list[dict]]:
-    targets = {"autocast": gpu_target(precision, gpu)}
+def _memory_variants(shape: ModelShape, precision: str, cast: bool, target: dict) -> tuple[list[tuple], list[dict]]:
+    targets = {"autocast": target}
     if cast and precision != "fp32":
-        targets["cast"] = {**gpu_target(precision, gpu), "weights": "cast"}
+        targets["cast"] = {**target, "weights": "cast"}
     keys = [(v, mode, d, m) for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
     return keys, [_variant(mode, d, m, shape.seq_len, targets[v]) for v, mode, d, m in keys]
 
@@ -197,32 +197,31 @@ def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]
     return CandidatePasses(shape, tuple(wanted), dict(zip(keys, traces)))
 
 
-def traced_memory_of(w, gpu: str, precision: str, cast: bool,
+def traced_memory_of(w, target: dict, precision: str, cast: bool,
                      whole: WholePass | None = None) -> tuple[int | None, TracedMemory | str | None]:
-    """The passes a `WorkloadRequest`'s model is counted from for the GPU named (`cast`: also with
+    """The passes a `WorkloadRequest`'s model is counted from for the GPU `target` (`cast`: also with
     the weights cast, for FSDP's 16-bit param_dtype), why they failed, or None where a preset or
     `--params` has no sequence to trace (an image model, or no --tokens: the main pass alone
     counts it); with a user's model's alike blocks where they were found so (`user_passes`)."""
     if w.user_model:
-        traced_as, traced = user_memory_set(user_shape(w), precision, cast=cast, gpu=gpu, whole=whole)
+        traced_as, traced = user_memory_set(user_shape(w), precision, cast=cast, target=target, whole=whole)
         return traced_as.blocks, traced
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if isinstance(shape, str):
         return None, None
-    return None, memory_set(shape, precision, cast=cast, gpu=gpu)
+    return None, memory_set(shape, precision, cast=cast, target=target)
 
 
-def trace_for_gpu(request: TraceRequest, precision: str, profile=None, progress=None,
-                  gpu: str | None = None) -> dict | TraceFailure:
-    return trace_model(request.spec, request.kwargs, request.stated, target_for(precision, profile, gpu),
-                       progress=progress)
+def trace_for_gpu(request: TraceRequest, target: dict, progress=None) -> dict | TraceFailure:
+    """The main pass for `target` (`traced.target_for`)."""
+    return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)
 
 
-def model_on_gpu(request: TraceRequest | str, gpu: str | None, precision: str, compiled: bool, profile=None,
+def model_on_gpu(request: TraceRequest | str, gpu: NamedGpu | None, precision: str, compiled: bool, profile=None,
                  profile_path: str | None = None, progress=None) -> tuple[dict, str | None]:
     """(modelled fields, None), or ({}, why not) where no trace or no price could be had;
     `progress` hears the trace's stages."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, precision, profile, progress, gpu)
+    trace = trace_for_gpu(request, target_for(precision, profile, gpu), progress)
     return priced(trace, gpu, precision, compiled, request.note, profile, profile_path)

@@ -14,7 +14,6 @@ from topoprof.measure.meta_trace import trace_model
 from topoprof.measure.runner import visible_gpus
 from topoprof.measure.user_model import measure_user_model
 from topoprof.model.compute.scaled import scaled_compute
-from topoprof.model.compute.traced import gpu_target
 from topoprof.model.inputs.request import check_spec
 from topoprof.model.inputs.user_record import ReadyOrder, gpu_key, registration_order, stated_shape, user_compute
 from topoprof.probes.hardware.nvml import query_nvml
@@ -59,18 +58,17 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
                               optimizer=optimizer, trace=trace, target=target, progress=progress, ac=ac, unit=unit)
 
 
-def trace_only(spec: str, micro_batch: int, tokens: int | None, precision: str,
-               progress: Callable[[str], None] | None = None, ac: str = "none",
-               unit: str | None = None, gpu: str | None = None) -> tuple[dict, ReadyOrder]:
+def trace_only(spec: str, micro_batch: int, tokens: int | None, progress: Callable[[str], None] | None,
+               ac: str, unit: str | None, target: dict) -> tuple[dict, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
-    for a GPU in `precision` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
+    for the GPU `target` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
     ready order): the record as `user_layout` reads it, with the trace as "op_trace". Where only
     the pass failed, the parameters built on meta stand, in reverse registration order
     (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
     InputError (exit 2) says so: a what-if never runs the model here to find out. `ac`, `unit`: its
     blocks checkpointed so (`topoprof/zoo/user_blocks.py`)."""
     shape = stated_shape(micro_batch, tokens)
-    trace = trace_model(check_spec(spec), None, shape, gpu_target(precision, gpu), progress=progress, ac=ac, unit=unit)
+    trace = trace_model(check_spec(spec), None, shape, target, progress=progress, ac=ac, unit=unit)
     if isinstance(trace, TraceFailure):
         return _params_read_before(spec, trace)
     record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace,

@@ -9,7 +9,6 @@ from dataclasses import replace as changed
 from typing import Any
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import gpu_memory_gb, lookup_gpu_quietly
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.memory import environment, holding
@@ -102,7 +101,7 @@ def _formula(inputs: ModelInputs) -> MicroBatchCount:
 def _gpu_memory(comp: Compute) -> tuple[float | None, str]:
     if comp.gpu_memory_gb is not None:
         return comp.gpu_memory_gb, comp.origin("gpu_memory_gb")
-    found = gpu_memory_gb(comp.gpu) if comp.gpu else None
+    found = comp.named.memory_gb if comp.named is not None else None
     return found if found else (None, "unknown: give --gpu NAME or --gpu-memory GB")
 
 
@@ -134,8 +133,8 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
 
 def _workspace(inputs: ModelInputs) -> tuple[float, str]:
     """cuBLAS's workspace on the job's GPU, by its compute capability (`environment.cublas_workspace`)."""
-    spec = lookup_gpu_quietly(inputs.compute.gpu)
-    return environment.cublas_workspace(spec.compute_capability if spec else None)
+    named = inputs.compute.named
+    return environment.cublas_workspace(named.capability if named is not None else None)
 
 
 def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from topoprof.model.comm import links
 from topoprof.model.comm.collectives import CommModel, RingComm, SingleGpuComm
-from topoprof.model.compute.datasheet import lookup_gpu_quietly
+from topoprof.model.compute.datasheet import GpuSpec, lookup_gpu_quietly
 from topoprof.model.strategies.job import Cluster, ModelInputs
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import StrategyResult
@@ -73,11 +73,10 @@ def pcie(gpu) -> Link | None:
                 f"encoding)")
 
 
-def standard_link(name: str) -> Link | None:
-    """The link of the node a GPU named as --gpu takes it is sold in (its datasheet row): NVLink
-    through NVSwitch for an SXM part, else PCIe of its generation and width, peer to peer; None for
-    a GPU the table does not know or whose link it cannot price."""
-    spec = lookup_gpu_quietly(name)
+def standard_link(spec: GpuSpec | None) -> Link | None:
+    """The link of the node a GPU's datasheet row is sold in: NVLink through NVSwitch for an SXM
+    part, else PCIe of its generation and width, peer to peer; None for a GPU the table does not
+    know or whose link it cannot price."""
     if spec is None:
         return None
     gen, width = spec.pcie or (None, None)
