@@ -222,20 +222,22 @@ def test_model_refuses_an_unknown_gpu_with_a_topology():
 
 def test_scan_verdict_compares_with_the_rings_together():
     from topoprof.jsonio import to_jsonable
-    from topoprof.report.verdict import judge
+    from topoprof.measure.bench import BenchMetadata, BenchReport
+    from topoprof.report.verdict import judge, read_ring
     from topoprof.scan.pipeline import _ring
+    from topoprof.specs.collective_spec import BenchRow
 
     topo = _topo("13", nvml="a100_nvlink_pairs")  # what a scan reads: NVML gives sm80
     ring = to_jsonable(_ring(topo, [0, 1, 2, 3]))
     assert ring["bus_bandwidth_gbps"] == pytest.approx([240.0, 240.0])
 
     def bench(busbw):
-        return {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": busbw, "wrong": 0}],
-                "metadata": {"world_size": 4, "backend": "nccl"}, "slow_ranks": []}
+        return BenchReport(rows=[BenchRow("all_reduce", 1 << 30, 1 << 28, "float32", 1e3, None, busbw, 0)],
+                           metadata=BenchMetadata(world_size=4, backend="nccl"))
 
-    ok = judge(bench(220.0), topo, ring)
+    ok = judge(bench(220.0), topo, read_ring(ring))
     assert ok.status == "ok" and ok.expected_gbps == pytest.approx(240.0) and "12 at once" in ok.level
-    low = judge(bench(100.0), topo, ring)  # above one ring's 80, below the rings together
+    low = judge(bench(100.0), topo, read_ring(ring))  # above one ring's 80, below the rings together
     assert low.status == "low" and low.ratio == pytest.approx(100 / 240)
     switch = to_jsonable(_ring(_topo("18", nvml="dgx_h100_nvswitch"), list(range(8))))
     assert switch["bus_bandwidth_gbps"] == switch["bottleneck_gbps"] == pytest.approx([370.8, 370.8])

@@ -247,16 +247,19 @@ def test_a_scan_draws_its_copies_against_the_gpus_pcie_link_and_memory():
     import os
 
     from topoprof.report.files import _copy_reference
-    from topoprof.topology.load import topology_from_dict
+    from topoprof.report.scan_report import read_scan_parts
 
     path = os.path.join(_repo_root(), "reports", "gpu-nvidia-h200-20261126", "scan", "report.json")
     with open(path) as f:
         report = json.load(f)
-    topology = topology_from_dict(report["topology"])
-    reference = _copy_reference(report, topology)
+    parts = read_scan_parts(report)
+    assert parts.copies is not None
+    reference = _copy_reference(parts.copies, parts.topology)
     assert reference["pcie_gbps"] == pytest.approx(63.0, abs=0.05) and reference["hbm_gbps"] == 4800.0
     report["copies"]["device_names"] = ["NVIDIA H200", "Some Unknown GPU"]
-    assert _copy_reference(report, topology)["hbm_gbps"] is None  # no figure is borrowed for an unknown GPU
+    unknown = read_scan_parts(report).copies
+    assert unknown is not None
+    assert _copy_reference(unknown, parts.topology)["hbm_gbps"] is None  # no figure is borrowed for an unknown GPU
 
 
 def test_what_if_chart_from_a_real_one_gpu_scan(tmp_path):

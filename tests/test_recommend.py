@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import glob
 import os
+from dataclasses import replace
 
 import pytest
 from fake_nvml import make_fake_nvml
 from helpers.model_reports import model_doc, model_report
 
+from topoprof.measure.bench import BenchMetadata, BenchReport, NcclNotes
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.report import recommend as rec
-from topoprof.report.verdict import judge
+from topoprof.report.verdict import judge, read_ring
+from topoprof.specs.collective_spec import BenchRow
 from topoprof.topology.build import Topology, build_topology
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "topo")
@@ -74,23 +77,25 @@ def test_no_advice_when_gains_are_small_or_k_is_1():
     assert [r.key for r in rec.strategy_recommendations(_pred(2.0, 1.0, None, 2.0, k=1), "x")] == []
 
 
+def _all_reduce(busbw_gbps: float, size_bytes: int = 1 << 30) -> BenchRow:
+    """A bench row of the all-reduce at `size_bytes` reaching `busbw_gbps` (its time does not matter here)."""
+    return BenchRow("all_reduce", size_bytes, size_bytes // 4, "float32", 1e3, None, busbw_gbps, 0)
+
+
 def test_verdict_low_nvlink_names_causes():
     topo = _topo("18", nvml="dgx_h100_nvswitch")
-    ring = {"ring": list(range(8)), "bottleneck_gbps": [370.8, 370.8], "hop": "NV"}
-    bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 30, "busbw_gbps": 150.0, "wrong": 0}],
-             "metadata": {"world_size": 8, "backend": "nccl"},
-             "nccl": {"explained": ["ranks 0<->1 used SHM (host memory): GPU peer-to-peer was not used"]},
-             "slow_ranks": []}
+    ring = read_ring({"ring": list(range(8)), "bottleneck_gbps": [370.8, 370.8], "hop": "NV"})
+    bench = BenchReport(rows=[_all_reduce(150.0)], metadata=BenchMetadata(world_size=8, backend="nccl"),
+                        nccl=NcclNotes(explained=["ranks 0<->1 used SHM (host memory): GPU peer-to-peer was not used"]))
     v = judge(bench, topo, ring)
     assert v.status == "low" and round(v.ratio, 2) == 0.40
     assert any("SHM" in c for c in v.causes)
-    ok = judge({**bench, "rows": [{**bench["rows"][0], "busbw_gbps": 360.0}]}, topo, ring)
+    ok = judge(replace(bench, rows=[_all_reduce(360.0)]), topo, ring)
     assert ok.status == "ok"
 
 
 def test_verdict_for_gloo_says_there_is_no_nominal():
-    bench = {"rows": [{"collective": "all_reduce", "size_bytes": 1 << 24, "busbw_gbps": 1.2, "wrong": 0}],
-             "metadata": {"world_size": 2, "backend": "gloo"}}
+    bench = BenchReport(rows=[_all_reduce(1.2, 1 << 24)], metadata=BenchMetadata(world_size=2, backend="gloo"))
     v = judge(bench, build_topology(), None)
     assert v.status == "unknown" and "no nominal figure" in v.summary
 

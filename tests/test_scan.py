@@ -142,7 +142,7 @@ def test_a_datasheet_what_if_prediction_is_shown_as_ranges():
     payload = {"label": "gpt2", "compute_source": "datasheet peak of NVIDIA H100 80GB HBM3 x a utilization range",
                **model_payload(inputs, {"link_bandwidth_gbps": 100.0}, sweep=False)}
     report = {"predictions": [payload]}
-    text = render_markdown(report, read_scan_parts(report))
+    text = render_markdown(read_scan_parts(report))
     section = text[text.index("## Predictions"):]
     assert "Compute per micro-batch" in section and "what-if" in section
     header = next(line for line in section.splitlines() if line.startswith("| strategy"))

@@ -92,15 +92,18 @@ def test_one_gpu_scan_without_compute_says_what_to_give(tmp_path):
 
 
 def _copy_case(measured, gen_now=5, width_now=16):
+    from topoprof.jsonio import from_jsonable
+    from topoprof.measure.bench import CopiesReport
     from topoprof.report.verdict import copy_verdicts
     from topoprof.topology.build import Gpu, Topology
 
     topology = Topology((), (Gpu(0, pcie_gen_current=gen_now, pcie_gen_max=5, pcie_width_current=width_now,
                                  pcie_width_max=16),), (), (), {})
     copies = {"status": "ok", "measurements": [
-        {"kind": "h2d", "src": "host", "dst": "cuda:0", "bandwidth_gbps": measured},
-        {"kind": "d2d", "src": "cuda:0", "dst": "cuda:0", "bandwidth_gbps": 1479.0}]}
-    return copy_verdicts(copies, topology)
+        {"kind": "h2d", "src": "host", "dst": "cuda:0", "size_bytes": 1 << 28, "bandwidth_gbps": measured, "p2p": None},
+        {"kind": "d2d", "src": "cuda:0", "dst": "cuda:0", "size_bytes": 1 << 28, "bandwidth_gbps": 1479.0,
+         "p2p": None}]}
+    return copy_verdicts(from_jsonable(CopiesReport, copies), topology)
 
 
 def test_copies_are_judged_against_the_pcie_link():
@@ -116,10 +119,12 @@ def test_copies_are_judged_against_the_pcie_link():
 
 
 def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():
+    from topoprof.measure.bench import BenchMetadata, BenchReport
     from topoprof.report.verdict import judge
+    from topoprof.specs.collective_spec import BenchRow
 
-    rows = [{"collective": "all_reduce", "size_bytes": 8 << 20, "busbw_gbps": 0.0, "algbw_gbps": 900.0, "wrong": 0}]
-    verdict = judge({"rows": rows, "metadata": {"world_size": 1, "backend": "nccl"}}, None, None)
+    rows = [BenchRow("all_reduce", 8 << 20, 2 << 20, "float32", 9.3, algbw_gbps=900.0, busbw_gbps=0.0, wrong=0)]
+    verdict = judge(BenchReport(metadata=BenchMetadata(world_size=1, backend="nccl"), rows=rows), None, None)
     assert verdict.status == "unknown" and "one rank: nothing crosses a link" in verdict.summary
     assert "0.000" not in verdict.summary
 
@@ -140,7 +145,7 @@ def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
     outside = compute_check(Compute(micro_batch_time_s=0.05, modelled_s=(0.02, 0.025, 0.04)))
     assert not outside["inside"]
     report = {"what_if": {**_what_if_payload(), "compute_source": "timed on GPU0", "compute_check": check}}
-    md = "\n".join(_what_if(report, read_scan_parts(to_jsonable(report)).what_if))
+    md = "\n".join(_what_if(read_scan_parts(to_jsonable(report))))
     assert ("Compute per micro-batch measured 30.0 ms; modelled from its own ops 20.0 – 40.0 ms, middle 25.0 ms: "
             "measured is +20 % of the middle, inside the range.") in md
 

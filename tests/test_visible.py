@@ -189,32 +189,39 @@ def test_topo_command_marks_the_jobs_gpus_without_torch(tmp_path):
 
 
 def test_scan_report_marks_the_jobs_gpus(node, monkeypatch):
-    from topoprof.probing import ProbeStatus
     from topoprof.report.markdown import _topology
-    from topoprof.topology.load import topology_from_dict
+    from topoprof.report.scan_report import read_scan_parts
 
     def saved(topology):  # as a report.json holds it, read back
-        return topology_from_dict(json.loads(json.dumps(to_jsonable(topology))))
+        return read_scan_parts(json.loads(json.dumps(to_jsonable({"topology": topology,
+                                                                  "probes": [{"name": "NVML", "status": "OK"}]}))))
 
-    asked = [ProbeStatus("NVML", "OK")]
-    md = "\n".join(_topology({}, saved(_for_job(node, monkeypatch, "6,2")), asked))
+    md = "\n".join(_topology(saved(_for_job(node, monkeypatch, "6,2"))))
     assert "| GPU6\\* | cuda:0 | NVIDIA L4 |" in md and "| GPU0 | – | NVIDIA L40S |" in md
     assert "\\* = visible to this job (`CUDA_VISIBLE_DEVICES=6,2`): cuda:0 = GPU6, cuda:1 = GPU2." in md
-    plain = "\n".join(_topology({}, saved(node), asked))
+    plain = "\n".join(_topology(saved(node)))
     assert "this job" not in plain and "\\*" not in plain
 
 
 # ---- every place a torch device is tied to a GPU ----------------------------------------------------
 
 
-def _copies(gbps: float) -> dict:
+def _copies_doc(gbps: float) -> dict:
     return {"status": "ok", "measurements": [
-        {"kind": "h2d", "src": "host", "dst": "cuda:0", "bandwidth_gbps": gbps},
-        {"kind": "d2h", "src": "cuda:1", "dst": "host", "bandwidth_gbps": gbps}]}
+        {"kind": "h2d", "src": "host", "dst": "cuda:0", "size_bytes": 1 << 28, "bandwidth_gbps": gbps, "p2p": None},
+        {"kind": "d2h", "src": "cuda:1", "dst": "host", "size_bytes": 1 << 28, "bandwidth_gbps": gbps, "p2p": None}]}
+
+
+def _copies(gbps: float):
+    from topoprof.jsonio import from_jsonable
+    from topoprof.measure.bench import CopiesReport
+
+    return from_jsonable(CopiesReport, _copies_doc(gbps))
 
 
 def test_copies_are_judged_against_the_link_of_the_gpu_cuda_i_is(node, monkeypatch):
     from topoprof.report.markdown import _copies as copies_md
+    from topoprof.report.scan_report import read_scan_parts
     from topoprof.report.verdict import copy_verdicts
     from topoprof.topology.load import topology_from_dict
 
@@ -223,7 +230,7 @@ def test_copies_are_judged_against_the_link_of_the_gpu_cuda_i_is(node, monkeypat
     first, second = copy_verdicts(_copies(20.0), topo)
     assert (first.device, first.gpu, first.link, first.status) == ("cuda:0", 6, "Gen4 x8", "ok")
     assert (second.device, second.gpu, second.link, second.status) == ("cuda:1", 2, "Gen4 x16", "low")
-    md = "\n".join(copies_md({"copies": _copies(20.0)}, topo))
+    md = "\n".join(copies_md(read_scan_parts({"copies": _copies_doc(20.0), "topology": to_jsonable(topo)})))
     assert "| GPU6 (cuda:0) | h2d |" in md and "| GPU2 (cuda:1) | d2h |" in md
     # a report written before job_gpus were kept: cuda:i read as GPU i, as then
     old = {k: v for k, v in to_jsonable(topo).items() if k not in ("job_gpus", "visible_devices")}

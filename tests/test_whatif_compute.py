@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
-from topoprof.model.strategies.model_report import read_predictions
+from topoprof.report.scan_report import read_scan_parts
 from topoprof.specs.messages import TraceFailure
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -293,7 +293,7 @@ def test_a_gpu_scan_checks_the_what_if_against_what_it_timed(monkeypatch):
     (pred,) = scan.predictions(opts, fit, 8, None, None, H100)
     assert pred["inputs"]["micro_batch_time_s"]["value"] == 0.05
     assert len(pred["inputs"]["micro_batch_time_modelled_s"]["value"]) == 3
-    page = "\n".join(_predictions({}, read_predictions([pred])))
+    page = "\n".join(_predictions(read_scan_parts({"predictions": [pred]})))
     assert "measured 50.0 ms; modelled from its own ops" in page and "Compute model:" in page
 
 
@@ -351,7 +351,7 @@ def test_the_profile_a_scan_priced_with_is_written_beside_its_report_or_with_it_
     from topoprof.report import files
 
     report = {"kind": "scan", "mode": {"summary": "", "nproc": 1}}
-    monkeypatch.setattr("topoprof.report.files.render_markdown", lambda report, parts: "")
+    monkeypatch.setattr("topoprof.report.files.render_markdown", lambda parts: "")
     folder, why = files.save_report(dict(report), str(tmp_path / "out"), {"device-profile.json": "{}\n"})
     assert why is None and (tmp_path / "out" / "device-profile.json").read_text() == "{}\n"
     blocked = tmp_path / "file"

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from topoprof.errors import InputError, NothingMeasured
-from topoprof.jsonio import to_jsonable
-from topoprof.measure.fit import bus_bandwidth_gbps, fit_all
+from topoprof.jsonio import from_jsonable, to_jsonable
+from topoprof.measure.fit import FitLine, bus_bandwidth_gbps, fit_all
 from topoprof.measure.launch import JobSpec, as_message
 from topoprof.measure.nccl_log import explain, parse_nccl_info
 from topoprof.measure.nccl_tests import read_nccl_tests_runs
 from topoprof.measure.runner import run_job
-from topoprof.measure.spread import slow_ranks
-from topoprof.probes.ranks.copy_bandwidth import measure_copies
+from topoprof.measure.spread import SlowRank, slow_ranks
+from topoprof.probes.ranks.copy_bandwidth import CopyMeasurement, measure_copies
 from topoprof.specs.collective_spec import COLLECTIVES, COMBINE_RULES, DTYPES, BenchRow, get_collective, row_from_dict
 from topoprof.specs.messages import (
     CollectiveRow,
@@ -197,6 +197,54 @@ def result_from_nccl_tests(path: str) -> BenchResult:
         "protocol": "as run by nccl-tests (see the log's header); out-of-place columns",
     }
     return BenchResult(status="ok", rows=rows, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class BenchMetadata:
+    """What a bench run says of itself (`bench_payload`'s `metadata`) that its readers use."""
+
+    backend: str = ""
+    world_size: int | None = None
+    protocol: str = ""
+
+
+@dataclass(frozen=True)
+class NcclNotes:
+    """NCCL's debug logs of a bench run, and what `nccl_log.explain` read in them."""
+
+    logs: list[dict] = field(default_factory=list)
+    explained: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """A bench run as its JSON (`bench_payload`) holds it, read back typed for report.md, the
+    verdict and the advice: its rows, each collective's fit, NCCL's notes, the ranks that ran
+    slow and the error it stopped on."""
+
+    status: str = ""
+    error: str | None = None
+    metadata: BenchMetadata = BenchMetadata()
+    rows: list[BenchRow] = field(default_factory=list)
+    fit: dict[str, FitLine] = field(default_factory=dict)
+    nccl: NcclNotes | None = None
+    slow_ranks: list[SlowRank] = field(default_factory=list)
+
+
+def read_bench(doc: dict, where: str = "bench") -> BenchReport:
+    """A bench payload read back (`jsonio.from_jsonable`: `SchemaError` names where it differs)."""
+    return from_jsonable(BenchReport, doc, where)
+
+
+@dataclass(frozen=True)
+class CopiesReport:
+    """The host<->GPU copies as a report holds them (`copies_payload`): measured (`status` ok), or
+    why not (`detail`)."""
+
+    status: str
+    detail: str = ""
+    measurements: tuple[CopyMeasurement, ...] = ()
+    device_names: tuple[str, ...] = ()
 
 
 def bench_payload(result, copies=None) -> dict:

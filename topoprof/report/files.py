@@ -7,9 +7,11 @@ which falls back to the temporary directory rather than lose what was measured.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from topoprof.errors import InputError
 from topoprof.jsonio import SCHEMA_VERSION, SchemaError, dumps, load_json, spare_folder, to_jsonable
+from topoprof.measure.bench import CopiesReport
 from topoprof.model.compute.datasheet import lookup_gpu_quietly
 from topoprof.model.strategies.model_report import ModelReport, made
 from topoprof.model.strategies.results import Memory, StrategyResult
@@ -49,14 +51,13 @@ def _largest(predictions: list[ModelReport]) -> ModelReport | None:
     return max(sized, key=lambda p: max(m.total_gb or 0 for m in memories(p)), default=None)
 
 
-def _copy_reference(report: dict, topology: Topology | None) -> dict:
+def _copy_reference(copies: CopiesReport, topology: Topology | None) -> dict:
     """The figures the copies chart draws its measurements against: the PCIe link's raw rate (as
     the copies' verdict takes it, from NVML) and the GPU's datasheet memory bandwidth, where every
     copied GPU is the same known model; None where unknown."""
-    copies = report.get("copies") or {}
     links = [r.nominal_gbps for r in copy_verdicts(copies, topology) if r.nominal_gbps]
     # an unknown GPU has no figure: nothing is drawn for it
-    specs = {lookup_gpu_quietly(name) for name in copies.get("device_names") or ()}
+    specs = {lookup_gpu_quietly(name) for name in copies.device_names}
     spec = next(iter(specs)) if len(specs) == 1 else None
     hbm = spec.memory_bandwidth_gbps if spec is not None else None
     return {"pcie_gbps": max(links) if links else None, "hbm_gbps": hbm}
@@ -67,17 +68,16 @@ def render_charts(report: dict, parts: ScanParts, out_dir: str) -> dict[str, str
     charts = {}
     bench = report.get("bench") or {}
     job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
-    if job_rows and report["mode"].get("nproc") != 1:  # one rank: no link, no bus bandwidth
+    if job_rows and parts.mode.nproc != 1:  # one rank: no link, no bus bandwidth
         charts["busbw"] = plots.plot_busbw(job_rows, bench.get("fit") or {}, _nominal(report),
                                            os.path.join(out_dir, "busbw.png"),
-                                           title=f"Bus bandwidth, {report['mode']['summary']}")
+                                           title=f"Bus bandwidth, {parts.mode.summary}")
     topo = report.get("topology") or {}
     if len(topo.get("gpus", [])) >= 2:
         charts["links"] = plots.plot_link_matrix(topo["gpus"], topo["pairs"], os.path.join(out_dir, "links.png"))
-    copies = report.get("copies") or {}
-    if copies.get("status") == "ok":
-        charts["copies"] = plots.plot_copy_matrix(copies, os.path.join(out_dir, "copies.png"),
-                                                  reference=_copy_reference(report, parts.topology))
+    if parts.copies is not None and parts.copies.status == "ok":
+        charts["copies"] = plots.plot_copy_matrix(report["copies"], os.path.join(out_dir, "copies.png"),
+                                                  reference=_copy_reference(parts.copies, parts.topology))
     what_if = report.get("what_if") or {}
     if what_if.get("cases"):  # one GPU: what more such GPUs and nodes would give
         charts["what_if"] = plots.plot_what_if(what_if, os.path.join(out_dir, "what_if.png"))
@@ -108,7 +108,7 @@ def write_report(report: dict, out_dir: str, beside: dict[str, str] | None = Non
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         f.write(dumps(report) + "\n")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(render_markdown(report, parts))
+        f.write(render_markdown(replace(parts, charts=report["charts"])))
     for name, text in (beside or {}).items():
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(text)

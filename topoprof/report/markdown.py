@@ -1,14 +1,11 @@
 """report.md: what to do first, then the evidence, written for GitHub's Markdown."""
 from __future__ import annotations
 
-import math
-
 from topoprof.measure.cluster import ClusterReport
-from topoprof.measure.fit import Fit
+from topoprof.measure.fit import FitLine
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import PartCost, StrategyResult, Unavailable
-from topoprof.model.strategies.whatif import WhatIfReport
-from topoprof.model.validate.report import Calibration, ModeCheck, ValidateReport
+from topoprof.model.validate.report import Calibration, ModeCheck
 from topoprof.probing import ProbeStatus
 from topoprof.report.costs import part_rows, share_span
 from topoprof.report.recommend import Recommendation
@@ -17,9 +14,8 @@ from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
-from topoprof.report.verdict import CopyVerdict, Verdict, copy_verdicts
-from topoprof.specs.collective_spec import BenchRow, row_from_dict
-from topoprof.topology.build import Topology
+from topoprof.report.verdict import CopyVerdict, copy_verdicts
+from topoprof.specs.collective_spec import BenchRow
 from topoprof.topology.visible import describe, gpu_marks, job_devices
 
 
@@ -33,8 +29,8 @@ def _table(headers: list[str], rows: list[list]) -> list[str]:
     return out
 
 
-def _chart(report: dict, name: str, alt: str) -> list[str]:
-    path = (report.get("charts") or {}).get(name)
+def _chart(parts: ScanParts, name: str, alt: str) -> list[str]:
+    path = parts.charts.get(name)
     return [f"![{alt}]({path})", ""] if path else []
 
 
@@ -66,7 +62,8 @@ def _sources(probes: list[ProbeStatus]) -> list[str]:
     return ["## Sources", ""] + _table(["source", "status", "detail"], rows) + [""]
 
 
-def _topology(report: dict, topo: Topology | None, probes: list[ProbeStatus]) -> list[str]:
+def _topology(parts: ScanParts) -> list[str]:
+    topo, probes = parts.topology, parts.probes
     out = ["## Topology", ""]
     if topo is None:
         return out + ["No NVIDIA GPU on this machine.", ""]
@@ -83,7 +80,7 @@ def _topology(report: dict, topo: Topology | None, probes: list[ProbeStatus]) ->
         if marks is not None:
             out += [f"\\* = visible to this job (`CUDA_VISIBLE_DEVICES={topo.visible_devices}`): "
                     f"{describe(job_devices(topo))}.", ""]
-        out += _chart(report, "links", "GPU x GPU links")
+        out += _chart(parts, "links", "GPU x GPU links")
     else:
         out += ["No NVIDIA GPU on this machine.", ""]
     host = topo.host or {}
@@ -97,24 +94,24 @@ def _topology(report: dict, topo: Topology | None, probes: list[ProbeStatus]) ->
     return out + ([""] if topo.nics else []) + [f"> {n}" for n in topo.notes] + ([""] if topo.notes else [])
 
 
-def _one_rank(report: dict) -> bool:
-    return (report.get("mode") or {}).get("nproc") == 1
+def _one_rank(parts: ScanParts) -> bool:
+    return parts.mode.nproc == 1
 
 
-def _bandwidth(report: dict, v: Verdict | None, topology: Topology | None) -> list[str]:
-    bench = report.get("bench") or {}
+def _bandwidth(parts: ScanParts) -> list[str]:
+    bench, v = parts.bench, parts.verdict
     out = ["## Measured bandwidth", ""]
-    if _one_rank(report):
-        return out + ["One GPU: no GPU-to-GPU link to measure.", ""] + _copies(report, topology)
+    if _one_rank(parts):
+        return out + ["One GPU: no GPU-to-GPU link to measure.", ""] + _copies(parts)
     if v is not None:
         status = {"ok": "OK", "low": "LOW", "in range": "in the expected range", "unknown": "no reference figure"}
         out += [f"**{v.level}: {status.get(v.status, v.status)}.** {v.summary}.", ""]
         out += [f"- likely cause: {c}" for c in v.causes] + ([""] if v.causes else [])
     by_coll: dict[str, list[BenchRow]] = {}
-    for row in (row_from_dict(r) for r in bench.get("rows", [])):
+    for row in bench.rows:
         if row.level == "job":  # the levels of a multi-node job are in "Cluster"
             by_coll.setdefault(row.collective, []).append(row)
-    fits = {coll: Fit.from_dict(f) for coll, f in (bench.get("fit") or {}).items() if f}
+    fits = bench.fit
     rows = []
     for coll, rs in by_coll.items():
         peak = max((r for r in rs if not r.wrong and r.busbw_gbps is not None),
@@ -123,18 +120,18 @@ def _bandwidth(report: dict, v: Verdict | None, topology: Topology | None) -> li
                      f"{peak.busbw_gbps:.3f} @ {peak.size_bytes:,} B" if peak else "–", _fit_text(fits.get(coll))])
     if rows:
         out += _table(["collective", "sizes", "#wrong", "peak busbw GB/s", "fit t(S)"], rows) + [""]
-    out += _chart(report, "busbw", "bus bandwidth vs message size")
-    nccl = (bench.get("nccl") or {}).get("explained") or []
+    out += _chart(parts, "busbw", "bus bandwidth vs message size")
+    nccl = bench.nccl.explained if bench.nccl is not None else []
     out += [f"- NCCL: {line}" for line in nccl] + ([""] if nccl else [])
-    if bench.get("error"):
-        out += [f"> The run failed: {bench['error']}. The rows above were measured before the failure.", ""]
-    return out + _copies(report, topology)
+    if bench.error:
+        out += [f"> The run failed: {bench.error}. The rows above were measured before the failure.", ""]
+    return out + _copies(parts)
 
 
-def _fit_text(fit: Fit | None) -> str:
+def _fit_text(fit: FitLine | None) -> str:
     if fit is None:
         return "–"
-    if math.isinf(fit.bandwidth_gbps) or not fit.bandwidth_gbps:  # the times did not grow with the size
+    if not fit.bandwidth_gbps:  # the times did not grow with the size (the JSON's null for an infinite one)
         return f"{fit.latency_us:.1f} µs (latency only)"
     return f"{fit.latency_us:.1f} µs + S / {fit.bandwidth_gbps:.3f} GB/s"
 
@@ -143,9 +140,10 @@ def _speedup(value) -> str:
     return "–" if value is None else f"{value:.2f}x"  # None: ddp_synced does not apply
 
 
-def _predictions(report: dict, predictions: list[ModelReport | Skipped]) -> list[str]:
+def _predictions(parts: ScanParts) -> list[str]:
+    predictions = parts.predictions
     out = ["## Predictions", ""]
-    if not predictions and _one_rank(report):
+    if not predictions and _one_rank(parts):
         return out + ["One GPU: nothing to all-reduce, so no DDP prediction for this node; "
                       "\"What if\" below shows more such GPUs and nodes.", ""]
     if not predictions:
@@ -154,8 +152,8 @@ def _predictions(report: dict, predictions: list[ModelReport | Skipped]) -> list
         return out + [f"No prediction: {predictions[0].skipped}.", ""]
     for p in made(predictions):
         out += _prediction(p)
-    out += _chart(report, "step_vs_accum", "predicted step time vs accumulation steps")
-    out += _chart(report, "memory", "memory per GPU by strategy against the GPU's memory")
+    out += _chart(parts, "step_vs_accum", "predicted step time vs accumulation steps")
+    out += _chart(parts, "memory", "memory per GPU by strategy against the GPU's memory")
     return out
 
 
@@ -270,8 +268,8 @@ def _span_ms(pair: list | tuple[float, float]) -> str:
     return f"{low * 1e3:.1f}" if abs(high - low) < 0.05e-3 else f"{low * 1e3:.1f}–{high * 1e3:.1f}"
 
 
-def _copies(report: dict, topology: Topology | None) -> list[str]:
-    rows = copy_verdicts(report.get("copies"), topology)
+def _copies(parts: ScanParts) -> list[str]:
+    rows = copy_verdicts(parts.copies, parts.topology)
     if not rows:
         return []
     status = {"ok": "OK", "low": "LOW", "unknown": "no reference figure"}
@@ -298,7 +296,8 @@ def _measured_vs_modelled(measured: float, modelled) -> str:
             f"middle, {'inside' if fast <= measured <= slow else 'outside'} the range.")
 
 
-def _what_if(report: dict, w: WhatIfReport | None) -> list[str]:
+def _what_if(parts: ScanParts) -> list[str]:
+    w = parts.what_if
     if w is None:
         return []
     out = ["## What if: more GPUs like this one", ""]
@@ -322,7 +321,7 @@ def _what_if(report: dict, w: WhatIfReport | None) -> list[str]:
                      advice])
     out += _table(["job", "link", "ddp_synced ms", "ddp_no_sync ms", "advice"], rows) + [""]
     out += [f"- {m}" for m in w.missing] + ([""] if w.missing else [])
-    return out + _chart(report, "what_if", "throughput of each job over this one GPU, synced vs no_sync")
+    return out + _chart(parts, "what_if", "throughput of each job over this one GPU, synced vs no_sync")
 
 
 _PARTS = ("compute", "exposed_comm", "optimizer", "other")
@@ -360,7 +359,8 @@ def _value(v: float, unit: str) -> str:
     return f"{v * 1e3:,.1f} ms" if unit == "ms" else f"×{v:.2f}"
 
 
-def _validation(report: dict, val: ValidateReport) -> list[str]:
+def _validation(parts: ScanParts) -> list[str]:
+    val = parts.validation
     out = ["## Validation: predicted vs measured", ""]
     if val.status == "skipped":
         return out + [f"Skipped: {val.reason}.", ""]
@@ -376,11 +376,11 @@ def _validation(report: dict, val: ValidateReport) -> list[str]:
             "over rotations, so it need not equal the ratio of the two medians; the predicted range spans the "
             "predictions from each rotation's own inputs).", ""]
     out += _table(["mode", "measured ms", "predicted ms", "predicted range ms", "error"], rows) + [""]
-    parts = _parts_rows(modes)
-    if parts:
+    where_it_went = _parts_rows(modes)
+    if where_it_went:
         out += ["Where the time went, measured / predicted (ms; measured from the slowest rank's timeline of the "
                 "median step): the part that differs most names the miss.", ""]
-        out += _table(["mode", *_PARTS], parts) + [""]
+        out += _table(["mode", *_PARTS], where_it_went) + [""]
     calibration = _calibration_rows(cal)
     if calibration:
         out += ["The model's inputs, measured in every rotation (value used, interquartile range, samples):", ""]
@@ -394,18 +394,18 @@ def _validation(report: dict, val: ValidateReport) -> list[str]:
         out += [f"Numerics: after one optimizer step on the same global batch, {names} "
                 f"{'agree with' if agree else 'DIFFER from'} one process accumulating "
                 f"the whole batch (max |diff| {worst:.1e}, {num.get('dtype')}).", ""]
-    return out + _chart(report, "pred_vs_measured", "predicted vs measured step time")
+    return out + _chart(parts, "pred_vs_measured", "predicted vs measured step time")
 
 
-def _method(report: dict, predictions: list[ModelReport | Skipped]) -> list[str]:
-    bench = report.get("bench") or {}
-    out = ["## Method and assumptions", "", f"- Bench: {(bench.get('metadata') or {}).get('protocol', '')}."]
+def _method(parts: ScanParts) -> list[str]:
+    predictions = parts.predictions
+    out = ["## Method and assumptions", "", f"- Bench: {parts.bench.metadata.protocol}."]
     if predictions and isinstance(predictions[0], ModelReport):
         out += [f"- Model: {a}" for a in predictions[0].assumptions]
-    timing = report.get("timing") or {}
+    timing = parts.timing
     out += ["", "Wall time per stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items() if k != "total_s")
             + f"; total {timing.get('total_s', 0):.1f} s.", ""]
-    versions = report.get("versions") or {}
+    versions = parts.versions
     return out + ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".", ""]
 
 
@@ -446,14 +446,11 @@ def _cluster(cluster: ClusterReport | None) -> list[str]:
     return out
 
 
-def render_markdown(report: dict, parts: ScanParts) -> str:
-    """report.md of `report`, from its typed parts (`read_scan_parts`) and the rest of its JSON."""
-    predictions = parts.predictions
-    mode = report.get("mode") or {}
-    out = [f"# topoprof scan: {report.get('host')}, {report.get('created_utc')}", "", f"> {mode.get('banner', '')}", ""]
-    out += _todo(parts.recommendations, made(predictions)) + _sources(parts.probes) + _cluster(parts.cluster)
-    out += _topology(report, parts.topology, parts.probes) + _bandwidth(report, parts.verdict, parts.topology)
-    out += _predictions(report, predictions) + _what_if(report, parts.what_if) + _validation(report, parts.validation)
+def render_markdown(parts: ScanParts) -> str:
+    """report.md, from a scan report's typed parts (`read_scan_parts`) alone."""
+    out = [f"# topoprof scan: {parts.host}, {parts.created_utc}", "", f"> {parts.mode.banner}", ""]
+    out += _todo(parts.recommendations, made(parts.predictions)) + _sources(parts.probes) + _cluster(parts.cluster)
+    out += _topology(parts) + _bandwidth(parts) + _predictions(parts) + _what_if(parts) + _validation(parts)
     more = parts.recommendations[3:]
     if more:
         out += ["## More advice", ""]
@@ -462,4 +459,4 @@ def render_markdown(report: dict, parts: ScanParts) -> str:
             if r.snippet:
                 out += ["", "  ```", *[f"  {line}" for line in r.snippet.splitlines()], "  ```"]
         out.append("")
-    return "\n".join(out + _method(report, predictions))
+    return "\n".join(out + _method(parts))

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from topoprof.jsonio import from_jsonable
+from topoprof.measure.bench import BenchReport, CopiesReport
+from topoprof.specs.collective_spec import BenchRow
 from topoprof.topology import constants
 from topoprof.topology.build import Topology
 from topoprof.topology.visible import job_devices
@@ -34,15 +37,33 @@ class Verdict:
     causes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _peak(rows: list[dict], collective: str = "all_reduce") -> dict | None:
-    good = [r for r in rows if r["collective"] == collective and not r.get("wrong")
-            and r.get("level", "job") == "job" and r.get("busbw_gbps") is not None]
-    return max(good, key=lambda r: r["busbw_gbps"]) if good else None
+@dataclass(frozen=True)
+class NominalRing:
+    """The nominal ring a report's `ring` holds (the `links` description of
+    `model.comm.links.comm_from_topology`): the best single ring, its slowest edge and hop, and the
+    rings NCCL runs together with what they carry; a report written before it had several rings
+    gives only the one ring's `bottleneck_gbps`."""
+
+    ring: list[int]
+    bottleneck_gbps: tuple[float, float]
+    hop: str
+    rings: list[list[int]] | None = None
+    bus_bandwidth_gbps: tuple[float, float] | None = None
 
 
-def likely_causes(topology: Topology | None, bench: dict) -> list[str]:
+def read_ring(doc: dict | None) -> NominalRing | None:
+    return from_jsonable(NominalRing, doc, "ring") if doc else None
+
+
+def _peak(rows: list[BenchRow], collective: str = "all_reduce") -> BenchRow | None:
+    good = [r for r in rows if r.collective == collective and not r.wrong and r.level == "job"
+            and r.busbw_gbps is not None]
+    return max(good, key=lambda r: r.busbw_gbps or 0.0) if good else None
+
+
+def likely_causes(topology: Topology | None, bench: BenchReport) -> list[str]:
     causes = []
-    for line in (bench.get("nccl") or {}).get("explained", []):
+    for line in (bench.nccl.explained if bench.nccl is not None else []):
         causes.append(f"NCCL: {line}")
     pairs, notes = (topology.pairs, topology.notes) if topology is not None else ((), ())
     for p in pairs:
@@ -50,27 +71,24 @@ def likely_causes(topology: Topology | None, bench: dict) -> list[str]:
             causes.append(f"P2P is off between GPU {p.gpu_a} and {p.gpu_b} ({p.p2p_basis})")
             break
     causes += [n for n in notes if "PCIe link" in n]
-    for flag in bench.get("slow_ranks", []):
-        causes.append(f"rank {flag['rank']} is consistently slower ({flag['median_excess_pct']:+.0f}% on "
-                      f"{flag['slower_sizes']}/{flag['sizes']} sizes): check its GPU, link and CPU binding")
+    for flag in bench.slow_ranks:
+        causes.append(f"rank {flag.rank} is consistently slower ({flag.median_excess_pct:+.0f}% on "
+                      f"{flag.slower_sizes}/{flag.sizes} sizes): check its GPU, link and CPU binding")
     return causes
 
 
-def judge(bench: dict, topology: Topology | None, ring: dict | None) -> Verdict:
-    """One verdict for the measured all-reduce against the nominal bus bandwidth of `ring` (the
-    `links` description of `model.links.comm_from_topology`; a report written before it had
-    several rings gives only the one ring's `bottleneck_gbps`)."""
-    rows = bench.get("rows", [])
-    peak = _peak(rows)
-    world = (bench.get("metadata") or {}).get("world_size")
-    backend = (bench.get("metadata") or {}).get("backend", "")
+def judge(bench: BenchReport, topology: Topology | None, ring: NominalRing | None) -> Verdict:
+    """One verdict for the measured all-reduce against the nominal bus bandwidth of `ring`."""
+    peak = _peak(bench.rows)
+    world, backend = bench.metadata.world_size, bench.metadata.backend
     if world == 1:  # nothing crosses a link: no bandwidth was given, and none is judged
         return Verdict(f"1 rank, {backend}", None, None, None, None, "unknown", None,
                        "one rank: nothing crosses a link, so there is no bus bandwidth to judge "
                        "(its rows time the collective on that one rank alone)")
     if peak is None:
         return Verdict("all-reduce", None, None, None, None, "unknown", None, "no correct all-reduce rows measured")
-    measured, size = peak["busbw_gbps"], peak["size_bytes"]
+    measured, size = peak.busbw_gbps, peak.size_bytes
+    assert measured is not None  # `_peak` keeps rows with a bus bandwidth
     if backend.startswith("gloo"):
         return Verdict(f"{world} CPU rank(s), gloo", measured, size, None, None, "unknown", None,
                        f"peak busbw {measured:.3f} GB/s at {size} B; there is no nominal figure for "
@@ -79,11 +97,11 @@ def judge(bench: dict, topology: Topology | None, ring: dict | None) -> Verdict:
         return Verdict(f"{world} rank(s), {backend}", measured, size, None, None, "unknown", None,
                        f"peak busbw {measured:.3f} GB/s at {size} B; no nominal ring to compare with "
                        "(fewer than 2 GPUs of this node in the job, or no topology)")
-    lo, hi = ring.get("bus_bandwidth_gbps") or ring["bottleneck_gbps"]
-    rings = ring.get("rings") or [ring["ring"]]
-    level = (f"intra-node ring {'-'.join(map(str, ring['ring']))} ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})"
+    lo, hi = ring.bus_bandwidth_gbps or ring.bottleneck_gbps
+    rings = ring.rings or [ring.ring]
+    level = (f"intra-node ring {'-'.join(map(str, ring.ring))} ({'NVLink' if ring.hop == 'NV' else 'PCIe/host'})"
              if len(rings) == 1 else
-             f"intra-node rings over GPUs {','.join(map(str, sorted(ring['ring'])))} "
+             f"intra-node rings over GPUs {','.join(map(str, sorted(ring.ring)))} "
              f"({len(rings)} at once over NVLink)")
     causes = tuple(likely_causes(topology, bench))
     if lo == hi:
@@ -114,31 +132,31 @@ class CopyVerdict:
     cause: str | None = None        # why it is low, where NVML saw the link run below what it can
 
 
-def copy_verdicts(copies: dict | None, topology: Topology | None) -> list[CopyVerdict]:
+def copy_verdicts(copies: CopiesReport | None, topology: Topology | None) -> list[CopyVerdict]:
     """Each host<->GPU copy against its GPU's PCIe link as NVML reports it: the raw rate after
     line encoding at the link's maximum generation and width (a pinned copy reaches most of it;
     an idle GPU reports a lower current generation to save power, so the maximum is the
     reference), OK from LOW_SHARE; when low, a link NVML saw running narrower or slower is named.
     A copy on torch's cuda:i is judged against the link of the GPU that cuda:i is (the topology's
     `job_gpus`: under CUDA_VISIBLE_DEVICES=6,2 cuda:0 is GPU 6; a MIG device copies over its GPU's)."""
-    if not copies or copies.get("status") != "ok":
+    if copies is None or copies.status != "ok":
         return []
     gpus = {g.index: g for g in topology.gpus} if topology is not None else {}
     devices = job_devices(topology) if topology is not None else ()
     out = []
-    for m in copies.get("measurements", []):
-        if m["kind"] not in ("h2d", "d2h"):
+    for m in copies.measurements:
+        if m.kind not in ("h2d", "d2h"):
             continue
-        ordinal = int((m["dst"] if m["kind"] == "h2d" else m["src"]).split(":")[1])
+        ordinal = int((m.dst if m.kind == "h2d" else m.src).split(":")[1])
         index = devices[ordinal].gpu if ordinal < len(devices) else None
         gpu = gpus.get(index) if index is not None else None
         gen = (gpu.pcie_gen_max or gpu.pcie_gen_current) if gpu is not None else None
         width = (gpu.pcie_width_max or gpu.pcie_width_current) if gpu is not None else None
         nominal = constants.pcie_raw_gbps(gen, width)
-        row = CopyVerdict(index, f"cuda:{ordinal}", m["kind"], m["bandwidth_gbps"], nominal,
+        row = CopyVerdict(index, f"cuda:{ordinal}", m.kind, m.bandwidth_gbps, nominal,
                           f"Gen{gen} x{width}" if nominal else "unknown")
         if nominal:
-            row.ratio = m["bandwidth_gbps"] / nominal
+            row.ratio = m.bandwidth_gbps / nominal
             row.status = "ok" if row.ratio >= LOW_SHARE else "low"
         below = [f"{what}{now} of {what}{best}" for what, now, best in
                  (("Gen", gpu.pcie_gen_current, gpu.pcie_gen_max), ("x", gpu.pcie_width_current, gpu.pcie_width_max))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from topoprof.errors import RunFailed, TopoprofError
 from topoprof.jsonio import dumps, envelope, to_jsonable
-from topoprof.measure.bench import bench_payload, copies_payload
+from topoprof.measure.bench import bench_payload, copies_payload, read_bench
 from topoprof.measure.cluster import nodes_from_ranks, summarize
 from topoprof.measure.fit import fit_rows
 from topoprof.measure.launch import external_job
@@ -26,7 +26,7 @@ from topoprof.model.validate.run import summary
 from topoprof.probing import ERROR, OK, PARTIAL, SKIPPED, UNAVAILABLE, ProbeStatus, attempt
 from topoprof.report import recommend as rec
 from topoprof.report.files import save_report
-from topoprof.report.verdict import judge
+from topoprof.report.verdict import judge, read_ring
 from topoprof.scan.ranks import environment, run_ranks, versions
 from topoprof.topology.build import Topology
 from topoprof.topology.collect import collect_topology, identified
@@ -92,7 +92,8 @@ def _recommendations(report: dict, topo: Topology) -> list:
     numa = rec.numa_recommendation(topo)
     recs += [numa] if numa else []
     overrides: dict[str, str] = {}
-    for log in (report["bench"].get("nccl") or {}).get("logs", []):
+    nccl = read_bench(report["bench"]).nccl
+    for log in (nccl.logs if nccl is not None else []):
         overrides.update(log.get("env_overrides") or {})
     recs += rec.environment_recommendations(topo, report["environment"], overrides)
     slow_start = rec.slow_start_recommendation(report)
@@ -262,7 +263,7 @@ def run(opts, stages, out_dir: str) -> Written | None:
         "cluster": cluster_payload(node_ranks, levels, bench.rows, opts.nproc),
     })
     report = to_jsonable(report)
-    report["verdict"] = to_jsonable(judge(report["bench"], topology, report["ring"]))
+    report["verdict"] = to_jsonable(judge(read_bench(report["bench"]), topology, read_ring(report["ring"])))
     stages.begin("recommendations and report")
     report["recommendations"] = to_jsonable(_recommendations(report, topology))
     report["timing"] = {}
