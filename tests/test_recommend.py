@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 from fake_nvml import make_fake_nvml
-from helpers.model_reports import model_doc, model_report
+from helpers.model_reports import model_report
 
 from topoprof.measure.bench import BenchMetadata, BenchReport, NcclNotes
 from topoprof.probes.hardware.nvidia_smi import read_topo_file
@@ -102,18 +102,29 @@ def test_verdict_for_gloo_says_there_is_no_nominal():
 
 # ---------------------------------------------------------------- TCP slow start after idle
 
-def _multi_node_report(*, backend="gloo", sysctl=1, micro_batch_s=0.06, accum=8, step_s=0.6,
-                       latency_us=5000.0, busbw_gbps=12.5, ib_state=None):
-    host = {"tcp_slow_start_after_idle": sysctl,
-            "ib_ports": [{"device": "mlx5_0", "port": 1, "state": ib_state}] if ib_state else []}
-    nodes = [{"host": h, "ranks": [i], "topology": {"host": host}} for i, h in enumerate(("a", "b"))]
-    return {
-        "mode": {"backend": backend}, "environment": {},
-        "cluster": {"nodes": nodes, "levels": {"inter": {"inter": {
-            "fit": {"latency_us": latency_us, "bandwidth_gbps": busbw_gbps}, "peak_busbw_gbps": busbw_gbps}}}},
-        "predictions": [model_doc(inputs={"micro_batch_time_s": micro_batch_s, "accumulation_steps": accum},
-                                  strategies={"ddp_no_sync": {"step_time_s": step_s},
-                                              "ddp_synced": {"step_time_s": 2 * step_s}})]}
+def _multi_node(*, backend="gloo", sysctl=1, micro_batch_s=0.06, accum=8, step_s=0.6,
+                latency_us=5000.0, busbw_gbps=12.5, ib_state=None, nodes=2) -> tuple:
+    """`slow_start_recommendation`'s arguments for a job on `nodes` nodes over a network of
+    `busbw_gbps` and `latency_us`, whose hosts have `tcp_slow_start_after_idle` = `sysctl`."""
+    from topoprof.measure.cluster import ClusterNode, ClusterReport, ClusterSummary, LevelFit
+    from topoprof.measure.fit import FitLine
+    from topoprof.specs.host_facts import CpuInfo, HostInfo, IbPort
+    from topoprof.topology.build import Topology
+
+    ports = (IbPort("mlx5_0", 1, 200.0, ib_state, None, "InfiniBand", (), None, None),) if ib_state else ()
+
+    def node(name: str, rank: int) -> ClusterNode:
+        host = HostInfo(name, CpuInfo(None, None, None, None), (), None, (), ports, tcp_slow_start_after_idle=sysctl)
+        return ClusterNode(name, [rank], Topology(("this machine",), (), (), (), {}, host=host))
+
+    hosts = ("a", "b", "c")[:nodes]
+    inter = LevelFit(FitLine(latency_us, busbw_gbps), tuple(range(nodes)), busbw_gbps, 1 << 26)
+    cluster = ClusterReport(ClusterSummary(nodes, (1,) * nodes, (0,) * nodes, (), ()),
+                            levels={"inter": {"inter": inter}}, nodes=[node(h, i) for i, h in enumerate(hosts)])
+    predictions = [model_report(inputs={"micro_batch_time_s": micro_batch_s, "accumulation_steps": accum},
+                                strategies={"ddp_no_sync": {"step_time_s": step_s},
+                                            "ddp_synced": {"step_time_s": 2 * step_s}})]
+    return cluster, predictions, backend, {}
 
 
 def test_slow_start_restart_costs_one_round_trip_per_doubling():
@@ -128,19 +139,18 @@ def test_slow_start_restart_costs_one_round_trip_per_doubling():
 
 
 def test_slow_start_is_advised_only_when_it_costs_a_share_of_the_step():
-    advice = rec.slow_start_recommendation(_multi_node_report())
+    advice = rec.slow_start_recommendation(*_multi_node())
     assert advice is not None and advice.numbers["mode"] == "ddp_no_sync"
     # 62.5 MB in flight over 14.6 KB: 13 doublings of a 5 ms round trip, once per no_sync step
     assert advice.gain_pct == pytest.approx(100 * 13 * 5e-3 / 0.6)
     assert "tcp_slow_start_after_idle=0" in advice.snippet
     for quiet in (dict(sysctl=0), dict(latency_us=50.0), dict(micro_batch_s=0.02),
                   dict(backend="nccl", ib_state="ACTIVE"), dict(step_s=100.0)):
-        assert rec.slow_start_recommendation(_multi_node_report(**quiet)) is None, quiet
+        assert rec.slow_start_recommendation(*_multi_node(**quiet)) is None, quiet
     # NCCL without an active RDMA port falls back to sockets: TCP again
-    assert rec.slow_start_recommendation(_multi_node_report(backend="nccl", ib_state="DOWN")) is not None
-    single_node = _multi_node_report()
-    single_node["cluster"] = None
-    assert rec.slow_start_recommendation(single_node) is None
+    assert rec.slow_start_recommendation(*_multi_node(backend="nccl", ib_state="DOWN")) is not None
+    _, predictions, backend, env = _multi_node()
+    assert rec.slow_start_recommendation(None, predictions, backend, env) is None  # one node: no cluster
 
 
 def test_a_dp_row_says_what_it_leaves_out_until_its_thread_cost_is_given():

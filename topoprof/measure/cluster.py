@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from topoprof.measure.fit import FitLine
+from topoprof.topology.build import Topology
 
 
 def nodes_from_ranks(ranks: list[dict]) -> list[dict]:
@@ -93,8 +93,18 @@ class ComposedCheck:
 
 
 @dataclass(frozen=True)
+class ClusterNode:
+    """One node of the job: its host, its ranks, and its topology as its ranks sent it (None
+    where none did)."""
+
+    host: str
+    ranks: list[int]
+    topology: Topology | None = None
+
+
+@dataclass(frozen=True)
 class ClusterReport:
     summary: ClusterSummary
     levels: dict[str, dict[str, LevelFit]] = field(default_factory=dict)  # "intra", "inter", "job": group -> fit
     composed_check: ComposedCheck | None = None
-    nodes: list[Any] = field(default_factory=list)  # each node's ranks and topology as its ranks sent them
+    nodes: list[ClusterNode] = field(default_factory=list)

@@ -83,12 +83,12 @@ def _topology(parts: ScanParts) -> list[str]:
         out += _chart(parts, "links", "GPU x GPU links")
     else:
         out += ["No NVIDIA GPU on this machine.", ""]
-    host = topo.host or {}
-    cpu = host.get("cpu") or {}
-    if host:
-        out += [f"Host `{host.get('hostname')}`: {cpu.get('model') or 'CPU model unknown'}, {cpu.get('sockets')} "
-                f"socket(s), {cpu.get('cpus_logical')} logical CPUs, {len(host.get('numa_nodes', []))} NUMA node(s), "
-                f"{(host.get('memory_total_bytes') or 0) / 2**30:.0f} GiB.", ""]
+    host = topo.host
+    if host is not None:
+        cpu = host.cpu
+        out += [f"Host `{host.hostname}`: {cpu.model or 'CPU model unknown'}, {cpu.sockets} "
+                f"socket(s), {cpu.cpus_logical} logical CPUs, {len(host.numa_nodes)} NUMA node(s), "
+                f"{(host.memory_total_bytes or 0) / 2**30:.0f} GiB.", ""]
     for nic in topo.nics:
         out.append(f"- NIC {nic.device}: {nic.rate_gbit or '?'} Gb/s, {nic.link_layer or '?'}, {nic.state or '?'}")
     return out + ([""] if topo.nics else []) + [f"> {n}" for n in topo.notes] + ([""] if topo.notes else [])

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from topoprof.measure.cluster import ClusterNode, ClusterReport
 from topoprof.model.comm import tcp
-from topoprof.model.strategies.model_report import ModelReport, made, read_predictions
+from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import StrategyResult
+from topoprof.specs.host_facts import HostInfo
 from topoprof.topology.build import PairLink, Topology
 
 # A strategy change is worth recommending when it saves at least this share of step time;
@@ -268,32 +270,36 @@ def environment_recommendations(topology: Topology, env: dict, nccl_overrides: d
     return out
 
 
-def _tcp_transport(backend: str, nodes: list[dict], env: dict) -> bool:
+def _host_of(node: ClusterNode) -> HostInfo | None:
+    return node.topology.host if node.topology is not None else None
+
+
+def _tcp_transport(backend: str, nodes: list[ClusterNode], env: dict) -> bool:
     """gloo always rides TCP; NCCL does when no node has an active RDMA port or IB is disabled."""
     if backend == "gloo":
         return True
     if str(env.get("NCCL_IB_DISABLE", "0")) not in ("0", ""):
         return True
-    ports = [p for n in nodes for p in (((n.get("topology") or {}).get("host") or {}).get("ib_ports") or [])]
-    return not any(p.get("state") == "ACTIVE" for p in ports)
+    hosts = [h for h in map(_host_of, nodes) if h is not None]
+    return not any(p.state == "ACTIVE" for h in hosts for p in h.ib_ports)
 
 
-def slow_start_recommendation(report: dict) -> Recommendation | None:
-    """A multi-node job over TCP on nodes that restart slow start after idle, when the restarts
-    the predicted step would see cost at least MIN_GAIN of it."""
-    cluster = report.get("cluster") or {}
-    inter = next(iter(((cluster.get("levels") or {}).get("inter") or {}).values()), None)
-    nodes = cluster.get("nodes") or []
-    on = [n["host"] for n in nodes
-          if ((n.get("topology") or {}).get("host") or {}).get("tcp_slow_start_after_idle") == 1]
-    if not inter or not on or not report.get("predictions"):
+def slow_start_recommendation(cluster: ClusterReport | None, predictions: list[ModelReport | Skipped],
+                              backend: str, env: dict) -> Recommendation | None:
+    """A multi-node job (`cluster`) over TCP on nodes that restart slow start after idle, when the
+    restarts the first of `predictions` would see cost at least MIN_GAIN of its step."""
+    if cluster is None:
         return None
-    if not _tcp_transport(report["mode"]["backend"], nodes, report.get("environment") or {}):
+    inter = next(iter((cluster.levels.get("inter") or {}).values()), None)
+    on = [n.host for n in cluster.nodes if (h := _host_of(n)) is not None and h.tcp_slow_start_after_idle == 1]
+    if inter is None or not on or not predictions:
+        return None
+    if not _tcp_transport(backend, cluster.nodes, env):
         return None
     # The network's all-reduce latency bounds one round trip; its peak busbw is the link's rate.
-    rtt_s = inter["fit"]["latency_us"] * 1e-6
-    cost = tcp.restart_cost_s(inter["peak_busbw_gbps"] * 1e9, rtt_s)
-    first = made(read_predictions(report["predictions"][:1]))
+    rtt_s = inter.fit.latency_us * 1e-6
+    cost = tcp.restart_cost_s(inter.peak_busbw_gbps * 1e9, rtt_s)
+    first = made(predictions[:1])
     if not first:
         return None
     c, k = first[0].value("micro_batch_time_s"), first[0].value("accumulation_steps")
@@ -312,7 +318,7 @@ def slow_start_recommendation(report: dict) -> Recommendation | None:
         f"Inter-node traffic rides TCP and net.ipv4.tcp_slow_start_after_idle is 1 on {', '.join(on[:4])}: "
         f"after every gap longer than {tcp.MIN_RTO_S * 1e3:.0f} ms without traffic ({mode} waits "
         f"{c * (k if mode == 'ddp_no_sync' else 1) * 1e3:.0f} ms of compute between all-reduces) TCP restarts "
-        f"from {tcp.INITIAL_WINDOW_BYTES // 1024} KiB; at {inter['peak_busbw_gbps']:.2f} GB/s and a round trip "
+        f"from {tcp.INITIAL_WINDOW_BYTES // 1024} KiB; at {inter.peak_busbw_gbps:.2f} GB/s and a round trip "
         f"of at most {rtt_s * 1e3:.2f} ms, regrowing the window costs up to {lost * 1e3:.1f} ms per step "
         f"({100 * lost / step:.0f} % of {step * 1e3:.0f} ms).",
         100 * lost / step, "sysctl -w net.ipv4.tcp_slow_start_after_idle=0   # on every node, as root",

@@ -10,9 +10,9 @@ import platform
 from dataclasses import dataclass, replace
 
 from topoprof.errors import RunFailed, TopoprofError
-from topoprof.jsonio import dumps, envelope, to_jsonable
+from topoprof.jsonio import dumps, envelope, from_jsonable, to_jsonable
 from topoprof.measure.bench import bench_payload, copies_payload, read_bench
-from topoprof.measure.cluster import nodes_from_ranks, summarize
+from topoprof.measure.cluster import ClusterReport, nodes_from_ranks, summarize
 from topoprof.measure.fit import fit_rows
 from topoprof.measure.launch import external_job
 from topoprof.measure.profile import measure_device_profile
@@ -96,7 +96,9 @@ def _recommendations(report: dict, topo: Topology) -> list:
     for log in (nccl.logs if nccl is not None else []):
         overrides.update(log.get("env_overrides") or {})
     recs += rec.environment_recommendations(topo, report["environment"], overrides)
-    slow_start = rec.slow_start_recommendation(report)
+    cluster = from_jsonable(ClusterReport, report["cluster"], "cluster") if report.get("cluster") else None
+    slow_start = rec.slow_start_recommendation(cluster, read_predictions(report["predictions"]),
+                                               report["mode"]["backend"], report["environment"])
     recs += [slow_start] if slow_start else []
     return rec.rank(recs)
 

@@ -11,16 +11,16 @@ depends on facts no source gave.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from topoprof.errors import InputError
 from topoprof.probing import ProbeStatus
+from topoprof.specs.host_facts import HostInfo  # held by a topology, and read back from its JSON
 from topoprof.topology import constants
 from topoprof.topology.visible import JobGpu
 
 if TYPE_CHECKING:  # the probe records; importing them costs nothing but keeps layers explicit
-    from topoprof.probes.hardware.host import HostInfo
     from topoprof.probes.hardware.nvidia_smi import SmiTopology
     from topoprof.probes.hardware.nvml import NvLink, NvmlSnapshot
 
@@ -94,7 +94,7 @@ class Topology:
     nics: tuple[Nic, ...]
     pairs: tuple[PairLink, ...]
     gpu_nic_paths: dict[str, str]    # "0:mlx5_0" -> path kind
-    host: dict | None = None         # asdict(HostInfo) when the host was probed
+    host: HostInfo | None = None     # when the host was probed
     driver_version: str | None = None
     notes: tuple[str, ...] = ()
     probes: tuple[ProbeStatus, ...] = ()  # each source asked, and what became of it
@@ -164,7 +164,7 @@ def build_topology(
         nics=nics,
         pairs=pairs,
         gpu_nic_paths=nic_paths,
-        host=asdict(host) if host is not None else None,
+        host=host,
         driver_version=nvml.driver_version if nvml is not None else None,
         notes=notes + (smi.notes if smi is not None else ()) + _consistency_notes(smi, nvml),
         probes=probes,

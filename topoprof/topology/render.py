@@ -1,6 +1,7 @@
 """Plain-text rendering of a Topology for the terminal."""
 from __future__ import annotations
 
+from topoprof.specs.host_facts import HostInfo
 from topoprof.topology.build import PATH_MEANING, Topology
 from topoprof.topology.visible import describe, gpu_marks, job_devices
 
@@ -106,18 +107,17 @@ def _nic_rows(topology: Topology) -> list[str]:
     return _table(["NIC", "device", "rate", "link layer", "state", "NUMA", "PCIe-near GPUs"], rows)
 
 
-def _host_lines(host: dict) -> list[str]:
-    cpu = host.get("cpu", {})
-    lines = [f"  {host.get('hostname')}: {cpu.get('model') or 'CPU model unknown'}, "
-             f"{_opt(cpu.get('sockets'))} socket(s), {_opt(cpu.get('cores_physical'))} cores, "
-             f"{_opt(cpu.get('cpus_logical'))} logical CPUs, "
-             f"{(host.get('memory_total_bytes') or 0) / 2**30:.0f} GiB"]
-    for node in host.get("numa_nodes", []):
-        lines.append(f"  NUMA node {node['node']}: CPUs {_cpus(tuple(node['cpus']))}")
-    nets = [i for i in host.get("interfaces", []) if not i.get("is_loopback") and not i.get("is_virtual")]
-    for i in nets:
-        speed = f"{i['speed_mbps'] / 1000:g} Gb/s" if i.get("speed_mbps") else "speed unknown"
-        lines.append(f"  {i['name']}: {'up' if i.get('is_up') else 'down'}, {speed}")
+def _host_lines(host: HostInfo) -> list[str]:
+    cpu = host.cpu
+    lines = [f"  {host.hostname}: {cpu.model or 'CPU model unknown'}, "
+             f"{_opt(cpu.sockets)} socket(s), {_opt(cpu.cores_physical)} cores, "
+             f"{_opt(cpu.cpus_logical)} logical CPUs, "
+             f"{(host.memory_total_bytes or 0) / 2**30:.0f} GiB"]
+    for node in host.numa_nodes:
+        lines.append(f"  NUMA node {node.node}: CPUs {_cpus(tuple(node.cpus))}")
+    for i in (i for i in host.interfaces if not i.is_loopback and not i.is_virtual):
+        speed = f"{i.speed_mbps / 1000:g} Gb/s" if i.speed_mbps else "speed unknown"
+        lines.append(f"  {i.name}: {'up' if i.is_up else 'down'}, {speed}")
     return lines
 
 
