@@ -170,3 +170,19 @@ def test_a_scans_validation_reads_back_typed_and_one_that_does_not_is_refused(tm
     proc = _cli("report", str(path), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert f"{path}: validation.modes.ddp_synced.error_pct: expected a number, got \"small\"" in proc.stderr
+
+
+def test_validates_numerics_read_as_each_modes_check_beside_the_runs_settings():
+    from topoprof.model.validate.report import read_validate_report
+
+    doc = json.load(open(OLD_SCAN))["validation"]
+    num = read_validate_report(doc, "validation").numerics
+    assert num is not None and num.dtype == doc["numerics"]["dtype"] == "float64" and num.ac == "none"
+    # every mode compared, and the control (meant to differ) kept apart from them
+    assert num.checked() == ["ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"]
+    assert num.checks["control_single_not_divided_by_k"].allclose is False
+    assert num.checks["ddp_synced"].max_abs_diff_vs_single == doc["numerics"]["ddp_synced"]["max_abs_diff_vs_single"]
+    assert read_validate_report({**doc, "numerics": None}, "validation").numerics is None
+    bad = {**doc, "numerics": {**doc["numerics"], "ddp_synced": {"allclose": "yes", "max_abs_diff_vs_single": 0.0}}}
+    with pytest.raises(SchemaError, match="validation.numerics.ddp_synced.allclose"):
+        read_validate_report(bad, "validation")

@@ -118,6 +118,25 @@ def test_copies_are_judged_against_the_pcie_link():
     assert low.status == "low" and low.cause is not None and "x8 of x16" in low.cause
 
 
+def test_bench_prints_the_copies_with_pairs_staged_through_the_host_marked():
+    from topoprof.measure.bench import CopiesReport
+    from topoprof.probes.ranks.copy_bandwidth import CopyMeasurement
+    from topoprof.report.text_bench import copy_lines
+
+    def d2d(src: str, dst: str, gbps: float, p2p: bool | None) -> CopyMeasurement:
+        return CopyMeasurement("d2d", src, dst, 1 << 28, gbps, p2p)
+
+    copies = CopiesReport("ok", size_bytes=1 << 28, iters=10, measurements=(
+        CopyMeasurement("h2d", "host", "cuda:0", 1 << 28, 54.8, None),
+        d2d("cuda:0", "cuda:0", 2074.0, None), d2d("cuda:0", "cuda:1", 11.9, False),
+        d2d("cuda:1", "cuda:0", 12.1, False), d2d("cuda:1", "cuda:1", 2070.0, None)))
+    lines = copy_lines(copies)
+    assert lines[:2] == ["# copies (268435456 B, 10 iterations, GB/s)", "#   h2d host -> cuda:0: 54.8"]
+    assert lines[-3].split() == ["#", "cuda:0", "2074.0", "11.9*"]
+    assert lines[-1] == "#   (* = no peer access: staged through host memory)"
+    assert copy_lines(CopiesReport("unsupported", "no CUDA device")) == ["# copies: skipped: no CUDA device"]
+
+
 def test_one_rank_all_reduce_is_not_judged_as_a_zero_bus_bandwidth():
     from topoprof.measure.bench import BenchMetadata, BenchReport
     from topoprof.report.verdict import judge

@@ -6,9 +6,10 @@ import sys
 import click
 
 from topoprof.errors import EXIT_NOTHING_MEASURED, InputError, RunFailed, SavedElsewhere
-from topoprof.jsonio import check_writable, dumps, envelope, write_text
+from topoprof.jsonio import check_writable, dumps, envelope, from_jsonable, write_text
 from topoprof.measure.bench import (
     BenchOptions,
+    CopiesReport,
     bench_payload,
     collectives_option,
     copies_payload,
@@ -143,6 +144,6 @@ def _emit(result, copy_report, as_json: bool, out_path: str | None):
     for line in summary_lines(result):
         click.echo(line)
     if copy_report is not None:
-        for line in copy_lines(copy_report):
+        for line in copy_lines(from_jsonable(CopiesReport, copy_report, "copies")):
             click.echo(line)
     return moved

@@ -9,6 +9,7 @@ from topoprof.jsonio import check_writable_folder, dumps
 from topoprof.measure.launch import is_reporting_rank
 from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.progress import LiveProgress
+from topoprof.report.scan_report import read_scan_parts
 from topoprof.report.text_scan import summary_lines
 from topoprof.scan.options import ScanOptions
 from topoprof.scan.pipeline import default_out_dir, run
@@ -68,7 +69,7 @@ def _finish(written, out_dir: str) -> None:
     if folder is None:  # neither out_dir nor the temporary directory: the report itself, on stdout
         click.echo(dumps(report))
     else:
-        click.echo("\n".join(summary_lines(report, folder)))
+        click.echo("\n".join(summary_lines(read_scan_parts(report), folder)))
     failed = None
     if report["status"] != "ok":
         where = f"in {folder}" if folder else "on stdout"

@@ -243,6 +243,8 @@ class CopiesReport:
 
     status: str
     detail: str = ""
+    size_bytes: int = 0
+    iters: int = 0
     measurements: tuple[CopyMeasurement, ...] = ()
     device_names: tuple[str, ...] = ()
 

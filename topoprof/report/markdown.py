@@ -385,15 +385,15 @@ def _validation(parts: ScanParts) -> list[str]:
     if calibration:
         out += ["The model's inputs, measured in every rotation (value used, interquartile range, samples):", ""]
         out += _table(["input", "value", "quartiles", "n"], calibration) + [""]
-    checked = val.numerics_checked()
-    if checked:
-        num = val.numerics or {}
-        agree = all(num[m]["allclose"] for m in checked)
-        worst = max(num[m]["max_abs_diff_vs_single"] for m in checked)
+    num = val.numerics
+    checked = num.checked() if num is not None else []
+    if num is not None and checked:
+        agree = all(num.checks[m].allclose for m in checked)
+        worst = max(num.checks[m].max_abs_diff_vs_single for m in checked)
         names = ", ".join(f"`{m}`" for m in checked)
         out += [f"Numerics: after one optimizer step on the same global batch, {names} "
                 f"{'agree with' if agree else 'DIFFER from'} one process accumulating "
-                f"the whole batch (max |diff| {worst:.1e}, {num.get('dtype')}).", ""]
+                f"the whole batch (max |diff| {worst:.1e}, {num.dtype}).", ""]
     return out + _chart(parts, "pred_vs_measured", "predicted vs measured step time")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from topoprof.measure.bench import CopiesReport
 from topoprof.measure.spread import slow_ranks
 from topoprof.specs.collective_spec import get_collective
 
@@ -57,25 +58,25 @@ def spread_lines(flags: Sequence) -> list[str]:
             f"{f.slower_sizes}/{f.sizes} {f.collective} sizes" for f in flags]
 
 
-def copy_lines(report: dict) -> list[str]:
+def copy_lines(copies: CopiesReport) -> list[str]:
     """Copy bandwidth: host<->device per GPU and the GPU x GPU matrix."""
-    if report.get("status") != "ok":
-        return [f"# copies: skipped: {report.get('detail')}"]
-    ms = report["measurements"]
-    lines = [f"# copies ({report['size_bytes']} B, {report['iters']} iterations, GB/s)"]
+    if copies.status != "ok":
+        return [f"# copies: skipped: {copies.detail}"]
+    ms = copies.measurements
+    lines = [f"# copies ({copies.size_bytes} B, {copies.iters} iterations, GB/s)"]
     for m in ms:
-        if m["kind"] in ("h2d", "d2h"):
-            lines.append(f"#   {m['kind']} {m['src']} -> {m['dst']}: {m['bandwidth_gbps']:.1f}")
-    d2d = [m for m in ms if m["kind"] == "d2d"]
-    devs = sorted({m["src"] for m in d2d})
+        if m.kind in ("h2d", "d2h"):
+            lines.append(f"#   {m.kind} {m.src} -> {m.dst}: {m.bandwidth_gbps:.1f}")
+    d2d = [m for m in ms if m.kind == "d2d"]
+    devs = sorted({m.src for m in d2d})
     if devs:
         lines.append("#   GPU->GPU " + " ".join(f"{d:>9}" for d in devs))
         for a in devs:
             cells = []
             for b in devs:
-                m = next(x for x in d2d if x["src"] == a and x["dst"] == b)
-                mark = "" if m["p2p"] in (True, None) else "*"
-                cells.append(f"{m['bandwidth_gbps']:8.1f}{mark or ' '}")
+                m = next(x for x in d2d if x.src == a and x.dst == b)
+                mark = "" if m.p2p in (True, None) else "*"
+                cells.append(f"{m.bandwidth_gbps:8.1f}{mark or ' '}")
             lines.append(f"#   {a:>8} " + " ".join(cells))
         lines.append("#   (* = no peer access: staged through host memory)")
     return lines

@@ -107,13 +107,14 @@ def render_validate(report: ValidateReport) -> str:
     out += [""] + mode_lines(report.modes)
     out += [ONE_RANK_NOTE] if s.nproc == 1 else parts_lines(report.modes)
     num = report.numerics
-    if num:
-        plain = f" (every mode checkpointed {num['ac']}, the process not)" if num.get("ac", "none") != "none" else ""
-        out += ["", f"Numerics after one optimizer step on the same global batch ({num.get('dtype')}), "
+    if num is not None:
+        plain = f" (every mode checkpointed {num.ac}, the process not)" if num.ac != "none" else ""
+        out += ["", f"Numerics after one optimizer step on the same global batch ({num.dtype}), "
                     f"vs one process accumulating the whole batch{plain}:"]
-        for mode in report.numerics_checked():
-            ok = "agree" if num[mode]["allclose"] else "DIFFER"
-            out.append(f"  {mode:<28} max |diff| {num[mode]['max_abs_diff_vs_single']:.2e}  {ok}")
+        for mode in num.checked():
+            check = num.checks[mode]
+            out.append(f"  {mode:<28} max |diff| {check.max_abs_diff_vs_single:.2e}  "
+                       f"{'agree' if check.allclose else 'DIFFER'}")
     summ = report.summary
     if summ is not None and summ.cases:
         out += ["", f"median |error| {summ.median_abs_error_pct:.1f}%, worst {summ.worst_abs_error_pct:.1f}% "

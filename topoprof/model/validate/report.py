@@ -7,10 +7,10 @@ command's text and a scan's report.md read them back through `read_validate_repo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from topoprof.jsonio import read_document
+from topoprof.jsonio import SchemaError, from_jsonable, read_document
 from topoprof.measure.fit import FitLine
 from topoprof.model.validate.rotations import Spread
 
@@ -70,6 +70,37 @@ class Setup:
 
 
 @dataclass(frozen=True)
+class NumericsCheck:
+    """One mode's parameters after one optimizer step, against one process accumulating the
+    whole batch."""
+
+    max_abs_diff_vs_single: float
+    allclose: bool
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The numerics check: each mode's comparison (`checks`, a control among them), the dtype it
+    ran in, and how every mode was checkpointed. Its JSON holds the comparisons and the run's
+    settings at one level (a mode's name is a key beside "dtype"), so `read_numerics` reads it,
+    not the generic reader field by field."""
+
+    checks: dict[str, NumericsCheck] = field(default_factory=dict)
+    dtype: str | None = None
+    ac: str | None = "none"
+
+    def checked(self) -> list[str]:
+        """The modes compared, less the controls (which are meant to differ)."""
+        return [m for m in self.checks if not m.startswith("control")]
+
+
+def read_numerics(doc: dict, where: str) -> Numerics:
+    checks = {mode: from_jsonable(NumericsCheck, value, f"{where}.{mode}") for mode, value in doc.items()
+              if isinstance(value, dict) and "allclose" in value}
+    return Numerics(checks, doc.get("dtype"), doc.get("ac", "none"))
+
+
+@dataclass(frozen=True)
 class ValidateReport:
     status: str
     label: str | None = None
@@ -77,15 +108,10 @@ class ValidateReport:
     reason: str | None = None  # a scan's validation that was skipped: why
     modes: dict[str, ModeCheck] = field(default_factory=dict)
     calibration: Calibration | None = None
-    numerics: dict[str, Any] | None = None  # per mode its comparison; its dtype and checkpointing beside
+    numerics: Numerics | None = None
     summary: Summary | None = None
     fit: FitLine | None = None
     setup: Setup | None = None
-
-    def numerics_checked(self) -> list[str]:
-        """The modes whose numerics were compared with one process accumulating the whole batch."""
-        num = self.numerics or {}
-        return [m for m, v in num.items() if isinstance(v, dict) and "allclose" in v and not m.startswith("control")]
 
     @property
     def user_model(self) -> bool:
@@ -96,4 +122,10 @@ class ValidateReport:
 def read_validate_report(doc: dict, where: str = "validate") -> ValidateReport:
     """The typed report from `topoprof validate`'s JSON (with or without its envelope) or a scan's
     `validation`; `SchemaError` names where the JSON differs from the schema."""
-    return read_document(ValidateReport, doc, where)
+    numerics = doc.get("numerics")
+    report = read_document(ValidateReport, {k: v for k, v in doc.items() if k != "numerics"}, where)
+    if not numerics:
+        return report
+    if not isinstance(numerics, dict):
+        raise SchemaError(f"{where}.numerics: expected an object, got {type(numerics).__name__}")
+    return replace(report, numerics=read_numerics(numerics, f"{where}.numerics"))
