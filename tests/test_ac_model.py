@@ -75,6 +75,7 @@ SIZES = {"hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 896, "vocab_s
 
 def _priced(mode: str) -> dict:
     from topoprof.model.compute.profile import load_profile
+    from topoprof.model.compute.profile_choice import pricing_for
     from topoprof.model.compute.traced import modelled_fields
     from topoprof.trace.op_trace import trace_user_model
 
@@ -86,7 +87,7 @@ def _priced(mode: str) -> dict:
     # under its policy's modes can cost more host time than full's)
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "topoprof", "model", "compute",
                         "profiles", "nvidia-h200-sxm-gpu-facts-20261126.json")
-    return modelled_fields(trace, named_gpu("h100-sxm"), "bf16", False, profile=load_profile(path), profile_path=path)
+    return modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, load_profile(path), path))
 
 
 def test_the_recompute_is_priced_in_backward_for_full_and_op_and_is_none_without():
@@ -181,7 +182,7 @@ def _inputs(per_sample_gb=4.0, gpu_memory_gb=80.0, **workload) -> ModelInputs:
 
 
 def test_the_largest_micro_batch_that_fits_is_the_last_size_whose_memory_fits():
-    from topoprof.model.strategies.memory import memory_by_strategy
+    from topoprof.model.strategies.memory import job_memory, memory_by_strategy
     from topoprof.model.strategies.search import at, largest
 
     inputs = _inputs()
@@ -189,7 +190,8 @@ def test_the_largest_micro_batch_that_fits_is_the_last_size_whose_memory_fits():
     for mode in ("none", "full", "layer:2", "op"):
         found = largest(inputs, names, mode)
         for name in names:
-            fits = [m for m in range(1, 200) if memory_by_strategy(at(inputs, mode, m), [name])[name].fits is True]
+            fits = [m for m in range(1, 200)
+                    if memory_by_strategy(job_memory(at(inputs, mode, m)), [name])[name].fits is True]
             best = found[name].micro_batch
             assert best == (max(fits) if fits else None), (mode, name)
             assert fits == list(range(1, (best or 0) + 1))  # every size below it fits too

@@ -259,9 +259,10 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
     traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
     assert traced["target"] == {"device": "cuda", "precision": "fp32"} and traced["ready"]
     assert traced["autocast_failure"] == "in bf16, RuntimeError: mixed dtypes"
+    from topoprof.model.compute.profile_choice import pricing_for
     from topoprof.model.compute.traced import priced
 
-    modelled, why = priced(traced, named_gpu("h100-sxm"), "bf16", False)
+    modelled, why = priced(traced, pricing_for(named_gpu("h100-sxm"), "bf16", False))
     assert modelled == {} and "ran in fp32, not bf16" in why and "mixed dtypes" in why
 
 

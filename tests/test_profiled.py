@@ -14,7 +14,7 @@ from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import SM_COUNT, named_gpu
 from topoprof.model.compute.host_costs import eager_host_seconds, host_costs_from
 from topoprof.model.compute.profile import profile_from_dict
-from topoprof.model.compute.profile_choice import nearest_profile, pricer_for
+from topoprof.model.compute.profile_choice import nearest_profile, pricer_for, pricing_for
 from topoprof.model.compute.profile_scale import datasheet_ratios
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
 from topoprof.model.compute.roofline_terms import quantization
@@ -268,7 +268,7 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     trace = {**_trace(), "params": [{"name": "w", "shape": [1000, 100], "requires_grad": True},
                                     {"name": "b", "shape": [1000], "requires_grad": True},
                                     {"name": "frozen", "shape": [10], "requires_grad": False}]}
-    fields = modelled_fields(trace, named_gpu("h100-sxm"), "bf16", False, profile=profile)
+    fields = modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, profile))
     assert fields["modelled_detail"]["optimizer"]["tensors"] == 2
     times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,
                           grad_bytes=4)
@@ -285,3 +285,33 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     assert ends["fast"] == pytest.approx(2 * 2e-6 + 28 * 101_000 / (2 * rate))
     assert ends["slow"] == pytest.approx(2 * 4e-6 + 28 * 101_000 / rate)
     assert ends["fast"] < ends[None] < ends["slow"]
+
+
+def test_a_pricing_is_chosen_once_and_every_pass_priced_with_it_reads_no_profile_again(monkeypatch):
+    from topoprof.model.compute import profile_choice
+    from topoprof.model.compute.traced import modelled_fields, priced
+
+    pricing = pricing_for(named_gpu("h100-sxm"), "bf16", False, h100_profile(), "hand-made")
+    assert pricing.why is None and pricing.pricer is not None
+
+    def chosen_again(*args, **kwargs):
+        raise AssertionError("a profile chosen again")
+
+    monkeypatch.setattr(profile_choice, "pricer_for", chosen_again)
+    monkeypatch.setattr(profile_choice, "shipped_profiles", chosen_again)
+    fields = modelled_fields(_trace(), pricing)
+    assert fields["modelled_s"] == roofline(_trace(), pricing.pricer).seconds
+    assert priced(_trace(), pricing)[0] == fields
+
+
+def test_a_pricing_that_cannot_be_had_says_why_wherever_a_pass_is_priced():
+    from topoprof.model.compute.traced import priced
+
+    cpu = profile_from_dict(profile_doc(device="AMD EPYC", kind="cpu", dtype="float32", gemm=GRID,
+                                        memory=[(("add", 1 << 20), 1e10)], host={"op": 4e-6},
+                                        cpu={"fresh_page_s_per_byte": 1e-10, "fresh_page_min_bytes": 1 << 25,
+                                             "how": "given"}), "cpu")
+    pricing = pricing_for(named_gpu("h100-sxm"), "bf16", False, cpu, "cpu")
+    assert pricing.pricer is None and "cannot be scaled to GPU 'h100-sxm'" in pricing.why
+    trace = {**_trace(), "target": {"device": "cpu", "precision": "fp32"}}
+    assert priced(trace, pricing) == ({}, f"pricing its ops failed ({pricing.why})")

@@ -124,13 +124,15 @@ def fig10a(entry: dict) -> tuple[float, list[tuple[str, float, float]]]:
 def whatif_compute(entry: dict) -> list[tuple[str, float, tuple[float, float, float], str]]:
     """(preset, published compute, modelled (fast, middle, slow), what bounds it) per DGX-1 model."""
     from topoprof.model.compute.datasheet import named_gpu
+    from topoprof.model.compute.profile_choice import pricing_for
     from topoprof.model.compute.traced import preset_request
     from topoprof.model.inputs.traces import model_on_gpu
 
     columns, out = entry["columns"], []
     for preset, times in entry["p50_s_per_iteration"].items():
         compute = times[columns.index("1 GPU no ddp")] - sgd_optimizer_s(preset)
-        fields, why = model_on_gpu(preset_request(preset, 32, None, 224), named_gpu(GPU), "fp32", compiled=False)
+        fields, why = model_on_gpu(preset_request(preset, 32, None, 224),
+                                   pricing_for(named_gpu(GPU), "fp32", compiled=False))
         if why:
             raise SystemExit(f"{preset}: the what-if compute could not be modelled: {why}")
         out.append((preset, compute, fields["modelled_s"], fields["modelled_detail"]["summary"]))

@@ -118,10 +118,9 @@ def model(**opts):
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
         plan = plan_search(inputs, applying_strategies(payload))
         shape = candidate_shape(inputs, request, plan, evidence.user_blocks)
-        gpu = evidence.compute.named  # the GPU the compute is priced for: `inputs.compute.gpu`, with its row
-        passes = gather_candidates(shape, plan.wanted, gpu, inputs.compute.precision, evidence.profile,
-                                   progress, whole_pass(evidence.user, request.workload))
-        payload = {"fits": fits_payload(inputs, request, plan, passes, evidence.profile, gpu), **payload}
+        passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,
+                                   whole_pass(evidence.user, request.workload))
+        payload = {"fits": fits_payload(inputs, plan, passes, evidence.pricing), **payload}
     doc = envelope("model", payload)
     # the text reads what the JSON holds, through the one reader a scan's report reads it with
     click.echo(dumps(doc) if opts["as_json"] else render_model(read_model_report(doc)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topoprof.model.compute.datasheet import NamedGpu
+from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import modelled_fields
 
 
@@ -35,10 +35,9 @@ def _values(fields: dict) -> tuple[float, ...]:
     return fast, middle, slow, middle * (1 - fields["modelled_backward_fraction"]), recompute
 
 
-def priced_line(one_block: dict, two_blocks: dict, gpu: NamedGpu | None, precision: str, compiled: bool,
-                profile=None) -> Line:
+def priced_line(one_block: dict, two_blocks: dict, pricing: Pricing) -> Line:
     """The traces at 1 and 2 blocks priced (`traced.modelled_fields`; its errors raised)."""
-    a, b = (modelled_fields(t, gpu, precision, compiled, profile=profile) for t in (one_block, two_blocks))
+    a, b = (modelled_fields(t, pricing) for t in (one_block, two_blocks))
     return Line(_values(a), _values(b), a["modelled_detail"]["device"])
 
 

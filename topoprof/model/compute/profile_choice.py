@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import SM_COUNT, NamedGpu
@@ -146,6 +147,30 @@ def pricer_for(gpu: NamedGpu | None, precision: str, compiled: bool, profile: De
     note = (f"compute: no device profile can be scaled to {spec.name} in {precision} (profiles: {have}); priced on "
             "its datasheet peak and bandwidth with cited shares")
     return gpu_device(spec, precision, compiled), [note]
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How a model's ops are priced at one precision for one GPU (`gpu`; None: the profile's own
+    device), chosen once (`pricing_for`): the pricer and its notes, or why none can price them."""
+
+    gpu: NamedGpu | None
+    precision: str
+    compiled: bool
+    profile: DeviceProfile | None = None
+    pricer: Any = None  # a ProfiledDevice, or the datasheet's DeviceModel
+    notes: tuple[str, ...] = ()
+    why: str | None = None  # an unknown GPU, a profile that cannot price it
+
+
+def pricing_for(gpu: NamedGpu | None, precision: str, compiled: bool, profile: DeviceProfile | None = None,
+                profile_path: str | None = None) -> Pricing:
+    """`pricer_for`'s choice as a record; its InputError kept as `why`, for each pass priced to say."""
+    try:
+        pricer, notes = pricer_for(gpu, precision, compiled, profile, profile_path)
+    except InputError as err:
+        return Pricing(gpu, precision, compiled, profile, why=str(err))
+    return Pricing(gpu, precision, compiled, profile, pricer, tuple(notes))
 
 
 def _another_architecture(profiled: str, gpu: str) -> str:

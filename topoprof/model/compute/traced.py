@@ -15,7 +15,7 @@ prices its record and runs nothing. Where it cannot run (a text model without --
 an op without a meta kernel, a worker that fails), the caller keeps the datasheet range and
 says why (`fallback_note`).
 
-The ops are priced from a device profile (`profile_choice.pricer_for`): the one given
+The ops are priced from a device profile (`profile_choice.pricing_for`): the one given
 (`--gpu-profile`, a scan's own), else the nearest shipped one, as measured or scaled to the GPU
 named; where no profile can be had, on the datasheet (`roofline.gpu_device`), and the notes say so.
 A CPU's profile prices the model on that CPU: traced for a CPU target (fp32).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import NamedGpu
-from topoprof.model.compute.profile_choice import pricer_for
+from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
 from topoprof.specs.messages import TraceFailure
@@ -93,12 +93,13 @@ def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> dic
     return gpu_target(precision, gpu or (profile.gpu if profile is not None else None))
 
 
-def modelled_fields(trace: dict, gpu: NamedGpu | None, precision: str, compiled: bool, note: str | None = None,
-                    profile=None, profile_path: str | None = None) -> dict:
-    """A `Compute`'s modelled_* fields from a trace on the GPU named (or the profile's own device);
-    InputError where the GPU, its precision or the profile cannot price it, ValueError where the
-    trace cannot be priced."""
-    pricer, chosen_notes = pricer_for(gpu, precision, compiled, profile, profile_path)
+def modelled_fields(trace: dict, pricing: Pricing, note: str | None = None) -> dict:
+    """A `Compute`'s modelled_* fields from a trace priced by `pricing`; InputError where the GPU,
+    its precision or the profile cannot price it (`Pricing.why`), ValueError where the trace cannot
+    be priced."""
+    if pricing.why is not None:
+        raise InputError(pricing.why)
+    pricer, chosen_notes = pricing.pricer, pricing.notes
     result = roofline(trace, pricer)
     fast, middle, slow = result.seconds
     shape = trace.get("shape", "its example batch")
@@ -134,20 +135,21 @@ def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
     return roofline({"ops": ops}, pricer).seconds
 
 
-def priced(trace: dict | TraceFailure | None, gpu: NamedGpu | None, precision: str, compiled: bool,
-           note: str | None = None, profile=None, profile_path: str | None = None) -> tuple[dict, str | None]:
+def priced(trace: dict | TraceFailure | None, pricing: Pricing, note: str | None = None) -> tuple[dict, str | None]:
+    """(`modelled_fields`, None), or ({}, why the trace could not be priced: none was run, it
+    failed, it was run for another device or precision, or its ops could not be priced)."""
     if not trace:
         return {}, "no pass on the meta device was run"
     if isinstance(trace, TraceFailure):
         return {}, trace.reason
-    want = target_for(precision, profile)
+    want = target_for(pricing.precision, pricing.profile)
     if trace.get("target", {}).get("device") != want["device"]:
         return {}, f"the pass on the meta device was not run for a {'GPU' if want['device'] == 'cuda' else 'CPU'}"
     if trace["target"].get("precision") != want["precision"]:
         return {}, (f"the pass on the meta device ran in {trace['target'].get('precision')}, not {want['precision']} "
                     f"({trace.get('autocast_failure', 'another precision')})")
     try:
-        return modelled_fields(trace, gpu, precision, compiled, note, profile, profile_path), None
+        return modelled_fields(trace, pricing, note), None
     except (InputError, ValueError, KeyError) as err:
         return {}, f"pricing its ops failed ({err})"
 

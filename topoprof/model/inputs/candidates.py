@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.extended import at_depth, priced_line
+from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_fields
 from topoprof.model.strategies.search import searched_modes
 from topoprof.specs.messages import TraceFailure
@@ -131,22 +131,16 @@ def block_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]]) -
     return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in _modes_of(text)})
 
 
-def priced_candidates(passes: CandidatePasses, gpu: NamedGpu | None, precision: str, compiled: bool,
-                      profile=None, profile_path: str | None = None) -> dict[tuple[str, int], dict] | str:
-    """Modelled compute fields per candidate, priced as the main pass is (`profile`: a
-    --gpu-profile's, else the nearest shipped one), or why none: a `--model`'s pass whole, a
-    preset's or `--params` model's at 1 and 2 blocks extended to its depth."""
+def priced_candidates(passes: CandidatePasses, pricing: Pricing) -> dict[tuple[str, int], dict] | str:
+    """Modelled compute fields per candidate, priced as the main pass is (`gather.gather`'s
+    `Pricing`), or why none: a `--model`'s pass whole, a preset's or `--params` model's at 1 and 2
+    blocks extended to its depth."""
     try:
         if by_blocks(passes.shape):
-            return _priced_by_blocks(passes, passes.shape, gpu, precision, compiled, profile)
-        return _priced_whole(passes, gpu, precision, compiled, profile, profile_path)
+            return _priced_by_blocks(passes, passes.shape, pricing)
+        return {key: modelled_fields(passes.traces[key], pricing) for key in passes.wanted}
     except (InputError, ValueError, KeyError) as err:
         return f"pricing its ops failed ({err})"
-
-
-def _priced_whole(passes: CandidatePasses, gpu, precision, compiled, profile, profile_path) -> dict:
-    return {key: modelled_fields(passes.traces[key], gpu, precision, compiled, profile=profile,
-                                 profile_path=profile_path) for key in passes.wanted}
 
 
 def by_blocks(shape: ModelShape | UserShape) -> bool:
@@ -155,8 +149,7 @@ def by_blocks(shape: ModelShape | UserShape) -> bool:
     return isinstance(shape, ModelShape) or shape.blocks is not None
 
 
-def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, gpu, precision, compiled,
-                      profile) -> dict | str:
+def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, pricing: Pricing) -> dict | str:
     assert shape.blocks is not None  # `by_blocks`
     out = {}
     for text, m in passes.wanted:
@@ -166,7 +159,7 @@ def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, gp
             one, two = passes.traces[(mode, sequences, 1)], passes.traces[(mode, sequences, 2)]
             for failed in (t for t in (one, two) if isinstance(t, TraceFailure)):
                 return failed.reason
-            lines[mode] = priced_line(one, two, gpu, precision, compiled, profile)
+            lines[mode] = priced_line(one, two, pricing)
         size = f"{sequences}x{shape.seq_len}" if shape.seq_len else f"micro-batch {sequences}"
         out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, size)
     return out

@@ -10,6 +10,7 @@ from typing import Any
 
 from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.profile import DeviceProfile
+from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
 from topoprof.model.inputs.user_record import ReadyOrder, flop_order_reason
 from topoprof.model.memory.traced import TracedMemory
@@ -55,6 +56,7 @@ class Evidence:
 
     request: ModelRequest
     compute: ComputeRequest  # the request's, its --gpu named from a --gpu-profile's device where not given
+    pricing: Pricing  # how the model's own ops are priced (`gather._priced_gpu`), chosen once
     profile: DeviceProfile | None = None
     calibration: dict | None = None
     user: UserModelRun | None = None
@@ -73,6 +75,14 @@ def timing_stands(record: dict, compute: ComputeRequest) -> bool:
     was timed on; never another device's."""
     return compute.gpu is None or flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
                                                     None) is None
+
+
+def what_if_priced(compute: ComputeRequest) -> bool:
+    """A user's model is priced from its own ops as the compute of the GPU predicted: a GPU is
+    named or profiled, and neither the compute nor a utilization is given (unless it was timed on
+    that GPU: `timing_stands`)."""
+    return ((compute.gpu is not None or compute.gpu_profile is not None) and not compute.given
+            and compute.utilization is None)
 
 
 def needs_no_link(cluster: ClusterRequest) -> bool:

@@ -21,6 +21,7 @@ from topoprof.measure.runner import visible_gpus
 from topoprof.model.comm import links
 from topoprof.model.compute.datasheet import NamedGpu, named_gpu
 from topoprof.model.compute.profile import DeviceProfile, load_profile
+from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import CALIBRATION_KEYS
 from topoprof.model.compute.traced import TraceRequest, gpu_target, params_request, preset_request, target_for
 from topoprof.model.inputs.candidates import (
@@ -38,6 +39,7 @@ from topoprof.model.inputs.evidence import (
     UserModelRun,
     needs_no_link,
     timing_stands,
+    what_if_priced,
 )
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest, WorkloadRequest
 from topoprof.model.inputs.traces import candidate_passes, main_and_memory, trace_for_gpu, traced_memory_of
@@ -75,8 +77,20 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
         blocks, traced = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights(),
                                           whole_pass(user, w))
-    return Evidence(request, compute, profile, calibration, user, timed, main, traced, blocks,
+    pricing = pricing_for(_priced_gpu(compute, gpu, user), compute.precision, compute.compiled, profile,
+                          compute.gpu_profile)
+    return Evidence(request, compute, pricing, profile, calibration, user, timed, main, traced, blocks,
                     gather_links(request.cluster, say), gpu)
+
+
+def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
+    """The GPU the model's ops are priced for: the GPU predicted; a user's model timed on this
+    machine's GPU, with no GPU named and no what-if priced, is priced beside its time for that GPU."""
+    if user is None or compute.named is not None or what_if_priced(compute):
+        return gpu
+    if not (user.timed and user.record["device"].startswith("cuda")):
+        return gpu
+    return named_gpu(user.record.get("device_name") or "GPU0")
 
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
@@ -212,12 +226,12 @@ def _main_trace(request: TraceRequest | MainTrace | None, w: WorkloadRequest, co
     return MainTrace(trace_for_gpu(request, target_for(compute.precision, profile, gpu), say), request.note)
 
 
-def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], gpu: NamedGpu | None,
-                      precision: str, profile: DeviceProfile | None, progress: Progress | None = None,
-                      whole: WholePass | None = None) -> CandidatePasses | str | None:
+def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], pricing: Pricing,
+                      progress: Progress | None = None, whole: WholePass | None = None
+                      ) -> CandidatePasses | str | None:
     """The second round, once the memory has named the search's candidates (`wanted`): their
-    passes on meta (`search.candidate_shape`; None: their compute is not priced here), or why
-    they failed."""
+    passes on meta (`search.candidate_shape`; None: their compute is not priced here) for the
+    device `pricing` prices them for, or why they failed."""
     if shape is None:
         return None
     if progress is not None:
@@ -225,7 +239,7 @@ def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[
                "passes of the model, cut to 1 and 2 blocks where they are alike" if whole is not None else
                "passes of the whole model")
         progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
-    return candidate_passes(shape, list(wanted), target_for(precision, profile, gpu), whole)
+    return candidate_passes(shape, list(wanted), target_for(pricing.precision, pricing.profile, pricing.gpu), whole)
 
 
 def param_count(w: WorkloadRequest) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from topoprof.errors import InputError
 from topoprof.model.comm import links
 from topoprof.model.comm.collectives import HierarchicalComm
-from topoprof.model.compute.datasheet import NamedGpu, lookup_gpu_quietly, named_gpu
+from topoprof.model.compute.datasheet import NamedGpu, lookup_gpu_quietly
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.fsdp.plan import fsdp_plan
@@ -20,6 +20,7 @@ from topoprof.model.inputs.evidence import (
     UserModelRun,
     needs_no_link,
     timing_stands,
+    what_if_priced,
 )
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, MemoryRequest, WorkloadRequest
 from topoprof.model.inputs.user_record import flop_order_reason, user_compute, user_layout
@@ -211,8 +212,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
     # measured here: the model beside it
     if user.timed and not modelled and why is None and record["device"].startswith("cuda"):
-        modelled, why = priced(record.get("op_trace"), compute.named or named_gpu(record.get("device_name") or "GPU0"),
-                               compute.precision, compute.compiled, None, evidence.profile, compute.gpu_profile)
+        modelled, why = priced(record.get("op_trace"), evidence.pricing)
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     return _Completed(workload, compute, memory, origins, notes, modelled)
@@ -238,8 +238,7 @@ def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
         if main.why is not None:
             why = main.why
         else:
-            modelled, why = priced(main.trace, evidence.gpu, compute.precision, compute.compiled,
-                                   main.note, evidence.profile, compute.gpu_profile)
+            modelled, why = priced(main.trace, evidence.pricing, main.note)
     if why is not None:
         notes.append(fallback_note(why) if timed_gpu is None else
                      f"compute: the model's own ops could not be priced beside the measured time ({why})")
@@ -282,13 +281,12 @@ def _user_model_modelled(record: dict, compute: ComputeRequest, evidence: Eviden
     """The user's model on the GPU predicted: ({}, None) where the timing stands (no --gpu, or
     timed on that GPU; the modelled range then goes beside it), else the modelled fields, or
     ({}, why) where its ops could not be priced."""
-    if (compute.gpu is None and compute.gpu_profile is None) or compute.given or compute.utilization is not None:
+    if not what_if_priced(compute):
         return {}, None
     if compute.gpu is not None and flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
                                                      None) is None:
         return {}, None  # timed on the GPU predicted
-    return priced(record.get("op_trace"), compute.named, compute.precision, compute.compiled, None,
-                  evidence.profile, compute.gpu_profile)
+    return priced(record.get("op_trace"), evidence.pricing)
 
 
 def _measured(compute: ComputeRequest, measured: dict) -> tuple[ComputeRequest, list]:

@@ -21,6 +21,7 @@ from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.comm.links import measured_comm
 from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.profile import profile_from_dict
+from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import params_request, preset_request, priced
 from topoprof.model.inputs.request import parse_count
@@ -53,17 +54,13 @@ def scan_profile(opts):
     return profile_from_dict(doc, PROFILE_WHERE)
 
 
-def _with_profile(opts, gpu_name: str | None, note: str | None) -> tuple:
-    """`priced`'s arguments after the trace: (gpu, precision, compiled, note, profile, where)."""
-    gpu, profile, where = _priced_as(opts, gpu_name)
-    return gpu, "bf16", False, note, profile, where
-
-
-def _priced_as(opts, gpu_name: str | None) -> tuple:
-    """(GPU to price for, profile, where it came from): this scan's GPU as its own profile measured
+def _pricing(opts, gpu_name: str | None) -> Pricing:
+    """How a scan prices a model's ops (bf16, eager): this scan's GPU as its own profile measured
     it, or the GPU named with the shipped profiles."""
     profile = scan_profile(opts)
-    return (None, profile, PROFILE_WHERE) if profile is not None else (named_gpu(gpu_name), None, None)
+    if profile is not None:
+        return pricing_for(None, "bf16", False, profile, PROFILE_WHERE)
+    return pricing_for(named_gpu(gpu_name), "bf16", False)
 
 
 def timed_preset(opts, size: str | None) -> str | None:
@@ -126,7 +123,7 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         beside: dict = {}
         why: str | None = None
         if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
-            beside, why = priced(opts.user_record.get("op_trace"), *_with_profile(opts, gpu_name, None))
+            beside, why = priced(opts.user_record.get("op_trace"), _pricing(opts, gpu_name))
         return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:
@@ -158,10 +155,10 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     ac = opts.checkpointing.text
     request = (preset_request(preset, opts.micro_batch_size, tokens, opts.image_size, ac) if preset else
                params_request(parse_count(size or opts.params), opts.micro_batch_size, tokens, ac))
-    gpu, profile, where = _priced_as(opts, gpu_name)
-    modelled, why = model_on_gpu(request, gpu, "bf16", False, profile, where)
+    pricing = _pricing(opts, gpu_name)
+    modelled, why = model_on_gpu(request, pricing)
     if modelled:
-        on = where or f"{modelled['modelled_detail']['device']}"
+        on = PROFILE_WHERE if pricing.profile is not None else modelled["modelled_detail"]["device"]
         return (Compute(gpu=gpu_name, **modelled, **extra),
                 f"modelled from its own ops on {on}: a what-if, nothing measured")
     return (Compute(gpu=gpu_name, **extra),
@@ -190,9 +187,8 @@ def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None
     measured on GPU0 (every GPU scan checks the what-if): (modelled fields, None), or ({}, why not)."""
     if not gpu_name:
         return {}, "this GPU's name is unknown"
-    gpu, profile, where = _priced_as(opts, gpu_name)
     return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size, opts.checkpointing.text),
-                        gpu, "bf16", False, profile, where)
+                        _pricing(opts, gpu_name))
 
 
 def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from topoprof.jsonio import to_jsonable
-from topoprof.model.compute.datasheet import NamedGpu
+from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.timing import uses_modelled
 from topoprof.model.inputs.candidates import (
     CandidatePasses,
@@ -46,18 +46,17 @@ def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan
     return None if isinstance(shape, str) else shape
 
 
-def fits_payload(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan,
-                 passes: CandidatePasses | str | None, profile=None, gpu: NamedGpu | None = None) -> dict:
+def fits_payload(inputs: ModelInputs, plan: SearchPlan, passes: CandidatePasses | str | None,
+                 pricing: Pricing) -> dict:
     """The search's JSON: `plan` completed with the candidates priced from `passes` (None: their
-    compute is not priced here; a str: why their passes failed) for `gpu`, the GPU the compute is
-    priced for (`Evidence.compute.named`)."""
+    compute is not priced here; a str: why their passes failed) as the main pass is (`pricing`,
+    `Evidence.pricing`)."""
     priced: dict | str | None = None
     if isinstance(passes, str):
         priced = passes
     elif passes is not None:
         c = inputs.compute
-        fields = priced_candidates(passes, gpu, c.precision, request.compute.compiled, profile,
-                                   request.compute.gpu_profile)
+        fields = priced_candidates(passes, pricing)
         priced = fields if isinstance(fields, str) else {key: candidate_compute(c, f) for key, f in fields.items()}
     return to_jsonable(finish_search(inputs, plan, priced))
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Callable
 
 from topoprof.measure.meta_trace import trace_model, trace_models
-from topoprof.model.compute.datasheet import NamedGpu
+from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import (
     TraceRequest,
     priced,
@@ -217,11 +217,10 @@ def trace_for_gpu(request: TraceRequest, target: dict, progress=None) -> dict | 
     return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)
 
 
-def model_on_gpu(request: TraceRequest | str, gpu: NamedGpu | None, precision: str, compiled: bool, profile=None,
-                 profile_path: str | None = None, progress=None) -> tuple[dict, str | None]:
-    """(modelled fields, None), or ({}, why not) where no trace or no price could be had;
-    `progress` hears the trace's stages."""
+def model_on_gpu(request: TraceRequest | str, pricing: Pricing, progress=None) -> tuple[dict, str | None]:
+    """(modelled fields, None), or ({}, why not) where no trace or no price could be had, for the
+    device `pricing` prices; `progress` hears the trace's stages."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, target_for(precision, profile, gpu), progress)
-    return priced(trace, gpu, precision, compiled, request.note, profile, profile_path)
+    trace = trace_for_gpu(request, target_for(pricing.precision, pricing.profile, pricing.gpu), progress)
+    return priced(trace, pricing, request.note)

@@ -98,24 +98,51 @@ def _formula(inputs: ModelInputs) -> MicroBatchCount:
                                     "without the op trace")
 
 
-def _gpu_memory(comp: Compute) -> tuple[float | None, str]:
+def gpu_memory_of(comp: Compute) -> tuple[float | None, str]:
+    """The GPU's memory, GB, and where it comes from: given or measured, else the GPU's name or
+    datasheet row; None where neither says."""
     if comp.gpu_memory_gb is not None:
         return comp.gpu_memory_gb, comp.origin("gpu_memory_gb")
     found = comp.named.memory_gb if comp.named is not None else None
     return found if found else (None, "unknown: give --gpu NAME or --gpu-memory GB")
 
 
-def memory_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
-    """The memory inputs (activations, the GPU's memory) as every input is echoed."""
+@dataclass(frozen=True)
+class JobMemory:
+    """What every strategy's memory is counted from for one job, derived once (`job_memory`):
+    what a micro-batch adds, the GPU's memory, the counts `holding` takes (a GPU's measured bytes
+    in place of the counted ones where it measured them) and their basis."""
+
+    count: MicroBatchCount
+    capacity_gb: float | None
+    capacity_source: str
+    model: holding.MemoryModel
+    basis: str
+    measured: bool
+    workspace_source: str
+
+
+def job_memory(inputs: ModelInputs) -> JobMemory:
     count = micro_batch_count(inputs)
+    capacity, capacity_source = gpu_memory_of(inputs.compute)
+    workspace, workspace_source = _workspace(inputs)
+    model, basis = memory_model(inputs, count, workspace), "counted"
+    measured = _measured_memory(inputs.workload, model)
+    if measured is not None:
+        model, basis = measured
+    return JobMemory(count, capacity, capacity_source, model, basis, measured is not None, workspace_source)
+
+
+def memory_echo(job: JobMemory) -> dict[str, tuple[Any, str]]:
+    """The memory inputs (activations, the GPU's memory) as every input is echoed."""
+    count = job.count
     return {"activation_memory_gb": (None if count.activations is None else count.activations / 1e9, count.source),
-            "gpu_memory_gb": _gpu_memory(inputs.compute)}
+            "gpu_memory_gb": (job.capacity_gb, job.capacity_source)}
 
 
-def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> holding.MemoryModel:
-    """What `topoprof.model.memory.holding` counts for this job."""
+def memory_model(inputs: ModelInputs, count: MicroBatchCount, workspace: float) -> holding.MemoryModel:
+    """What `topoprof.model.memory.holding` counts for this job (`workspace`: cuBLAS's, bytes)."""
     work, cl = inputs.workload, inputs.cluster
-    count = count or micro_batch_count(inputs)
     intra = getattr(cl.comm, "intra", None) or cl.comm
     return holding.MemoryModel(
         work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes,
@@ -128,7 +155,7 @@ def memory_model(inputs: ModelInputs, count: MicroBatchCount | None = None) -> h
         single_tensor_optimizer_numels=(() if cl.backend not in BLOCKING_BACKENDS
                                         else tuple(t.numel for t in work.layout.tensors)),
         accumulation=inputs.accumulation_steps,
-        workspace=_workspace(inputs)[0] if cl.backend not in BLOCKING_BACKENDS else 0.0)
+        workspace=workspace if cl.backend not in BLOCKING_BACKENDS else 0.0)
 
 
 def _workspace(inputs: ModelInputs) -> tuple[float, str]:
@@ -137,15 +164,9 @@ def _workspace(inputs: ModelInputs) -> tuple[float, str]:
     return environment.cublas_workspace(named.capability if named is not None else None)
 
 
-def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
+def memory_by_strategy(job: JobMemory, names) -> dict[str, Memory]:
     """Each strategy's memory per GPU, counted (topoprof.model.memory.holding), and whether it fits."""
-    count = micro_batch_count(inputs)
-    capacity, _ = _gpu_memory(inputs.compute)
-    model = memory_model(inputs, count)
-    workspace = _workspace(inputs)[1]
-    measured, basis = _measured_memory(inputs.workload, model), "counted"
-    if measured is not None:
-        model, basis = measured
+    capacity, model = job.capacity_gb, job.model
     out = {}
     for name in names:
         held = holding.holding(name, model)
@@ -155,9 +176,9 @@ def memory_by_strategy(inputs: ModelInputs, names) -> dict[str, Memory]:
         low, high = held.total_range
         reserved = held.reserved_range
         out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
-                           held.total / holding.GB, basis, capacity, f.fits, f.reason,
+                           held.total / holding.GB, job.basis, capacity, f.fits, f.reason,
                            (low / holding.GB, high / holding.GB),
-                           part_sources(name, count, model, measured is not None, workspace),
+                           part_sources(name, job.count, model, job.measured, job.workspace_source),
                            held.allocated / holding.GB,
                            held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB),
                            {part: value / holding.GB for part, value in held.peak.parts})

@@ -61,7 +61,7 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
         speedup = None if synced_rate is None else samples / step / synced_rate
         out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
                                    FORMULAS[name])
-    memory = memory_by_strategy(res.inputs, [n for n, r in out.items() if isinstance(r, StrategyResult)])
+    memory = memory_by_strategy(res.memory, [n for n, r in out.items() if isinstance(r, StrategyResult)])
     # nothing is ranked against a strategy that does not fit
     unranked = getattr(memory.get("ddp_synced"), "fits", None) is False
     return {n: replace(r, memory=memory.get(n),
@@ -81,7 +81,7 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
     slow_comm, fast_comm = comm.bounds() or (comm, comm)
     slow_res = fast_res = res
     if res.what_if:  # a what-if: every uncertain input at the end that makes steps slow, or fast
-        slow_res, fast_res = resolve(inputs, "slow"), resolve(inputs, "fast")
+        slow_res, fast_res = resolve(inputs, "slow", res.memory), resolve(inputs, "fast", res.memory)
     bounds = None
     if slow_res is not res or slow_comm is not comm:
         bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))

@@ -32,7 +32,7 @@ from topoprof.model.ddp.gpu_costs import (
 from topoprof.model.fsdp.gpu_costs import HOST_STEP_COST_BASIS, HOST_STEP_COST_RANGE_S
 from topoprof.model.fsdp.plan import describe_plan, fsdp_plan
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
-from topoprof.model.strategies.memory import memory_echo
+from topoprof.model.strategies.memory import JobMemory, job_memory, memory_echo
 
 
 @dataclass(frozen=True)
@@ -141,17 +141,20 @@ class Resolved:
     memory_bandwidth_gbps: float | None
     echo: dict[str, tuple[Any, str]]
     warnings: tuple[str, ...]
+    memory: JobMemory
     gpu: GpuCosts = GpuCosts()
     what_if: bool = False  # some input is a range: predictions have bounds
 
 
-def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
+def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | None = None) -> Resolved:
     """The numbers of `inputs`; where an input is a what-if range, its middle, or with
-    `end` = "slow"/"fast" the end that makes steps slowest/fastest."""
+    `end` = "slow"/"fast" the end that makes steps slowest/fastest. `memory`: the job's, where it
+    was derived already (no end of a range changes it)."""
     if end is not None and utilization_is_assumed(inputs.compute) and not uses_modelled(inputs.compute):
         low, high = UTILIZATION_RANGE
         inputs = replace(inputs, compute=replace(inputs.compute, utilization=low if end == "slow" else high))
     work, cl = inputs.workload, inputs.cluster
+    memory = memory or job_memory(inputs)
     times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
                           work.tokens_per_micro_batch, work.grad_bytes, unit=work.layout.unit, end=end)
     first, cap = ddp_bucket_limits(work.bucket_cap_mb)
@@ -182,14 +185,14 @@ def resolve(inputs: ModelInputs, end: str | None = None) -> Resolved:
                                         else "default: the bucket copies run at the memory bandwidth"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)"),
-            **_fsdp_echo(inputs), **memory_echo(inputs)}
+            **_fsdp_echo(inputs), **memory_echo(memory)}
     notes_list = list(times.warnings)
     gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
     notes = tuple(w for w in notes_list if cl.gpus > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
     what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
-                    times.memory_bandwidth_gbps, echo, notes, gpu, what_if)
+                    times.memory_bandwidth_gbps, echo, notes, memory, gpu, what_if)
 
 
 def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:

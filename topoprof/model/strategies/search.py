@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from topoprof.model.strategies.job import ModelInputs
-from topoprof.model.strategies.memory import _gpu_memory, memory_by_strategy
+from topoprof.model.strategies.memory import gpu_memory_of, job_memory, memory_by_strategy
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import StrategyResult
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
@@ -72,7 +72,7 @@ class Largest:
 
 
 def _fits(inputs: ModelInputs, names: list[str], mode: str, samples: int) -> dict:
-    return memory_by_strategy(at(inputs, mode, samples), names)
+    return memory_by_strategy(job_memory(at(inputs, mode, samples)), names)
 
 
 def largest(inputs: ModelInputs, names: list[str], mode: str) -> dict[str, Largest]:
@@ -127,7 +127,7 @@ NO_SYNC_PAIRS = (("fsdp_full_shard", "fsdp_full_shard_no_sync"), ("fsdp_shard_gr
 def no_sync_memory(inputs: ModelInputs, names: list[str]) -> list[dict]:
     """What FSDP's no_sync holds beyond its synced twin per GPU at the size and mode given: every
     group's unsharded gradient, full size, until the micro-batch that syncs."""
-    memory = memory_by_strategy(inputs, names)
+    memory = memory_by_strategy(job_memory(inputs), names)
     return [{"synced": a, "no_sync": b, "extra_gb": memory[b].total_gb - memory[a].total_gb,
              "fits": memory[b].fits} for a, b in NO_SYNC_PAIRS if a in memory and b in memory]
 
@@ -169,7 +169,7 @@ class SearchPlan:
 def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
     """The memory half of the search (module docstring); `finish_search` completes it with the
     compute priced at `wanted`."""
-    capacity, capacity_source = _gpu_memory(inputs.compute)
+    capacity, capacity_source = gpu_memory_of(inputs.compute)
     why = why_not_searched(inputs, capacity)
     modes = searched_modes(inputs.workload.checkpointing)
     out: dict = {"modes": list(modes), "gpu_memory_gb": capacity, "gpu_memory_source": capacity_source,
