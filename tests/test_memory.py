@@ -128,6 +128,15 @@ def test_nothing_that_does_not_fit_is_recommended():
     fit = fit_recommendation(pred, "7B")
     assert fit.key == "fits" and fit.numbers["strategy"] == "fsdp_full_shard_no_sync"
     assert rank([*strategy_recommendations(pred, "7B"), fit])[0].key == "fits"
+    assert "takes 1.3 s per step" in fit.why
+
+
+def test_advice_says_a_duration_in_the_unit_its_size_reads_in():
+    from topoprof.report.units import duration
+
+    assert [duration(s) for s in (0.0093, 0.9996, 1.5, 99.96, 5999.0, 51706.7)] == \
+        ["9.3 ms", "999.6 ms", "1.5 s", "1.7 min", "1.7 h", "14.4 h"]
+    assert duration(0.9996, 0) == "1.0 s"  # never "1000 ms"
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from topoprof.report.text_fits import fits_lines
 from topoprof.report.text_fsdp import COST_STRATEGY, fsdp_cost_share, hsdp_line
 from topoprof.report.text_model import NOTHING_TO_GAIN_PCT, ddp_cost_share, dp_note, fsdp_note, not_fitting_reasons
 from topoprof.report.text_validate import INPUTS
+from topoprof.report.units import listed
 from topoprof.report.verdict import CopyVerdict, copy_verdicts
 from topoprof.specs.collective_spec import BenchRow
 from topoprof.topology.visible import describe, gpu_marks, job_devices
@@ -390,7 +391,7 @@ def _validation(parts: ScanParts) -> list[str]:
     if num is not None and checked:
         agree = all(num.checks[m].allclose for m in checked)
         worst = max(num.checks[m].max_abs_diff_vs_single for m in checked)
-        names = ", ".join(f"`{m}`" for m in checked)
+        names = listed([f"`{m}`" for m in checked])
         out += [f"Numerics: after one optimizer step on the same global batch, {names} "
                 f"{'agree with' if agree else 'DIFFER from'} one process accumulating "
                 f"the whole batch (max |diff| {worst:.1e}, {num.dtype}).", ""]

@@ -13,6 +13,7 @@ from topoprof.measure.cluster import ClusterNode, ClusterReport
 from topoprof.model.comm import tcp
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import StrategyResult
+from topoprof.report.units import duration
 from topoprof.specs.host_facts import HostInfo
 from topoprof.topology.build import PairLink, Topology
 
@@ -93,7 +94,7 @@ def fit_recommendation(pred: ModelReport, label: str) -> Recommendation | None:
     return Recommendation(
         "fits", f"Train with {name}: DDP does not fit ({label})",
         f"DDP {ddp.memory.reason}. {name} holds {_memory(best)} and takes "
-        f"{best.step_time_s * 1e3:.1f} ms per step, the fastest of the strategies that fit.",
+        f"{duration(best.step_time_s)} per step, the fastest of the strategies that fit.",
         None, None, {"strategy": name, "step_time_s": best.step_time_s, "memory": best.memory})
 
 
@@ -113,8 +114,8 @@ def strategy_recommendations(pred: ModelReport, label: str) -> list[Recommendati
         assert synced is not None and no_sync is not None  # a saving is between two step times
         out.append(Recommendation(
             "no_sync", f"Accumulate with no_sync() around forward and backward ({label}, K={k})",
-            f"Syncing every micro-batch costs {synced * 1e3:.1f} ms per step; no_sync() on the first "
-            f"{k - 1} micro-batches gives {no_sync * 1e3:.1f} ms ({gain:.0f}% less). Wrapping only "
+            f"Syncing every micro-batch costs {duration(synced)} per step; no_sync() on the first "
+            f"{k - 1} micro-batches gives {duration(no_sync)} ({gain:.0f}% less). Wrapping only "
             "backward() in no_sync() saves nothing: DDP arms its all-reduce in forward.",
             gain, NO_SYNC_SNIPPET + "\n\n" + ACCELERATE_SNIPPET,
             {"ddp_synced_s": synced, "ddp_no_sync_s": no_sync, "accum": k}))
@@ -126,7 +127,7 @@ def strategy_recommendations(pred: ModelReport, label: str) -> list[Recommendati
         out.append(Recommendation(
             "ddp_over_dp", f"Use DistributedDataParallel, not DataParallel ({label})",
             f"DataParallel re-broadcasts every parameter each forward and reduces all gradients onto "
-            f"GPU 0 after backward: {dp * 1e3:.1f} ms per step vs {synced * 1e3:.1f} ms with DDP "
+            f"GPU 0 after backward: {duration(dp)} per step vs {duration(synced)} with DDP "
             f"({gain:.0f}% less), before DP's Python-thread (GIL) overhead, which is not in this figure.",
             gain, DDP_SNIPPET.format(n=n), {"dp_s": dp, "ddp_synced_s": synced}))
     fp16 = _step(pred, "ddp_fp16_compress")
@@ -136,8 +137,8 @@ def strategy_recommendations(pred: ModelReport, label: str) -> list[Recommendati
         assert fp16 is not None
         out.append(Recommendation(
             "fp16_compress", f"Compress gradients to fp16 for the all-reduce ({label})",
-            f"Communication is exposed: {ddp.comm_exposed_s * 1e3:.1f} ms "
-            f"per step with DDP; halving the bytes gives {fp16 * 1e3:.1f} ms ({gain:.0f}% less).",
+            f"Communication is exposed: {duration(ddp.comm_exposed_s)} "
+            f"per step with DDP; halving the bytes gives {duration(fp16)} ({gain:.0f}% less).",
             gain, FP16_HOOK_SNIPPET, {"ddp_synced_s": synced, "ddp_fp16_compress_s": fp16}))
     out += knob_recommendations(pred, label)
     return out
@@ -154,8 +155,8 @@ def knob_recommendations(pred: ModelReport, label: str) -> list[Recommendation]:
         assert synced is not None  # DDP's options are priced on its synced step
         out.append(Recommendation(
             f"ddp_{o.knob.split('=')[0]}", f"DistributedDataParallel(..., {o.knob}) ({label})",
-            f"It acts on {o.part} of what DDP adds to a synced micro-batch: {synced * 1e3:.1f} ms per step "
-            f"becomes {o.step_time_s * 1e3:.1f} ms ({o.gain_pct:.0f}% less).",
+            f"It acts on {o.part} of what DDP adds to a synced micro-batch: {duration(synced)} per step "
+            f"becomes {duration(o.step_time_s)} ({o.gain_pct:.0f}% less).",
             o.gain_pct, f"model = DistributedDataParallel(model, device_ids=[local_rank], {o.knob})",
             {"ddp_synced_s": synced, "after_s": o.step_time_s}))
     return out
@@ -317,10 +318,10 @@ def slow_start_recommendation(cluster: ClusterReport | None, predictions: list[M
         "tcp_slow_start", "Keep TCP's congestion window across accumulation gaps",
         f"Inter-node traffic rides TCP and net.ipv4.tcp_slow_start_after_idle is 1 on {', '.join(on[:4])}: "
         f"after every gap longer than {tcp.MIN_RTO_S * 1e3:.0f} ms without traffic ({mode} waits "
-        f"{c * (k if mode == 'ddp_no_sync' else 1) * 1e3:.0f} ms of compute between all-reduces) TCP restarts "
+        f"{duration(c * (k if mode == 'ddp_no_sync' else 1), 0)} of compute between all-reduces) TCP restarts "
         f"from {tcp.INITIAL_WINDOW_BYTES // 1024} KiB; at {inter.peak_busbw_gbps:.2f} GB/s and a round trip "
-        f"of at most {rtt_s * 1e3:.2f} ms, regrowing the window costs up to {lost * 1e3:.1f} ms per step "
-        f"({100 * lost / step:.0f} % of {step * 1e3:.0f} ms).",
+        f"of at most {rtt_s * 1e3:.2f} ms, regrowing the window costs up to {duration(lost)} per step "
+        f"({100 * lost / step:.0f} % of {duration(step, 0)}).",
         100 * lost / step, "sysctl -w net.ipv4.tcp_slow_start_after_idle=0   # on every node, as root",
         {"nodes": on, "mode": mode, "lost_s": lost, "step_s": step, "rtt_bound_s": rtt_s})
 
