@@ -274,7 +274,7 @@ def test_what_if_chart_from_a_real_one_gpu_scan(tmp_path):
     path = os.path.join(_repo_root(), "reports", "gpu-nvidia-h200-20261126", "scan-standalone", "report.json")
     with open(path) as f:
         report = json.load(f)
-    assert render_charts(report, read_scan_parts(report), str(tmp_path))["what_if"] == "what_if.png"
+    assert render_charts(read_scan_parts(report), str(tmp_path))["what_if"] == "what_if.png"
     assert_png(tmp_path / "what_if.png")
     # 2 GPUs over NVLink: 2 x 193.7 ms / (217.0..217.7 ms) for DDP synced every micro-batch
     case, single = report["what_if"]["cases"][0], report["what_if"]["single_step_s"]

@@ -84,6 +84,8 @@ class FitLine:
 
     latency_us: float
     bandwidth_gbps: float | None
+    busbw_gbps: float | None = None  # the bandwidth as bus bandwidth (the collective's factor), where written
+    r2: float | None = None  # the fit's R², where written
 
 
 def _usable(rows: Sequence[BenchRow]) -> list[tuple[float, float]]:

@@ -18,19 +18,19 @@ from topoprof.model.strategies.results import Memory, StrategyResult
 from topoprof.report import plots
 from topoprof.report.markdown import render_markdown
 from topoprof.report.scan_report import ScanParts, read_scan_parts
-from topoprof.report.verdict import copy_verdicts
+from topoprof.report.verdict import NominalRing, copy_verdicts
 from topoprof.topology.build import Topology
 
 CHARTS = ("busbw", "links", "copies", "what_if", "step_vs_accum", "pred_vs_measured", "memory")
 
 
-def _nominal(report: dict) -> list[dict]:
-    ring = report.get("ring")
-    if not ring:
+def _nominal(ring: NominalRing | None) -> list[dict]:
+    """The nominal ring's bus bandwidth as the bus-bandwidth chart draws it: a line, or a band."""
+    if ring is None:
         return []
-    lo, hi = ring.get("bus_bandwidth_gbps") or ring["bottleneck_gbps"]
-    rings = ring.get("rings") or [ring["ring"]]
-    label = (f"nominal slowest ring link ({'NVLink' if ring['hop'] == 'NV' else 'PCIe/host'})" if len(rings) == 1
+    lo, hi = ring.bus_bandwidth_gbps or ring.bottleneck_gbps
+    rings = ring.rings or [ring.ring]
+    label = (f"nominal slowest ring link ({'NVLink' if ring.hop == 'NV' else 'PCIe/host'})" if len(rings) == 1
              else f"nominal {len(rings)} NVLink rings together")
     if lo == hi:
         return [{"label": f"{label} {lo:g} GB/s", "gbps": lo}]
@@ -63,24 +63,24 @@ def _copy_reference(copies: CopiesReport, topology: Topology | None) -> dict:
     return {"pcie_gbps": max(links) if links else None, "hbm_gbps": hbm}
 
 
-def render_charts(report: dict, parts: ScanParts, out_dir: str) -> dict[str, str]:
-    """The PNG charts of `report` in out_dir (`parts`: its typed parts, `read_scan_parts`); their file names."""
+def render_charts(parts: ScanParts, out_dir: str) -> dict[str, str]:
+    """The PNG charts of a scan report's typed parts (`read_scan_parts`) in out_dir, each plot
+    handed its record's JSON data; their file names."""
     charts = {}
-    bench = report.get("bench") or {}
-    job_rows = [r for r in bench.get("rows", []) if r.get("level", "job") == "job"]
+    job_rows = [to_jsonable(r) for r in parts.bench.rows if r.level == "job"]
     if job_rows and parts.mode.nproc != 1:  # one rank: no link, no bus bandwidth
-        charts["busbw"] = plots.plot_busbw(job_rows, bench.get("fit") or {}, _nominal(report),
+        charts["busbw"] = plots.plot_busbw(job_rows, to_jsonable(parts.bench.fit), _nominal(parts.ring),
                                            os.path.join(out_dir, "busbw.png"),
                                            title=f"Bus bandwidth, {parts.mode.summary}")
-    topo = report.get("topology") or {}
-    if len(topo.get("gpus", [])) >= 2:
-        charts["links"] = plots.plot_link_matrix(topo["gpus"], topo["pairs"], os.path.join(out_dir, "links.png"))
+    topo = parts.topology
+    if topo is not None and len(topo.gpus) >= 2:
+        charts["links"] = plots.plot_link_matrix(to_jsonable(topo.gpus), to_jsonable(topo.pairs),
+                                                 os.path.join(out_dir, "links.png"))
     if parts.copies is not None and parts.copies.status == "ok":
-        charts["copies"] = plots.plot_copy_matrix(report["copies"], os.path.join(out_dir, "copies.png"),
+        charts["copies"] = plots.plot_copy_matrix(to_jsonable(parts.copies), os.path.join(out_dir, "copies.png"),
                                                   reference=_copy_reference(parts.copies, parts.topology))
-    what_if = report.get("what_if") or {}
-    if what_if.get("cases"):  # one GPU: what more such GPUs and nodes would give
-        charts["what_if"] = plots.plot_what_if(what_if, os.path.join(out_dir, "what_if.png"))
+    if parts.what_if is not None and parts.what_if.cases:  # one GPU: what more such GPUs and nodes would give
+        charts["what_if"] = plots.plot_what_if(to_jsonable(parts.what_if), os.path.join(out_dir, "what_if.png"))
     predictions = made(parts.predictions)
     primary = _primary(predictions)
     if primary is not None and primary.sweep is not None:
@@ -91,9 +91,9 @@ def render_charts(report: dict, parts: ScanParts, out_dir: str) -> dict[str, str
     if fitted is not None:
         charts["memory"] = plots.plot_memory(to_jsonable(fitted.strategies), os.path.join(out_dir, "memory.png"),
                                              title=f"Memory per GPU by strategy: {fitted.label}")
-    validation = report.get("validation") or {}
-    cases = [{"label": validation.get("label", ""), "mode": mode, **m}
-             for mode, m in (validation.get("modes") or {}).items() if m.get("measured_step_s")]
+    validation = parts.validation
+    cases = [{"label": validation.label or "", "mode": mode, **to_jsonable(m)}
+             for mode, m in validation.modes.items() if m.measured_step_s]
     if cases:
         charts["pred_vs_measured"] = plots.plot_pred_vs_measured(cases, os.path.join(out_dir, "pred_vs_measured.png"))
     return {name: os.path.basename(path) for name, path in charts.items()}
@@ -104,7 +104,7 @@ def write_report(report: dict, out_dir: str, beside: dict[str, str] | None = Non
     the file names written."""
     parts = read_scan_parts(report)  # once, for the charts and report.md
     os.makedirs(out_dir, exist_ok=True)
-    report["charts"] = render_charts(report, parts, out_dir)
+    report["charts"] = render_charts(parts, out_dir)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         f.write(dumps(report) + "\n")
     with open(os.path.join(out_dir, "report.md"), "w") as f:

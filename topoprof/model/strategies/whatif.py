@@ -187,3 +187,4 @@ class WhatIfReport:
     missing: tuple[str, ...] = ()
     compute_source: str | None = None
     compute_check: ComputeCheck | None = None
+    note: str | None = None  # what the figures are (nominal, not measured)

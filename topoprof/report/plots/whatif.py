@@ -60,10 +60,10 @@ def plot_what_if(what_if: dict | None, path, title: str | None = None) -> str:
     ax.set_yticks(range(len(cases)), [c["label"] for c in cases], fontsize=8)
     ax.set_ylim(len(cases) - 0.5, -0.5)
     ax.set_xlim(0, max(c["world_size"] for c in cases) * 1.15)
-    ax.set_xlabel(f"throughput over this one GPU (x), same batch per GPU, K = {what_if.get('accum', '?')}")
+    ax.set_xlabel(f"throughput over this one GPU (x), same batch per GPU, K = {what_if.get('accum') or '?'}")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=7.5, loc="lower right", frameon=True)
-    ax.set_title(title or f"{_TITLE}: {what_if.get('label', '')}", fontsize=10)
+    ax.set_title(title or f"{_TITLE}: {what_if.get('label') or ''}", fontsize=10)
     fig.subplots_adjust(left=0.33, right=0.97, top=1 - 0.45 / fig.get_size_inches()[1],
                         bottom=1.25 / fig.get_size_inches()[1])
     footnote(fig, ax, [f"one GPU: {single_s * 1e3:,.1f} ms per optimizer step; a job's throughput = world size x that "
