@@ -187,3 +187,16 @@ def test_expected_values_are_the_same_in_chunks(name, monkeypatch):
             assert name == "reduce" and rank != 0
             continue
         assert torch.equal(torch.cat(parts), whole)
+
+
+def test_a_sweep_that_stopped_is_said_after_the_rows_and_kept_in_the_json():
+    from topoprof.jsonio import dumps, envelope
+    from topoprof.measure.bench import BenchResult, add_stopped, bench_payload
+    from topoprof.report.text_bench import summary_lines
+    from topoprof.specs.messages import CollectiveStopped
+
+    result = BenchResult(status="ok", rows=[], metadata={"world_size": 2})
+    add_stopped(result, CollectiveStopped("all_gather", "job", "stopped at 8 B: out of memory"))
+    assert "# all_gather: stopped at 8 B: out of memory" in summary_lines(result)
+    assert json.loads(dumps(envelope("bench", bench_payload(result))))["stopped"] == [
+        {"collective": "all_gather", "reason": "stopped at 8 B: out of memory"}]

@@ -71,12 +71,20 @@ class BenchOptions:
         return PROTOCOL.format(warmup=self.warmup, iters=self.iters, combine=self.combine)
 
 
+@dataclass(frozen=True)
+class StoppedSweep:
+    """A collective whose sweep of sizes stopped before its last one, and why."""
+
+    collective: str
+    reason: str
+
+
 @dataclass
 class BenchResult:
     status: str                              # "ok" or "error"
     rows: list[BenchRow]
     metadata: dict
-    stopped: list[dict] = field(default_factory=list)
+    stopped: list[StoppedSweep] = field(default_factory=list)
     error: str | None = None
     nccl: list[dict] = field(default_factory=list)   # per-rank NCCL log summaries
     nccl_explained: list[str] = field(default_factory=list)
@@ -112,7 +120,7 @@ def add_meta(result: BenchResult, meta: CollectivesMeta) -> None:
 
 
 def add_stopped(result: BenchResult, stopped: CollectiveStopped) -> None:
-    result.stopped.append({"collective": stopped.collective, "reason": stopped.reason})
+    result.stopped.append(StoppedSweep(stopped.collective, stopped.reason))
 
 
 def nccl_env(opts: BenchOptions) -> dict:

@@ -94,7 +94,7 @@ def summary_lines(result) -> list[str]:
         out += footer(rows)
     out += fit_lines(result.fits(), result.world_size())
     out += spread_lines(slow_ranks(result.rows))
-    out += [f"# {stop['collective']}: {stop['reason']}" for stop in result.stopped]
+    out += [f"# {stop.collective}: {stop.reason}" for stop in result.stopped]
     out += [f"# NCCL: {line}" for line in result.nccl_explained]
     if result.world_size() == 1:
         out.append("# One rank: nothing crosses a link, so no bandwidth is given (N/A); "
