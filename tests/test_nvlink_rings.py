@@ -244,9 +244,12 @@ def test_scan_verdict_compares_with_the_rings_together():
 
 
 def test_busbw_chart_draws_the_rings_together():
+    from topoprof.jsonio import to_jsonable
     from topoprof.report.files import _nominal
+    from topoprof.report.verdict import read_ring
 
     ring = comm_from_topology(_dgx1_sm70())[1]
-    assert _nominal({"ring": ring}) == [{"label": "nominal 6 NVLink rings together 120 GB/s", "gbps": 120.0}]
+    assert _nominal(read_ring(to_jsonable(ring))) == [{"label": "nominal 6 NVLink rings together 120 GB/s",
+                                                        "gbps": 120.0}]
     old = {"ring": [0, 1], "bottleneck_gbps": [20.0, 20.0], "hop": "NV"}  # a report from before
-    assert _nominal({"ring": old})[0]["gbps"] == 20.0
+    assert _nominal(read_ring(old))[0]["gbps"] == 20.0
