@@ -312,8 +312,8 @@ def _no_gpu_here(monkeypatch):
 def _assumed(monkeypatch, gpu: str, **cluster):
     from topoprof.model.compute.datasheet import named_gpu
     from topoprof.model.inputs.gather import gather_links
+    from topoprof.model.inputs.link_choice import comm_of
     from topoprof.model.inputs.request import ClusterRequest
-    from topoprof.model.inputs.resolve import comm_of
 
     _no_gpu_here(monkeypatch)
     request = ClusterRequest(**cluster)

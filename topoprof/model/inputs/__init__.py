@@ -4,7 +4,8 @@
                and a preset timed here (`user_model`), the passes on meta (`traces`), the files,
                this machine's topology; into the typed records of `evidence`
   resolve      the request and those records alone into the model's inputs; pure, as are
-               `evidence`, `user_record` (the layout and ready order made of a model's record),
+               `link_choice` (the links from the first source given), `evidence`,
+               `user_record` (the layout and ready order made of a model's record),
                `candidates` (what the passes trace, and their compute priced) and `search`
 
 The search for what fits is a second round: the memory predicted names its candidates, whose

@@ -251,7 +251,7 @@ def param_count(w: WorkloadRequest) -> int:
 
 def gather_links(cluster: ClusterRequest, progress: Progress | None = None) -> LinkEvidence:
     """The file or hardware the links are read from, where the request does not give them
-    (`resolve.comm_of` reads the first source given: a bench, explicit numbers, a topology file,
+    (`link_choice.comm_of` reads the first source given: a bench, explicit numbers, a topology file,
     this machine's topology). One GPU per node needs no intra-node link: nothing is read."""
     if cluster.bench:
         return LinkEvidence(bench_fit=links.load_bench_fit(cluster.bench))

@@ -1,34 +1,26 @@
 """The model's inputs (`ModelInputs`) from the request and what was gathered for it
 (`evidence.Evidence`, filled by `gather.gather`): the workload from a parameter count, a preset
-or the user's model; links from a bench measurement, a topology or explicit numbers (one GPU or
-one GPU per node needs no intra-node link); compute from a measurement, a calibration, a GPU name
-or the model's own ops priced. Pure: it runs no process, reads no file and no hardware, and imports no torch."""
+or the user's model; the links (`link_choice`); compute from a measurement, a calibration, a GPU
+name or the model's own ops priced. Pure: it runs no process, reads no file and no hardware, and imports no torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 from topoprof.errors import InputError
-from topoprof.model.comm import links
-from topoprof.model.comm.collectives import HierarchicalComm
-from topoprof.model.compute.datasheet import NamedGpu, lookup_gpu_quietly
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.inputs.evidence import (
     Evidence,
-    LinkEvidence,
     UserModelRun,
-    needs_no_link,
     timing_stands,
     what_if_priced,
 )
-from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, MemoryRequest, WorkloadRequest
+from topoprof.model.inputs.link_choice import job_cluster
+from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
 from topoprof.model.inputs.user_record import flop_order_reason, user_compute, user_layout
 from topoprof.model.memory.traced import TracedMemory
-from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-from topoprof.model.strategies.whatif import standard_link
-from topoprof.topology.build import with_compute_capability
-from topoprof.topology.constants import STANDARD_NODE_GPUS
+from topoprof.model.strategies.job import ModelInputs, Workload
 from topoprof.workload.checkpointing import describe_wrapped
 
 
@@ -39,120 +31,14 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
     workload, notes = done.workload, done.notes
     if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
         fsdp_plan(workload.layout, workload.fsdp_unit)
-    cl = request.cluster
-    comm, gpn, described = comm_of(evidence.links, cl, request.compute.named)
     if request.workload.rmsnorm != "eager":
         notes = [f"{request.workload.preset_name} with its RMSNorm {request.workload.rmsnorm}: each norm keeps its "
                  "input and the reciprocal RMS for backward, not its fp32 upcast (topoprof/zoo/llama.py)", *notes]
-    if notes:
-        described["notes"] = [*described.get("notes", []), *notes]
-    if cl.world_size is not None and cl.world_size != cl.nodes * gpn:
-        raise InputError(f"world_size({cl.world_size}) != nodes({cl.nodes}) * gpus_per_node({gpn})")
-    comm = links.across_nodes(comm, cl.nodes, gpn, cl.network_bandwidth_gbps, cl.network_latency_us)
-    if "no_link" in described:  # a one-GPU topology may be one node of several
-        described["no_link"] = _no_link_text(cl.nodes)
-    if isinstance(comm, HierarchicalComm):  # the network level, for the `links` echo
-        described.update(network_bandwidth_gbps=comm.inter.link_bandwidth_gbps,
-                         network_latency_us=comm.inter.hop_latency_us)
-    # the links measured by a bench on gloo (CPU ranks) carry its blocking collectives to FSDP
-    cluster = Cluster(comm, nodes=cl.nodes, gpus_per_node=gpn,
-                      backend="gloo" if described.get("backend") == "gloo" else "nccl")
+    cluster, described = job_cluster(evidence.links, request.cluster, request.compute.named, notes)
     resolved = _compute(done.compute, done.memory, evidence.calibration, done.modelled)
     if done.origins:
         resolved = replace(resolved, origins=tuple(done.origins))
     return ModelInputs(workload, resolved, cluster, accumulation_steps=request.accum), described
-
-
-def _no_link_text(nodes: int) -> str:
-    return ("one GPU: nothing to all-reduce" if nodes == 1 else
-            "one GPU per node, so no intra-node link: every ring edge crosses the network")
-
-
-def _no_link(cluster: ClusterRequest) -> tuple[None, int, dict]:
-    """One GPU per node: no edge inside a node, so no intra-node link is needed (and with one
-    node, no link at all); link options given anyway are ignored, with a note."""
-    described: dict = {"no_link": _no_link_text(cluster.nodes)}
-    if cluster.gpus:
-        described["gpus"] = list(cluster.gpus)
-    ignored = cluster.link_options_given()
-    if ignored:
-        why = "one GPU needs no link" if cluster.nodes == 1 else "one GPU per node has no intra-node link"
-        described["notes"] = [f"{', '.join(ignored)} ignored: {why}"]
-    return None, 1, described
-
-
-def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | None = None):
-    """(CommModel for one node or None when none is needed, gpus_per_node, description) from
-    the first source given (`gather.gather_links` read the file or the machine); `gpu` (--gpu)
-    pins a topology's NVLink generation."""
-    gpn, chosen = cluster.given_gpus_per_node(), list(cluster.gpus) if cluster.gpus else None
-    if evidence.bench_fit is not None:
-        lat, bw, world, fit = evidence.bench_fit
-        comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {cluster.bench}")
-        return comm, world, {"bench": cluster.bench, **({"backend": fit["backend"]} if fit.get("backend") else {})}
-    # One GPU per node needs no intra-node link: do not ask for one nor probe this machine.
-    # A single --gpus index is checked against a --topology file when one is given.
-    if needs_no_link(cluster):
-        return _no_link(cluster)
-    if cluster.link_bandwidth_gbps is not None:
-        if not gpn:
-            raise InputError("--link-bandwidth needs --world-size (or --gpus-per-node with --nodes)")
-        lat = cluster.link_latency_us if cluster.link_latency_us is not None else 0.0
-        return (links.comm_explicit(cluster.link_bandwidth_gbps, lat, gpn), gpn,
-                {"link_bandwidth_gbps": cluster.link_bandwidth_gbps})
-    topology = evidence.topology
-    if evidence.read_here:
-        if gpu is not None and gpn and not _holds(topology, gpu):  # a what-if: the GPU's own node
-            return _standard_node(gpu, gpn, cluster)
-        if not topology.gpus:
-            raise InputError("no link information: this machine has no GPU; give --bench FILE, "
-                             "--topology FILE or --link-bandwidth GB/s (or --world-size 1 for one GPU)")
-    topology, origin, notes = _pin_nvlink_generation(topology, gpu, chosen)
-    comm, ring = links.comm_from_topology(topology, chosen, rate_origin=origin)
-    return comm, comm.world_size, {"topology": cluster.topology or "this machine", **ring,
-                                   **({"notes": notes} if notes else {})}
-
-
-def _holds(topology, gpu: NamedGpu) -> bool:
-    """Whether this machine's GPUs are the one --gpu names (by their datasheet rows)."""
-    here = [lookup_gpu_quietly(g.name) for g in topology.gpus]
-    return gpu.row is not None and any(row is not None and row.name == gpu.row.name for row in here)
-
-
-def _standard_node(gpu: NamedGpu, gpn: int, cluster: ClusterRequest) -> tuple:
-    """--gpu without a link: the node its datasheet's form is sold in (`whatif.standard_link`),
-    said in one line; refused where it has no such link or the job's node holds more GPUs."""
-    link, spec = standard_link(gpu.row), gpu.row
-    if link is None:
-        raise InputError(f"no link information: --gpu {gpu.name} has no nominal link in the datasheet table; give "
-                         "--bench FILE, --topology FILE or --link-bandwidth GB/s")
-    assert spec is not None  # a GPU with a standard link is in the datasheet table
-    if gpn > STANDARD_NODE_GPUS:
-        nodes = -(-gpn * cluster.nodes // STANDARD_NODE_GPUS)
-        raise InputError(f"{gpn} GPUs per node: {spec.name}'s standard node holds {STANDARD_NODE_GPUS} and no network "
-                         f"is assumed; give --nodes {nodes} with --network-bandwidth GB/s, or --link-bandwidth or "
-                         "--topology for a node of your own")
-    where = "on NVSwitch" if link.kind == "NVLink" else "over PCIe"
-    line = (f"assumed {spec.name}'s standard node: {gpn} GPUs {where} (up to {STANDARD_NODE_GPUS} per node), "
-            f"{link.basis}; --link-bandwidth or --topology overrides")
-    return (links.standard_node_comm(link, gpn), gpn,
-            {"assumed_node": line, "bus_bandwidth_gbps": list(link.bandwidth_gbps)})
-
-
-def _pin_nvlink_generation(topology, gpu: NamedGpu | None, chosen: list[int] | None):
-    """--gpu names the GPU, so its compute capability and with it the NVLink per-link rate, for
-    the GPUs the topology gives none (a saved `nvidia-smi topo -m` text never does); a GPU's own
-    capability is kept, with a note when --gpu disagrees. (topology, origin or None, notes)."""
-    if gpu is None:
-        return topology, None, []
-
-    origin = f"--gpu {gpu.name}"
-    used = set(chosen) if chosen is not None else {g.index for g in topology.gpus}
-    lacking = any(g.compute_capability is None for g in topology.gpus if g.index in used)
-    capability = gpu.capability
-    assert capability is not None  # --gpu is a datasheet row (`request.check_gpu_name`), each with one
-    topology, notes = with_compute_capability(topology, capability, origin)
-    return topology, origin if lacking else None, notes
 
 
 def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:

@@ -31,7 +31,7 @@ from topoprof.model.strategies.search import Candidate, ModeCost
 
 @dataclass(frozen=True)
 class Links:
-    """What the links were read from (`topoprof.model.inputs.resolve.comm_of`): one GPU's no link,
+    """What the links were read from (`topoprof.model.inputs.link_choice.comm_of`): one GPU's no link,
     a bench's fit, a given rate, a standard node assumed, or a topology's rings; then the network."""
 
     no_link: str | None = None
