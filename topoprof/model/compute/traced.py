@@ -93,6 +93,11 @@ def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> dic
     return gpu_target(precision, gpu or (profile.gpu if profile is not None else None))
 
 
+def pricing_target(pricing: Pricing) -> dict:
+    """The device a pass must be traced for to be priced by `pricing` (`target_for`)."""
+    return target_for(pricing.precision, pricing.profile, pricing.gpu)
+
+
 def modelled_fields(trace: dict, pricing: Pricing, note: str | None = None) -> dict:
     """A `Compute`'s modelled_* fields from a trace priced by `pricing`; InputError where the GPU,
     its precision or the profile cannot price it (`Pricing.why`), ValueError where the trace cannot

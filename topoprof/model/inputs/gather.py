@@ -23,7 +23,14 @@ from topoprof.model.compute.datasheet import NamedGpu, named_gpu
 from topoprof.model.compute.profile import DeviceProfile, load_profile
 from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import CALIBRATION_KEYS
-from topoprof.model.compute.traced import TraceRequest, gpu_target, params_request, preset_request, target_for
+from topoprof.model.compute.traced import (
+    TraceRequest,
+    gpu_target,
+    params_request,
+    preset_request,
+    pricing_target,
+    target_for,
+)
 from topoprof.model.inputs.candidates import (
     CandidatePasses,
     ModelShape,
@@ -86,10 +93,10 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
 def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
     """The GPU the model's ops are priced for: the GPU predicted; a user's model timed on this
     machine's GPU, with no GPU named and no what-if priced, is priced beside its time for that GPU."""
-    if user is None or compute.named is not None or what_if_priced(compute):
+    timed_on_a_gpu = user is not None and user.timed and user.record["device"].startswith("cuda")
+    if not timed_on_a_gpu or compute.named is not None or what_if_priced(compute):
         return gpu
-    if not (user.timed and user.record["device"].startswith("cuda")):
-        return gpu
+    assert user is not None  # timed on a GPU
     return named_gpu(user.record.get("device_name") or "GPU0")
 
 
@@ -239,7 +246,7 @@ def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[
                "passes of the model, cut to 1 and 2 blocks where they are alike" if whole is not None else
                "passes of the whole model")
         progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
-    return candidate_passes(shape, list(wanted), target_for(pricing.precision, pricing.profile, pricing.gpu), whole)
+    return candidate_passes(shape, list(wanted), pricing_target(pricing), whole)
 
 
 def param_count(w: WorkloadRequest) -> int:

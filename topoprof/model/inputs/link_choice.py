@@ -8,7 +8,7 @@ from __future__ import annotations
 from topoprof.errors import InputError
 from topoprof.model.comm import links
 from topoprof.model.comm.collectives import HierarchicalComm
-from topoprof.model.compute.datasheet import NamedGpu, lookup_gpu_quietly
+from topoprof.model.compute.datasheet import NamedGpu, named_gpu
 from topoprof.model.inputs.evidence import LinkEvidence, needs_no_link
 from topoprof.model.inputs.request import ClusterRequest
 from topoprof.model.strategies.job import Cluster
@@ -89,8 +89,7 @@ def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | Non
 
 def _holds(topology, gpu: NamedGpu) -> bool:
     """Whether this machine's GPUs are the one --gpu names (by their datasheet rows)."""
-    here = [lookup_gpu_quietly(g.name) for g in topology.gpus]
-    return gpu.row is not None and any(row is not None and row.name == gpu.row.name for row in here)
+    return any(gpu.same_row(named_gpu(g.name)) for g in topology.gpus)
 
 
 def _standard_node(gpu: NamedGpu, gpn: int, cluster: ClusterRequest) -> tuple:

@@ -29,7 +29,7 @@ from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import (
     TraceRequest,
     priced,
-    target_for,
+    pricing_target,
 )
 from topoprof.model.inputs.candidates import (
     DEPTHS,
@@ -222,5 +222,5 @@ def model_on_gpu(request: TraceRequest | str, pricing: Pricing, progress=None) -
     device `pricing` prices; `progress` hears the trace's stages."""
     if isinstance(request, str):
         return {}, request
-    trace = trace_for_gpu(request, target_for(pricing.precision, pricing.profile, pricing.gpu), progress)
+    trace = trace_for_gpu(request, pricing_target(pricing), progress)
     return priced(trace, pricing, request.note)
