@@ -307,3 +307,23 @@ def test_a_loss_fn_that_cannot_take_output_and_batch_is_named_before_it_runs():
         user_loss(module, batch, lambda out: out.sum())
     assert user_loss(module, batch, lambda out, batch: out.sum()).numel() == 1
     assert user_loss(module, batch, lambda *args: args[0].sum()).numel() == 1
+
+
+def test_a_users_model_is_priced_for_the_gpu_predicted_or_beside_its_time_for_the_gpu_it_ran_on():
+    from topoprof.model.compute.datasheet import named_gpu
+    from topoprof.model.inputs.evidence import UserModelRun
+    from topoprof.model.inputs.gather import _priced_gpu
+    from topoprof.model.inputs.request import ComputeRequest
+
+    order = ReadyOrder([], "gradient-ready order: given")
+    on_gpu = UserModelRun({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "passes": []}, order)
+    on_cpu = UserModelRun({"device": "cpu", "passes": []}, order)
+    traced = UserModelRun({"device": "meta"}, order)
+    a100 = ComputeRequest(gpu="a100-sxm4-80gb")
+    assert _priced_gpu(a100, a100.named, on_gpu) is a100.named             # the GPU predicted
+    assert _priced_gpu(a100, a100.named, None) is a100.named               # a preset's
+    beside = _priced_gpu(ComputeRequest(), None, on_gpu)                   # timed here, no --gpu
+    assert beside is not None and beside.same_row(named_gpu("h100-sxm"))
+    assert _priced_gpu(ComputeRequest(micro_batch_time_s=0.1), None, on_gpu).same_row(named_gpu("h100-sxm"))
+    assert _priced_gpu(ComputeRequest(), None, on_cpu) is None             # a CPU's time has no GPU beside it
+    assert _priced_gpu(ComputeRequest(), None, traced) is None
