@@ -1,8 +1,12 @@
 import os
 import sys
 
+import pytest
+
 # tests/ holds shared helpers (fake_nvml, helpers.netns) imported by bare name.
 sys.path.insert(0, os.path.dirname(__file__))
+
+from helpers.cli import ModelRuns  # noqa: E402 - found through the path set above
 
 # pytest-xdist runs one worker per core: torch in each (and in the commands and ranks they start)
 # takes one thread, as torchrun's OMP_NUM_THREADS=1 default for several processes on one machine
@@ -17,3 +21,15 @@ def pytest_collection_modifyitems(config, items):
     idle while it ends the run. Otherwise the collected order is kept (every worker collects the
     same order, as pytest-xdist requires)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def model_runs(tmp_path_factory, worker_id) -> ModelRuns:
+    """`topoprof model ARGS --json`, once per session for each command that times nothing here
+    (`tests/helpers/cli.py:ModelRuns`): shared by the workers in the session's temporary folder,
+    kept in this process alone without pytest-xdist (the folder above would outlive the session)."""
+    if worker_id == "master":
+        return ModelRuns(None)
+    folder = tmp_path_factory.getbasetemp().parent / "model-runs"
+    folder.mkdir(exist_ok=True)
+    return ModelRuns(folder)

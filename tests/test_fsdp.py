@@ -2,7 +2,6 @@
 `topoprof model` listing the FSDP strategies."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -197,16 +196,16 @@ def _cli(*args):
 
 
 @pytest.mark.slow
-def test_model_lists_fsdp_strategies_with_step_times():
-    args = ["--preset", "llama-7b", "--gpu", "h100-sxm", "--world-size", "8", "--tokens", "4096",
-            "--link-bandwidth", "370"]
-    text = _cli(*args)
-    assert text.returncode == 0, text.stderr
+def test_model_lists_fsdp_strategies_with_step_times(model_runs):
+    run = model_runs("--preset", "llama-7b", "--gpu", "h100-sxm", "--world-size", "8", "--tokens", "4096",
+                     "--link-bandwidth", "370")
+    assert run.returncode == 0, run.stderr
+    text = run.text
     for name in FSDP_ONE_NODE:
-        row = next(line for line in text.stdout.splitlines() if line.startswith(name + " "))
+        row = next(line for line in text.splitlines() if line.startswith(name + " "))
         assert "n/a" not in row
-    assert "hsdp, hsdp_no_sync: n/a" in text.stdout
-    doc = json.loads(_cli(*args, "--json").stdout)
+    assert "hsdp, hsdp_no_sync: n/a" in text
+    doc = run.doc
     assert doc["inputs"]["fsdp_param_bytes"]["value"] == 2 and doc["inputs"]["fsdp_reduce_bytes"]["value"] == 4
     for name in FSDP_ONE_NODE:
         assert doc["strategies"][name]["step_time_s"] > 0

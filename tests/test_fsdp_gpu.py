@@ -2,10 +2,6 @@
 steps and NCCL's SMs, priced per group in the timeline and listed as `fsdp_costs`; HSDP's levels."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN
 from helpers.model_reports import model_report
@@ -187,22 +183,18 @@ def test_hsdp_shows_its_all_reduce_across_the_replicas():
     assert "all-reduced across the 2 nodes" in line and "(1 GB/s per node)" in line
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "topoprof", "model", *args], capture_output=True, text=True,
-                          timeout=180)
-
-
 @pytest.mark.slow
-def test_the_model_command_shows_fsdps_parts_and_hsdps_levels():
-    args = ["--preset", "llama3-8b", "--gpu", "h100-sxm", "--tokens", "8192", "--nodes", "4", "--gpus-per-node", "8",
-            "--link-bandwidth", "450", "--network-bandwidth", "50", "--micro-batch-time", "1.0", "--no-sweep"]
-    text = _cli(*args)
-    assert text.returncode == 0, text.stderr
-    assert "FSDP's own work per group" not in text.stdout  # priced for the GPU named: no caveat
-    assert "hsdp: all-gathers and reduce-scatters over the 8 GPUs of a node (450 GB/s ring)" in text.stdout
-    assert "all-reduced across the 4 nodes" in text.stdout and "(50 GB/s per node)" in text.stdout
-    assert "Where FSDP's cost goes in fsdp_full_shard" in text.stdout
-    doc = json.loads(_cli(*args, "--json").stdout)
+def test_the_model_command_shows_fsdps_parts_and_hsdps_levels(model_runs):
+    run = model_runs("--preset", "llama3-8b", "--gpu", "h100-sxm", "--tokens", "8192", "--nodes", "4",
+                     "--gpus-per-node", "8", "--link-bandwidth", "450", "--network-bandwidth", "50",
+                     "--micro-batch-time", "1.0", "--no-sweep")
+    assert run.returncode == 0, run.stderr
+    text = run.text
+    assert "FSDP's own work per group" not in text  # priced for the GPU named: no caveat
+    assert "hsdp: all-gathers and reduce-scatters over the 8 GPUs of a node (450 GB/s ring)" in text
+    assert "all-reduced across the 4 nodes" in text and "(50 GB/s per node)" in text
+    assert "Where FSDP's cost goes in fsdp_full_shard" in text
+    doc = run.doc
     assert doc["hsdp"]["all_reduces"] == 33 and doc["hsdp"]["all_reduce_s"] > 0
     assert {"fsdp_hooks", "all_gather_copy_in", "reduce_scatter_copy_in"} <= set(doc["fsdp_costs"])
     assert any(a.startswith("HSDP: per group") for a in doc["assumptions"])

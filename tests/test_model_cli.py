@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tests.helpers.cli import ModelRuns
 from tests.helpers.cli import topoprof as _cli
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -21,6 +22,16 @@ def _model_json(*args) -> dict:
     proc = _cli("model", *args, "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def test_the_text_is_what_the_json_renders():
+    """Tests share one `--json` run of a command for its text too (`tests/helpers/cli.py:ModelRun.text`):
+    that is what the command prints without --json."""
+    args = ("--preset", "gpt2", "--micro-batch-time", "0.05", "--world-size", "8", "--link-bandwidth", "100",
+            "--accum", "4")
+    text = _cli("model", *args)
+    assert text.returncode == 0, text.stderr
+    assert ModelRuns(None)(*args).text == text.stdout
 
 
 def test_json_contract_with_explicit_link():

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.helpers.cli import ModelRuns
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
 from topoprof.report.scan_report import read_scan_parts
@@ -22,21 +23,23 @@ SHIPPED_H200 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topopro
 USER_MODELS = os.path.join(FIX, "user_models")
 H100 = "NVIDIA H100 80GB HBM3"
 GPT2 = ["--preset", "gpt2", "--tokens", "1024", "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep"]
+H200 = [*GPT2[:4], "--gpu", "h200-sxm", "--world-size", "1", "--no-sweep"]
 
 
-def _json(*args) -> dict:
-    proc = _cli("model", *args, "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+def _json(runs: ModelRuns, *args) -> dict:
+    """The JSON of a command that times nothing here (run once per session, `ModelRuns`)."""
+    run = runs(*args)
+    assert run.returncode == 0, run.stderr
+    return run.doc
 
 
 # The path a GPU with no profile of its own takes: another GPU's profile, scaled by the datasheets
 SCALED = [*GPT2, "--gpu-profile", SHIPPED_H200]
 
 
-@pytest.fixture(scope="module")
-def gpt2_eager():
-    return _json(*SCALED)
+@pytest.fixture
+def gpt2_eager(model_runs):
+    return _json(model_runs, *SCALED)
 
 
 def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
@@ -62,62 +65,63 @@ def test_a_preset_on_a_gpu_not_here_is_priced_from_its_ops(gpt2_eager):
 
 
 @pytest.mark.slow
-def test_the_text_says_what_the_compute_rests_on():
-    text = _cli("model", *SCALED).stdout
+def test_the_text_says_what_the_compute_rests_on(model_runs):
+    text = model_runs(*SCALED).text
     assert "a what-if from the model's own ops" in text
     (line,) = [ln for ln in text.splitlines() if ln.startswith("compute model: ")]
     assert "h100-sxm (bf16, eager, scaled from the h200-sxm profile)" in line and "kernels" in line
 
 
-def test_compiled_fuses_chains_and_pays_per_graph(gpt2_eager):
-    compiled = _json(*SCALED, "--compiled")["inputs"]
+def test_compiled_fuses_chains_and_pays_per_graph(gpt2_eager, model_runs):
+    compiled = _json(model_runs, *SCALED, "--compiled")["inputs"]
     eager = gpt2_eager["inputs"]
     assert compiled["compute_model"]["value"]["kernels"] < eager["compute_model"]["value"]["kernels"]
     for c, e in zip(compiled["compute_model"]["value"]["seconds"], eager["compute_model"]["value"]["seconds"]):
         assert c < e
     assert "compiled" in compiled["compute_model"]["value"]["device"]
     assert any("chains of memory-bound ops fused" in b for b in compiled["compute_model"]["value"]["basis"])
-    measured = _json("--preset", "gpt2", "--tokens", "1024", "--world-size", "1", "--no-sweep", "--micro-batch-time",
-                     "0.02", "--compiled")
+    measured = _json(model_runs, "--preset", "gpt2", "--tokens", "1024", "--world-size", "1", "--no-sweep",
+                     "--micro-batch-time", "0.02", "--compiled")
     assert any("--compiled applies to compute modelled" in w for w in measured["warnings"])
 
 
 @pytest.mark.slow
-def test_gpu_profile_prices_with_the_file_as_measured_or_scaled():
-    same = _json(*GPT2[:4], "--gpu", "h200-sxm", "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")
-    chosen = _json(*GPT2[:4], "--gpu", "h200-sxm", "--world-size", "1", "--no-sweep")   # the shipped one, chosen
+def test_gpu_profile_prices_with_the_file_as_measured_or_scaled(model_runs):
+    same = _json(model_runs, *H200, "--gpu-profile", SHIPPED_H200)
+    chosen = _json(model_runs, *H200)   # the shipped one, chosen
     model = same["inputs"]["compute_model"]["value"]
     assert model["device"] == "h200-sxm (bf16, eager, profile)" and model["seconds"] == \
         chosen["inputs"]["compute_model"]["value"]["seconds"]
     assert any("its rates as measured" in b for b in model["basis"])
     assert any(f"given ({SHIPPED_H200})" in b for b in model["basis"])
-    scaled = _json(*GPT2, "--gpu-profile", SHIPPED_H200)["inputs"]["compute_model"]["value"]
+    scaled = _json(model_runs, *GPT2, "--gpu-profile", SHIPPED_H200)["inputs"]["compute_model"]["value"]
     assert scaled["device"] == "h100-sxm (bf16, eager, scaled from the h200-sxm profile)"
-    alone = _json(*GPT2[:4], "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")["inputs"]
+    alone = _json(model_runs, *GPT2[:4], "--gpu-profile", SHIPPED_H200, "--world-size", "1", "--no-sweep")["inputs"]
     assert alone["compute_model"]["value"]["seconds"] == model["seconds"]   # without --gpu: the profile's own GPU
     assert "h200-sxm" in alone["gpu_memory_gb"]["source"]
 
 
 @pytest.mark.slow
-def test_a_gpu_with_a_shipped_profile_of_its_own_is_priced_from_it_as_measured():
+def test_a_gpu_with_a_shipped_profile_of_its_own_is_priced_from_it_as_measured(model_runs):
     """The H100's profile measured by `topoprof profile` (reports/gpu-nvidia-h100-80gb-hbm3-20261127)
     is chosen for an H100 before the H200's scaled; the H200 keeps its own."""
-    h100 = _json(*GPT2)["inputs"]["compute_model"]["value"]
+    h100 = _json(model_runs, *GPT2)["inputs"]["compute_model"]["value"]
     assert h100["device"] == "h100-sxm (bf16, eager, profile)"
     assert any("nvidia-h100-80gb-hbm3-topoprof-20261127.json" in b and "as a profile of this GPU" in b
                for b in h100["basis"])
-    h200 = _json(*GPT2[:4], "--gpu", "h200-sxm", "--world-size", "1", "--no-sweep")["inputs"]["compute_model"]["value"]
+    h200 = _json(model_runs, *H200)["inputs"]["compute_model"]["value"]
     assert any("nvidia-h200-sxm-gpu-facts-20261126.json" in b for b in h200["basis"])
 
 
-def test_gpu_profile_of_a_cpu_prices_the_model_on_that_cpu(tmp_path):
+def test_gpu_profile_of_a_cpu_prices_the_model_on_that_cpu(tmp_path, model_runs):
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(profile_doc(device="AMD EPYC 7B13", kind="cpu", dtype="float32", gemm=GRID,
                                            memory=[(("add", 1 << 20), 1e10), (("add", 1 << 26), 2e10)],
                                            sdpa=[((64, 64, True), 1e10), ((1024, 64, True), 5e10),
                                                  ((64, 64, False), 1e10), ((1024, 64, False), 5e10)],
                                            host=HOST)))
-    doc = _json("--preset", "gpt2", "--tokens", "128", "--gpu-profile", str(path), "--world-size", "1", "--no-sweep")
+    doc = _json(model_runs, "--preset", "gpt2", "--tokens", "128", "--gpu-profile", str(path), "--world-size", "1",
+                "--no-sweep")
     model = doc["inputs"]["compute_model"]["value"]
     assert model["device"] == "AMD EPYC 7B13 (float32, eager, profile)"
     assert any("ops run inline on the host" in b for b in model["basis"])
@@ -144,17 +148,17 @@ def test_a_bad_gpu_profile_file_is_one_line_and_exit_2(tmp_path, content, messag
 
 
 @pytest.mark.slow
-def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
-    doc = _json("--preset", "gpt2", "--tokens", "256", "--gpu", "v100-sxm2", "--precision", "fp16", "--world-size",
-                "1", "--no-sweep")
+def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so(model_runs):
+    doc = _json(model_runs, "--preset", "gpt2", "--tokens", "256", "--gpu", "v100-sxm2", "--precision", "fp16",
+                "--world-size", "1", "--no-sweep")
     model = doc["inputs"]["compute_model"]["value"]
     assert model["device"] == "v100-sxm2 (fp16, eager, datasheet)"
     assert any("no device profile can be scaled to v100-sxm2 in fp16" in n for n in model["notes"])
 
 
 @pytest.mark.slow
-def test_params_n_is_priced_as_the_synthetic_model():
-    inputs = _json("--params", "20M", "--tokens", "256", "--gpu", "a100-sxm4-80gb", "--world-size", "1",
+def test_params_n_is_priced_as_the_synthetic_model(model_runs):
+    inputs = _json(model_runs, "--params", "20M", "--tokens", "256", "--gpu", "a100-sxm4-80gb", "--world-size", "1",
                    "--no-sweep")["inputs"]
     model = inputs["compute_model"]["value"]
     assert any("synthetic model" in n for n in model["notes"]) and model["shape"].startswith("1x257")
@@ -178,23 +182,26 @@ def test_where_the_ops_cannot_be_traced_the_datasheet_range_stands_and_says_why(
 
 
 @pytest.mark.slow
-def test_a_users_model_predicted_for_a_gpu_is_traced_on_meta_and_never_run_here():
+def test_a_users_model_predicted_for_a_gpu_is_traced_on_meta_and_never_run_here(model_runs):
     spec = os.path.join(USER_MODELS, "tied.py:build")
-    doc = _json("--model", spec, "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep")
+    doc = _json(model_runs, "--model", spec, "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep")
     inputs = doc["inputs"]
     assert "model's own ops" in inputs["micro_batch_time_s"]["source"]
     assert inputs["compute_model"]["value"]["shape"] == "4x32"
     assert "backward FLOPs per tensor" in inputs["model"]["source"]  # the same pass orders the gradients
     assert "never runs it here" in inputs["model"]["source"]
     # a model that refuses to run on real data: a what-if reads it all the same
-    doc = _json("--model", os.path.join(USER_MODELS, "meta.py:meta_only"), "--gpu", "h100-sxm", "--world-size", "1",
-                "--no-sweep")
+    doc = _json(model_runs, "--model", os.path.join(USER_MODELS, "meta.py:meta_only"), "--gpu", "h100-sxm",
+                "--world-size", "1", "--no-sweep")
     assert "model's own ops" in doc["inputs"]["micro_batch_time_s"]["source"]
 
 
 def test_time_here_times_a_what_if_here_and_never_takes_its_time_as_the_gpus():
     spec = os.path.join(USER_MODELS, "tied.py:build")
-    doc = _json("--model", spec, "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep", "--time-here")
+    proc = _cli("model", "--model", spec, "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep", "--time-here",
+                "--json")  # it times here: run anew
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
     assert "model's own ops" in doc["inputs"]["micro_batch_time_s"]["source"]
     (note,) = [w for w in doc["warnings"] if w.startswith("timed here (--time-here)")]
     assert "per micro-batch on cpu, this machine, not the h100-sxm predicted: not used" in note
@@ -203,10 +210,10 @@ def test_time_here_times_a_what_if_here_and_never_takes_its_time_as_the_gpus():
     assert proc.returncode == 2 and "--time-here times your --model" in proc.stderr
 
 
-def test_a_users_model_that_cannot_run_on_meta_is_priced_from_the_datasheet_never_from_a_cpu_time():
+def test_a_users_model_that_cannot_run_on_meta_is_priced_from_the_datasheet_never_from_a_cpu_time(model_runs):
     args = ["--model", os.path.join(USER_MODELS, "meta.py:reads_a_value"), "--gpu", "h100-sxm", "--world-size", "2",
             "--link-bandwidth", "100", "--no-sweep"]
-    doc = _json(*args, "--tokens", "32")
+    doc = _json(model_runs, *args, "--tokens", "32")
     inputs = doc["inputs"]
     assert "measured" not in inputs["micro_batch_time_s"]["source"]
     assert inputs["micro_batch_time_range_s"]["source"].startswith("datasheet what-if")
@@ -231,12 +238,12 @@ def test_a_what_if_of_a_model_it_cannot_read_on_meta_is_one_line_and_exit_2(name
 
 
 @pytest.mark.slow
-def test_a_70b_user_model_is_planned_here_without_building_it():
+def test_a_70b_user_model_is_planned_here_without_building_it(model_runs):
     """Llama 2 70B (276 GB of fp32 weights, past this machine's memory) from a user's callable that
     refuses to build for real: the what-if traces it on meta only. How long it takes is
     tests/benchmarks/bench_plan_time.py's."""
-    doc = _json("--model", os.path.join(USER_MODELS, "llama70b.py:build"), "--gpu", "h100-sxm", "--tokens", "4096",
-                "--world-size", "8", "--link-bandwidth", "450", "--no-sweep")
+    doc = _json(model_runs, "--model", os.path.join(USER_MODELS, "llama70b.py:build"), "--gpu", "h100-sxm",
+                "--tokens", "4096", "--world-size", "8", "--link-bandwidth", "450", "--no-sweep")
     assert doc["inputs"]["params"]["value"] == 68_976_648_192
     assert doc["inputs"]["fsdp_groups"]["value"]["groups"] == 81
     assert "model's own ops" in doc["inputs"]["micro_batch_time_s"]["source"]

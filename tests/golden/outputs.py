@@ -5,8 +5,9 @@ layout can be shown to change none of it.
     python tests/golden/outputs.py --write   write the files anew (after a change meant to alter them)
 
 The set: `topo --json` on every saved `nvidia-smi topo -m` fixture; `model --json` (and the text of
-a few) on presets, `--params`, a `--model`, the FSDP modes, a `--gpu` what-if, a topology and a
-multi-node job; `report` on the committed H200 scan. Nothing here times anything on this machine,
+a few, rendered from the same run as the command renders it) on presets, `--params`, a `--model`,
+the FSDP modes, a `--gpu` what-if, a topology and a multi-node job; `report` on the committed H200
+scan. Nothing here times anything on this machine,
 so each output depends on the code alone. What differs from run to run by nature (the time, the
 host, the versions of the tool and of torch) is replaced by a placeholder before comparing.
 `tests/test_golden.py` runs the check.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import subprocess
@@ -59,16 +61,9 @@ TEXT = ("model-gpt2-8gpu", "model-whatif-gpt2-h100", "model-multinode-llama", "m
 
 
 def commands() -> dict[str, list[str]]:
-    """Every output's name and its command line."""
-    out = {}
-    for path in sorted(FIXTURES.glob("*.txt")):
-        if not path.name.endswith(".nccl-tests.txt"):
-            out[f"topo-{path.stem}"] = ["topo", "--from-file", str(path), "--json"]
-    for name, args in MODEL.items():
-        out[name] = ["model", *args, "--json"]
-        if name in TEXT:
-            out[f"{name}-text"] = ["model", *args]
-    return out
+    """Every `topo` output's name and its command line."""
+    return {f"topo-{path.stem}": ["topo", "--from-file", str(path), "--json"] for path in sorted(FIXTURES.glob("*.txt"))
+            if not path.name.endswith(".nccl-tests.txt")}
 
 
 _VOLATILE = (
@@ -93,10 +88,37 @@ def normalized(text: str) -> str:
 STATED = {"TOPOPROF_SELECTIVE_CHECKPOINT_RATIO": "4.2"}
 
 
-def run(args: list[str]) -> str:
-    proc = subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, cwd=ROOT,
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=600, env={**os.environ, **STATED})
-    return normalized(f"exit {proc.returncode}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}")
+
+
+def _kept(proc: subprocess.CompletedProcess, stdout: str) -> str:
+    return normalized(f"exit {proc.returncode}\n--- stdout\n{stdout}--- stderr\n{proc.stderr}")
+
+
+def run(args: list[str]) -> str:
+    proc = _run(args)
+    return _kept(proc, proc.stdout)
+
+
+def model_outputs(name: str, args: list[str]) -> dict[str, str]:
+    """`model ARGS --json`, and for the names in TEXT its text from the same run: `topoprof model`
+    renders its text from the document it prints with --json, through the same reader
+    (`topoprof/commands/model.py`), so one run shows both (the same exit and stderr)."""
+    proc = _run(["model", *args, "--json"])
+    found = {name: _kept(proc, proc.stdout)}
+    if name in TEXT:
+        found[f"{name}-text"] = _kept(proc, _model_text(proc.stdout) if proc.returncode == 0 else proc.stdout)
+    return found
+
+
+def _model_text(stdout: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from topoprof.model.strategies.model_report import read_model_report
+    from topoprof.report.text_model import render_model
+
+    return render_model(read_model_report(json.loads(stdout))) + "\n"
 
 
 def report_output() -> str:
@@ -111,6 +133,8 @@ def report_output() -> str:
 
 def outputs() -> dict[str, str]:
     found = {name: run(args) for name, args in commands().items()}
+    for name, args in MODEL.items():
+        found.update(model_outputs(name, args))
     found["report-h200-scan"] = report_output()
     return found
 
