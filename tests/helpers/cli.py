@@ -41,9 +41,11 @@ class ModelRun:
 
 
 class ModelRuns:
-    """`topoprof model ARGS --json` for commands that time nothing on this machine (a what-if
-    traced on meta, or compute given): the output depends on the code and the arguments alone, so
-    one run serves every test of the session that asks it. Under pytest-xdist the runs are kept in
+    """`topoprof model ARGS --json` for commands that time no model on this machine (a what-if
+    traced on meta, or compute given): what they print is the code's and the arguments' (but for
+    the host cost per op that selective checkpointing is priced with, measured under 0.1 s in the
+    trace worker: a run's own value, as any single run would have), so one run serves every test
+    of the session that asks it. Under pytest-xdist the runs are kept in
     the session's temporary folder, which every worker shares: a worker asking for a command
     another is running waits for it (a lock per command) rather than running it twice."""
 
