@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import re
 import subprocess
@@ -25,6 +24,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # run as a script too: the checkout, and the tests' helpers
+from helpers.cli import ModelRun  # noqa: E402 - found through the path set above
+
 HERE = Path(__file__).resolve().parent / "outputs"
 FIXTURES = ROOT / "tests" / "fixtures" / "topo"
 SCAN = ROOT / "reports" / "gpu-nvidia-h200-20261126" / "scan-standalone" / "report.json"
@@ -109,16 +111,9 @@ def model_outputs(name: str, args: list[str]) -> dict[str, str]:
     proc = _run(["model", *args, "--json"])
     found = {name: _kept(proc, proc.stdout)}
     if name in TEXT:
-        found[f"{name}-text"] = _kept(proc, _model_text(proc.stdout) if proc.returncode == 0 else proc.stdout)
+        text = ModelRun(proc.returncode, proc.stdout, proc.stderr).text if proc.returncode == 0 else proc.stdout
+        found[f"{name}-text"] = _kept(proc, text)
     return found
-
-
-def _model_text(stdout: str) -> str:
-    sys.path.insert(0, str(ROOT))
-    from topoprof.model.strategies.model_report import read_model_report
-    from topoprof.report.text_model import render_model
-
-    return render_model(read_model_report(json.loads(stdout))) + "\n"
 
 
 def report_output() -> str:

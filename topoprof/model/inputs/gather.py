@@ -93,10 +93,9 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
 def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
     """The GPU the model's ops are priced for: the GPU predicted; a user's model timed on this
     machine's GPU, with no GPU named and no what-if priced, is priced beside its time for that GPU."""
-    timed_on_a_gpu = user is not None and user.timed and user.record["device"].startswith("cuda")
-    if not timed_on_a_gpu or compute.named is not None or what_if_priced(compute):
+    if user is None or not (user.timed and user.record["device"].startswith("cuda")) \
+            or compute.named is not None or what_if_priced(compute):
         return gpu
-    assert user is not None  # timed on a GPU
     return named_gpu(user.record.get("device_name") or "GPU0")
 
 
