@@ -88,9 +88,9 @@ def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
         lines.append(line)
         if sum(1 for ln in lines if ln.strip() and not ln.startswith("#")) >= 2:
             break
-    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True)
-             if "topoprof.probes.ranks.rank_main" in " ".join(p.cmdline())]
-    victim = next(p for p in ranks if p.environ().get("RANK") == "1")
+    # each rank is forked from the CLI's fork server, and named for its rank
+    ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if p.name().startswith("topoprof-rank")]
+    victim = next(p for p in ranks if p.name() == "topoprof-rank1")
     victim.send_signal(signal.SIGKILL)
     rest, err = cli.communicate(timeout=120)
     assert cli.returncode == 3, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -118,11 +119,17 @@ def test_stopped_rank_is_detected_as_hung_within_the_timeout():
     assert not _alive(stopped[0])
 
 
-def test_ranks_start_in_a_session_of_their_own_with_no_python_before_exec(monkeypatch):
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_ranks_are_forked_from_a_server_started_with_no_python_before_exec(monkeypatch):
     """No preexec_fn (unsafe with threads and a CUDA context in the launcher, and it forces fork
-    over vfork/posix_spawn); setsid() comes from start_new_session, so each rank leads its own
-    session and process group, which the launcher kills whole."""
-    from topoprof.measure import launch
+    over vfork/posix_spawn): the fork server is started in a session of its own by
+    start_new_session, and each rank forked from it leads its own session and process group,
+    which the launcher kills whole. A second launch forks from the same server."""
+    from topoprof.measure import forks, launch
 
     popen_kwargs = []
     real_popen = subprocess.Popen
@@ -131,45 +138,100 @@ def test_ranks_start_in_a_session_of_their_own_with_no_python_before_exec(monkey
         popen_kwargs.append(kwargs)
         return real_popen(*args, **kwargs)
 
-    monkeypatch.setattr(launch.subprocess, "Popen", spy)
+    monkeypatch.setattr(launch.forks.subprocess, "Popen", spy)
+    monkeypatch.setattr(forks, "_SERVERS", {})   # this test's own server, started by its first launch
     seen = {}
 
     def on_message(rank, wire):
         msg = as_message(wire, SleepStep)
         if isinstance(msg, SleepStep):
-            seen[msg.pid] = (os.getsid(msg.pid), os.getpgid(msg.pid))
+            seen[msg.pid] = (os.getsid(msg.pid), os.getpgid(msg.pid), _parent(msg.pid))
 
-    run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
-    assert run.failure is None and len(popen_kwargs) == 2
-    assert all(kw.get("preexec_fn") is None and kw.get("start_new_session") is True for kw in popen_kwargs)
-    assert len(seen) == 2 and all(sid == pgid == pid for pid, (sid, pgid) in seen.items())
-    assert os.getsid(0) not in {sid for sid, _ in seen.values()}
+    try:
+        for _ in range(2):
+            run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
+            assert run.failure is None
+        (server,) = forks._SERVERS.values()
+        assert len(popen_kwargs) == 1
+        assert popen_kwargs[0].get("preexec_fn") is None and popen_kwargs[0].get("start_new_session") is True
+        assert len(seen) == 4 and all(sid == pgid == pid for pid, (sid, pgid, _) in seen.items())
+        assert {parent for _, _, parent in seen.values()} == {server.proc.pid}
+        assert os.getsid(0) not in {sid for sid, _, _ in seen.values()}
+    finally:
+        for server in forks._SERVERS.values():
+            server.close()
 
 
-def _rank_alone(tmp_path, launcher_pid: int):
-    """Start topoprof.probes.ranks.rank_main as a child of this process, naming `launcher_pid` as its launcher;
-    its job file does not exist, so a rank that went on would fail reading it."""
+def test_a_server_that_cannot_start_fails_the_launch_saying_why_and_the_next_starts_anew():
+    from topoprof.measure import forks
+
+    broken = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30,
+                                  env={"PYTHONHOME": "/nonexistent"}))   # no Python can start
+    assert broken.failure is not None and broken.failure.rank == 0
+    assert "could not be started: the fork server exited before it answered (it exited with code 1)" in \
+        broken.failure.describe()
+    assert not any(server.alive() for server in forks._SERVERS.values() if server.proc.args and
+                   "PYTHONHOME" in str(server.proc.args))
+    again = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30))
+    assert again.failure is None
+
+
+def test_a_killed_server_takes_its_ranks_with_it_and_the_next_launch_starts_another():
+    from topoprof.measure import forks
+
+    pids = {}
+
+    def on_message(rank, wire):
+        msg = as_message(wire, SleepStep)
+        if isinstance(msg, SleepStep):
+            pids[rank] = msg.pid
+            if len(pids) == 2 and not killed:
+                server = next(s for s in forks._SERVERS.values() if s.proc.pid == _parent(msg.pid))
+                killed.append(server.proc.pid)
+                os.kill(server.proc.pid, signal.SIGKILL)
+
+    killed: list[int] = []
+    result = launch_local(JobSpec("sleep", SleepJob(steps=50, sleep_s=0.05), 2, "gloo", timeout_s=30), on_message)
+    assert killed and result.failure is not None and "SIGKILL" in result.failure.describe()
+    assert not any(_alive(p) for p in pids.values())
+    again = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30))
+    assert again.failure is None
+    assert [s.proc.pid for s in forks._SERVERS.values() if s.alive()] not in ([], [killed[0]])
+
+
+def _server_alone(launcher_pid: int):
+    """Start the fork server as a child of this process, naming `launcher_pid` as its launcher,
+    with a socket whose other end is closed at once: a server that went on would import torch,
+    read that the launcher has gone, and leave."""
     import topoprof
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.__file__)))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.close()
     env = dict(os.environ, PYTHONPATH=root, TOPOPROF_LAUNCHER_PID=str(launcher_pid),
-               TOPOPROF_JOB=str(tmp_path / "no-job.json"), TOPOPROF_RESULT_FD="1")
-    return subprocess.run([sys.executable, "-X", "importtime", "-m", "topoprof.probes.ranks.rank_main"], env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+               TOPOPROF_FORK_SERVER_FD=str(theirs.fileno()))
+    with theirs:
+        return subprocess.run([sys.executable, "-X", "importtime", "-m", "topoprof.probes.ranks.fork_server"],
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                              pass_fds=(theirs.fileno(),))
 
 
-def test_a_rank_whose_launcher_is_gone_leaves_at_once(tmp_path):
-    """The launcher died before the rank armed PR_SET_PDEATHSIG: its parent is no longer the pid
-    it was given, and it leaves before reading its job or importing torch."""
-    gone = _rank_alone(tmp_path, launcher_pid=os.getppid())   # anyone but its real parent
+def _imported(stderr: str) -> set[str]:
+    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_a_server_whose_launcher_is_gone_leaves_at_once():
+    """The launcher died before the server armed PR_SET_PDEATHSIG: its parent is no longer the pid
+    it was given, and it leaves before importing torch (each rank checks its server the same way)."""
+    gone = _server_alone(launcher_pid=os.getppid())   # anyone but its real parent
     assert gone.returncode == 1
     assert f"the launcher (pid {os.getppid()}) is gone" in gone.stderr and "Traceback" not in gone.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in gone.stderr.splitlines()
-                if line.startswith("import time:")}
+    imported = _imported(gone.stderr)
     assert "json" in imported and not any(name.split(".")[0] == "torch" for name in imported)
-    # its real parent named: the rank goes on, to the job file that is not there
-    kept = _rank_alone(tmp_path, launcher_pid=os.getpid())
-    assert "is gone" not in kept.stderr and "no-job.json" in kept.stderr
+    # its real parent named: the server goes on, imports torch, and leaves when its socket closes
+    kept = _server_alone(launcher_pid=os.getpid())
+    assert kept.returncode == 0, kept.stderr
+    assert "is gone" not in kept.stderr and "torch" in _imported(kept.stderr)
 
 
 def test_ranks_die_with_a_killed_launcher(tmp_path):

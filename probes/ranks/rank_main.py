@@ -1,10 +1,12 @@
-"""Entry point of one rank started by topoprof's launcher: `python -m topoprof.probes.ranks.rank_main`.
+"""What one rank started by topoprof's launcher runs: `main`, in a process forked from the fork
+server (topoprof.probes.ranks.fork_server).
 
 The launcher passes the job in TOPOPROF_JOB (a JSON file: a typed job of topoprof.specs.messages
 under "job") and a pipe in TOPOPROF_RESULT_FD; the rank writes one JSON message per line to that
 pipe, each a message of topoprof.specs.messages but the launcher's own `done` and `error`.
 stdout/stderr stay free for libraries (NCCL's INFO lines) and land in the rank's log file.
-TOPOPROF_LAUNCHER_PID names the launcher, which this rank must not outlive (`die_with_launcher`).
+TOPOPROF_LAUNCHER_PID names the process this rank must not outlive (`die_with_launcher`): the
+fork server, which itself must not outlive the launcher.
 """
 from __future__ import annotations
 
@@ -124,10 +126,11 @@ def resolve(worker: str):
 def die_with_launcher() -> None:
     """Be killed when the launcher dies, even by SIGKILL; leave at once if it already has.
 
-    The launcher runs no Python between fork and exec (it may hold a CUDA context and threads), so
-    the rank arms PR_SET_PDEATHSIG itself, first thing, before torch is imported. The launcher may
-    have died before that: the rank then already belongs to init (or a subreaper) and its parent
-    is no longer the pid in TOPOPROF_LAUNCHER_PID. Checking after arming leaves no gap (prctl(2)).
+    Called first thing by the fork server (whose launcher is the CLI, which runs no Python between
+    fork and exec: it may hold a CUDA context and threads), before torch is imported, and by each
+    rank forked from it (whose launcher is the server). The launcher may have died before the
+    signal was armed: the process then already belongs to init (or a subreaper) and its parent is
+    no longer the pid in TOPOPROF_LAUNCHER_PID. Checking after arming leaves no gap (prctl(2)).
     """
     launcher = os.environ.get("TOPOPROF_LAUNCHER_PID")
     if sys.platform.startswith("linux"):
@@ -184,6 +187,3 @@ def main() -> None:
     sys.stderr.flush()
     os._exit(0)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,11 @@
 """The one process launcher behind bench, validate and scan.
 
 Two ways to run rank work:
-- local: start N rank processes on this node (`python -m topoprof.probes.ranks.rank_main`), rendezvous on a free
-  127.0.0.1 port, and watch them. Each rank reports JSON messages on its own pipe; its stdout and
-  stderr go to a per-rank log file (NCCL's INFO lines land there).
+- local: start N rank processes on this node, rendezvous on a free 127.0.0.1 port, and watch
+  them. Each rank is forked from a fork server (`topoprof.measure.forks`), a warm interpreter
+  that has imported torch once for every rank of every launch of this process. Each rank reports
+  JSON messages on its own pipe; its stdout and stderr go to a per-rank log file (NCCL's INFO
+  lines land there).
 - external: this process already is one rank of a torchrun or SLURM job; the worker runs in
   this process and only rank 0 reports (see `external_job`).
 
@@ -11,11 +13,11 @@ Watching local ranks: a rank that exits non-zero, or makes no progress for `time
 run: every rank is killed (its whole process group), the failure names the rank and what it was
 doing, and the messages received before are kept. Each rank starts in a session (and process
 group) of its own, which the launcher kills whole. Rank processes also die with this one, so
-nothing is orphaned even if the CLI itself is killed: no Python runs in a child between fork and
-exec (this process may hold a CUDA context and other threads, and subprocess can then use vfork or
-posix_spawn), so each rank arms PR_SET_PDEATHSIG itself as the first thing it does
-(`topoprof.probes.ranks.rank_main.die_with_launcher`), checking that the launcher named in TOPOPROF_LAUNCHER_PID
-is still its parent.
+nothing is orphaned even if the CLI itself is killed: the fork server is started with no Python
+between fork and exec (this process may hold a CUDA context and other threads, and subprocess can
+then use vfork or posix_spawn) and arms PR_SET_PDEATHSIG itself, first thing, as each rank does
+against the server (`topoprof.probes.ranks.rank_main.die_with_launcher`, each checking that the
+process named in TOPOPROF_LAUNCHER_PID is still its parent).
 
 No torch here: this module only starts and watches processes.
 """
@@ -29,15 +31,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
 
-import topoprof
 from topoprof.errors import InputError
-from topoprof.measure import slurm
+from topoprof.measure import forks, slurm
 from topoprof.specs.messages import Message, Progress, RankDone, RankError, decode, encode, kind_of
 
 # Messages a rank sends, one JSON object a line, each a typed message of topoprof.specs.messages:
@@ -171,7 +171,7 @@ def free_port() -> int:
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen
+    proc: forks.ForkedRank
     reader: BinaryIO  # the rank's message pipe, unbuffered
     log_path: str
     buffer: bytes = b""
@@ -185,16 +185,16 @@ class _Rank:
     exit_seen_t: float | None = None
 
 
-def _rank_env(spec: JobSpec, rank: int, port: int, job_file: str, result_fd: int) -> dict:
+def _rank_env(spec: JobSpec, rank: int, port: int, job_file: str) -> dict:
+    """The rank's whole environment (the fork server adds where its messages go, and itself as the
+    launcher the rank dies with)."""
     env = dict(os.environ)
     env.update(spec.env)
     env.update({
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         "RANK": str(rank), "WORLD_SIZE": str(spec.nproc),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(spec.nproc),
-        "TOPOPROF_JOB": job_file, "TOPOPROF_RESULT_FD": str(result_fd),
-        "TOPOPROF_LAUNCHER_PID": str(os.getpid()),
-        "PYTHONUNBUFFERED": "1",
+        "TOPOPROF_JOB": job_file,
     })
     # Gloo would otherwise resolve the hostname, which may not be loopback; keep ranks on lo.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -208,22 +208,21 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
     with open(job_file, "w") as f:
         json.dump({"worker": spec.worker, "backend": spec.backend, "timeout_s": spec.timeout_s,
                    **_job_document(spec.config)}, f)
-    # The ranks must import the same topoprof (and its probes) as this process, wherever it runs from.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.__file__)))
+    server = forks.server_for(spec.env)
     for rank in range(spec.nproc):
         read_fd, write_fd = os.pipe()
-        env = _rank_env(spec, rank, port, job_file, write_fd)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        reader = os.fdopen(read_fd, "rb", buffering=0)
         log_path = os.path.join(log_dir, f"rank{rank}.log")
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "topoprof.probes.ranks.rank_main"], env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
-                start_new_session=True,  # setsid() in subprocess's C code: no preexec_fn
-            )
-        os.close(write_fd)
-        ranks.append(_Rank(rank, proc, os.fdopen(read_fd, "rb", buffering=0), log_path,
-                           last_progress_t=time.monotonic()))
+        try:
+            with open(log_path, "wb") as log:
+                proc = server.fork(_rank_env(spec, rank, port, job_file), log.fileno(), write_fd,
+                                   spec.startup_timeout_s)
+        except BaseException:
+            reader.close()
+            raise
+        finally:
+            os.close(write_fd)
+        ranks.append(_Rank(rank, proc, reader, log_path, last_progress_t=time.monotonic()))
 
 
 def _job_document(config: Message) -> dict:
@@ -243,7 +242,9 @@ def _log_tail(path: str, lines: int = 5) -> str:
     return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
 
 
-def _exit_reason(code: int) -> str:
+def _exit_reason(code: int | None) -> str:
+    if code is None:  # pragma: no cover - asked only of a rank seen to exit
+        return "ended with no exit status"
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -376,6 +377,8 @@ def launch_local(spec: JobSpec, on_message: OnMessage | None = None) -> RunResul
     try:
         _start_ranks(spec, log_dir, ranks)
         failure = _watch(ranks, spec.timeout_s, spec.startup_timeout_s, on_message, messages)
+    except forks.ForkServerGone as err:
+        failure = RankFailure(len(ranks), f"could not be started: {err}", None, "")
     except KeyboardInterrupt:  # the user stopped it: nothing will read the folder
         interrupted = True
         raise

@@ -1,0 +1,131 @@
+"""The process every local rank is forked from: `python -m topoprof.probes.ranks.fork_server`.
+
+Importing torch takes seconds, and its first optimizer, DDP wrapper or checkpoint imports
+torch._dynamo on first use (torch/_compile.py `_disable_dynamo`), seconds more; a rank started as a
+new interpreter pays both before its first message. The launcher starts this server once (per
+thread, per job environment; `topoprof.measure.fork_server`), which imports them once, and asks
+it for each rank: the rank is a fork of a process that has imported torch but run nothing on it.
+torch supports exactly that (its thread pools are made anew in a forked child; CUDA is never
+touched here, which `_fork_rank` checks before each fork).
+
+The protocol, on a SOCK_SEQPACKET unix socket (one message a packet, each a JSON object):
+- the launcher sends {"env": {...}} with two descriptors: the rank's log file (its stdout and
+  stderr) and the write end of its result pipe;
+- the server answers {"pid": N}, or {"error": "..."} when it cannot fork;
+- and, as its ranks end, {"exited": N, "code": C}: C is as subprocess.Popen.returncode has it
+  (negative: the signal that ended it).
+The server leaves when the socket closes, or, by PR_SET_PDEATHSIG, when its launcher dies; each
+rank dies with the server the same way (`rank_main.die_with_launcher`, the server named as the
+rank's launcher), so nothing outlives the launcher.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import socket
+import sys
+import traceback
+
+from topoprof.probes.ranks import rank_main
+
+# <linux/prctl.h>: set the calling thread's name (15 bytes, what /proc/PID/comm shows)
+_PR_SET_NAME = 15
+
+# the largest request: a rank's environment, as JSON
+_MAX_PACKET = 1 << 20
+
+
+def _preload() -> None:
+    # lazy: torch; this module is imported nowhere else, and leaves before torch if its launcher is gone
+    import torch
+    import torch._dynamo  # noqa: F401  (every optimizer, DDP wrapper and checkpoint imports it on first use)
+    import torch.distributed  # noqa: F401
+
+    if torch.cuda.is_initialized():  # pragma: no cover - nothing above touches CUDA
+        raise RuntimeError("CUDA was initialised before any rank was forked")
+
+
+def _fork_rank(sock: socket.socket, env: dict, log_fd: int, result_fd: int) -> int:
+    """Fork one rank; in the child, never return."""
+    # lazy: torch, imported by _preload before the first request
+    import torch
+
+    if torch.cuda.is_initialized():  # a forked child could not use CUDA (torch's bad-fork check)
+        raise RuntimeError("CUDA is initialised in the fork server")
+    server = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        sock.close()
+        os.setsid()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.environ.clear()
+        # the server is the rank's launcher: the rank dies with it (rank_main.die_with_launcher)
+        os.environ.update(env, TOPOPROF_RESULT_FD=str(result_fd), TOPOPROF_LAUNCHER_PID=str(server))
+        _name_this_process(f"topoprof-rank{env.get('RANK', '')}")
+        rank_main.main()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(1)
+
+
+def _name_this_process(name: str) -> None:
+    """What ps, top and psutil show for a rank (they would show the server's command line)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15])
+
+
+def _serve_one(sock: socket.socket) -> bool:
+    """Answer one request; False when the launcher has closed the socket."""
+    data, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 2)
+    if not data:
+        return False
+    try:
+        log_fd, result_fd = fds
+        pid = _fork_rank(sock, json.loads(data)["env"], log_fd, result_fd)
+        sock.send(json.dumps({"pid": pid}).encode())
+    except (OSError, RuntimeError, ValueError) as err:
+        sock.send(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
+def _report_exits(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def main() -> None:
+    rank_main.die_with_launcher()
+    sock = socket.socket(fileno=int(os.environ.pop("TOPOPROF_FORK_SERVER_FD")))
+    _preload()
+    try:
+        while True:
+            # Exits are found by polling: a rank's end is seen within this long, which the
+            # launcher's own watch (0.2 s) does not notice.
+            readable, _, _ = select.select([sock], [], [], 0.05)
+            if readable and not _serve_one(sock):
+                return
+            _report_exits(sock)
+    except (BrokenPipeError, ConnectionResetError):  # the launcher is gone
+        return
+
+
+if __name__ == "__main__":
+    main()
