@@ -2,8 +2,6 @@
 and the check itself catches what it is there to catch."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import docs_examples as de
@@ -15,11 +13,16 @@ TOPO = "tests/fixtures/topo/24_rtx5090-2x-phb-threadripper.txt"
 
 @pytest.mark.slow
 @pytest.mark.skipif(other_torch_than_ci() is not None, reason=str(other_torch_than_ci()))
-def test_every_documented_example_is_what_the_command_prints_now():
-    proc = subprocess.run([sys.executable, str(de.ROOT / "tests" / "docs_examples.py")], cwd=de.ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert " 0 differ" in proc.stdout
+@pytest.mark.parametrize("example", de.find_examples(), ids=lambda e: e.where)
+def test_every_documented_example_is_what_the_command_prints_now(example):
+    """Each apart, as `python tests/docs_examples.py` checks them all."""
+    outcome = de.check(example)
+    assert outcome.ok, outcome.detail
+
+
+def test_every_command_has_a_run_example():
+    assert de.find_examples()
+    assert not de.commands_without_example(de.find_examples())
 
 
 def _doc(tmp_path: Path, text: str) -> list[de.Example]:
