@@ -330,6 +330,34 @@ def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch
     assert not os.path.exists(bad.log_dir) and "NCCL_DEBUG_FILE" not in os.environ
 
 
+def test_a_sigterm_while_a_ranks_error_is_explained_is_what_stopped_it(monkeypatch):
+    """scancel stops every task: a rank that lost its stopped peer may get its own SIGTERM while it
+    explains that loss (the handler raises `Stopped` there); the job was stopped, and says so."""
+    import socket
+
+    from topoprof.measure import runner
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    explain = runner.explain_job_error
+
+    def interrupted(err, job, timeout_s):
+        if not isinstance(err, runner.Stopped):
+            os.kill(os.getpid(), signal.SIGTERM)   # delivered before the next bytecode: Stopped here
+        return explain(err, job, timeout_s)
+
+    monkeypatch.setattr(runner, "explain_job_error", interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    run = runner.run_job(JobSpec("sleep", SleepJob(steps=3, fail_rank=0, how="raise"), 1, "gloo", timeout_s=30),
+                         lambda rank, msg: None)
+    assert run.failure is not None and "was stopped by SIGTERM" in run.failure.describe()
+    assert signal.getsignal(signal.SIGTERM) == before   # the rank's handler is the process's again
+
+
 def test_two_exits_seen_at_once_blame_the_rank_that_did_not_lose_a_peer(tmp_path):
     """Rank 1 killed, rank 0 failing on the lost connection a moment later, and both exits first
     seen in the same check: the rank whose log says it lost a peer is not the one blamed."""

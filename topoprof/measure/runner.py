@@ -127,6 +127,11 @@ def peer_host(addr: str) -> str:
         return addr
 
 
+def _job_failure(err: Exception, job: ExternalJob, spec: JobSpec) -> RankFailure:
+    return RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None,
+                       str(err).splitlines()[0][:300] if str(err) and not isinstance(err, Stopped) else "")
+
+
 def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> RunResult:
     """This process is one rank of torchrun/SLURM: run the worker here; rank 0 reports."""
     messages: list[tuple[int, dict]] = []
@@ -151,8 +156,10 @@ def _run_in_process(job: ExternalJob, spec: JobSpec, on_message: OnMessage) -> R
         env = dist.init(spec.backend, spec.timeout_s)
         resolve(spec.worker)(RankContext(env, emit, spec.timeout_s), spec.config)
     except Exception as err:  # one line; peers see the broken group and stop too
-        failure = RankFailure(job.rank, explain_job_error(err, job, spec.timeout_s), None,
-                              str(err).splitlines()[0][:300] if str(err) and not isinstance(err, Stopped) else "")
+        try:
+            failure = _job_failure(err, job, spec)
+        except Stopped as stopped:  # the SIGTERM came while the error was explained: the peer's loss was its doing
+            failure = _job_failure(stopped, job, spec)
     finally:
         try:
             dist.finish()
