@@ -3,8 +3,8 @@
 Importing torch takes seconds, and its first optimizer, DDP wrapper or checkpoint imports
 torch._dynamo on first use (torch/_compile.py `_disable_dynamo`), seconds more; a rank started as a
 new interpreter pays both before its first message. The launcher starts this server once (per
-thread, per job environment; `topoprof.measure.fork_server`), which imports them once, and asks
-it for each rank: the rank is a fork of a process that has imported torch but run nothing on it.
+thread, per job environment; `topoprof.measure.forks`), which imports them once, and asks it for
+each rank: the rank is a fork of a process that has imported torch but run nothing on it.
 torch supports exactly that (its thread pools are made anew in a forked child; CUDA is never
 touched here, which `_fork_rank` checks before each fork).
 
@@ -37,19 +37,28 @@ _PR_SET_NAME = 15
 _MAX_PACKET = 1 << 20
 
 
-def _preload() -> None:
+def _import_torch() -> None:
+    """What every rank needs before its first message; the server forks none before it has it."""
     # lazy: torch; this module is imported nowhere else, and leaves before torch if its launcher is gone
     import torch
-    import torch._dynamo  # noqa: F401  (every optimizer, DDP wrapper and checkpoint imports it on first use)
     import torch.distributed  # noqa: F401
 
     if torch.cuda.is_initialized():  # pragma: no cover - nothing above touches CUDA
         raise RuntimeError("CUDA was initialised before any rank was forked")
 
 
+def _import_dynamo() -> None:
+    """What a rank's first optimizer, DDP wrapper or checkpoint imports (torch/_compile.py
+    `_disable_dynamo`): seconds, which a rank forked later need not spend. Imported while the
+    server waits with a core to spare (`_spare_core`): a launch's ranks neither wait for it nor
+    share a core with it, and one that needs it before imports it itself."""
+    # lazy: torch; see _import_torch
+    import torch._dynamo  # noqa: F401
+
+
 def _fork_rank(sock: socket.socket, env: dict, log_fd: int, result_fd: int) -> int:
     """Fork one rank; in the child, never return."""
-    # lazy: torch, imported by _preload before the first request
+    # lazy: torch, imported by _import_torch before the first request
     import torch
 
     if torch.cuda.is_initialized():  # a forked child could not use CUDA (torch's bad-fork check)
@@ -83,7 +92,7 @@ def _name_this_process(name: str) -> None:
         ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15])
 
 
-def _serve_one(sock: socket.socket) -> bool:
+def _serve_one(sock: socket.socket, running: set[int]) -> bool:
     """Answer one request; False when the launcher has closed the socket."""
     data, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 2)
     if not data:
@@ -91,6 +100,7 @@ def _serve_one(sock: socket.socket) -> bool:
     try:
         log_fd, result_fd = fds
         pid = _fork_rank(sock, json.loads(data)["env"], log_fd, result_fd)
+        running.add(pid)
         sock.send(json.dumps({"pid": pid}).encode())
     except (OSError, RuntimeError, ValueError) as err:
         sock.send(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
@@ -100,7 +110,7 @@ def _serve_one(sock: socket.socket) -> bool:
     return True
 
 
-def _report_exits(sock: socket.socket) -> None:
+def _report_exits(sock: socket.socket, running: set[int]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -108,21 +118,33 @@ def _report_exits(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
+        running.discard(pid)
         sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def _spare_core(running: set[int]) -> bool:
+    """A core this process may use that no rank of its own is busy on."""
+    return len(running) < len(os.sched_getaffinity(0))
 
 
 def main() -> None:
     rank_main.die_with_launcher()
     sock = socket.socket(fileno=int(os.environ.pop("TOPOPROF_FORK_SERVER_FD")))
-    _preload()
+    _import_torch()
+    running: set[int] = set()
+    warm = False
     try:
         while True:
             # Exits are found by polling: a rank's end is seen within this long, which the
-            # launcher's own watch (0.2 s) does not notice.
+            # launcher's own watch (0.2 s) does not notice. A launch asks for its ranks one after
+            # the other, with no such gap between them.
             readable, _, _ = select.select([sock], [], [], 0.05)
-            if readable and not _serve_one(sock):
+            if readable and not _serve_one(sock, running):
                 return
-            _report_exits(sock)
+            _report_exits(sock, running)
+            if not readable and not warm and _spare_core(running):
+                _import_dynamo()
+                warm = True
     except (BrokenPipeError, ConnectionResetError):  # the launcher is gone
         return
 

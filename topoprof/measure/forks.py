@@ -88,11 +88,11 @@ class ForkServer:
         return self._exits[pid]
 
     def close(self) -> None:
+        """End the server now: its ranks have ended (the launcher waits for them), and what it may
+        be importing for later ones is not needed."""
         self._sock.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - it leaves when the socket closes
-            self.proc.kill()
+        self.proc.kill()
+        self.proc.wait()
         self._log.close()
 
     def _receive(self, timeout_s: float) -> dict | None:
