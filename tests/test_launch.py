@@ -170,8 +170,8 @@ def test_a_server_that_cannot_start_fails_the_launch_saying_why_and_the_next_sta
     assert broken.failure is not None and broken.failure.rank == 0
     assert "could not be started: the fork server exited before it answered (it exited with code 1)" in \
         broken.failure.describe()
-    assert not any(server.alive() for server in forks._SERVERS.values() if server.proc.args and
-                   "PYTHONHOME" in str(server.proc.args))
+    broken_servers = [s for (_, env), s in forks._SERVERS.items() if ("PYTHONHOME", "/nonexistent") in env]
+    assert broken_servers and not any(s.alive() for s in broken_servers)
     again = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30))
     assert again.failure is None
 
@@ -304,20 +304,23 @@ def test_nproc_below_one_is_refused():
         launch_local(JobSpec("sleep", SleepJob(), 0, "gloo", timeout_s=5))
 
 
-def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch):
-    """In a torchrun/srun rank, NCCL's log goes to a file of its own (NCCL_DEBUG_FILE), read into
-    the result; afterwards neither the folder nor the variable is left, and a failure names the
-    file only where NCCL wrote one (gloo writes none)."""
-    import socket
-
-    from topoprof.measure.runner import run_job
-
+def _one_rank_of_an_external_job(monkeypatch) -> None:
+    """This process as the only rank of a torchrun job, its rendezvous on a free local port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(key, value)
+
+
+def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch):
+    """In a torchrun/srun rank, NCCL's log goes to a file of its own (NCCL_DEBUG_FILE), read into
+    the result; afterwards neither the folder nor the variable is left, and a failure names the
+    file only where NCCL wrote one (gloo writes none)."""
+    from topoprof.measure.runner import run_job
+
+    _one_rank_of_an_external_job(monkeypatch)
     monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     ok = run_job(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 1, "gloo", timeout_s=30,
@@ -333,16 +336,9 @@ def test_a_rank_under_an_external_launcher_leaves_no_nccl_log_folder(monkeypatch
 def test_a_sigterm_while_a_ranks_error_is_explained_is_what_stopped_it(monkeypatch):
     """scancel stops every task: a rank that lost its stopped peer may get its own SIGTERM while it
     explains that loss (the handler raises `Stopped` there); the job was stopped, and says so."""
-    import socket
-
     from topoprof.measure import runner
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
+    _one_rank_of_an_external_job(monkeypatch)
     explain = runner.explain_job_error
 
     def interrupted(err, job, timeout_s):
