@@ -122,8 +122,9 @@ def test_a_dict_batch_is_resized_along_its_first_dimension():
 
 def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():
     shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
-    traced_as, traced = user_memory_set(shape, "bf16", cast=False, target=gpu_target("bf16"))
-    assert not isinstance(traced, str), traced
+    found = user_memory_set(shape, "bf16", cast=False, target=gpu_target("bf16"))
+    traced_as, traced = found.traced_as, found.memory
+    assert not isinstance(traced, str) and traced_as is not None, traced
     assert traced.whole and traced_as.blocks is None  # nothing to check cut passes against: whole
     for mode in shape.modes:
         direct = from_trace(_trace("build", mode, {"micro_batch": 6, "seq_len": 64}, resize_from=2)["memory"])
@@ -142,10 +143,16 @@ def test_a_users_alike_blocks_are_traced_at_one_and_two_and_keep_what_the_whole_
     of the whole model count."""
     shape = UserShape(f"{BLOCKS}:build", 2, 64, None, ("none", "full", "layer:2", "op"))
     whole_pass = WholePass(_trace("build", "none"), "none")
-    cut_as, cut = user_memory_set(shape, "bf16", cast=True, target=gpu_target("bf16"), whole=whole_pass)
-    whole_as, whole = user_memory_set(shape, "bf16", cast=True, target=gpu_target("bf16"))
-    assert not isinstance(cut, str) and not isinstance(whole, str), (cut, whole)
+    cut_set = user_memory_set(shape, "bf16", cast=True, target=gpu_target("bf16"), whole=whole_pass)
+    whole_set = user_memory_set(shape, "bf16", cast=True, target=gpu_target("bf16"))
+    (cut_as, cut), whole = (cut_set.traced_as, cut_set.memory), whole_set.memory
+    assert not isinstance(cut, str) and not isinstance(whole, str) and cut_as is not None, (cut, whole)
     assert (cut_as.blocks, cut.blocks, cut.whole) == (4, 4, False) and whole.whole
+    # the cut passes at 2 and 3 samples stand for the search's candidates (topoprof/model/inputs/sampled.py),
+    # those for the GPU predicted alone; a model traced whole gives none
+    assert cut_set.sampled is not None and whole_set.sampled is None
+    assert {(mode, m, d) for mode in ("none", "full", "op") for m in (2, 3) for d in (1, 2)} == set(
+        cut_set.sampled.for_target(gpu_target("bf16")))
     assert "cut to its first 1 and 2 blocks" in cut.source
     for mode in shape.modes:
         for samples in (1, 2, 7):
@@ -157,9 +164,10 @@ def test_a_users_alike_blocks_are_traced_at_one_and_two_and_keep_what_the_whole_
 
 def test_blocks_of_one_class_that_are_not_alike_are_traced_whole():
     shape = UserShape(f"{BLOCKS}:unlike", 2, 64, None, ("none", "full"))
-    traced_as, traced = user_memory_set(shape, "bf16", cast=False, target=gpu_target("bf16"),
-                                        whole=WholePass(_trace("unlike", "none"), "none"))
-    assert traced_as.blocks is None and not isinstance(traced, str) and traced.whole
+    found = user_memory_set(shape, "bf16", cast=False, target=gpu_target("bf16"),
+                            whole=WholePass(_trace("unlike", "none"), "none"))
+    traced_as, traced = found.traced_as, found.memory
+    assert traced_as is not None and traced_as.blocks is None and not isinstance(traced, str) and traced.whole
 
 
 def test_cut_passes_stand_for_the_whole_only_where_they_extend_to_it_exactly():

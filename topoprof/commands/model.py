@@ -119,7 +119,7 @@ def model(**opts):
         plan = plan_search(inputs, applying_strategies(payload))
         shape = candidate_shape(inputs, request, plan, evidence.user_blocks)
         passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,
-                                   whole_pass(evidence.user, request.workload))
+                                   whole_pass(evidence.user, request.workload), evidence.sampled)
         payload = {"fits": fits_payload(inputs, plan, passes, evidence.pricing), **payload}
     doc = envelope("model", payload)
     # the text reads what the JSON holds, through the one reader a scan's report reads it with

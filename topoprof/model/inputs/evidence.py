@@ -12,6 +12,7 @@ from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
+from topoprof.model.inputs.sampled import SampledPasses
 from topoprof.model.inputs.user_record import ReadyOrder, flop_order_reason
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.specs.messages import TraceFailure
@@ -68,6 +69,8 @@ class Evidence:
     # the GPU predicted, with its datasheet row: named (--gpu, or a --gpu-profile's device), else
     # the one a preset was timed on
     gpu: NamedGpu | None = None
+    # the memory's passes at 2 and 3 samples, which the search's candidates extend (`sampled`)
+    sampled: SampledPasses | None = None
 
 
 def timing_stands(record: dict, compute: ComputeRequest) -> bool:

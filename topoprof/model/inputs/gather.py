@@ -49,10 +49,16 @@ from topoprof.model.inputs.evidence import (
     what_if_priced,
 )
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest, WorkloadRequest
-from topoprof.model.inputs.traces import candidate_passes, main_and_memory, trace_for_gpu, traced_memory_of
+from topoprof.model.inputs.sampled import SampledPasses
+from topoprof.model.inputs.traces import (
+    MemoryPasses,
+    candidate_passes,
+    main_and_memory,
+    trace_for_gpu,
+    traced_memory_of,
+)
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import choose_ready_order, stated_shape, trace_wanted
-from topoprof.model.memory.traced import TracedMemory
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
 from topoprof.workload.presets import context_sequences, is_vision
@@ -77,17 +83,18 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     memory_wanted = (gpu is not None and request.memory.activation_memory_gb is None
                      and not _measured_memory_stands(user, compute))
     memory_target = gpu_target(compute.precision, gpu) if memory_wanted else None
-    main, traced, blocks = None, None, None
+    main, memory = None, None
     if not w.user_model:
-        main, traced = _preset_passes(w, compute, profile, gpu, timed, memory_target, say)
+        main, memory = _preset_passes(w, compute, profile, gpu, timed, memory_target, say)
     elif memory_target is not None:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
-        blocks, traced = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights(),
-                                          whole_pass(user, w))
+        memory = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights(), whole_pass(user, w))
     pricing = pricing_for(_priced_gpu(compute, gpu, user), compute.precision, compute.compiled, profile,
                           compute.gpu_profile)
-    return Evidence(request, compute, pricing, profile, calibration, user, timed, main, traced, blocks,
-                    gather_links(request.cluster, say), gpu)
+    traced_as = memory.traced_as if memory is not None else None
+    return Evidence(request, compute, pricing, profile, calibration, user, timed, main,
+                    memory.memory if memory is not None else None, traced_as.blocks if traced_as else None,
+                    gather_links(request.cluster, say), gpu, memory.sampled if memory is not None else None)
 
 
 def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
@@ -101,7 +108,7 @@ def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRu
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
                    timed: dict | None, memory_target: dict | None, say: Progress
-                   ) -> tuple[MainTrace | None, TracedMemory | str | None]:
+                   ) -> tuple[MainTrace | None, MemoryPasses | None]:
     """A preset's or `--params` model's main pass (`main_trace_wanted`) for the GPU predicted and
     the passes its memory is counted from for `memory_target` (None: not wanted), in one worker
     where both are run."""
@@ -118,7 +125,7 @@ def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceP
     main = _main_trace(request, w, compute, profile, gpu, say)
     if memory_target is None:
         return main, None
-    return main, traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights())[1]
+    return main, traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights())
 
 
 def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:
@@ -233,11 +240,12 @@ def _main_trace(request: TraceRequest | MainTrace | None, w: WorkloadRequest, co
 
 
 def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[str, int], ...], pricing: Pricing,
-                      progress: Progress | None = None, whole: WholePass | None = None
-                      ) -> CandidatePasses | str | None:
+                      progress: Progress | None = None, whole: WholePass | None = None,
+                      sampled: SampledPasses | None = None) -> CandidatePasses | str | None:
     """The second round, once the memory has named the search's candidates (`wanted`): their
     passes on meta (`search.candidate_shape`; None: their compute is not priced here) for the
-    device `pricing` prices them for, or why they failed."""
+    device `pricing` prices them for, extended from the memory's passes (`sampled`) where they
+    stand for them (`traces.candidate_passes`), or why they failed."""
     if shape is None:
         return None
     if progress is not None:
@@ -245,7 +253,7 @@ def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[
                "passes of the model, cut to 1 and 2 blocks where they are alike" if whole is not None else
                "passes of the whole model")
         progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
-    return candidate_passes(shape, list(wanted), pricing_target(pricing), whole)
+    return candidate_passes(shape, list(wanted), pricing_target(pricing), whole, sampled)
 
 
 def param_count(w: WorkloadRequest) -> int:

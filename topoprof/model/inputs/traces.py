@@ -21,7 +21,7 @@ compute (`candidate_passes`). Its callable builds each size where it takes `micr
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from topoprof.measure.meta_trace import trace_model, trace_models
@@ -45,8 +45,26 @@ from topoprof.model.inputs.candidates import (
     model_shape,
     user_shape,
 )
+from topoprof.model.inputs.sampled import Key, SampledPasses, extend, to_trace_first
 from topoprof.model.memory.traced import TracedMemory, from_trace
 from topoprof.specs.messages import TraceFailure
+
+
+@dataclass(frozen=True)
+class MemoryPasses:
+    """What the memory's passes give: the memory (or why the passes failed), the passes at
+    SAMPLES for the GPU the memory is counted for, which the search's candidates extend
+    (`sampled`), and a user's model as traced (its alike blocks, where its passes were cut to them)."""
+
+    memory: TracedMemory | str
+    sampled: SampledPasses | None = None
+    traced_as: UserShape | None = None
+
+
+def _sampled(target: dict, keys: list[tuple], traces: list, variant: str = "autocast") -> SampledPasses:
+    """The passes keyed (variant, mode, depth, samples) of `variant`, keyed as candidates key theirs."""
+    return SampledPasses(target, {(mode, m, d): t for (v, mode, d, m), t in zip(keys, traces)
+                                  if v == variant and isinstance(t, dict)})
 
 
 def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth: int | None = None) -> dict:
@@ -95,10 +113,10 @@ def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[
 
 
 def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
-                    whole: WholePass | None = None) -> tuple[UserShape, TracedMemory | str]:
+                    whole: WholePass | None = None) -> MemoryPasses:
     """A user's model traced for the GPU `target` (`traced.gpu_target`) at 2 and 3 samples under
     each searched mode, by its first 1 and 2 blocks where they are alike (`user_passes`), else
-    whole; (the shape as traced, its memory or why not)."""
+    whole: its memory or why not, and the shape as traced."""
     targets = {"autocast": target}
     if cast and precision != "fp32":
         targets["cast"] = {**target, "weights": "cast"}
@@ -112,7 +130,7 @@ def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
 
     shape, traces = user_passes(shape, plan, whole)
     if isinstance(traces, str):
-        return shape, traces
+        return MemoryPasses(traces, traced_as=shape)
     points: dict = {}
     if shape.blocks is not None:
         for (v, mode, d, m), trace in traces.items():
@@ -120,12 +138,13 @@ def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
         source = (f"passes of {shape.spec} cut to its first 1 and 2 blocks at {SAMPLES[0]} and {SAMPLES[1]} samples "
                   f"on meta, extended to its {shape.blocks} blocks (each keeps what the others do: the cut passes "
                   "extended are its whole pass) and the micro-batch (each sample the same)")
-        return shape, TracedMemory(shape.blocks, shape.seq_len or 0, points, source)
+        return MemoryPasses(TracedMemory(shape.blocks, shape.seq_len or 0, points, source),
+                            _sampled(target, list(traces), list(traces.values())), shape)
     for (v, mode, m), trace in traces.items():
         points.setdefault((v, mode), {})[(1, m)] = from_trace(trace["memory"])
     source = (f"passes of {shape.spec} whole at {SAMPLES[0]} and {SAMPLES[1]} samples on meta, extended to the "
               "micro-batch (each sample the same)")
-    return shape, TracedMemory(1, 0, points, source, whole=True)
+    return MemoryPasses(TracedMemory(1, 0, points, source, whole=True), traced_as=shape)
 
 
 def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dict:
@@ -133,16 +152,16 @@ def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dic
             "stated": {"micro_batch": samples, "seq_len": seq}, "target": target}
 
 
-def memory_set(shape: ModelShape, precision: str, cast: bool, target: dict) -> TracedMemory | str:
+def memory_set(shape: ModelShape, precision: str, cast: bool, target: dict) -> MemoryPasses:
     """The memory passes (module docstring) for the GPU `target` (as `user_memory_set`), or why they failed."""
     keys, variants = _memory_variants(shape, precision, cast, target)
     traces = trace_models(shape.spec, shape.kwargs, variants)
-    return traces.reason if isinstance(traces, TraceFailure) else _memory_of(shape, keys, traces)
+    return MemoryPasses(traces.reason) if isinstance(traces, TraceFailure) else _memory_of(shape, keys, traces, target)
 
 
 def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, precision: str, cast: bool,
                     memory_target: dict, progress: Callable[[str], None] | None = None
-                    ) -> tuple[dict | TraceFailure, TracedMemory | str]:
+                    ) -> tuple[dict | TraceFailure, MemoryPasses]:
     """The main pass (`trace_for_gpu`'s, for `target`) and the memory passes (`memory_set`'s, for
     `memory_target`) of one preset or `--params` model in one worker: one start and one torch
     import where two would be the same. The main pass is a variant that keeps the whole trace,
@@ -151,8 +170,8 @@ def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, prec
     main = {"kwargs": request.kwargs, "stated": request.stated, "target": target, "whole": True}
     traces = trace_models(shape.spec, shape.kwargs, [main, *variants], progress=progress)
     if isinstance(traces, TraceFailure):
-        return traces, traces.reason
-    return traces[0], _memory_of(shape, keys, traces[1:])
+        return traces, MemoryPasses(traces.reason)
+    return traces[0], _memory_of(shape, keys, traces[1:], memory_target)
 
 
 def _memory_variants(shape: ModelShape, precision: str, cast: bool, target: dict) -> tuple[list[tuple], list[dict]]:
@@ -163,53 +182,79 @@ def _memory_variants(shape: ModelShape, precision: str, cast: bool, target: dict
     return keys, [_variant(mode, d, m, shape.seq_len, targets[v]) for v, mode, d, m in keys]
 
 
-def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[dict | TraceFailure]) -> TracedMemory | str:
+def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[dict | TraceFailure], target: dict) -> MemoryPasses:
     points: dict = {}
     for (v, mode, d, m), trace in zip(keys, traces):
         why = _why_not(trace)
         if why is not None or not isinstance(trace, dict):
-            return f"{mode} at {d} block(s) x {m}: {why}"
+            return MemoryPasses(f"{mode} at {d} block(s) x {m}: {why}")
         points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
     source = (f"passes of {shape.label} at 1 and 2 blocks and {SAMPLES[0]} and {SAMPLES[1]} sequences of "
               f"{shape.seq_len} tokens on meta, "
               f"extended to {shape.blocks} blocks (each keeps the same) and the micro-batch (each sequence the same)")
-    return TracedMemory(shape.blocks, shape.seq_len, points, source)
+    return MemoryPasses(TracedMemory(shape.blocks, shape.seq_len, points, source), _sampled(target, keys, traces))
 
 
 def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]], target: dict,
-                     whole: WholePass | None = None) -> CandidatePasses | str:
-    """The passes for `wanted` on meta for the `target` device (one worker), or why they failed: a
-    user's model by its first 1 and 2 blocks where they are alike (`user_passes`), else whole."""
-    if isinstance(shape, UserShape):
-        def plan(at: UserShape) -> list[tuple[tuple, dict]]:
-            if by_blocks(at):
-                return [((mode, m, d), _user_variant(at, mode, m, target, d))
-                        for mode, m in block_passes(at, wanted) for d in DEPTHS]
-            return [((mode, m), _user_variant(at, mode, m, target)) for mode, m in wanted]
+                     whole: WholePass | None = None, sampled: SampledPasses | None = None) -> CandidatePasses | str:
+    """The passes for `wanted` on meta for the `target` device, or why they failed: at 1 and 2
+    blocks (a preset's, a user's model's whose blocks are alike), each traced or extended from the
+    memory's passes at SAMPLES (`sampled`, where they were traced for `target`: `by_samples`);
+    else a user's model whole, or by its first 1 and 2 blocks where they are found alike (`user_passes`)."""
+    known = sampled.for_target(target) if sampled is not None else {}
+    if isinstance(shape, ModelShape) or shape.blocks is not None:
+        keys = [(mode, m, d) for mode, m in block_passes(shape, wanted) for d in DEPTHS]
+        passes = by_samples(keys, known, lambda some: _block_passes(shape, some, target))
+        return passes if isinstance(passes, str) else CandidatePasses(shape, tuple(wanted), passes)
 
-        traced, passes = user_passes(shape, plan, whole)
-        return passes if isinstance(passes, str) else CandidatePasses(traced, tuple(wanted), passes)
-    keys = [(mode, sequences, d) for mode, sequences in block_passes(shape, wanted) for d in DEPTHS]
-    traces = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target)
-                                                     for mode, m, d in keys])
-    if isinstance(traces, TraceFailure):
-        return traces.reason
-    return CandidatePasses(shape, tuple(wanted), dict(zip(keys, traces)))
+    def plan(at: UserShape) -> list[tuple[tuple, dict]]:
+        if by_blocks(at):
+            return [((mode, m, d), _user_variant(at, mode, m, target, d))
+                    for mode, m in block_passes(at, wanted) for d in DEPTHS]
+        return [((mode, m), _user_variant(at, mode, m, target)) for mode, m in wanted]
+
+    traced, found = user_passes(shape, plan, whole)
+    return found if isinstance(found, str) else CandidatePasses(traced, tuple(wanted), found)
+
+
+def _block_passes(shape: ModelShape | UserShape, keys: list[Key], target: dict) -> dict | str:
+    """The passes of `keys` (mode, samples, depth) traced in one worker, or why they failed: a
+    user's model's, the first failure's reason (`_user_traces`); a preset's, each its own failure."""
+    if isinstance(shape, UserShape):
+        traces = _user_traces(shape, [_user_variant(shape, mode, m, target, d) for mode, m, d in keys])
+        return traces if isinstance(traces, str) else dict(zip(keys, traces))
+    found = trace_models(shape.spec, shape.kwargs, [_variant(mode, d, m, shape.seq_len, target) for mode, m, d in keys])
+    return found.reason if isinstance(found, TraceFailure) else dict(zip(keys, found))
+
+
+def by_samples(keys: list[Key], known: dict[Key, dict], trace: Callable[[list[Key]], dict | str]) -> dict | str:
+    """The passes of `keys`: `trace`d (one worker a call) where no known pass at SAMPLES extends to
+    them or its mode's check failed, else extended (`topoprof.model.inputs.sampled`); or why the
+    tracing failed."""
+    first = to_trace_first(keys, known)
+    traced = trace(first) if first else {}
+    if isinstance(traced, str):
+        return traced
+    extended, rest = extend(keys, known, traced)
+    more = trace(rest) if rest else {}
+    if isinstance(more, str):
+        return more
+    passes = {**traced, **extended, **more}
+    return {key: passes[key] for key in keys}
 
 
 def traced_memory_of(w, target: dict, precision: str, cast: bool,
-                     whole: WholePass | None = None) -> tuple[int | None, TracedMemory | str | None]:
+                     whole: WholePass | None = None) -> MemoryPasses | None:
     """The passes a `WorkloadRequest`'s model is counted from for the GPU `target` (`cast`: also with
     the weights cast, for FSDP's 16-bit param_dtype), why they failed, or None where a preset or
     `--params` has no sequence to trace (an image model, or no --tokens: the main pass alone
     counts it); with a user's model's alike blocks where they were found so (`user_passes`)."""
     if w.user_model:
-        traced_as, traced = user_memory_set(user_shape(w), precision, cast=cast, target=target, whole=whole)
-        return traced_as.blocks, traced
+        return user_memory_set(user_shape(w), precision, cast=cast, target=target, whole=whole)
     shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     if isinstance(shape, str):
-        return None, None
-    return None, memory_set(shape, precision, cast=cast, target=target)
+        return None
+    return memory_set(shape, precision, cast=cast, target=target)
 
 
 def trace_for_gpu(request: TraceRequest, target: dict, progress=None) -> dict | TraceFailure:
