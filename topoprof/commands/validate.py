@@ -50,7 +50,8 @@ from topoprof.report.text_validate import render_validate
               help="Train the synthetic model with its blocks checkpointed: none, full, layer:N or op (torchtitan's "
                    "modes); every mode's step and numerics are checked under it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch threads per CPU rank (default: the cores divided among the ranks).")
+              help="torch threads per CPU rank (default: the cores it may use divided among the ranks, at most "
+                   "OMP_NUM_THREADS where it is set).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True)
 @click.option("--save-calibration", "save_calibration_to", type=click.Path(dir_okay=False),
