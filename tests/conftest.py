@@ -1,7 +1,19 @@
 import os
 import sys
+import tempfile
 
 import pytest
+
+# Each command a test runs, and each fork server it starts, is a Python process that imports the
+# project anew; each pytest-xdist worker rewrites every test module's asserts as it collects them.
+# Where bytecode is not written (PYTHONDONTWRITEBYTECODE, as on this project's CI machines) every
+# one of them compiles all it imports from source: a command's start took 0.75 s instead of 0.52,
+# a worker's collection 14.7 s instead of 5.6. Written once into a cache folder outside the source
+# tree (PYTHONPYCACHEPREFIX), the bytecode is read by every later process of the suite.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write_bytecode:
+    sys.dont_write_bytecode = False
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "topoprof-tests-pycache"))
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
 
 # tests/ holds shared helpers (fake_nvml, helpers.netns) imported by bare name.
 sys.path.insert(0, os.path.dirname(__file__))
