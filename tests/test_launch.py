@@ -234,6 +234,18 @@ def test_a_server_whose_launcher_is_gone_leaves_at_once():
     assert "is gone" not in kept.stderr and "torch" in _imported(kept.stderr)
 
 
+def test_the_server_warms_dynamo_only_after_a_rank_that_uses_it():
+    """A bench's server (collectives alone) leaves torch._dynamo unimported; a server that has
+    forked a training, trace or timing rank imports it for the ranks after it."""
+    from topoprof.probes.ranks.fork_server import WITHOUT_DYNAMO, dynamo_wanted
+    from topoprof.probes.ranks.rank_main import WORKERS
+
+    assert WITHOUT_DYNAMO < set(WORKERS)
+    assert not dynamo_wanted(set()) and not dynamo_wanted({"collectives", "nodes", "sleep"})
+    for worker in set(WORKERS) - WITHOUT_DYNAMO:
+        assert dynamo_wanted({"collectives", worker}), worker
+
+
 def test_ranks_die_with_a_killed_launcher(tmp_path):
     """Even SIGKILL of the CLI itself leaves no rank behind (each rank's PR_SET_PDEATHSIG). The
     ranks are silent when it dies, rank 1 asleep for an hour and rank 0 waiting for it in a

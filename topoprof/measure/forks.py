@@ -56,10 +56,11 @@ class ForkServer:
     def alive(self) -> bool:
         return not self._gone and self.proc.poll() is None
 
-    def fork(self, env: dict, log_fd: int, result_fd: int, timeout_s: float) -> "ForkedRank":
-        """A rank with this environment, its stdout and stderr on log_fd, its messages on result_fd."""
+    def fork(self, env: dict, worker: str, log_fd: int, result_fd: int, timeout_s: float) -> "ForkedRank":
+        """A rank of `worker` with this environment, its stdout and stderr on log_fd, its messages
+        on result_fd."""
         try:
-            socket.send_fds(self._sock, [json.dumps({"env": env}).encode()], [log_fd, result_fd])
+            socket.send_fds(self._sock, [json.dumps({"env": env, "worker": worker}).encode()], [log_fd, result_fd])
         except OSError as err:
             raise ForkServerGone(self._why(f"could not be reached ({err})")) from None
         deadline = time.monotonic() + timeout_s

@@ -215,7 +215,7 @@ def _start_ranks(spec: JobSpec, log_dir: str, ranks: list) -> None:
         log_path = os.path.join(log_dir, f"rank{rank}.log")
         try:
             with open(log_path, "wb") as log:
-                proc = server.fork(_rank_env(spec, rank, port, job_file), log.fileno(), write_fd,
+                proc = server.fork(_rank_env(spec, rank, port, job_file), spec.worker, log.fileno(), write_fd,
                                    spec.startup_timeout_s)
         except BaseException:
             reader.close()
