@@ -19,6 +19,7 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write
 sys.path.insert(0, os.path.dirname(__file__))
 
 from helpers.cli import ModelRuns  # noqa: E402 - found through the path set above
+from helpers.shared_fork_server import SharedForkServer  # noqa: E402 - found through the path set above
 
 # pytest-xdist runs one worker per core: torch in each (and in the commands and ranks they start)
 # takes one thread, as torchrun's OMP_NUM_THREADS=1 default for several processes on one machine
@@ -26,6 +27,20 @@ from helpers.cli import ModelRuns  # noqa: E402 - found through the path set abo
 # and OpenMP's idle threads spin on them. Set before any test imports torch; a value given is kept.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_sessionstart(session):
+    """A process that runs tests starts the fork server its commands share (`SharedForkServer`),
+    once the environment above is set; pytest-xdist's controller runs none."""
+    if hasattr(session.config, "workerinput") or not session.config.getoption("numprocesses", None):
+        session.config.shared_fork_server = SharedForkServer()
+        session.config.shared_fork_server.name_it()
+
+
+def pytest_sessionfinish(session):
+    server = getattr(session.config, "shared_fork_server", None)
+    if server is not None:
+        server.stop()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.helpers.cli import topoprof as _cli
+from tests.helpers.shared_fork_server import own_fork_server
 from topoprof.measure.bench import BenchOptions, run_bench
 from topoprof.specs.collective_spec import COLLECTIVES, size_sweep
 
@@ -82,13 +83,14 @@ def test_killed_rank_ends_the_cli_with_exit_3_and_keeps_rows(tmp_path):
     out = tmp_path / "bench.json"
     cli = subprocess.Popen([sys.executable, "-m", "topoprof", "bench", "--nproc", "2", "-b", "64K", "-e", "64M",
                             "-n", "20", "-w", "2", "--out", str(out)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=own_fork_server(dict(os.environ)))
     lines = []
     for line in cli.stdout:  # wait for the first measured rows, then kill rank 1
         lines.append(line)
         if sum(1 for ln in lines if ln.strip() and not ln.startswith("#")) >= 2:
             break
-    # each rank is forked from the CLI's fork server, and named for its rank
+    # each rank is forked from the CLI's own fork server, and named for its rank
     ranks = [p for p in psutil.Process(cli.pid).children(recursive=True) if p.name().startswith("topoprof-rank")]
     victim = next(p for p in ranks if p.name() == "topoprof-rank1")
     victim.send_signal(signal.SIGKILL)

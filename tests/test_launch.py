@@ -13,6 +13,7 @@ import time
 import pytest
 
 from topoprof.measure.launch import JobSpec, as_message, external_job, launch_local
+from topoprof.specs.fork_protocol import SHARED_SERVER_VAR
 from topoprof.specs.messages import SleepJob, SleepStep
 
 
@@ -124,7 +125,42 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def test_ranks_are_forked_from_a_server_started_with_no_python_before_exec(monkeypatch):
+@pytest.fixture
+def own_servers(monkeypatch):
+    """This process starts fork servers of its own: no shared one is named, and none is kept
+    from before."""
+    from topoprof.measure import forks
+
+    monkeypatch.delenv(SHARED_SERVER_VAR, raising=False)
+    monkeypatch.setattr(forks, "_SERVERS", {})
+    yield
+    for server in forks._SERVERS.values():
+        server.close()
+
+
+@pytest.fixture
+def shared_server(request, monkeypatch):
+    """The session's shared fork server, listening, and named to this process, which has no
+    server from before."""
+    from topoprof.measure import forks
+
+    server = request.config.shared_fork_server
+    server.wait_ready()
+    monkeypatch.setenv(SHARED_SERVER_VAR, server.path)
+    monkeypatch.setattr(forks, "_SERVERS", {})
+    yield server
+    for own in forks._SERVERS.values():
+        own.close()
+
+
+@pytest.fixture(params=["own", "shared"])
+def either_server(request):
+    """Each test that uses it runs twice: with a fork server of this process's own, and with a
+    fork of the shared one."""
+    return request.getfixturevalue("shared_server" if request.param == "shared" else "own_servers")
+
+
+def test_ranks_are_forked_from_a_server_started_with_no_python_before_exec(monkeypatch, own_servers):
     """No preexec_fn (unsafe with threads and a CUDA context in the launcher, and it forces fork
     over vfork/posix_spawn): the fork server is started in a session of its own by
     start_new_session, and each rank forked from it leads its own session and process group,
@@ -139,7 +175,6 @@ def test_ranks_are_forked_from_a_server_started_with_no_python_before_exec(monke
         return real_popen(*args, **kwargs)
 
     monkeypatch.setattr(launch.forks.subprocess, "Popen", spy)
-    monkeypatch.setattr(forks, "_SERVERS", {})   # this test's own server, started by its first launch
     seen = {}
 
     def on_message(rank, wire):
@@ -147,22 +182,65 @@ def test_ranks_are_forked_from_a_server_started_with_no_python_before_exec(monke
         if isinstance(msg, SleepStep):
             seen[msg.pid] = (os.getsid(msg.pid), os.getpgid(msg.pid), _parent(msg.pid))
 
-    try:
-        for _ in range(2):
-            run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
-            assert run.failure is None
-        (server,) = forks._SERVERS.values()
-        assert len(popen_kwargs) == 1
-        assert popen_kwargs[0].get("preexec_fn") is None and popen_kwargs[0].get("start_new_session") is True
-        assert len(seen) == 4 and all(sid == pgid == pid for pid, (sid, pgid, _) in seen.items())
-        assert {parent for _, _, parent in seen.values()} == {server.proc.pid}
-        assert os.getsid(0) not in {sid for sid, _, _ in seen.values()}
-    finally:
-        for server in forks._SERVERS.values():
-            server.close()
+    for _ in range(2):
+        run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
+        assert run.failure is None
+    (server,) = forks._SERVERS.values()
+    assert len(popen_kwargs) == 1
+    assert popen_kwargs[0].get("preexec_fn") is None and popen_kwargs[0].get("start_new_session") is True
+    assert len(seen) == 4 and all(sid == pgid == pid for pid, (sid, pgid, _) in seen.items())
+    assert {parent for _, _, parent in seen.values()} == {server.pid} and server.proc is not None
+    assert os.getsid(0) not in {sid for sid, _, _ in seen.values()}
 
 
-def test_a_server_that_cannot_start_fails_the_launch_saying_why_and_the_next_starts_anew():
+def test_a_shared_server_serves_each_launcher_by_a_fork_of_its_own_where_its_imports_are_the_same(
+        shared_server, monkeypatch, tmp_path):
+    """Both launches of one launcher fork their ranks from one fork of the shared server, which runs
+    them from the launcher's working directory; a launcher whose environment torch reads on import
+    differs, or a job with an environment of its own, gets a server of its own."""
+    from topoprof.measure import forks
+
+    parents = {}
+
+    def on_message(rank, wire):
+        msg = as_message(wire, SleepStep)
+        if isinstance(msg, SleepStep):
+            parents[msg.pid] = _parent(msg.pid)
+            assert os.readlink(f"/proc/{msg.pid}/cwd") == str(tmp_path)
+
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
+        assert run.failure is None
+    (server,) = forks._SERVERS.values()
+    assert server.proc is None and _parent(server.pid) == shared_server.proc.pid
+    assert len(parents) == 4 and set(parents.values()) == {server.pid}
+
+    own = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 1, "gloo", timeout_s=30, env={"X": "1"}))
+    assert own.failure is None and [s.proc is None for s in forks._SERVERS.values()] == [True, False]
+    assert forks.ForkServer.join(shared_server.path, dict(os.environ, OMP_NUM_THREADS="3")) is None
+    assert forks.ForkServer.join(shared_server.path + ".absent", dict(os.environ)) is None
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) > 1:   # confined to fewer CPUs, as a SLURM job may be: its ranks would not be
+        os.sched_setaffinity(0, {min(cpus)})
+        try:
+            assert forks.ForkServer.join(shared_server.path, dict(os.environ)) is None
+        finally:
+            os.sched_setaffinity(0, cpus)
+
+
+def test_fingerprints_that_differ_say_where():
+    from topoprof.specs.fork_protocol import how_they_differ, import_fingerprint, server_env
+
+    ours = import_fingerprint(server_env({"PYTHONPATH": "/a::/a", "OMP_NUM_THREADS": "1", "HOME": "/x"}))
+    assert how_they_differ(ours, import_fingerprint(server_env({"PYTHONPATH": "/a", "OMP_NUM_THREADS": "1"}))) is None
+    theirs = import_fingerprint(server_env({"PYTHONPATH": "/a", "OMP_NUM_THREADS": "2"}))
+    assert how_they_differ(ours, theirs) == "its OMP_NUM_THREADS is '2', not '1'"
+    moved = dict(ours, process=dict(ours["process"], **{"net namespace": "net:[1]"}))
+    assert how_they_differ(ours, moved).startswith("its net namespace is 'net:[1]'")
+
+
+def test_a_server_that_cannot_start_fails_the_launch_saying_why_and_the_next_starts_anew(own_servers):
     from topoprof.measure import forks
 
     broken = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30,
@@ -176,7 +254,7 @@ def test_a_server_that_cannot_start_fails_the_launch_saying_why_and_the_next_sta
     assert again.failure is None
 
 
-def test_a_killed_server_takes_its_ranks_with_it_and_the_next_launch_starts_another():
+def test_a_killed_server_takes_its_ranks_with_it_and_the_next_launch_starts_another(either_server):
     from topoprof.measure import forks
 
     pids = {}
@@ -186,9 +264,9 @@ def test_a_killed_server_takes_its_ranks_with_it_and_the_next_launch_starts_anot
         if isinstance(msg, SleepStep):
             pids[rank] = msg.pid
             if len(pids) == 2 and not killed:
-                server = next(s for s in forks._SERVERS.values() if s.proc.pid == _parent(msg.pid))
-                killed.append(server.proc.pid)
-                os.kill(server.proc.pid, signal.SIGKILL)
+                server = next(s for s in forks._SERVERS.values() if s.pid == _parent(msg.pid))
+                killed.append(server.pid)
+                os.kill(server.pid, signal.SIGKILL)
 
     killed: list[int] = []
     result = launch_local(JobSpec("sleep", SleepJob(steps=50, sleep_s=0.05), 2, "gloo", timeout_s=30), on_message)
@@ -196,7 +274,7 @@ def test_a_killed_server_takes_its_ranks_with_it_and_the_next_launch_starts_anot
     assert not any(_alive(p) for p in pids.values())
     again = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30))
     assert again.failure is None
-    assert [s.proc.pid for s in forks._SERVERS.values() if s.alive()] not in ([], [killed[0]])
+    assert [s.pid for s in forks._SERVERS.values() if s.alive()] not in ([], [killed[0]])
 
 
 def _server_alone(launcher_pid: int):
@@ -246,7 +324,7 @@ def test_the_server_warms_dynamo_only_after_a_rank_that_uses_it():
         assert dynamo_wanted({"collectives", worker}), worker
 
 
-def test_ranks_die_with_a_killed_launcher(tmp_path):
+def test_ranks_die_with_a_killed_launcher(tmp_path, either_server):
     """Even SIGKILL of the CLI itself leaves no rank behind (each rank's PR_SET_PDEATHSIG). The
     ranks are silent when it dies, rank 1 asleep for an hour and rank 0 waiting for it in a
     barrier, so neither notices through its result pipe: only the signal ends them."""

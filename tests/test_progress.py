@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 
+from tests.helpers.shared_fork_server import own_fork_server
 from topoprof.progress import LiveProgress
 
 TIED = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "tied.py") + ":build"
@@ -76,7 +77,7 @@ def test_model_on_a_terminal_shows_progress_on_stderr_and_only_json_on_stdout():
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         proc = subprocess.Popen([sys.executable, "-m", "topoprof", "model", "--model", "tied.py:build", "--gpu",
                                  "h100-sxm", "--world-size", "1", "--no-sweep", "--json"], stdout=out, stderr=follower,
-                                cwd=os.path.dirname(TIED), env={**os.environ, "PYTHONPATH": root})
+                                cwd=os.path.dirname(TIED), env=own_fork_server({**os.environ, "PYTHONPATH": root}))
         os.close(follower)
         err = b""
         while True:
@@ -93,7 +94,9 @@ def test_model_on_a_terminal_shows_progress_on_stderr_and_only_json_on_stdout():
         doc = json.loads(out.read())
     assert doc["inputs"]["params"]["value"] > 0
     # the first line is drawn after DELAY_S: by then the command's own stage ("tracing ... on the meta
-    # device for h100-sxm", while its worker imports torch) may have given way to the worker's
+    # device for h100-sxm", while its worker imports torch) may have given way to the worker's. The
+    # command starts its own fork server, as a user's does: one shared by the suite's commands has
+    # imported torch already, and its worker's stages may all be over before the first line.
     assert b"\x1b[K" in err and (b"] tracing tied.py:build on the meta device for h100-sxm" in err
                                   or b"] tracing tied.py:build on meta" in err)
     assert b"] building tied.py:build on meta" in err

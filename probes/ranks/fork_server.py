@@ -17,6 +17,12 @@ The protocol, on a SOCK_SEQPACKET unix socket (one message a packet, each a JSON
 The server leaves when the socket closes, or, by PR_SET_PDEATHSIG, when its launcher dies; each
 rank dies with the server the same way (`rank_main.die_with_launcher`, the server named as the
 rank's launcher), so nothing outlives the launcher.
+
+`--listen PATH` makes a server that many launchers share (`listen`): whoever runs many commands, as
+the test suite does, starts it once and names PATH in TOPOPROF_FORK_SERVER
+(`topoprof.specs.fork_protocol`). A launcher connects, says hello, and is served as above by a fork
+of that server of its own, which leaves when the launcher's end of the socket closes, as it does
+when the launcher dies.
 """
 from __future__ import annotations
 
@@ -27,8 +33,10 @@ import select
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 
 from topoprof.probes.ranks import rank_main
+from topoprof.specs.fork_protocol import how_they_differ, import_fingerprint
 
 # <linux/prctl.h>: set the calling thread's name (15 bytes, what /proc/PID/comm shows)
 _PR_SET_NAME = 15
@@ -121,7 +129,8 @@ def _serve_one(sock: socket.socket, running: set[int], workers: set[str]) -> boo
     return True
 
 
-def _report_exits(sock: socket.socket, running: set[int]) -> None:
+def _ended_children() -> Iterator[tuple[int, int]]:
+    """(pid, exit code as subprocess.Popen.returncode has it) of each child that has ended, reaped."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -129,8 +138,13 @@ def _report_exits(sock: socket.socket, running: set[int]) -> None:
             return
         if pid == 0:
             return
+        yield pid, os.waitstatus_to_exitcode(status)
+
+
+def _report_exits(sock: socket.socket, running: set[int]) -> None:
+    for pid, code in _ended_children():
         running.discard(pid)
-        sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        sock.send(json.dumps({"exited": pid, "code": code}).encode())
 
 
 def dynamo_wanted(workers: set[str]) -> bool:
@@ -143,13 +157,11 @@ def _spare_core(running: set[int]) -> bool:
     return len(running) < len(os.sched_getaffinity(0))
 
 
-def main() -> None:
-    rank_main.die_with_launcher()
-    sock = socket.socket(fileno=int(os.environ.pop("TOPOPROF_FORK_SERVER_FD")))
-    _import_torch()
+def serve(sock: socket.socket, warm: bool) -> None:
+    """Fork the ranks one launcher asks for on `sock` and report their exits, until it closes the
+    socket; `warm`: torch._dynamo is imported already."""
     running: set[int] = set()
     workers: set[str] = set()
-    warm = False
     try:
         while True:
             # Exits are found by polling: a rank's end is seen within this long, which the
@@ -164,6 +176,90 @@ def main() -> None:
                 warm = True
     except (BrokenPipeError, ConnectionResetError):  # the launcher is gone
         return
+
+
+def listen(path: str) -> None:
+    """Be the server every launcher that connects to `path` shares: torch and torch._dynamo are
+    imported once, here, and each launcher is served by a fork of this process of its own (`serve`),
+    which leaves when that launcher closes its socket or dies. The socket exists only once the
+    imports are done: a launcher that comes earlier, or whose `import_fingerprint` differs, starts
+    a server of its own."""
+    rank_main.die_with_launcher()
+    fingerprint = import_fingerprint(dict(os.environ))   # before torch adds to the environment
+    _import_torch()
+    _import_dynamo()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(16)
+    while True:
+        readable, _, _ = select.select([listener], [], [], 1.0)
+        if readable:
+            conn, _ = listener.accept()
+            with conn:
+                _welcome(conn, listener, fingerprint)
+        _reap_servers()
+
+
+def _welcome(conn: socket.socket, listener: socket.socket, fingerprint: dict) -> None:
+    """Answer a launcher's hello: {"fingerprint": F, "cwd": D} with its server's log file. A
+    launcher whose fingerprint differs is refused ({"refused": why}); else a fork of this process
+    serves it, from its working directory, and says {"server": PID}."""
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, _MAX_PACKET, 1)
+    except OSError:
+        return
+    try:
+        hello = json.loads(data) if data else {}
+        why = "it sent no log file" if len(fds) != 1 else how_they_differ(fingerprint, hello.get("fingerprint", {}))
+        if why is not None:
+            conn.send(json.dumps({"refused": why}).encode())
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            _serve_launcher(conn, listener, fds[0], hello["cwd"])
+    except (OSError, ValueError):
+        return
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _serve_launcher(conn: socket.socket, listener: socket.socket, log_fd: int, cwd: str) -> None:
+    """In the fork that serves one launcher: its own session, its output on the launcher's log,
+    its working directory and path as a server the launcher started would have; never return."""
+    code = 1
+    try:
+        listener.close()
+        os.setsid()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        if sys.path and sys.path[0] == os.getcwd():  # `python -m` puts its directory first
+            sys.path[0] = cwd
+        os.chdir(cwd)
+        conn.send(json.dumps({"server": os.getpid()}).encode())
+        serve(conn, warm=True)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _reap_servers() -> None:
+    """Collect the exits of the forks that served launchers which have left."""
+    for _ in _ended_children():
+        pass
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--listen"] and len(sys.argv) == 3:
+        listen(sys.argv[2])
+        return
+    rank_main.die_with_launcher()
+    sock = socket.socket(fileno=int(os.environ.pop("TOPOPROF_FORK_SERVER_FD")))
+    _import_torch()
+    serve(sock, warm=False)
 
 
 if __name__ == "__main__":

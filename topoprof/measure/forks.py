@@ -3,7 +3,9 @@
 A rank started as a new interpreter imports torch (and torch._dynamo, at its first optimizer)
 before its first message: seconds, for every rank of every launch. The launcher keeps one fork
 server per thread and per job environment instead, started at its first launch and kept until
-this process ends, and asks it for each rank.
+this process ends, and asks it for each rank. Where a shared server is running (TOPOPROF_FORK_SERVER,
+as the test suite starts one for all its commands), a fork of it serves this process instead, and
+not even the first launch waits for torch.
 
 `ForkedRank` answers as much of subprocess.Popen as the launcher uses (pid, returncode, poll,
 wait). No torch here.
@@ -22,7 +24,11 @@ import tempfile
 import threading
 import time
 
-import topoprof
+from topoprof.specs.fork_protocol import SHARED_SERVER_VAR, import_fingerprint, server_env
+
+# How long a shared server may take to fork the one that serves this process (it has imported all
+# before it listens) before this process starts a server of its own instead.
+_JOIN_TIMEOUT_S = 10.0
 
 # this process's servers, by the thread that started each and its job's environment
 _SERVERS: dict[tuple, "ForkServer"] = {}
@@ -33,28 +39,58 @@ class ForkServerGone(Exception):
 
 
 class ForkServer:
-    """One `topoprof.probes.ranks.fork_server` process and its socket."""
+    """One `topoprof.probes.ranks.fork_server` process and its socket: one this process started
+    (`start`), or the fork of a shared server that serves this process alone (`join`)."""
 
-    def __init__(self, env: dict):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    def __init__(self, sock: socket.socket, log, pid: int, proc: subprocess.Popen | None = None):
+        self._sock = sock
         # its output, read back to say why it failed; a file with no name, which nothing leaves behind
-        self._log = tempfile.TemporaryFile()
-        # The server must import the same topoprof as this process, wherever it runs from.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(topoprof.__file__)))
-        env = dict(env, TOPOPROF_FORK_SERVER_FD=str(theirs.fileno()), TOPOPROF_LAUNCHER_PID=str(os.getpid()),
-                   PYTHONUNBUFFERED="1", PYTHONPATH=root + os.pathsep + env.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topoprof.probes.ranks.fork_server"], env=env, stdin=subprocess.DEVNULL,
-            stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
-            start_new_session=True,  # setsid() in subprocess's C code: no preexec_fn
-        )
-        theirs.close()
-        self._sock = ours
+        self._log = log
+        self.pid = pid
+        self.proc = proc     # None for a shared server's fork, which is not this process's child
         self._exits: dict[int, int] = {}
         self._gone = False
 
+    @classmethod
+    def start(cls, env: dict) -> "ForkServer":
+        """A server of this process's own, started with `env`."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log = tempfile.TemporaryFile()
+        env = dict(server_env(env), TOPOPROF_FORK_SERVER_FD=str(theirs.fileno()),
+                   TOPOPROF_LAUNCHER_PID=str(os.getpid()))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "topoprof.probes.ranks.fork_server"], env=env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
+            start_new_session=True,  # setsid() in subprocess's C code: no preexec_fn
+        )
+        theirs.close()
+        return cls(ours, log, proc.pid, proc)
+
+    @classmethod
+    def join(cls, path: str, env: dict) -> "ForkServer | None":
+        """A fork of the shared server listening at `path`, serving this process alone; None where
+        there is none ready there, or it refuses this process (its imports would differ from those
+        of a server started with `env`)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log = tempfile.TemporaryFile()
+        try:
+            sock.connect(path)
+            hello = {"fingerprint": import_fingerprint(server_env(env)), "cwd": os.getcwd()}
+            socket.send_fds(sock, [json.dumps(hello).encode()], [log.fileno()])
+            # the shared server only forks: it answers at once, unless it is stuck
+            with selectors.DefaultSelector() as sel:
+                sel.register(sock, selectors.EVENT_READ)
+                reply = json.loads(sock.recv(1 << 16) or b"{}") if sel.select(_JOIN_TIMEOUT_S) else {}
+        except (OSError, ValueError):
+            reply = {}
+        if "server" not in reply:
+            sock.close()
+            log.close()
+            return None
+        return cls(sock, log, int(reply["server"]))
+
     def alive(self) -> bool:
-        return not self._gone and self.proc.poll() is None
+        return not self._gone and (self.proc is None or self.proc.poll() is None)
 
     def fork(self, env: dict, worker: str, log_fd: int, result_fd: int, timeout_s: float) -> "ForkedRank":
         """A rank of `worker` with this environment, its stdout and stderr on log_fd, its messages
@@ -92,8 +128,10 @@ class ForkServer:
         """End the server now: its ranks have ended (the launcher waits for them), and what it may
         be importing for later ones is not needed."""
         self._sock.close()
-        self.proc.kill()
-        self.proc.wait()
+        # a shared server's fork leaves by itself once its socket is closed, and is not ours to reap
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
         self._log.close()
 
     def _receive(self, timeout_s: float) -> dict | None:
@@ -117,11 +155,13 @@ class ForkServer:
         return msg
 
     def _why(self, what: str) -> str:
-        try:  # a server that closed its socket is exiting: its code comes at once
-            code: int | None = self.proc.wait(timeout=5 if self._gone else 0)
-        except subprocess.TimeoutExpired:
-            code = None
-        ended = f" (it {'exited with code %d' % code if code is not None else 'is still running'})"
+        ended = ""
+        if self.proc is not None:
+            try:  # a server that closed its socket is exiting: its code comes at once
+                code: int | None = self.proc.wait(timeout=5 if self._gone else 0)
+            except subprocess.TimeoutExpired:
+                code = None
+            ended = f" (it {'exited with code %d' % code if code is not None else 'is still running'})"
         self._log.seek(0)
         lines = [line for line in self._log.read().decode(errors="replace").splitlines() if line.strip()]
         # the error a traceback or Python's own fatal error ends with names the cause; else the last line
@@ -164,14 +204,20 @@ def server_for(job_env: dict) -> ForkServer:
     """This thread's fork server for jobs with this environment, started on first use.
 
     Per thread: a server dies with the thread that started it (PR_SET_PDEATHSIG). Per job
-    environment: torch reads some of it when imported, which the server does once.
+    environment: torch reads some of it when imported, which the server does once. A job that
+    sets no environment of its own is served by a fork of the shared server that
+    TOPOPROF_FORK_SERVER names, where there is one ready that imported what this process's own
+    server would (`topoprof.specs.fork_protocol`).
     """
     key = (threading.get_ident(), tuple(sorted(job_env.items())))
     server = _SERVERS.get(key)
     if server is None or not server.alive():
         if server is not None:
             server.close()
-        server = _SERVERS[key] = ForkServer(dict(os.environ, **job_env))
+        env = dict(os.environ, **job_env)
+        shared = os.environ.get(SHARED_SERVER_VAR)
+        joined = ForkServer.join(shared, env) if shared and not job_env else None
+        server = _SERVERS[key] = joined or ForkServer.start(env)
     return server
 
 
