@@ -11,9 +11,9 @@ import os
 import pytest
 
 from topoprof.model.inputs.sampled import (
-    NOT_EXTENDED,
     SAMPLES,
     SampledPasses,
+    counts_of,
     extend,
     pass_at,
     same_counts,
@@ -169,7 +169,7 @@ def test_the_candidates_trace_each_modes_check_alone_and_a_broken_line_in_full(m
     everything = traces.candidate_passes(shape, wanted, H100_BF16)
     assert not isinstance(everything, str) and set(passes.traces) == set(everything.traces)
     for key, found in passes.traces.items():
-        assert _counts(found) == _counts(everything.traces[key]), key
+        assert counts_of(found) == counts_of(everything.traces[key]), key
 
     broken = copy.deepcopy(memory.sampled)
     broken.passes[("none", 3, 1)]["ops"][-1]["flops"] += 1
@@ -177,9 +177,5 @@ def test_the_candidates_trace_each_modes_check_alone_and_a_broken_line_in_full(m
     again = traces.candidate_passes(shape, wanted, H100_BF16, sampled=broken)
     assert not isinstance(again, str)
     assert [len(a) for a in asked] == [6, 2]  # none at 4 then traced, at both depths
-    assert all(_counts(found) == _counts(everything.traces[key]) for key, found in again.traces.items())
+    assert all(counts_of(found) == counts_of(everything.traces[key]) for key, found in again.traces.items())
 
-
-def _counts(traced: dict) -> dict:
-    """What a pass extended holds of the pass traced."""
-    return {k: v for k, v in traced.items() if k not in NOT_EXTENDED or k == "ready"}

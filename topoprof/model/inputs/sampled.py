@@ -22,8 +22,11 @@ from typing import Any
 
 from topoprof.model.inputs.candidates import SAMPLES
 
-NOT_EXTENDED = ("shape", "memory", "ready", "selective_checkpoint")
-MEASURED_HERE = "selective_checkpoint"
+# What a pass extended does not take from the counts (the module docstring says why of each):
+NOT_COUNTS = ("shape", "memory")            # the pass's own description, and its memory
+RECOMPUTED = "ready"                        # made anew from the extended backward FLOPs
+MEASURED_HERE = "selective_checkpoint"      # copied from the pass that checked the line
+NOT_EXTENDED = (*NOT_COUNTS, RECOMPUTED, MEASURED_HERE)
 
 Key = tuple[str, int, int]  # (traced checkpointing mode, samples, depth), as the candidates key their passes
 
@@ -68,13 +71,18 @@ def pass_at(two: dict, three: dict, samples: int) -> dict | None:
     except _Differs:
         return None
     total = out["totals"]["backward"]["flops"]
-    out["ready"] = [[i, f / total] for i, f in out["ready_flops"]] if total > 0 else []
+    out[RECOMPUTED] = [[i, f / total] for i, f in out["ready_flops"]] if total > 0 else []
     return out
 
 
 def same_counts(extended: dict, traced: dict) -> bool:
-    """Whether a pass extended is the pass traced at its size, in all it extends."""
-    return extended == {k: v for k, v in traced.items() if k not in NOT_EXTENDED or k == "ready"}
+    """Whether a pass extended is the pass traced at its size, in all it extends and recomputes."""
+    return extended == counts_of(traced)
+
+
+def counts_of(traced: dict) -> dict:
+    """What a pass extended holds of a pass traced: its counts and what is recomputed from them."""
+    return {k: v for k, v in traced.items() if k not in NOT_COUNTS and k != MEASURED_HERE}
 
 
 def checks(keys: list[Key], known: dict[Key, dict]) -> dict[str, int]:
