@@ -251,6 +251,25 @@ def test_the_fastest_that_fits_is_ranked_by_samples_per_second():
     assert costs["full"]["recompute_s"] == pytest.approx(0.01)
 
 
+def test_a_strategy_whose_step_is_a_lower_bound_is_not_ranked_unless_its_cost_is_given():
+    from dataclasses import replace
+
+    from topoprof.model.strategies.search import search
+
+    def price(wanted):
+        return {(mode, m): replace(Compute(gpu="h100-sxm", gpu_memory_gb=80.0), modelled_s=(t, t, t),
+                                   modelled_backward_fraction=0.66)
+                for mode, m in wanted for t in [0.05 * m]}
+
+    inputs = _inputs()
+    out = search(inputs, ["dp", "ddp_synced"], price)
+    assert {c["strategy"] for c in out["fastest"]} == {"ddp_synced"}
+    assert set(out["unranked"]) == {"dp"} and "lower bound" in out["unranked"]["dp"]
+    priced = replace(inputs, compute=replace(inputs.compute, dp_thread_overhead_s=0.001))
+    given = search(priced, ["dp", "ddp_synced"], price)
+    assert given["unranked"] == {} and "dp" in {c["strategy"] for c in given["fastest"]}
+
+
 def test_a_candidate_of_the_search_keeps_the_main_passs_optimizer_step():
     from topoprof.model.inputs.search import candidate_compute
 

@@ -131,6 +131,25 @@ def test_nothing_that_does_not_fit_is_recommended():
     assert "takes 1.3 s per step" in fit.why
 
 
+def test_dataparallels_lower_bound_is_recommended_only_with_its_overhead_given():
+    from topoprof.report.recommend import fit_recommendation
+
+    def strategy(step, fits, total=100.0):
+        return {"step_time_s": step, "comm_exposed_s": 0.0,
+                "memory": {"fits": fits, "total_gb": total, "gpu_memory_gb": 80.0, "reason": "does not fit: needs",
+                           "parts_gb": {"activations": 1.0}}}
+    strategies = {"ddp_synced": strategy(1.2, False), "dp": strategy(0.9, True, 78.0),
+                  "fsdp_full_shard": strategy(1.5, True, 40.0)}
+    unpriced = model_report(inputs={"accumulation_steps": 1, "world_size": 8}, strategies=strategies)
+    assert fit_recommendation(unpriced, "7B").numbers["strategy"] == "fsdp_full_shard"
+    given = model_report(inputs={"accumulation_steps": 1, "world_size": 8, "dp_thread_overhead_s": 0.01},
+                         strategies=strategies)
+    assert fit_recommendation(given, "7B").numbers["strategy"] == "dp"
+    alone = model_report(inputs={"accumulation_steps": 1, "world_size": 8},
+                         strategies={"ddp_synced": strategy(1.2, False), "dp": strategy(0.9, True, 78.0)})
+    assert fit_recommendation(alone, "7B") is None
+
+
 def test_advice_says_a_duration_in_the_unit_its_size_reads_in():
     from topoprof.report.units import duration
 

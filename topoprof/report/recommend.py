@@ -13,6 +13,7 @@ from topoprof.measure.cluster import ClusterNode, ClusterReport
 from topoprof.model.comm import tcp
 from topoprof.model.strategies.model_report import ModelReport, Skipped, made
 from topoprof.model.strategies.results import StrategyResult
+from topoprof.model.strategies.steps import lower_bounds
 from topoprof.report.units import duration
 from topoprof.specs.host_facts import HostInfo
 from topoprof.topology.build import PairLink, Topology
@@ -89,8 +90,13 @@ def fit_recommendation(pred: ModelReport, label: str) -> Recommendation | None:
         return Recommendation("nothing_fits", f"Nothing fits on these GPUs ({label})",
                               f"{ddp.memory.reason}; no strategy predicted here holds less: shard more "
                               "widely, recompute activations, or use GPUs with more memory.")
-    name = min(fitting, key=lambda n: fitting[n].step_time_s)
-    best = fitting[name]
+    # a lower bound (DataParallel's, unless its overhead was given) is not recommended over the others
+    unranked = lower_bounds(pred.value("dp_thread_overhead_s"))
+    ranked = {n: s for n, s in fitting.items() if n not in unranked}
+    if not ranked:
+        return None
+    name = min(ranked, key=lambda n: ranked[n].step_time_s)
+    best = ranked[name]
     return Recommendation(
         "fits", f"Train with {name}: DDP does not fit ({label})",
         f"DDP {ddp.memory.reason}. {name} holds {_memory(best)} and takes "

@@ -61,8 +61,9 @@ def _fastest_lines(fits: Fits) -> list[str]:
     if fits.fastest_reason:
         return [f"  Fastest that fits: not priced ({fits.fastest_reason})."]
     best = fits.fastest
+    unranked = [f"    not ranked: {name}, as {why}." for name, why in fits.unranked.items()]
     if not best:
-        return ["  Fastest that fits: nothing fits."]
+        return [f"  Fastest that fits: {'nothing ranked fits' if unranked else 'nothing fits'}."] + unranked
     b = best[0]
     out = [f"  Fastest that fits: {b.strategy} with activation checkpointing {b.mode} at micro-batch "
            f"{b.micro_batch}: {b.samples_per_s:,.2f} samples/s (step {b.step_time_s * 1e3:,.1f} ms, "
@@ -70,7 +71,7 @@ def _fastest_lines(fits: Fits) -> list[str]:
     if len(best) > 1:
         out.append("    then: " + "; ".join(f"{c.strategy} {c.mode} x{c.micro_batch} {c.samples_per_s:,.2f}"
                                             for c in best[1:]))
-    return out
+    return out + unranked
 
 
 def _cost_lines(fits: Fits) -> list[str]:

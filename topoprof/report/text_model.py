@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, OPTIMIZER_UNKNOWN_SOURCE
 from topoprof.model.strategies.model_report import FixedGlobalBatch, Links, ModelReport, Sweep
 from topoprof.model.strategies.results import HideThreshold, StrategyResult, Unavailable
+from topoprof.model.strategies.steps import lower_bounds
 from topoprof.report.costs import cost_share, part_rows, share_span
 from topoprof.report.text_fits import fits_lines, memory_parts_lines
 from topoprof.report.text_fsdp import fsdp_cost_rows, hsdp_line
@@ -76,11 +77,10 @@ def _strategy_rows(report: ModelReport) -> list[str]:
 
 def dp_note(report: ModelReport) -> list[str]:
     """DataParallel's row leaves out what makes it slow unless a figure for it was given."""
-    given = (report.value("dp_thread_overhead_s") or 0) > 0
-    if report.result("dp") is None or given:
+    why = lower_bounds(report.value("dp_thread_overhead_s")).get("dp")
+    if report.result("dp") is None or why is None:
         return []
-    return ["dp: its replicas' Python in one process's threads (the GIL) and its replicate() every step are "
-            "not priced, so its row is a lower bound; PyTorch's DDP tutorial: DataParallel 'is usually slower than "
+    return [f"dp: {why}; PyTorch's DDP tutorial: DataParallel 'is usually slower than "
             "DistributedDataParallel even on a single machine'"]
 
 

@@ -119,6 +119,7 @@ class Fits:
     fastest: tuple[Candidate, ...] = ()
     mode_costs: tuple[ModeCost, ...] = ()
     fastest_reason: str | None = None
+    unranked: dict[str, str] = field(default_factory=dict)  # a strategy left out of `fastest`: why
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The answer wanted first: for each strategy and activation checkpointing mode, the largest
 micro-batch that fits in the GPU's memory (the memory count at each size, `strategies.memory`);
 the fastest combination that fits (strategy, mode, micro-batch) where the compute at each size and
-mode can be priced; what each mode costs in time (its recompute) and what no_sync costs in memory.
+mode can be priced, a strategy whose step is a lower bound (`steps.lower_bounds`) named apart
+rather than ranked; what each mode costs in time (its recompute) and what no_sync costs in memory.
 
 A micro-batch here is `micro_batch_size` sequences of the same length (the tokens given over the
 micro-batch given); K stays as given, so a larger micro-batch is a larger global batch, and
@@ -17,6 +18,7 @@ from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import gpu_memory_of, job_memory, memory_by_strategy
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import StrategyResult
+from topoprof.model.strategies.steps import lower_bounds
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
 MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
@@ -233,7 +235,10 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
                 continue
             candidates.append(Candidate(name, mode, m, result.step_time_s, result.samples_per_s,
                                         result.memory.total_gb))
-    candidates.sort(key=lambda c: -c.samples_per_s)
+    # a lower bound is not ranked against the others: said where it would have been a candidate
+    lower = lower_bounds(inputs.compute.dp_thread_overhead_s)
+    unranked = {c.strategy: lower[c.strategy] for c in candidates if c.strategy in lower}
+    candidates = sorted((c for c in candidates if c.strategy not in lower), key=lambda c: -c.samples_per_s)
     costs = []
     base = priced.get(("none", now))
     for mode in modes:
@@ -244,4 +249,5 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
         recompute = ((comp.modelled_detail or {}).get("recompute_s") or [0.0, 0.0, 0.0])[1]
         costs.append(ModeCost(mode, middle, middle - base_middle, recompute))
 
-    return {"fastest": [asdict(c) for c in candidates[:5]], "mode_costs": [asdict(c) for c in costs]}
+    return {"fastest": [asdict(c) for c in candidates[:5]], "mode_costs": [asdict(c) for c in costs],
+            "unranked": unranked}

@@ -258,6 +258,17 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
     return out
 
 
+# DataParallel's thread and replicate() costs are priced only where given (`dp_thread_overhead_s`);
+# otherwise its step is a lower bound, shown but never ranked against the others nor recommended.
+DP_UNPRICED = ("its replicas' Python in one process's threads (the GIL) and its replicate() every step are "
+               "not priced, so its row is a lower bound")
+
+
+def lower_bounds(dp_thread_overhead_s: float | None) -> dict[str, str]:
+    """The strategies whose step here is a lower bound, each with why."""
+    return {} if (dp_thread_overhead_s or 0) > 0 else {"dp": DP_UNPRICED}
+
+
 FORMULAS = {
     "single": "k*c + T_opt (one GPU)",
     "dp": "k*(c + broadcast(params) + gather(outputs) + reduce(grads) + thread_overhead) + W_k + T_opt",
