@@ -1,12 +1,14 @@
 """The launcher: clean runs, dead, failing and hung ranks, and no orphan processes."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -220,6 +222,14 @@ def test_a_shared_server_serves_each_launcher_by_a_fork_of_its_own_where_its_imp
     assert own.failure is None and [s.proc is None for s in forks._SERVERS.values()] == [True, False]
     assert forks.ForkServer.join(shared_server.path, dict(os.environ, OMP_NUM_THREADS="3")) is None
     assert forks.ForkServer.join(shared_server.path + ".absent", dict(os.environ)) is None
+    for hello in (b"[]", b'{"fingerprint": {}}', b'{"cwd": "/", "fingerprint": 1}'):   # refused, the server kept
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as raw, tempfile.TemporaryFile() as log:
+            raw.connect(shared_server.path)
+            socket.send_fds(raw, [hello], [log.fileno()])
+            assert "refused" in json.loads(raw.recv(1 << 16))
+    again = forks.ForkServer.join(shared_server.path, dict(os.environ))
+    assert again is not None and _parent(again.pid) == shared_server.proc.pid
+    again.close()
     cpus = os.sched_getaffinity(0)
     if len(cpus) > 1:   # confined to fewer CPUs, as a SLURM job may be: its ranks would not be
         os.sched_setaffinity(0, {min(cpus)})

@@ -210,19 +210,28 @@ def _welcome(conn: socket.socket, listener: socket.socket, fingerprint: dict) ->
         return
     try:
         hello = json.loads(data) if data else {}
-        why = "it sent no log file" if len(fds) != 1 else how_they_differ(fingerprint, hello.get("fingerprint", {}))
+        why = _why_refused(hello, fds, fingerprint)
         if why is not None:
             conn.send(json.dumps({"refused": why}).encode())
             return
+        cwd = hello["cwd"]  # read before the fork: the fork runs nothing that can raise outside its own try
         sys.stdout.flush()
         sys.stderr.flush()
         if os.fork() == 0:
-            _serve_launcher(conn, listener, fds[0], hello["cwd"])
+            _serve_launcher(conn, listener, fds[0], cwd)
     except (OSError, ValueError):
         return
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _why_refused(hello: object, fds: list[int], fingerprint: dict) -> str | None:
+    """Why a hello is not served: it is not one, or its fingerprint differs from this server's."""
+    if not isinstance(hello, dict) or not isinstance(hello.get("cwd"), str) or len(fds) != 1:
+        return "a hello is a JSON object with a working directory (cwd), sent with one log file"
+    theirs = hello.get("fingerprint")
+    return how_they_differ(fingerprint, theirs) if isinstance(theirs, dict) else "it sent no fingerprint"
 
 
 def _serve_launcher(conn: socket.socket, listener: socket.socket, log_fd: int, cwd: str) -> None:
