@@ -127,7 +127,8 @@ def test_tied_and_frozen_parameters_are_indexed_as_ddp_lists_them():
 def test_the_stated_shape_reaches_a_callable_that_takes_it():
     sized = trace_user_model(f"{META}:sized", {"micro_batch": 3, "seq_len": 7})
     assert sized["shape"] == "3x7 (micro_batch=3, seq_len=7)"
-    assert trace_user_model(f"{TIED}:build", {"micro_batch": 3, "seq_len": 7})["shape"] == "4x32"  # as it is
+    # a callable that takes neither: its batch of 4 resized to the micro-batch stated, its sequences as they are
+    assert trace_user_model(f"{TIED}:build", {"micro_batch": 3, "seq_len": 7})["shape"] == "3x32"
     stated = {"micro_batch": 3, "seq_len": None, "other": 1}
     assert shape_kwargs(lambda micro_batch=1, seq_len=2: None, stated) == {"micro_batch": 3}
     assert shape_kwargs(lambda **anything: None, stated) == {}  # only parameters named so

@@ -22,7 +22,7 @@ from topoprof.specs.messages import TraceFailure  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_blocks import find_block_list  # noqa: E402
-from topoprof.zoo.user_callable import call_user_callable, resize_batch  # noqa: E402
+from topoprof.zoo.user_callable import batch_samples, call_user_callable, resize_batch  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
 BLOCKS = os.path.join(FIXTURES, "blocks.py")
@@ -118,6 +118,27 @@ def test_a_dict_batch_is_resized_along_its_first_dimension():
     assert _trace("encoder", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2)["shape"].startswith("(5x64x256")
     failed = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16}, resize_from=2)
     assert failed.stage == "batch" and "cannot be resized from micro-batch 2 to 5" in failed.reason
+
+
+def test_a_batch_counts_the_samples_its_tensors_share_and_is_resized_from_them():
+    """With no micro-batch it was built at, a batch is resized from the samples it holds: the
+    first dimension its tensors share (`batch_samples`), none where they share none."""
+    assert batch_samples({"input_ids": torch.ones(3, 8), "labels": [torch.ones(3)], "n": 7}) == 3
+    assert batch_samples((torch.ones(4, 8), torch.ones(8, 8))) is None  # tokens beside a mask of their positions
+    assert batch_samples({"scale": torch.tensor(2.0)}) is None
+    traced = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16})
+    assert traced["shape"].startswith("input_ids 5x16, labels 5x16") and traced["samples"] == 5
+    assert _trace("unsized", stated={"seq_len": 16})["samples"] == 3  # nothing stated: built as it is
+
+
+def test_the_timing_is_at_the_shape_stated_as_the_trace_is():
+    from topoprof.probes.ranks.model_timing import measure
+
+    assert measure(f"{BLOCKS}:unsized", "cpu", 1, precision="fp32")["samples"] == 3
+    timed = measure(f"{BLOCKS}:unsized", "cpu", 1, precision="fp32", stated={"micro_batch": 5, "seq_len": 16})
+    assert timed["samples"] == 5 and timed["block_list"] == "model.layers"
+    assert measure(f"{BLOCKS}:sequential", "cpu", 1, precision="fp32",
+                   stated={"micro_batch": 3, "seq_len": 8})["samples"] == 3  # built at it by its callable
 
 
 def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():

@@ -196,6 +196,35 @@ def test_a_users_model_predicted_for_a_gpu_is_traced_on_meta_and_never_run_here(
     assert "model's own ops" in doc["inputs"]["micro_batch_time_s"]["source"]
 
 
+def test_a_users_model_is_planned_at_the_samples_its_example_batch_holds(model_runs):
+    """tied.py:build takes no micro_batch and builds 4 sequences of 32 tokens: with no
+    --micro-batch-size its micro-batch is those 4 samples, said in a note, and a step's samples
+    count them; a micro-batch given is traced at that size, its batch resized to it."""
+    base = ["--model", os.path.join(USER_MODELS, "tied.py:build"), "--gpu", "h100-sxm", "--world-size", "1",
+            "--no-sweep"]
+    doc = _json(model_runs, *base)
+    assert doc["inputs"]["micro_batch_size"]["value"] == 4
+    assert doc["inputs"]["compute_model"]["value"]["shape"] == "4x32"
+    assert "micro-batch 4: the samples its example batch holds (no --micro-batch-size given)" in doc["warnings"]
+    given = _json(model_runs, *base, "--micro-batch-size", "2")
+    assert given["inputs"]["micro_batch_size"]["value"] == 2
+    assert given["inputs"]["compute_model"]["value"]["shape"] == "2x32"
+    assert not [w for w in given["warnings"] if "--micro-batch-size" in w]
+    assert given["inputs"]["compute_model"]["value"]["flops"] == pytest.approx(
+        doc["inputs"]["compute_model"]["value"]["flops"] / 2, rel=0.01)
+    assert doc["strategies"]["single"]["samples_per_step"] == 2 * given["strategies"]["single"]["samples_per_step"]
+
+
+def test_fsdp_wraps_the_blocks_a_users_checkpointing_finds(model_runs):
+    """blocks.py:sequential holds its blocks in an nn.Sequential inside an nn.Sequential (tensors
+    1.0.*, 1.1.*, ...), named as no preset's are: FSDP groups the block list that checkpointing
+    finds in it, one group per block, where no --fsdp-unit is given."""
+    doc = _json(model_runs, "--model", os.path.join(USER_MODELS, "blocks.py:sequential"), "--gpu", "h100-sxm",
+                "--world-size", "2", "--link-bandwidth", "100", "--no-sweep")
+    assert doc["inputs"]["fsdp_groups"]["value"]["grouping"] == "5 groups (each child of 1) + root"
+    assert doc["strategies"]["fsdp_full_shard"]["step_time_s"] > 0
+
+
 def test_time_here_times_a_what_if_here_and_never_takes_its_time_as_the_gpus():
     spec = os.path.join(USER_MODELS, "tied.py:build")
     proc = _cli("model", "--model", spec, "--gpu", "h100-sxm", "--world-size", "1", "--no-sweep", "--time-here",

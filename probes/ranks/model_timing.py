@@ -32,9 +32,17 @@ import torch
 
 from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure, write_pass
 from topoprof.trace.meta_device import has_meta_tensors
-from topoprof.trace.op_trace import trace_user_model, with_selective_cost
-from topoprof.zoo.user_blocks import checkpoint_user_model
-from topoprof.zoo.user_callable import UserModelError, call_user_callable, parameter_list, to_device, user_loss
+from topoprof.trace.op_trace import resized, shape_kwargs, trace_user_model, with_selective_cost
+from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
+from topoprof.zoo.user_callable import (
+    UserModelError,
+    batch_samples,
+    call_user_callable,
+    load_callable,
+    parameter_list,
+    to_device,
+    user_loss,
+)
 
 
 def _stamp(device):
@@ -119,18 +127,22 @@ MAX_PASSES_PER_REPEAT = 10
 
 
 def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw",
-            kwargs: dict | None = None, progress=None, ac: str | None = None, unit: str | None = None) -> dict:
+            kwargs: dict | None = None, progress=None, ac: str | None = None, unit: str | None = None,
+            stated: dict | None = None) -> dict:
     """Forward, backward and optimizer times of the user's model on `device`. On a GPU, warm-up
     and timed passes each run for a minimum time (GPU_WARMUP_S, GPU_TIMED_S); on a CPU, where a
     pass is long and steady, one warm-up and `repeats` timed passes. The ready order of the
     gradients comes from the last warm-up pass, so that no timed pass carries a hook per tensor.
     `progress` is called with each stage's text. `ac`: a user's model's blocks (the children of
     `unit`, else the block list found) checkpointed as the meta trace checkpoints them
-    (`topoprof/zoo/user_blocks.py`); a preset takes it in `kwargs`."""
+    (`topoprof/zoo/user_blocks.py`); a preset takes it in `kwargs`. `stated`: the shape it is
+    timed at, as its pass on meta is built (`shape_kwargs`, `resized`); None: as it is built."""
 
     say = progress or (lambda text: None)
     say(f"building {spec}")
-    module, batch, loss_fn = call_user_callable(spec, kwargs)
+    shape = shape_kwargs(load_callable(spec), stated)
+    module, batch, loss_fn = call_user_callable(spec, {**(kwargs or {}), **shape})
+    batch = resized(batch, shape, stated, None)
     if has_meta_tensors(module, batch):
         raise UserModelError("meta", f"{spec}() built its model or batch on the meta device: there is no data "
                              "to time here; it can only be traced (topoprof.measure.meta_trace.trace_model)")
@@ -173,6 +185,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
     return {"spec": spec, "device": device, "device_name": _device_name(device),
             "device_memory_bytes": _device_memory_bytes(device), "params": parameter_list(module),
+            "samples": batch_samples(batch), "block_list": unit or find_block_list(module),
             "ready": ready, "passes": passes, "optimizer_s": optimizer_s,
             "optimizer": opt_name, "precision": precision_used, "memory": memory.parts(),
             **({"checkpointing": {k: v for k, v in done.items() if k != "names"}} if done else {})}
@@ -260,7 +273,7 @@ def run_rank(ctx, job: UserModelJob) -> None:
         os.chdir(job.cwd)
     try:
         record = measure(job.spec, job.device, job.repeats, job.precision, job.optimizer, job.kwargs,
-                         ctx.progress, job.ac, job.unit)
+                         ctx.progress, job.ac, job.unit, job.stated)
     except UserModelError as err:
         ctx.send(WorkerFailure(stage=err.kind, reason=str(err), trace=err.trace))
         return

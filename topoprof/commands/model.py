@@ -38,8 +38,8 @@ from topoprof.zoo.hf_spec import ATTN_CHOICES
                    "only traces it on the meta device); the time is shown, never used as that GPU's.")
 @click.option("--grad-bytes", type=click.Choice(["2", "4"]), default="4", show_default=True,
               help="Bytes per gradient element: 4 under autocast (fp32 params), 2 for pure bf16/fp16.")
-@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Samples per GPU per micro-batch.")
+@click.option("--micro-batch-size", type=click.IntRange(min=1),
+              help="Samples per GPU per micro-batch (default 1; a --model's: the samples its example batch holds).")
 @click.option("--tokens", type=click.IntRange(min=1),
               help="Tokens per GPU per micro-batch (for the FLOPs estimate; not for an image --preset).")
 @click.option("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: torch's 25 with a 1 MiB first bucket).")
@@ -117,9 +117,10 @@ def model(**opts):
         payload = model_payload(inputs, described, sweep=request.sweep)
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
         plan = plan_search(inputs, applying_strategies(payload))
-        shape = candidate_shape(inputs, request, plan, evidence.user_blocks)
+        # the request as gathered: a user's model's micro-batch is its example batch's where none was given
+        shape = candidate_shape(inputs, evidence.request, plan, evidence.user_blocks)
         passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,
-                                   whole_pass(evidence.user, request.workload), evidence.sampled)
+                                   whole_pass(evidence.user, evidence.request.workload), evidence.sampled)
         payload = {"fits": fits_payload(inputs, plan, passes, evidence.pricing), **payload}
     doc = envelope("model", payload)
     # the text reads what the JSON holds, through the one reader a scan's report reads it with

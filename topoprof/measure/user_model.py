@@ -14,8 +14,10 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
                        precision: str = "bf16", optimizer: str = "adamw", kwargs: dict | None = None,
                        trace: dict | None = None, target: dict | None = None,
                        progress: Callable[[str], None] | None = None, ac: str | None = None,
-                       unit: str | None = None) -> dict:
-    """The worker's record; InputError (exit 2) when the user's callable cannot be used, with its
+                       unit: str | None = None, stated: dict | None = None) -> dict:
+    """The worker's record, timed at `stated` (the shape the prediction is for: its callable built
+    at it, or its batch resized to it, as its pass on meta is; None: as its callable builds it);
+    InputError (exit 2) when the user's callable cannot be used, with its
     traceback as the error's detail, printed once under its one line. With `trace` (the stated
     shape, e.g. {"micro_batch": 4, "seq_len": 512}) the record's "op_trace" is the model's pass
     on the meta device (`topoprof/trace/op_trace.py`) for the `target` device, or its `TraceFailure`.
@@ -23,7 +25,7 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
     `unit`, else the block list found) checkpointed so, timed and traced (`topoprof/zoo/user_blocks.py`)."""
     checkpointed = bool(ac and ac != "none")  # the blocks are only named when they are checkpointed
     job = UserModelJob(spec, device, repeats, os.getcwd(), precision, optimizer, kwargs, trace, target,
-                       ac if checkpointed else None, unit if checkpointed else None)
+                       ac if checkpointed else None, unit if checkpointed else None, stated)
     run = launch_local(JobSpec("user_model", job, 1, "gloo", timeout_s), progress_messages(progress))
     result = worker_result(run, UserModelResult, WorkerFailure)
     if isinstance(result, WorkerFailure):

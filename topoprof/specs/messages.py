@@ -117,8 +117,10 @@ def _check_fields(cls: type[Message], body: dict) -> None:
 @message
 @dataclass(frozen=True)
 class UserModelJob(Message):
-    """Time the user's `module:callable` model (probes/ranks/model_timing.py); with `trace` (the
-    stated shape) also trace it on meta for `target`; `ac`, `unit`: its blocks checkpointed so."""
+    """Time the user's `module:callable` model (probes/ranks/model_timing.py) at `stated` (the
+    shape stated, as its pass on meta is built at it; None: as its callable builds it); with
+    `trace` (the stated shape) also trace it on meta for `target`; `ac`, `unit`: its blocks
+    checkpointed so."""
 
     KIND: ClassVar[str] = "user_model_job"
     VERSION: ClassVar[int] = 1
@@ -134,6 +136,7 @@ class UserModelJob(Message):
     target: dict | None = None
     ac: str | None = None
     unit: str | None = None
+    stated: dict | None = None
 
 
 @message

@@ -102,6 +102,7 @@ from topoprof.zoo.hf_models import install_meta_patches
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list, keep_first_blocks
 from topoprof.zoo.user_callable import (
     UserModelError,
+    batch_samples,
     call_user_callable,
     load_callable,
     parameter_list,
@@ -539,9 +540,10 @@ def _import_before_tracing_checkpoints() -> None:
 
 def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
     """The batch at the stated micro-batch where the callable did not build it so (`shape` holds no
-    micro-batch) and it was built at `resize_from` samples (`resize_batch`); UserModelError("batch")
-    where it cannot be resized."""
+    micro-batch) and it was built at `resize_from` samples, else at the samples it holds
+    (`batch_samples`), by `resize_batch`; UserModelError("batch") where it cannot be resized."""
     wanted = (stated or {}).get("micro_batch")
+    resize_from = resize_from or batch_samples(batch)
     if (resize_from is None or wanted is None or wanted == resize_from
             or "micro_batch" in shape or "batch_size" in shape):
         return batch
@@ -587,6 +589,7 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
                 module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
             unit = blocks
+            built["block_list"] = blocks or find_block_list(module)  # what FSDP wraps block by block
             if depth is not None:  # its block list named from here on: one block is no list to find
                 unit, built["blocks_of"] = keep_first_blocks(module, blocks, depth)
             built["params"] = parameter_list(module)
@@ -617,10 +620,11 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         return TraceFailure("FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution or "
                             "attention to weigh the gradients by)")
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
-    return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape,
+    return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape, "samples": batch_samples(batch),
             "params": parameter_list(module), **traced,
             **({"checkpointing": built["checkpointing"]} if "checkpointing" in built else {}),
             **({"blocks_of": built["blocks_of"]} if "blocks_of" in built else {}),
+            **({"block_list": built["block_list"]} if built.get("block_list") else {}),
             **({"autocast_failure": autocast_failure} if autocast_failure else {})}
 
 

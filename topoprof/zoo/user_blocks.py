@@ -3,9 +3,11 @@
 
 The blocks are the children of `--fsdp-unit` when it is given (the module whose children FSDP
 wraps); else the block list found in the model: among its `nn.ModuleList`s and `nn.Sequential`s
-of two or more children of one class, the one that holds the most parameters (a model's layers,
-not the experts or heads inside each layer), then the one with the most children. Nothing is
-keyed on a class name. A model with neither is refused in one line that names --fsdp-unit.
+of two or more children of one class that hold parameters, the one that holds the most (a
+model's layers, not the experts or heads inside each layer), then the one with the most children.
+Nothing is keyed on a class name. A model with neither is refused in one line that names
+--fsdp-unit. FSDP wraps the same blocks one by one where no --fsdp-unit is given
+(`topoprof/model/inputs/resolve.py:_user_model`).
 
 A model that checkpoints its own blocks is refused in one line when --activation-checkpointing is
 given too, rather than wrapped twice (a block recomputed inside a recompute): its own
@@ -35,7 +37,7 @@ def find_block_list(module: nn.Module) -> str | None:
         if len(children) < 2 or len({type(c) for c in children}) != 1:
             continue
         key = (sum(p.numel() for p in m.parameters()), len(children))
-        if best is None or key > best[0]:
+        if key[0] and (best is None or key > best[0]):  # blocks hold parameters: FSDP shards them
             best = (key, name)
     return None if best is None else best[1]
 

@@ -112,6 +112,14 @@ def leading_sizes(batch) -> list[int]:
     return []
 
 
+def batch_samples(batch) -> int | None:
+    """The samples an example batch holds: the first dimension every tensor of it shares (nested
+    dict, list, tuple); None where it holds no tensor with one, or its tensors lead with different
+    sizes (tokens beside a mask of their positions, say)."""
+    sizes = set(leading_sizes(batch))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def resize_batch(batch, old: int, new: int):
     """The example batch at `new` samples: every tensor whose first dimension is `old` taken along
     it as samples 0, 1, ..., old - 1, 0, 1, ... (nested dict, list, tuple); the rest as it is.

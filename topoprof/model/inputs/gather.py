@@ -58,7 +58,7 @@ from topoprof.model.inputs.traces import (
     traced_memory_of,
 )
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
-from topoprof.model.inputs.user_record import choose_ready_order, stated_shape, trace_wanted
+from topoprof.model.inputs.user_record import choose_ready_order, example_batch_of, stated_shape, trace_wanted
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
 from topoprof.workload.presets import context_sequences, is_vision
@@ -76,6 +76,8 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     user = timed = None
     if w.user_model:
         user = _user_model_here(w, compute, profile, say)
+        w = as_read(w, user)
+        request = replace(request, workload=w)
     elif w.preset and not compute.given and this_gpu_predicted(compute):
         timed = _preset_on_this_gpu(w, compute, say)
     # the GPU predicted: named (--gpu, or a --gpu-profile's device), else the one a preset was timed on
@@ -95,6 +97,17 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     return Evidence(request, compute, pricing, profile, calibration, user, timed, main,
                     memory.memory if memory is not None else None, traced_as.blocks if traced_as else None,
                     gather_links(request.cluster, say), gpu, memory.sampled if memory is not None else None)
+
+
+def as_read(w: WorkloadRequest, user: UserModelRun) -> WorkloadRequest:
+    """A user's model with no --micro-batch-size, planned at the samples its example batch holds as
+    its callable built it (`user_record.example_batch_of`; 1 where they cannot be counted), with
+    the tokens of that batch where its callable took the sequence length: every later pass states
+    that size, or resizes the batch from it."""
+    samples, seq_len = example_batch_of(user.record)
+    if w.micro_batch_stated or samples is None:
+        return w
+    return replace(w, micro_batch_size=samples, tokens=samples * seq_len if seq_len and w.tokens else w.tokens)
 
 
 def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
@@ -174,17 +187,23 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: Devic
     assert w.user_model is not None
     if not (w.time_here or this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
-        return UserModelRun(*trace_only(w.user_model, w.micro_batch_size, w.tokens, say, w.checkpointing.text,
+        return UserModelRun(*trace_only(w.user_model, _stated_micro_batch(w), w.tokens, say, w.checkpointing.text,
                                         w.fsdp_unit, gpu_target(compute.precision, compute.named)))
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
     target = target_for(compute.precision, profile, compute.named) if priced_for else None
     wanted = trace_wanted(device, compute.gpu, compute.micro_batch_time_s) or target is not None
     say(f"timing {w.user_model} on {device} (starting its worker: importing torch)")
+    stated = stated_shape(_stated_micro_batch(w), w.tokens)  # timed and traced at the same shape
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
-                          trace=stated_shape(w.micro_batch_size, w.tokens) if wanted else None, target=target,
-                          progress=say, ac=w.checkpointing.text, unit=w.fsdp_unit)
+                          trace=stated if wanted else None, target=target,
+                          progress=say, ac=w.checkpointing.text, unit=w.fsdp_unit, stated=stated)
     return UserModelRun(record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s))
+
+
+def _stated_micro_batch(w: WorkloadRequest) -> int | None:
+    """The micro-batch a user's callable is first built at: --micro-batch-size, else its own."""
+    return w.micro_batch_size if w.micro_batch_stated else None
 
 
 def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, say: Progress) -> dict | None:

@@ -117,6 +117,9 @@ class WorkloadRequest:
     user_model: str | None = None
     image_size: int | None = None          # a vision preset's square side in pixels
     micro_batch_size: int = 1
+    # False where --micro-batch-size was not given: a --model is then planned at the samples its
+    # example batch holds (`gather.micro_batch_of_the_batch`), the rest at 1
+    micro_batch_stated: bool = True
     tokens: int | None = None              # per GPU per micro-batch (not for an image model)
     grad_bytes: int = 4
     bucket_cap_mb: float | None = None
@@ -340,7 +343,8 @@ class ModelRequest:
             workload=WorkloadRequest(
                 params=opts["params"], preset=opts["preset"],
                 user_model=_with_hf_attn(opts["user_model"], opts.get("hf_attn")),
-                image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"], tokens=opts["tokens"],
+                image_size=opts["image_size"], micro_batch_size=opts["micro_batch_size"] or 1,
+                micro_batch_stated=opts["micro_batch_size"] is not None, tokens=opts["tokens"],
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],
                 fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")),

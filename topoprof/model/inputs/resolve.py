@@ -18,7 +18,14 @@ from topoprof.model.inputs.evidence import (
 )
 from topoprof.model.inputs.link_choice import job_cluster
 from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
-from topoprof.model.inputs.user_record import flop_order_reason, user_compute, user_layout
+from topoprof.model.inputs.user_record import (
+    block_list_of,
+    example_batch_of,
+    flop_order_reason,
+    micro_batch_note,
+    user_compute,
+    user_layout,
+)
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.model.strategies.job import ModelInputs, Workload
 from topoprof.workload.checkpointing import describe_wrapped
@@ -81,7 +88,11 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     record, order = user.record, user.order
     origins: list = []
     notes: list[str] = [order.note] if order.note else []
+    if not w.micro_batch_stated:
+        notes.append(micro_batch_note(w.micro_batch_size, example_batch_of(record)[0]))
     stands = user.timed and timing_stands(record, compute)
+    # with no --fsdp-unit, FSDP wraps the blocks its checkpointing finds (`topoprof/zoo/user_blocks.py`)
+    work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or block_list_of(record)}
     workload = Workload(user_layout(record, order), **work_kw,
                         measured_memory=record.get("memory") if stands else None)
     if record.get("checkpointing"):

@@ -45,9 +45,11 @@ def names_this_gpu(gpu: str) -> bool:
 
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
                  device: str | None = None, target: dict | None = None,
-                 progress: Callable[[str], None] | None = None, ac: str = "none", unit: str | None = None) -> dict:
+                 progress: Callable[[str], None] | None = None, ac: str = "none", unit: str | None = None,
+                 stated: dict | None = None) -> dict:
     """The user's model read and timed on this machine: its first GPU when it has one (under
-    `precision`), else the CPU (fp32, as CPU ranks train). With `trace` (the stated shape, see
+    `precision`), else the CPU (fp32, as CPU ranks train), at `stated` (`stated_shape`; None: as
+    its callable builds it). With `trace` (the stated shape, see
     `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
     `target` device (`topoprof/trace/op_trace.py`) when one is given. `progress` hears each stage;
     `ac`: its blocks (the children of `unit`, else the block list found) checkpointed so, timed and
@@ -55,10 +57,11 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
     if optimizer not in ("adamw", "sgd"):
         raise InputError(f"--optimizer {optimizer!r}: your model is timed with adamw or sgd")
     return measure_user_model(check_spec(spec), device or here_device(), precision=precision,
-                              optimizer=optimizer, trace=trace, target=target, progress=progress, ac=ac, unit=unit)
+                              optimizer=optimizer, trace=trace, target=target, progress=progress, ac=ac, unit=unit,
+                              stated=stated)
 
 
-def trace_only(spec: str, micro_batch: int, tokens: int | None, progress: Callable[[str], None] | None,
+def trace_only(spec: str, micro_batch: int | None, tokens: int | None, progress: Callable[[str], None] | None,
                ac: str, unit: str | None, target: dict) -> tuple[dict, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
     for the GPU `target` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,

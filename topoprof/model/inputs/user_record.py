@@ -48,10 +48,40 @@ def registration_order(record: dict, why: str) -> ReadyOrder:
                       f"{text}: the pass on the meta device failed ({why})")
 
 
-def stated_shape(micro_batch: int, tokens: int | None) -> dict:
+def stated_shape(micro_batch: int | None, tokens: int | None) -> dict:
     """The shape a prediction is for, as a `--model` callable may take it (`micro_batch`,
-    `seq_len` = tokens per sequence, as the presets are built)."""
-    return {"micro_batch": micro_batch, "seq_len": max(1, tokens // micro_batch) if tokens else None}
+    `seq_len` = tokens per sequence, as the presets are built). A micro-batch of None is not
+    stated: the callable builds its example batch at its own size (`example_batch_of`)."""
+    return {"micro_batch": micro_batch, "seq_len": max(1, tokens // (micro_batch or 1)) if tokens else None}
+
+
+def _as_read(record: dict) -> dict:
+    """What a user's model showed when it was read: its pass on meta where it ran, else its timing."""
+    trace = record.get("op_trace")
+    return trace if isinstance(trace, dict) else record
+
+
+def example_batch_of(record: dict) -> tuple[int | None, int | None]:
+    """(samples, sequence length stated) of the example batch a user's model was read at. The
+    samples are the first dimension its tensors share (`topoprof/zoo/user_callable.py:
+    batch_samples`; None where they share none); the sequence length is the `seq_len` its callable
+    took, if it took one."""
+    read = _as_read(record)
+    return read.get("samples"), (read.get("kwargs") or {}).get("seq_len")
+
+
+def block_list_of(record: dict) -> str | None:
+    """The module whose children are a user's model's repeated blocks, as --fsdp-unit named it or
+    its checkpointing finds it (`topoprof/zoo/user_blocks.py:find_block_list`); None where it has none."""
+    return _as_read(record).get("block_list")
+
+
+def micro_batch_note(micro_batch: int, samples: int | None) -> str:
+    """What a user's model with no --micro-batch-size is planned at, and why."""
+    if samples is not None:
+        return f"micro-batch {micro_batch}: the samples its example batch holds (no --micro-batch-size given)"
+    return (f"micro-batch {micro_batch}: the tensors of its example batch share no first dimension to count its "
+            "samples by; give --micro-batch-size")
 
 
 def gpu_key(name: str) -> str:
