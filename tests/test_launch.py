@@ -182,7 +182,7 @@ def test_ranks_are_forked_from_a_server_started_with_no_python_before_exec(monke
     def on_message(rank, wire):
         msg = as_message(wire, SleepStep)
         if isinstance(msg, SleepStep):
-            seen[msg.pid] = (os.getsid(msg.pid), os.getpgid(msg.pid), _parent(msg.pid))
+            seen[msg.pid] = (msg.session, msg.group, msg.parent)
 
     for _ in range(2):
         run = launch_local(JobSpec("sleep", SleepJob(steps=1, sleep_s=0.0), 2, "gloo", timeout_s=30), on_message)
@@ -207,8 +207,8 @@ def test_a_shared_server_serves_each_launcher_by_a_fork_of_its_own_where_its_imp
     def on_message(rank, wire):
         msg = as_message(wire, SleepStep)
         if isinstance(msg, SleepStep):
-            parents[msg.pid] = _parent(msg.pid)
-            assert os.readlink(f"/proc/{msg.pid}/cwd") == str(tmp_path)
+            parents[msg.pid] = msg.parent
+            assert msg.cwd == str(tmp_path)
 
     monkeypatch.chdir(tmp_path)
     for _ in range(2):
@@ -274,7 +274,7 @@ def test_a_killed_server_takes_its_ranks_with_it_and_the_next_launch_starts_anot
         if isinstance(msg, SleepStep):
             pids[rank] = msg.pid
             if len(pids) == 2 and not killed:
-                server = next(s for s in forks._SERVERS.values() if s.pid == _parent(msg.pid))
+                server = next(s for s in forks._SERVERS.values() if s.pid == msg.parent)
                 killed.append(server.pid)
                 os.kill(server.pid, signal.SIGKILL)
 

@@ -186,7 +186,11 @@ def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
     (pred,) = report["predictions"]
     assert pred["label"] == f"user:{FIXTURE}:build"
     assert "measured on cpu" in pred["compute_source"]
+    assert pred["inputs"]["micro_batch_size"]["value"] == 4  # its example batch's samples, timed and trained so
     assert "user_record" not in report["inputs"] and report["inputs"]["user_model"] == f"{FIXTURE}:build"
+    given = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--model", f"{FIXTURE}:build",
+                            "--micro-batch-size", "2"], capture_output=True, text=True, timeout=120)
+    assert given.returncode == 2 and "a scan trains your --model on the example batch" in given.stderr
     proc = scan("raises", tmp_path / "bad")
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0].startswith("topoprof: error: --model ")

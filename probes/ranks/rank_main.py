@@ -114,7 +114,8 @@ def _sleep_worker(ctx: RankContext, job: SleepJob) -> None:
                 time.sleep(3600)
             raise RuntimeError("injected failure")
         dist.barrier()
-        ctx.send(SleepStep(ctx.rank, i, os.getpid(), os.path.abspath(__file__)))
+        ctx.send(SleepStep(ctx.rank, i, os.getpid(), os.path.abspath(__file__), os.getppid(), os.getsid(0),
+                           os.getpgid(0), os.getcwd()))
         time.sleep(job.sleep_s)
 
 

@@ -31,7 +31,8 @@ from topoprof.scan.ranks import Stages
 @click.option("--micro-batch-time", type=float, help="Measured forward+backward seconds per micro-batch of your model.")
 @click.option("--tokens", type=click.IntRange(min=1),
               help="Tokens per GPU per micro-batch (default 2048; an image --preset counts --micro-batch-size images).")
-@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--micro-batch-size", type=click.IntRange(min=1),
+              help="Samples per GPU per micro-batch (default 1; a --model is read at its example batch).")
 @click.option("--accum", type=click.IntRange(min=1), default=8, show_default=True,
               help="Gradient accumulation steps K.")
 @click.option("--activation-checkpointing", metavar="MODE",
@@ -49,7 +50,8 @@ def scan(backend, nproc, params, preset, image_size, user_model, micro_batch_tim
     backend, nproc, note = default_backend_and_nproc(backend, nproc)
     opts = ScanOptions(backend=backend, nproc=nproc, note=note, quick=quick, validate=validate, params=params,
                        preset=preset, image_size=image_size, micro_batch_time_s=micro_batch_time, tokens=tokens,
-                       micro_batch_size=micro_batch_size, accum=accum, timeout_s=timeout_s, user_model=user_model,
+                       micro_batch_size=micro_batch_size or 1, micro_batch_stated=micro_batch_size is not None,
+                       accum=accum, timeout_s=timeout_s, user_model=user_model,
                        activation_checkpointing=activation_checkpointing)
 
     out_dir = out_dir or default_out_dir()

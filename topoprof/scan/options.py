@@ -28,6 +28,7 @@ class ScanOptions:
     micro_batch_time_s: float | None = None
     tokens: int | None = None
     micro_batch_size: int = 1
+    micro_batch_stated: bool = False  # --micro-batch-size given (a --model is read at its example batch)
     accum: int = 8
     timeout_s: float = 120.0
     user_model: str | None = None  # --model PATH.py:CALLABLE
@@ -43,6 +44,9 @@ class ScanOptions:
             raise InputError("give at most one of --params, --preset or --model")
         if self.user_model:
             check_spec(self.user_model)
+            if self.micro_batch_stated:
+                raise InputError("--micro-batch-size: a scan trains your --model on the example batch its callable "
+                                 "returns, at the samples it holds; build that batch at the micro-batch you want")
         if self.accum < 1:
             raise InputError(f"--accum {self.accum}: accumulation steps K must be >= 1")
         # Bad input is refused before anything runs; a model that fails later is a report note.

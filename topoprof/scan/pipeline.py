@@ -211,8 +211,9 @@ def run(opts, stages, out_dir: str) -> Written | None:
         stages.begin("your model")
         device = here_device()  # timed on GPU0: its ops priced beside, from a pass in the same worker
         cuda = device.startswith("cuda")
+        # timed and traced as its callable builds it, the batch the validation trains
         opts = replace(opts, user_record=measure_here(  # bad input: exit 2
-            opts.user_model, device=device, trace=stated_shape(opts.micro_batch_size, opts.tokens) if cuda else None,
+            opts.user_model, device=device, trace=stated_shape(None, None) if cuda else None,
             target=gpu_target("bf16") if cuda else None))
         stages.end()
     stages.begin("ranks: bench and validation")

@@ -602,7 +602,8 @@ class NodesResult(Message):
 @message
 @dataclass(frozen=True)
 class SleepStep(Message):
-    """The test worker's step: which rank, process and install ran it."""
+    """The test worker's step: which rank, process and install ran it, and where it ran as the rank
+    saw it (a rank may be gone before its message is read, and its /proc with it)."""
 
     KIND: ClassVar[str] = "sleep_step"
     VERSION: ClassVar[int] = 1
@@ -611,3 +612,7 @@ class SleepStep(Message):
     step: int
     pid: int
     probes: str
+    parent: int = 0
+    session: int = 0
+    group: int = 0
+    cwd: str = ""

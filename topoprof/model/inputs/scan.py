@@ -28,7 +28,7 @@ from topoprof.model.inputs.request import parse_count
 from topoprof.model.inputs.search import applying_strategies
 from topoprof.model.inputs.traces import model_on_gpu
 from topoprof.model.inputs.user_model import measure_preset
-from topoprof.model.inputs.user_record import user_compute, user_layout
+from topoprof.model.inputs.user_record import example_batch_of, user_compute, user_layout
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.payload import model_payload
 from topoprof.model.strategies.search import search
@@ -75,9 +75,10 @@ def _workload(opts, size: str | None):
     # an image model's FLOPs count its micro-batch's images (`Workload`), not tokens
     tokens = None if is_vision(opts.preset) else opts.tokens or DEFAULT_TOKENS
     kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=tokens, checkpointing=opts.checkpointing)
-    if opts.user_record is not None:
+    if opts.user_record is not None:  # at the samples of the example batch it was timed and trained on
         layout = user_layout(opts.user_record)
-        return (Workload(layout, **{**kw, "tokens_per_micro_batch": opts.tokens},
+        samples = example_batch_of(opts.user_record)[0] or 1
+        return (Workload(layout, **{**kw, "micro_batch_size": samples, "tokens_per_micro_batch": opts.tokens},
                          measured_memory=opts.user_record.get("memory")), layout.name)
     if opts.preset:
         return Workload.from_preset(opts.preset, opts.image_size, **kw), opts.preset
