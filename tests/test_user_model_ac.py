@@ -129,6 +129,8 @@ def test_a_batch_counts_the_samples_its_tensors_share_and_is_resized_from_them()
     traced = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16})
     assert traced["shape"].startswith("input_ids 5x16, labels 5x16") and traced["samples"] == 5
     assert _trace("unsized", stated={"seq_len": 16})["samples"] == 3  # nothing stated: built as it is
+    failed = _trace("unsizable", stated={"micro_batch": 3, "seq_len": 16})  # never run as built for another size
+    assert failed.stage == "batch" and "share no first dimension" in failed.reason
 
 
 def test_the_timing_is_at_the_shape_stated_as_the_trace_is():
@@ -223,11 +225,14 @@ def test_the_fits_search_runs_for_a_users_model_and_full_fits_more():
 
 
 def test_the_fits_search_says_in_one_line_why_a_batch_cannot_be_resized():
-    proc = topoprof("model", "--model", f"{BLOCKS}:unsized", "--gpu", "h100-sxm", "--world-size", "1",
-                    "--micro-batch-size", "2", "--tokens", "32", "--json")
+    proc = topoprof("model", "--model", f"{BLOCKS}:unsizable", "--gpu", "h100-sxm", "--world-size", "1",
+                    "--tokens", "32", "--json")
     assert proc.returncode == 0, proc.stderr
-    reason = json.loads(proc.stdout)["fits"]["reason"]
-    assert "cannot be resized from micro-batch 2" in reason and "\n" not in reason
+    doc = json.loads(proc.stdout)
+    assert doc["inputs"]["micro_batch_size"]["value"] == 1  # its samples cannot be counted: said, and 1
+    assert any("share no first dimension" in w and "--micro-batch-size" in w for w in doc["warnings"])
+    reason = doc["fits"]["reason"]
+    assert "cannot be resized to micro-batch" in reason and "\n" not in reason
 
 
 @pytest.mark.slow

@@ -223,6 +223,13 @@ def test_fsdp_wraps_the_blocks_a_users_checkpointing_finds(model_runs):
                 "--world-size", "2", "--link-bandwidth", "100", "--no-sweep")
     assert doc["inputs"]["fsdp_groups"]["value"]["grouping"] == "5 groups (each child of 1) + root"
     assert doc["strategies"]["fsdp_full_shard"]["step_time_s"] > 0
+    # a block list it does not train is no FSDP unit: planned as before, never refused for an option not given;
+    # its memory, whose blocks mark no backward of their own, from its parts
+    frozen = _json(model_runs, "--model", os.path.join(USER_MODELS, "blocks.py:frozen_layers"), "--gpu", "h100-sxm",
+                   "--world-size", "2", "--link-bandwidth", "100", "--no-sweep")
+    assert frozen["inputs"]["fsdp_groups"]["value"] is None
+    assert "no FSDP unit found" in frozen["inputs"]["fsdp_groups"]["source"]
+    assert frozen["strategies"]["ddp_synced"]["step_time_s"] > 0 and frozen["strategies"]["single"]["memory"]
 
 
 def test_time_here_times_a_what_if_here_and_never_takes_its_time_as_the_gpus():

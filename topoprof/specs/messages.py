@@ -123,7 +123,7 @@ class UserModelJob(Message):
     checkpointed so."""
 
     KIND: ClassVar[str] = "user_model_job"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     spec: str
     device: str = "cpu"
@@ -606,7 +606,7 @@ class SleepStep(Message):
     saw it (a rank may be gone before its message is read, and its /proc with it)."""
 
     KIND: ClassVar[str] = "sleep_step"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     rank: int
     step: int

@@ -543,9 +543,14 @@ def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
     micro-batch) and it was built at `resize_from` samples, else at the samples it holds
     (`batch_samples`), by `resize_batch`; UserModelError("batch") where it cannot be resized."""
     wanted = (stated or {}).get("micro_batch")
+    if wanted is None or "micro_batch" in shape or "batch_size" in shape:
+        return batch
     resize_from = resize_from or batch_samples(batch)
-    if (resize_from is None or wanted is None or wanted == resize_from
-            or "micro_batch" in shape or "batch_size" in shape):
+    if resize_from is None:  # run as built, it would stand for a micro-batch it is not
+        raise UserModelError("batch", f"its example batch ({describe_batch(batch)}) cannot be resized to micro-batch "
+                             f"{wanted}: its tensors share no first dimension to count its samples by; let its "
+                             "callable take micro_batch or batch_size")
+    if wanted == resize_from:
         return batch
     try:
         return resize_batch(batch, resize_from, wanted)

@@ -91,9 +91,9 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     if not w.micro_batch_stated:
         notes.append(micro_batch_note(w.micro_batch_size, example_batch_of(record)[0]))
     stands = user.timed and timing_stands(record, compute)
-    # with no --fsdp-unit, FSDP wraps the blocks its checkpointing finds (`topoprof/zoo/user_blocks.py`)
-    work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or block_list_of(record)}
-    workload = Workload(user_layout(record, order), **work_kw,
+    layout = user_layout(record, order)
+    work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(layout, block_list_of(record))}
+    workload = Workload(layout, **work_kw,
                         measured_memory=record.get("memory") if stands else None)
     if record.get("checkpointing"):
         notes.append(describe_wrapped(record["checkpointing"]))
@@ -113,6 +113,19 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     return _Completed(workload, compute, memory, origins, notes, modelled)
+
+
+def _found_unit(layout, found: str | None) -> str | None:
+    """With no --fsdp-unit, FSDP wraps the blocks a user's model's checkpointing finds
+    (`topoprof/zoo/user_blocks.py`), where they hold parameters it trains; else None (its groups
+    by tensor name, `topoprof/model/fsdp/plan.py`)."""
+    if found is None:
+        return None
+    try:
+        fsdp_plan(layout, found)
+    except InputError:  # a frozen list: FSDP shards what is trained
+        return None
+    return found
 
 
 def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:

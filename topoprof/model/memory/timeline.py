@@ -96,6 +96,18 @@ class BlockPass:
     block_grads: float
 
 
+# The points of a pass at 2 blocks that `composed` reads.
+COMPOSED_FROM = (("forward", "before", None), ("forward", "block", 0), ("forward", "after", None),
+                 ("backward", "head", None), ("backward", "block", 1), ("backward", "block", 0))
+
+
+def composable(bp: BlockPass) -> bool:
+    """Whether a pass at 2 blocks has every point `composed` reads: one whose blocks train nothing
+    (frozen) marks no block in its backward."""
+    have = {(p.phase, p.kind, p.block) for p in bp.timeline.points}
+    return all(key in have for key in COMPOSED_FROM)
+
+
 def composed(passes: dict[str, BlockPass], kinds: list[str]) -> Timeline:
     """The timeline of a model whose blocks, in forward order, run the modes `kinds` (each a key
     of `passes`), from the passes at 2 blocks (module docstring)."""

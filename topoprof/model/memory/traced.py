@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from topoprof.model.memory.timeline import (
     BlockPass,
     Timeline,
+    composable,
     composed,
     from_segments,
     interpolated,
@@ -153,6 +154,8 @@ class TracedMemory:
             kept = [pts[(2, m)].forward_end - pts[(1, m)].forward_end for m in (m1, m2)]
             grads = one.grads - single.grads
             passes[mode] = BlockPass(interpolated(one, two, at), kept[0] + at * (kept[1] - kept[0]), grads)
+        if not all(composable(bp) for bp in passes.values()):
+            return None  # as where a pass has no timeline: the peak is read from the parts
         return composed(passes, kinds)
 
     def per_block(self, ac: Checkpointing, samples: float, variant: str = "autocast") -> str:
