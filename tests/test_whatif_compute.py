@@ -257,6 +257,7 @@ def test_a_users_model_that_cannot_run_on_meta_is_priced_from_the_datasheet_neve
                for w in doc["warnings"])
     # its parameters, read on meta, in reverse registration order
     assert "reverse registration order" in inputs["model"]["source"] and inputs["params"]["value"] == 144
+    assert "micro-batch 1: its example batch was not read; give --micro-batch-size" in doc["warnings"]
     proc = _cli("model", *args)  # without --tokens the datasheet has nothing to price
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--tokens N" in proc.stderr
 

@@ -20,7 +20,6 @@ from topoprof.model.inputs.link_choice import job_cluster
 from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
 from topoprof.model.inputs.user_record import (
     block_list_of,
-    example_batch_of,
     flop_order_reason,
     micro_batch_note,
     user_compute,
@@ -89,7 +88,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     origins: list = []
     notes: list[str] = [order.note] if order.note else []
     if not w.micro_batch_stated:
-        notes.append(micro_batch_note(w.micro_batch_size, example_batch_of(record)[0]))
+        notes.append(micro_batch_note(w.micro_batch_size, record))
     stands = user.timed and timing_stands(record, compute)
     layout = user_layout(record, order)
     work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(layout, block_list_of(record))}

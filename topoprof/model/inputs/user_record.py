@@ -76,10 +76,13 @@ def block_list_of(record: dict) -> str | None:
     return _as_read(record).get("block_list")
 
 
-def micro_batch_note(micro_batch: int, samples: int | None) -> str:
+def micro_batch_note(micro_batch: int, record: dict) -> str:
     """What a user's model with no --micro-batch-size is planned at, and why."""
-    if samples is not None:
+    read = _as_read(record)
+    if read.get("samples") is not None:
         return f"micro-batch {micro_batch}: the samples its example batch holds (no --micro-batch-size given)"
+    if "samples" not in read:  # its pass on meta failed before its batch was read
+        return f"micro-batch {micro_batch}: its example batch was not read; give --micro-batch-size"
     return (f"micro-batch {micro_batch}: the tensors of its example batch share no first dimension to count its "
             "samples by; give --micro-batch-size")
 
