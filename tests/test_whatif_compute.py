@@ -203,11 +203,11 @@ def test_a_users_model_is_planned_at_the_samples_its_example_batch_holds(model_r
     base = ["--model", os.path.join(USER_MODELS, "tied.py:build"), "--gpu", "h100-sxm", "--world-size", "1",
             "--no-sweep"]
     doc = _json(model_runs, *base)
-    assert doc["inputs"]["micro_batch_size"]["value"] == 4
+    assert doc["inputs"]["micro_batch_size"] == {"value": 4, "source": "the samples its example batch holds"}
     assert doc["inputs"]["compute_model"]["value"]["shape"] == "4x32"
     assert "micro-batch 4: the samples its example batch holds (no --micro-batch-size given)" in doc["warnings"]
     given = _json(model_runs, *base, "--micro-batch-size", "2")
-    assert given["inputs"]["micro_batch_size"]["value"] == 2
+    assert given["inputs"]["micro_batch_size"] == {"value": 2, "source": "given"}
     assert given["inputs"]["compute_model"]["value"]["shape"] == "2x32"
     assert not [w for w in given["warnings"] if "--micro-batch-size" in w]
     assert given["inputs"]["compute_model"]["value"]["flops"] == pytest.approx(

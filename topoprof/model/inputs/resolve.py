@@ -20,6 +20,7 @@ from topoprof.model.inputs.link_choice import job_cluster
 from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
 from topoprof.model.inputs.user_record import (
     block_list_of,
+    example_batch_of,
     flop_order_reason,
     micro_batch_note,
     user_compute,
@@ -89,6 +90,8 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     notes: list[str] = [order.note] if order.note else []
     if not w.micro_batch_stated:
         notes.append(micro_batch_note(w.micro_batch_size, record))
+        if example_batch_of(record)[0] is not None:
+            work_kw = {**work_kw, "micro_batch_source": "the samples its example batch holds"}
     stands = user.timed and timing_stands(record, compute)
     layout = user_layout(record, order)
     work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(layout, block_list_of(record))}

@@ -35,6 +35,7 @@ class Workload:
     grad_bytes: int = 4  # 4 under torch.autocast (fp32 params), 2 for pure bf16/fp16
     param_bytes: int = 4  # what DataParallel's replicate broadcasts per parameter
     micro_batch_size: int = 1  # samples per GPU per micro-batch
+    micro_batch_source: str = "given"  # where it comes from, as the JSON's inputs say
     # per GPU; for the FLOPs estimate. An image model's (layout.unit "image") is its micro_batch_size.
     tokens_per_micro_batch: int | None = None
     bucket_cap_mb: float | None = None  # None = torch default (25 MiB, first bucket 1 MiB)

@@ -162,7 +162,8 @@ def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | Non
     dp_overhead = inputs.compute.dp_thread_overhead_s
     given = ("grad_bytes", "param_bytes", "micro_batch_size", "tokens_per_micro_batch",
              "gradient_as_bucket_view")
-    echo = {**times.echo, **{name: (getattr(work, name), "given") for name in given},
+    sources = {"micro_batch_size": work.micro_batch_source}
+    echo = {**times.echo, **{name: (getattr(work, name), sources.get(name, "given")) for name in given},
             **({"tokens_per_micro_batch": (work.tokens_per_micro_batch, "images: micro_batch_size (an image "
                                            "model's FLOPs are per image)")} if work.layout.unit == "image" else {}),
             "model": (work.layout.name, work.layout.source),
