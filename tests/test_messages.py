@@ -56,7 +56,7 @@ EXAMPLES: list[Message] = [
     UserModelJob("model.py:build", "cuda:0", 2, "/tmp", "fp16", "sgd", {"depth": 2}, {"micro_batch": 4},
                  {"gpu": "H100"}, "full", "blocks"),
     OpTraceJob("model.py:build", {"depth": 2}, {"seq_len": 8}, {"gpu": "H100"}, "/tmp", "op", "layers",
-               [{"kwargs": {"depth": 3}}], 4),
+               [{"kwargs": {"depth": 3}}]),
     ProfileJob("cuda", True, 30.0),
     CollectivesJob(["all_reduce", "all_gather"], [8, 16], 3, 1, "float16", "max", False, 1, ["intra", "job"]),
     TrainingJob(**TRAINING),

@@ -32,17 +32,15 @@ def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = Non
 
 def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: dict | None = None,
                  timeout_s: float = TRACE_TIMEOUT_S, unit: str | None = None,
-                 resize_from: int | None = None,
                  progress: Callable[[str], None] | None = None) -> list[dict | TraceFailure] | TraceFailure:
     """Several passes of one model in one worker: each variant's `kwargs` (over `kwargs`), `stated`
     shape, `target` (default `target`) and, for a user's model, `ac` (its blocks, the children of
     `unit` else the block list found, checkpointed so); a variant with `whole` keeps the whole
-    trace (the ops by name, the parameters), as `trace_model` does. `resize_from`: the micro-batch
-    a user's example batch was built at, resized to each variant's. The traces in the variants'
+    trace (the ops by name, the parameters), as `trace_model` does; a user's example batch is
+    resized from the samples it holds to each variant's (`op_trace.resized`). The traces in the variants'
     order (each may be its `TraceFailure`), or the worker's `TraceFailure` where it gave nothing;
     `progress` hears the stages of a `whole` pass."""
-    job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=variants,
-                     resize_from=resize_from or None)
+    job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=variants)
     result = _run_trace_worker(job, (OpTracesResult,), timeout_s, progress_messages(progress))
     return result.passes() if isinstance(result, OpTracesResult) else TraceFailure(str(result), "worker")
 

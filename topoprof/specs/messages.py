@@ -148,7 +148,7 @@ class OpTraceJob(Message):
     blocks are checkpointed how."""
 
     KIND: ClassVar[str] = "op_trace_job"
-    VERSION: ClassVar[int] = 2  # 2: a variant may ask for the whole trace
+    VERSION: ClassVar[int] = 3  # 2: a variant may ask for the whole trace; 3: no resize_from (the batch's own samples)
 
     spec: str
     kwargs: dict | None = None
@@ -158,7 +158,6 @@ class OpTraceJob(Message):
     ac: str | None = None
     blocks: str | None = None
     variants: list[dict] | None = None
-    resize_from: int | None = None
 
 
 @message

@@ -648,7 +648,7 @@ def run_rank(ctx, job: OpTraceJob) -> None:
         return
     ctx.progress(f"tracing {job.spec} on meta")
     traced = with_selective_cost([trace_user_model(job.spec, job.stated, job.kwargs, job.target, ctx.progress,
-                                                   job.blocks, job.ac, job.resize_from)])[0]
+                                                   job.blocks, job.ac)])[0]
     ctx.send(traced if isinstance(traced, TraceFailure) else OpTraceResult(trace=traced))
 
 
@@ -674,7 +674,7 @@ def _variant(ctx, job: OpTraceJob, variant: dict) -> dict | TraceFailure:
     ctx.progress(f"tracing {job.spec} {kwargs} {stated} on meta")
     traced = trace_user_model(job.spec, stated, kwargs, variant.get("target", job.target),
                               ctx.progress if whole else None, blocks=job.blocks, ac=variant.get("ac", job.ac),
-                              resize_from=job.resize_from, depth=variant.get("depth"))
+                              depth=variant.get("depth"))
     if isinstance(traced, TraceFailure) or whole:
         return traced
     return {k: v for k, v in traced.items() if k not in ("by_name", "params")}

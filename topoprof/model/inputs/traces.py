@@ -74,7 +74,6 @@ def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth
 
 def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
     """The passes, or the first failure's reason."""
-    # each resized from the samples its batch holds as built (`op_trace.resized`)
     return _every_pass(trace_models(shape.spec, None, variants, unit=shape.unit))
 
 
