@@ -19,6 +19,7 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write
 sys.path.insert(0, os.path.dirname(__file__))
 
 from helpers.cli import ModelRuns  # noqa: E402 - found through the path set above
+from helpers.cli_server import CliServer  # noqa: E402 - found through the path set above
 from helpers.shared_fork_server import SharedForkServer  # noqa: E402 - found through the path set above
 
 # pytest-xdist runs one worker per core: torch in each (and in the commands and ranks they start)
@@ -30,17 +31,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_sessionstart(session):
-    """A process that runs tests starts the fork server its commands share (`SharedForkServer`),
-    once the environment above is set; pytest-xdist's controller runs none."""
+    """A process that runs tests starts the fork server its commands share (`SharedForkServer`)
+    and the server its commands are forked from (`CliServer`), once the environment above is set;
+    pytest-xdist's controller runs none."""
     if hasattr(session.config, "workerinput") or not session.config.getoption("numprocesses", None):
         session.config.shared_fork_server = SharedForkServer()
         session.config.shared_fork_server.name_it()
+        session.config.cli_server = CliServer()
+        session.config.cli_server.name_it()
 
 
 def pytest_sessionfinish(session):
-    server = getattr(session.config, "shared_fork_server", None)
-    if server is not None:
-        server.stop()
+    for name in ("cli_server", "shared_fork_server"):
+        server = getattr(session.config, name, None)
+        if server is not None:
+            server.stop()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import cli_server
+
 ROOT = Path(__file__).resolve().parent.parent
 # Selective op checkpointing's host cost per op is measured where the model runs; stated, as
 # tests/golden/outputs.py states it, so that an example's output depends on the code alone.
@@ -280,8 +282,8 @@ def run(example: Example) -> Outcome:
         tmp = Path(name)
         _scratch(tmp)
         try:
-            proc = subprocess.run([sys.executable, "-m", "topoprof", *args], cwd=tmp, env=_environment(example, tmp),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+            proc = cli_server.run(args, cwd=tmp, env=_environment(example, tmp), stderr=subprocess.STDOUT,
+                                  timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return Outcome(example, False, time.monotonic() - started, f"no end after {TIMEOUT_S} s")
         text = proc.stdout.decode("utf-8", "replace")

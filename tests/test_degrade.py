@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import topoprof
 from helpers.fake_driver import driver_env, fixture_body
 
 TOPO = Path(__file__).parent / "fixtures" / "topo"
@@ -16,8 +16,7 @@ H100_VM = TOPO / "28_h100-1x-vm-driver580-ansi-raw.txt"
 
 
 def _cli(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return topoprof(*args, env=env, timeout=timeout)
 
 
 def _probes(doc: dict) -> dict:

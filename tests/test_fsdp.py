@@ -2,10 +2,8 @@
 `topoprof model` listing the FSDP strategies."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers.cli import topoprof
 from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN, ROOT
 from helpers.model_reports import model_report
 
@@ -191,8 +189,7 @@ def test_gloo_prices_no_overlap():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "topoprof", "model", *args], capture_output=True, text=True,
-                          timeout=120)
+    return topoprof("model", *args, timeout=120)
 
 
 @pytest.mark.slow

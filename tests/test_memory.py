@@ -3,10 +3,9 @@ recommended."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import topoprof
 from helpers.model_reports import model_report
 
 from topoprof.model.comm.collectives import RingComm
@@ -160,16 +159,15 @@ def test_advice_says_a_duration_in_the_unit_its_size_reads_in():
 
 @pytest.mark.slow
 def test_model_cli_says_what_does_not_fit():
-    proc = subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "llama-7b", "--gpu", "h100-sxm",
-                           "--world-size", "8", "--tokens", "4096", "--link-bandwidth", "370", "--no-sweep",
-                           "--micro-batch-time", "0.4"],  # the compute given; the memory still traced
-                          capture_output=True, text=True, timeout=120)
+    proc = topoprof("model", "--preset", "llama-7b", "--gpu", "h100-sxm", "--world-size", "8", "--tokens", "4096",
+                    "--link-bandwidth", "370", "--no-sweep",
+                    "--micro-batch-time", "0.4",  # the compute given; the memory still traced
+                    timeout=120)
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.startswith("ddp_synced "))
     assert "does not fit: needs 167.6 GB of 85.9 GB" in row
-    doc = json.loads(subprocess.run([sys.executable, "-m", "topoprof", "model", "--preset", "gpt2", "--gpu", "h100-sxm",
-                                     "--world-size", "2", "--tokens", "1024", "--link-bandwidth", "370", "--no-sweep",
-                                     "--json"], capture_output=True, text=True, timeout=120).stdout)
+    doc = json.loads(topoprof("model", "--preset", "gpt2", "--gpu", "h100-sxm", "--world-size", "2", "--tokens", "1024",
+                              "--link-bandwidth", "370", "--no-sweep", "--json", timeout=120).stdout)
     mem = doc.get("model", doc)["strategies"]["ddp_synced"]["memory"]
     assert mem["fits"] is True and mem["basis"] == "counted" and set(mem["parts_gb"]) >= {"params", "activations"}
 
@@ -245,10 +243,9 @@ def test_a_what_if_counts_the_activations_from_its_op_trace():
     twice the images hold twice the batch's tensors, less the few that do not scale (batch norm's
     per-channel statistics, the loss)."""
     def activations(images: int) -> dict:
-        doc = json.loads(subprocess.run(
-            [sys.executable, "-m", "topoprof", "model", "--preset", "resnet50", "--gpu", "a100-sxm4-80gb",
-             "--world-size", "1", "--micro-batch-size", str(images), "--image-size", "64", "--no-sweep", "--json"],
-            capture_output=True, text=True, timeout=180).stdout)
+        doc = json.loads(topoprof("model", "--preset", "resnet50", "--gpu", "a100-sxm4-80gb", "--world-size", "1",
+                                  "--micro-batch-size", str(images), "--image-size", "64", "--no-sweep", "--json",
+                                  timeout=180).stdout)
         return doc.get("model", doc)["inputs"]["activation_memory_gb"]
 
     one, two = activations(2), activations(4)

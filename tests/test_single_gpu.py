@@ -4,12 +4,11 @@ from nominal links, as ranges labelled what-if."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.cli import topoprof
 from helpers.fake_driver import driver_env, fixture_body
 
 from topoprof.model.compute.timing import Compute
@@ -62,9 +61,8 @@ def test_a_pcie_card_of_an_nvlink_generation_gets_no_nvlink_what_if():
 def _scan(tmp_path, *extra):
     env = driver_env(tmp_path, smi_output=fixture_body(H100_VM), nvml_scenario="h100_vm_1x")
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--backend", "gloo", "--nproc", "1", "--quick",
-                           "--preset", "gpt2", "--out", str(out), *extra],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = topoprof("scan", "--backend", "gloo", "--nproc", "1", "--quick", "--preset", "gpt2", "--out", str(out),
+                    *extra, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out
 

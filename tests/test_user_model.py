@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.cli import topoprof
 
 from topoprof.errors import InputError
 from topoprof.model.ddp.buckets import ddp_buckets
@@ -109,9 +110,8 @@ def test_spec_is_checked_before_anything_runs(spec, says):
 
 
 def _model_cli(spec: str):
-    return subprocess.run([sys.executable, "-m", "topoprof", "model", "--model", spec, "--world-size", "2",
-                           "--link-bandwidth", "10", "--accum", "4", "--no-sweep", "--json"],
-                          capture_output=True, text=True, timeout=300)
+    return topoprof("model", "--model", spec, "--world-size", "2", "--link-bandwidth", "10", "--accum", "4",
+                    "--no-sweep", "--json", timeout=300)
 
 
 def test_model_command_uses_the_measured_model():
@@ -145,9 +145,8 @@ def test_bad_user_model_is_one_line_and_exit_2(callable_name, says, traceback):
 def test_validate_trains_the_user_model_in_every_mode():
     import json
 
-    proc = subprocess.run([sys.executable, "-m", "topoprof", "validate", "--model", f"{FIXTURE}:build",
-                           "--nproc", "2", "--backend", "gloo", "--steps", "2", "--warmup-steps", "1", "--json"],
-                          capture_output=True, text=True, timeout=600)
+    proc = topoprof("validate", "--model", f"{FIXTURE}:build", "--nproc", "2", "--backend", "gloo", "--steps", "2",
+                    "--warmup-steps", "1", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["setup"]["spec"] == {"user_model": f"{FIXTURE}:build"}
@@ -176,9 +175,8 @@ def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
     import json
 
     def scan(name, out):
-        return subprocess.run([sys.executable, "-m", "topoprof", "scan", "--quick", "--no-validate", "--nproc", "2",
-                               "--backend", "gloo", "--model", f"{FIXTURE}:{name}", "--out", str(out)],
-                              capture_output=True, text=True, timeout=600)
+        return topoprof("scan", "--quick", "--no-validate", "--nproc", "2", "--backend", "gloo", "--model",
+                        f"{FIXTURE}:{name}", "--out", str(out), timeout=600)
 
     proc = scan("build", tmp_path / "ok")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -188,8 +186,7 @@ def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
     assert "measured on cpu" in pred["compute_source"]
     assert pred["inputs"]["micro_batch_size"]["value"] == 4  # its example batch's samples, timed and trained so
     assert "user_record" not in report["inputs"] and report["inputs"]["user_model"] == f"{FIXTURE}:build"
-    given = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--model", f"{FIXTURE}:build",
-                            "--micro-batch-size", "2"], capture_output=True, text=True, timeout=120)
+    given = topoprof("scan", "--model", f"{FIXTURE}:build", "--micro-batch-size", "2", timeout=120)
     assert given.returncode == 2 and "a scan trains your --model on the example batch" in given.stderr
     proc = scan("raises", tmp_path / "bad")
     assert proc.returncode == 2

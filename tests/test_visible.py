@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from fake_nvml import make_fake_nvml
+from helpers.cli import topoprof
 from helpers.fake_driver import driver_env
 
 from topoprof.jsonio import to_jsonable
@@ -183,8 +184,7 @@ def test_topo_command_marks_the_jobs_gpus_without_torch(tmp_path):
     assert imported and not any(name.split(".")[0] == "torch" for name in imported)
     assert (f"* = visible to this job (CUDA_VISIBLE_DEVICES=GPU-8f2a,{GPU2[:12]}): cuda:0 = GPU6, cuda:1 = GPU2"
             in proc.stdout)
-    doc = json.loads(subprocess.run([sys.executable, "-m", "topoprof", "topo", "--json"], env=env,
-                                    capture_output=True, text=True, timeout=120).stdout)
+    doc = json.loads(topoprof("topo", "--json", env=env, timeout=120).stdout)
     assert [(d["ordinal"], d["gpu"]) for d in doc["topology"]["job_gpus"]] == [(0, 6), (1, 2)]
 
 
@@ -333,9 +333,8 @@ def test_a_one_gpu_job_on_an_eight_gpu_node_gets_its_gpus_what_if(tmp_path):
     env = driver_env(tmp_path, nvml_scenario=NODE)
     env["CUDA_VISIBLE_DEVICES"] = "5"
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "topoprof", "scan", "--backend", "gloo", "--nproc", "1", "--quick",
-                           "--preset", "gpt2", "--micro-batch-time", "0.03", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = topoprof("scan", "--backend", "gloo", "--nproc", "1", "--quick", "--preset", "gpt2", "--micro-batch-time",
+                    "0.03", "--out", str(out), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report, md = json.loads((out / "report.json").read_text()), (out / "report.md").read_text()
     assert [d["gpu"] for d in report["topology"]["job_gpus"]] == [5] and len(report["topology"]["gpus"]) == 8

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # run as a script too: the checkout, and the tests' helpers
+from helpers import cli_server  # noqa: E402 - found through the path set above
 from helpers.cli import ModelRun  # noqa: E402 - found through the path set above
 
 HERE = Path(__file__).resolve().parent / "outputs"
@@ -93,8 +94,7 @@ STATED = {"TOPOPROF_SELECTIVE_CHECKPOINT_RATIO": "4.2"}
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600, env={**os.environ, **STATED})
+    return cli_server.run(args, cwd=ROOT, timeout=600, env={**os.environ, **STATED}, text=True)
 
 
 def _kept(proc: subprocess.CompletedProcess, stdout: str) -> str:
@@ -121,8 +121,7 @@ def model_outputs(name: str, args: list[str]) -> dict[str, str]:
 def report_output() -> str:
     """`topoprof report` on the committed H200 scan: the Markdown it writes, and its exit."""
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, "-m", "topoprof", "report", str(SCAN), "--out", tmp],
-                              capture_output=True, text=True, cwd=ROOT, timeout=600)
+        proc = cli_server.run(["report", str(SCAN), "--out", tmp], cwd=ROOT, timeout=600, text=True)
         markdown = (Path(tmp) / "report.md").read_text() if (Path(tmp) / "report.md").exists() else ""
         return normalized(f"exit {proc.returncode}\n--- stdout\n{proc.stdout.replace(tmp, '<out>')}--- report.md\n"
                           f"{markdown}")

@@ -7,15 +7,16 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import cli_server
 
-def topoprof(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-    """Its exit code, stdout and stderr as text; `timeout` only stops a hung command."""
-    return subprocess.run([sys.executable, "-m", "topoprof", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
+
+def topoprof(*args: str, timeout: float = 600, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    """Its exit code, stdout and stderr as text; `timeout` only stops a hung command. Forked from
+    the test process's command server where it may be (`helpers.cli_server`)."""
+    return cli_server.run(list(args), env=env, cwd=cwd, timeout=timeout, text=True)
 
 
 @dataclass(frozen=True)
