@@ -13,7 +13,7 @@ from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
 from topoprof.model.inputs.sampled import SampledPasses
-from topoprof.model.inputs.user_record import ReadyOrder, flop_order_reason
+from topoprof.model.inputs.user_record import ReadyOrder, timed_on
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.specs.messages import TraceFailure
 
@@ -76,8 +76,7 @@ class Evidence:
 def timing_stands(record: dict, compute: ComputeRequest) -> bool:
     """A timing here is the compute predicted where no --gpu is named, or the --gpu is the GPU it
     was timed on; never another device's."""
-    return compute.gpu is None or flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
-                                                    None) is None
+    return timed_on(record, compute.gpu)
 
 
 def what_if_priced(compute: ComputeRequest) -> bool:

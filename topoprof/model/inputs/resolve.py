@@ -10,22 +10,10 @@ from topoprof.errors import InputError
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.fsdp.plan import fsdp_plan
-from topoprof.model.inputs.evidence import (
-    Evidence,
-    UserModelRun,
-    timing_stands,
-    what_if_priced,
-)
+from topoprof.model.inputs.evidence import Evidence, UserModelRun, what_if_priced
 from topoprof.model.inputs.link_choice import job_cluster
 from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
-from topoprof.model.inputs.user_record import (
-    block_list_of,
-    example_batch_of,
-    flop_order_reason,
-    micro_batch_note,
-    user_compute,
-    user_layout,
-)
+from topoprof.model.inputs.user_record import UserModelRead, read_user_model
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.model.strategies.job import ModelInputs, Workload
 from topoprof.workload.checkpointing import describe_wrapped
@@ -85,29 +73,30 @@ def _workload_and_compute(evidence: Evidence) -> _Completed:
 def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Completed:
     """`_workload_and_compute` for a user's model, timed here or traced on meta only."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
-    record, order = user.record, user.order
+    record = user.record
+    read = read_user_model(record, user.order, w.micro_batch_size, compute.gpu)
     origins: list = []
-    notes: list[str] = [order.note] if order.note else []
+    notes: list[str] = [user.order.note] if user.order.note else []
     if not w.micro_batch_stated:
-        notes.append(micro_batch_note(w.micro_batch_size, record))
-        if example_batch_of(record)[0] is not None:
+        notes.append(read.micro_batch_note)
+        if read.samples is not None:
             work_kw = {**work_kw, "micro_batch_source": "the samples its example batch holds"}
-    stands = user.timed and timing_stands(record, compute)
-    layout = user_layout(record, order)
-    work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(layout, block_list_of(record))}
-    workload = Workload(layout, **work_kw,
-                        measured_memory=record.get("memory") if stands else None)
+    stands = user.timed and read.timed_on_gpu
+    work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(read.layout, read.block_list)}
+    workload = Workload(read.layout, **work_kw, measured_memory=record.get("memory") if stands else None)
     if record.get("checkpointing"):
         notes.append(describe_wrapped(record["checkpointing"]))
-    modelled, why = _user_model_modelled(record, compute, evidence)
+    # the GPU predicted prices the model's own ops, unless it was timed on that GPU
+    what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
+    modelled, why = priced(record.get("op_trace"), evidence.pricing) if what_if else ({}, None)
     if why is not None:  # a what-if whose own ops could not be priced: the datasheet's range stands in
         _need_tokens_for_the_datasheet(w, compute, why)
         notes.append(fallback_note(why))
     if stands:
         if not modelled and why is None:
-            compute, origins = _measured(compute, user_compute(record))
+            compute, origins = _measured(compute, _timing(read))
     elif user.timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
-        notes.append(_timed_elsewhere_note(user_compute(record), record, compute.gpu))
+        notes.append(_timed_elsewhere_note(_timing(read), record, compute.gpu))
     memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
     # measured here: the model beside it
     if user.timed and not modelled and why is None and record["device"].startswith("cuda"):
@@ -115,6 +104,12 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     return _Completed(workload, compute, memory, origins, notes, modelled)
+
+
+def _timing(read: UserModelRead) -> dict:
+    """The timing of a model timed here (its record has one)."""
+    assert read.measured is not None
+    return read.measured
 
 
 def _found_unit(layout, found: str | None) -> str | None:
@@ -187,18 +182,6 @@ def _need_tokens_for_the_datasheet(w: WorkloadRequest, compute: ComputeRequest, 
     if w.tokens is None and not compute.given and compute.utilization is None:
         raise InputError(f"--model {w.user_model}: its own ops could not be priced ({why}), and the datasheet range "
                          "that stands in needs --tokens N (tokens per GPU per micro-batch); or give --micro-batch-time")
-
-
-def _user_model_modelled(record: dict, compute: ComputeRequest, evidence: Evidence) -> tuple[dict, str | None]:
-    """The user's model on the GPU predicted: ({}, None) where the timing stands (no --gpu, or
-    timed on that GPU; the modelled range then goes beside it), else the modelled fields, or
-    ({}, why) where its ops could not be priced."""
-    if not what_if_priced(compute):
-        return {}, None
-    if compute.gpu is not None and flop_order_reason(record["device"], record.get("device_name"), compute.gpu,
-                                                     None) is None:
-        return {}, None  # timed on the GPU predicted
-    return priced(record.get("op_trace"), evidence.pricing)
 
 
 def _measured(compute: ComputeRequest, measured: dict) -> tuple[ComputeRequest, list]:

@@ -107,6 +107,12 @@ def flop_order_reason(device: str, device_name: str | None, gpu: str | None,
     return None
 
 
+def timed_on(record: dict, gpu: str | None) -> bool:
+    """Whether a model's timing here is the compute of `gpu`: no GPU is named, or it names the GPU
+    the model was timed on; never another device's."""
+    return gpu is None or flop_order_reason(record["device"], record.get("device_name"), gpu, None) is None
+
+
 def trace_wanted(device: str, gpu: str | None, micro_batch_time: float | None) -> bool:
     """Whether the FLOP order may be needed, before the timed GPU's name is known."""
     return micro_batch_time is not None or not device.startswith("cuda") or gpu is not None
@@ -179,6 +185,26 @@ def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
     return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
                   f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); "
                   f"{order.text}")
+
+
+@dataclass(frozen=True)
+class UserModelRead:
+    """What the model's inputs take from a user's model's record, read at once (`read_user_model`)."""
+
+    layout: Layout            # its trainable parameters, ready in the order chosen (`user_layout`)
+    block_list: str | None    # the module whose children are its blocks (`block_list_of`)
+    samples: int | None       # its example batch's (`example_batch_of`)
+    micro_batch_note: str     # what it is planned at where no --micro-batch-size was given
+    timed_on_gpu: bool        # timed on the GPU predicted, or none is named (`flop_order_reason`)
+    measured: dict | None     # its timing's medians (`user_compute`), where it was timed here
+
+
+def read_user_model(record: dict, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
+    """`record` read for the model's inputs: planned at `micro_batch`, for `gpu` (None: the device
+    it was timed on)."""
+    return UserModelRead(user_layout(record, order), block_list_of(record), example_batch_of(record)[0],
+                         micro_batch_note(micro_batch, record), timed_on(record, gpu),
+                         user_compute(record) if record.get("passes") else None)
 
 
 def user_compute(record: dict) -> dict:
