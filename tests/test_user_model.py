@@ -145,15 +145,19 @@ def test_bad_user_model_is_one_line_and_exit_2(callable_name, says, traceback):
 def test_validate_trains_the_user_model_in_every_mode():
     import json
 
-    proc = topoprof("validate", "--model", f"{FIXTURE}:build", "--nproc", "2", "--backend", "gloo", "--steps", "2",
+    given = topoprof("validate", "--model", f"{FIXTURE}:pair", "--micro-batch", "4", timeout=120)
+    assert given.returncode == 2 and "validate trains your --model on the example batch" in given.stderr
+    proc = topoprof("validate", "--model", f"{FIXTURE}:pair", "--nproc", "2", "--backend", "gloo", "--steps", "2",
                     "--warmup-steps", "1", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert doc["setup"]["spec"] == {"user_model": f"{FIXTURE}:build"}
-    assert doc["label"] == f"user:{FIXTURE}:build"
+    assert doc["setup"]["spec"] == {"user_model": f"{FIXTURE}:pair"}
+    assert doc["label"] == f"user:{FIXTURE}:pair"
+    # trained on its example batch of 2 every micro-batch, and planned so (the default of 4 before)
+    assert doc["setup"]["micro_batch"] == 2
     from topoprof.zoo.user_callable import call_user_callable
 
-    module = call_user_callable(f"{FIXTURE}:build")[0]
+    module = call_user_callable(f"{FIXTURE}:pair")[0]
     assert doc["setup"]["params"] == sum(p.numel() for p in module.parameters() if p.requires_grad)
     assert doc["numerics"] is None                       # the numerics check trains the synthetic model
     for mode in ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only"):
@@ -166,8 +170,23 @@ def test_validate_trains_the_user_model_in_every_mode():
     from topoprof.model.ddp.buckets import ddp_buckets
     from topoprof.model.inputs.user_record import user_layout
 
-    predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure_user_model(f"{FIXTURE}:build", "cpu", 1)), 4))
+    predicted = sorted(b.numel for b in ddp_buckets(user_layout(measure_user_model(f"{FIXTURE}:pair", "cpu", 1)), 4))
     assert sorted(doc["rotations"]["rotations"][0][0]["bucket_numel"]) == predicted
+
+
+def test_a_scans_validation_plans_a_users_model_at_its_example_batch():
+    """The validation trains a user's model on its example batch: its micro-batch is that batch's
+    samples (1 where they cannot be counted), the synthetic model's default otherwise."""
+    from dataclasses import replace
+
+    from topoprof.scan.options import ScanOptions, validate_options
+
+    record = {"spec": f"{FIXTURE}:pair", "device": "cpu", "samples": 2, "ready": [[0, 1.0]],
+              "params": [{"name": "w", "shape": [4, 4], "requires_grad": True, "aliases": []}]}
+    opts = ScanOptions("gloo", 2, "", user_model=f"{FIXTURE}:pair", user_record=record)
+    assert validate_options(opts).micro_batch == 2
+    assert validate_options(replace(opts, user_record={**record, "samples": None})).micro_batch == 1
+    assert validate_options(ScanOptions("gloo", 2, "")).micro_batch == 4
 
 
 @pytest.mark.slow

@@ -41,7 +41,8 @@ from topoprof.zoo.hf_spec import ATTN_CHOICES
 @click.option("--micro-batch-size", type=click.IntRange(min=1),
               help="Samples per GPU per micro-batch (default 1; a --model's: the samples its example batch holds).")
 @click.option("--tokens", type=click.IntRange(min=1),
-              help="Tokens per GPU per micro-batch (for the FLOPs estimate; not for an image --preset).")
+              help="Tokens per GPU per micro-batch (for the FLOPs estimate; not for an image --preset). A --model "
+                   "with no --micro-batch-size takes them as each sample's seq_len.")
 @click.option("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: torch's 25 with a 1 MiB first bucket).")
 @click.option("--fsdp-param-dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True,
               help="FSDP MixedPrecisionPolicy.param_dtype: what each all-gather moves per parameter "

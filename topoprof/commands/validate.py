@@ -9,7 +9,7 @@ from topoprof.measure.launch import is_reporting_rank
 from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
 from topoprof.model.inputs.user_model import measure_here
-from topoprof.model.inputs.user_record import user_layout
+from topoprof.model.inputs.user_record import example_batch_of, user_layout
 from topoprof.model.validate.report import read_validate_report
 from topoprof.model.validate.run import (
     FSDP_BACKENDS,
@@ -35,8 +35,9 @@ from topoprof.report.text_validate import render_validate
               help="Train your own model instead: a function returning (module, example_batch[, loss_fn]).")
 @click.option("--scale", type=float, default=0.05, show_default=True, help="Parameter scale for --preset.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--micro-batch", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Samples per rank per micro-batch.")
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+              help="Samples per rank per micro-batch (default 4; a --model trains its example batch, at the samples "
+                   "it holds).")
 @click.option("--accum", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Timed rotations: each measures every input and one step of every mode.")
@@ -75,11 +76,16 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
         if params or preset:
             raise InputError("give at most one of --params, --preset or --model")
 
-        layout = user_layout(measure_here(user_model))
+        if micro_batch is not None:
+            raise InputError("--micro-batch: validate trains your --model on the example batch its callable returns, "
+                             "at the samples it holds; build that batch at the micro-batch you want")
+        record = measure_here(user_model)
+        layout = user_layout(record)
         label = layout.name
+        micro_batch = example_batch_of(record)[0] or 1  # its tensors share no first dimension: counted as one
     if threads is None and backend == "gloo":
         threads = cpu_threads_per_rank(nproc)
-    opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch,
+    opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch or 4,
                            accum=accum, steps=steps, warmup_steps=warmup_steps,
                            modes=mode_list, threads=threads,
                            numerics=numerics, timeout_s=timeout_s, user_model=user_model, user_layout=layout, ac=ac)

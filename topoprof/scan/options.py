@@ -7,7 +7,7 @@ from typing import Any
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
 from topoprof.model.inputs.request import check_image_options, check_spec, parse_count
-from topoprof.model.inputs.user_record import user_layout
+from topoprof.model.inputs.user_record import example_batch_of, user_layout
 from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
 from topoprof.specs.messages import CollectivesJob
 from topoprof.workload.checkpointing import parse_checkpointing
@@ -94,10 +94,11 @@ def validate_options(opts: ScanOptions):
     if opts.user_record is not None:  # the user's own model is trained instead
 
         layout = user_layout(opts.user_record)
-        user = dict(user_model=opts.user_model, user_layout=layout, label=layout.name)
-    return ValidateOptions(**{"label": f"synthetic {spec.params / 1e6:.1f}M", **user}, backend=opts.backend,
-                           nproc=opts.nproc, spec=spec,
-                           micro_batch=8 if gpu else 4, accum=4, steps=QUICK_ROTATIONS if opts.quick else ROTATIONS,
+        user = dict(user_model=opts.user_model, user_layout=layout, label=layout.name,
+                    micro_batch=example_batch_of(opts.user_record)[0] or 1)  # the batch its validation trains
+    return ValidateOptions(**{"label": f"synthetic {spec.params / 1e6:.1f}M", "micro_batch": 8 if gpu else 4, **user},
+                           backend=opts.backend, nproc=opts.nproc, spec=spec, accum=4,
+                           steps=QUICK_ROTATIONS if opts.quick else ROTATIONS,
                            warmup_steps=1 if opts.quick else 2, numerics=not opts.quick,
                            threads=None if gpu else cpu_threads_per_rank(opts.nproc), timeout_s=opts.timeout_s)
 
