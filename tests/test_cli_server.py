@@ -80,3 +80,25 @@ def test_an_environment_python_starts_otherwise_runs_its_own_interpreter(server,
     assert cli_server.same_start({**os.environ, "PYTHONPATH": str(tmp_path / "elsewhere")}, modules)
     proc = cli_server.run(["--version"], env={**os.environ, "PYTHONHASHSEED": "7"}, timeout=120, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("topoprof, version ")
+
+
+def test_a_server_whose_test_process_was_killed_leaves():
+    """A test process killed before it could stop its server leaves no server behind."""
+    code = ("import os, sys, time; sys.path.insert(0, %r); from helpers.cli_server import CliServer; "
+            "s = CliServer(); print(s.proc.pid, flush=True); time.sleep(600)" % os.path.dirname(__file__))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{server}") and _state(server) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{server}") or _state(server) == "Z", "the server outlived its test process"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""

@@ -9,10 +9,11 @@ import those modules itself. So a test that looks at what a command imports, or 
 runs its own interpreter, and so does a command whose environment changes how Python starts
 (`same_start`): those fall back to `subprocess.run`.
 
-The server (`python cli_server.py SOCKET`) forks, for each request on its unix socket, a watcher
-that forks the command and reports its process id and, once it ends, its wait status: the server
-itself never waits on a child, and no thread runs in it when it forks. The client side is `run`,
-which answers as `subprocess.run` would, with the same captured text.
+The server (`python cli_server.py SOCKET PARENT_PID`; it leaves when that test process is gone)
+forks, for each request on its unix socket, a watcher that forks the command and reports its
+process id and, once it ends, its wait status: the server itself never waits on a child, and no
+thread runs in it when it forks. The client side is `run`, which answers as `subprocess.run`
+would, with the same captured text.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ import time
 
 SERVER_VAR = "TOPOPROF_TEST_CLI_SERVER"
 _MAX_REQUEST = 1 << 20
+# how often a server waiting for a command checks that its test process is still there
+_PARENT_CHECK_S = 2.0
 # how long a first command waits for the server to import the command line (a second, unloaded)
 _START_S = 60
 # variables Python or the locale read as an interpreter starts, not as a command runs
@@ -74,7 +77,7 @@ class CliServer:
         self.folder = tempfile.mkdtemp(prefix="topoprof-cli-server-")
         self.path = os.path.join(self.folder, "socket")
         with open(os.path.join(self.folder, "log"), "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path],
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path, str(os.getpid())],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
     def name_it(self) -> None:
@@ -175,8 +178,9 @@ def _as_text(data: bytes | None) -> str | None:
 # ---- the server -------------------------------------------------------------------------------
 
 
-def serve(path: str) -> int:
-    """Answer requests until killed; in a command's process, return its exit code instead."""
+def serve(path: str, parent: int) -> int:
+    """Answer requests until killed, or until `parent` (its test process) is gone; in a command's
+    process, return its exit code instead."""
     import topoprof.cli  # noqa: F401 - what every command imports first, imported once here
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its watchers are reaped as they end
@@ -187,8 +191,16 @@ def serve(path: str) -> int:
     with open(path + ".modules", "w") as f:
         json.dump(_imported(), f)
     os.rename(path + ".partial", path)
+    listener.settimeout(_PARENT_CHECK_S)
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            if os.getppid() != parent:  # its test process is gone, killed before it could stop it
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+                return 0
+            continue
+        conn.setblocking(True)
         data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
         if os.fork() == 0:
             listener.close()
@@ -267,4 +279,4 @@ def _exit_code(code) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(serve(sys.argv[1], int(sys.argv[2])))
