@@ -215,20 +215,20 @@ def test_the_search_says_what_fits_and_why_not_when_it_cannot():
     from topoprof.model.strategies.search import search
 
     out = search(_inputs(), ["single", "ddp_synced", "fsdp_full_shard", "fsdp_full_shard_no_sync"], None)
-    assert out["modes"] == ["none", "full", "layer:2", "op"]
-    rows = {tuple(r["strategies"]): r for r in out["largest"]}
+    assert out.modes == ("none", "full", "layer:2", "op")
+    rows = {r.strategies: r for r in out.largest}
     assert set(rows) == {("single",), ("ddp_synced",), ("fsdp_full_shard",), ("fsdp_full_shard_no_sync",)}
-    assert "not priced here" in out["fastest_reason"]
-    (pair,) = out["no_sync"]
-    assert pair["no_sync"] == "fsdp_full_shard_no_sync" and pair["extra_gb"] > 0
+    assert out.fastest_reason is not None and "not priced here" in out.fastest_reason
+    (pair,) = out.no_sync
+    assert pair.no_sync == "fsdp_full_shard_no_sync" and pair.extra_gb > 0
     nameless = _inputs()
     unknown = search(ModelInputs(nameless.workload, Compute(micro_batch_time_s=0.1), nameless.cluster), ["ddp_synced"],
                      None)
-    assert "memory is unknown" in unknown["reason"]
+    assert unknown.reason is not None and "memory is unknown" in unknown.reason
     given = search(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=1024, activation_memory_gb=3.0),
                                Compute(gpu="h100-sxm", micro_batch_time_s=0.1), Cluster(RingComm(100.0, 3.4, 8), 1, 8)),
                    ["ddp_synced"], None)
-    assert "given for micro-batch 1 only" in given["reason"]
+    assert given.reason is not None and "given for micro-batch 1 only" in given.reason
 
 
 def test_the_fastest_that_fits_is_ranked_by_samples_per_second():
@@ -244,11 +244,11 @@ def test_the_fastest_that_fits_is_ranked_by_samples_per_second():
                 for mode, m in wanted for t in [0.05 * m * extra[mode]]}
 
     out = search(_inputs(), ["ddp_synced", "fsdp_full_shard"], price)
-    best = out["fastest"][0]
-    assert best["samples_per_s"] == max(c["samples_per_s"] for c in out["fastest"])
-    costs = {c["mode"]: c for c in out["mode_costs"]}
-    assert costs["none"]["extra_s"] == 0 and costs["full"]["extra_s"] == pytest.approx(0.01)
-    assert costs["full"]["recompute_s"] == pytest.approx(0.01)
+    best = out.fastest[0]
+    assert best.samples_per_s == max(c.samples_per_s for c in out.fastest)
+    costs = {c.mode: c for c in out.mode_costs}
+    assert costs["none"].extra_s == 0 and costs["full"].extra_s == pytest.approx(0.01)
+    assert costs["full"].recompute_s == pytest.approx(0.01)
 
 
 def test_a_strategy_whose_step_is_a_lower_bound_is_not_ranked_unless_its_cost_is_given():
@@ -263,11 +263,11 @@ def test_a_strategy_whose_step_is_a_lower_bound_is_not_ranked_unless_its_cost_is
 
     inputs = _inputs()
     out = search(inputs, ["dp", "ddp_synced"], price)
-    assert {c["strategy"] for c in out["fastest"]} == {"ddp_synced"}
-    assert set(out["unranked"]) == {"dp"} and "lower bound" in out["unranked"]["dp"]
+    assert {c.strategy for c in out.fastest} == {"ddp_synced"}
+    assert set(out.unranked) == {"dp"} and "lower bound" in out.unranked["dp"]
     priced = replace(inputs, compute=replace(inputs.compute, dp_thread_overhead_s=0.001))
     given = search(priced, ["dp", "ddp_synced"], price)
-    assert given["unranked"] == {} and "dp" in {c["strategy"] for c in given["fastest"]}
+    assert given.unranked == {} and "dp" in {c.strategy for c in given.fastest}
 
 
 def test_a_candidate_of_the_search_keeps_the_main_passs_optimizer_step():

@@ -137,14 +137,15 @@ def test_ddp_on_one_gpu_costs_its_kernels_and_copies():
 
 
 def test_nothing_to_gain_only_below_five_percent_at_the_top_of_the_range():
-    from topoprof.model.strategies.payload import model_payload
+    from topoprof.model.strategies.model_plan import plan_model
+    from topoprof.model.strategies.model_report import model_payload
     from topoprof.report.text_model import ddp_cost_share, render_model
 
-    heavy = read_model_report(model_payload(_inputs(replace(V100, micro_batch_time_s=50.0)),
-                                            {"link_bandwidth_gbps": 100}, sweep=False))
+    heavy = read_model_report(model_payload(plan_model(_inputs(replace(V100, micro_batch_time_s=50.0)),
+                                                       {"link_bandwidth_gbps": 100}, sweep=False)))
     assert ddp_cost_share(heavy)[2] < 5 and "nothing worth attacking" in render_model(heavy)
-    light = read_model_report(model_payload(_inputs(replace(V100, micro_batch_time_s=0.02)),
-                                            {"link_bandwidth_gbps": 100}, sweep=False))
+    light = read_model_report(model_payload(plan_model(_inputs(replace(V100, micro_batch_time_s=0.02)),
+                                                       {"link_bandwidth_gbps": 100}, sweep=False)))
     assert ddp_cost_share(light)[2] >= 5 and "nothing worth attacking" not in render_model(light)
     assert "Where DDP's cost goes" in render_model(light)
 

@@ -18,8 +18,8 @@ from topoprof.model.fsdp.gpu_costs import (
 )
 from topoprof.model.fsdp.timeline import FsdpOverhead, FsdpSetting, collective_times, fsdp_micro_batch
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-from topoprof.model.strategies.model_report import read_model_report
-from topoprof.model.strategies.payload import model_payload
+from topoprof.model.strategies.model_plan import plan_model
+from topoprof.model.strategies.model_report import model_payload, read_model_report
 from topoprof.model.strategies.predict import predict
 from topoprof.specs.fsdp_modes import MODES
 
@@ -179,7 +179,7 @@ def test_hsdp_shows_its_all_reduce_across_the_replicas():
     assert predict(_gpu_inputs()).hsdp is None
     from topoprof.report.text_fsdp import hsdp_line
 
-    line = hsdp_line(read_model_report(model_payload(inputs, {}, sweep=False)))[0]
+    line = hsdp_line(read_model_report(model_payload(plan_model(inputs, {}, sweep=False))))[0]
     assert "all-reduced across the 2 nodes" in line and "(1 GB/s per node)" in line
 
 

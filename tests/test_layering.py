@@ -247,7 +247,8 @@ def test_probes_hold_probes_alone_in_rooms_by_concern():
 
 # `topoprof model` gathers (model/inputs/gather.py: processes, files, hardware), then predicts
 # from what was gathered alone: these modules, and all they import, run and read nothing.
-PREDICT_STAGE = ("topoprof.model.inputs.resolve", "topoprof.model.inputs.search", "topoprof.model.strategies.payload")
+PREDICT_STAGE = ("topoprof.model.inputs.resolve", "topoprof.model.inputs.search",
+                 "topoprof.model.strategies.model_plan", "topoprof.model.strategies.model_report")
 # where processes run, the hardware is read, or torch is imported
 NOT_IN_PREDICT = ("topoprof.measure", "topoprof.probes", "topoprof.trace", "topoprof.topology.collect",
                   "topoprof.model.inputs.gather", "topoprof.model.inputs.traces", "topoprof.model.inputs.user_model",

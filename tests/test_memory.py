@@ -199,9 +199,10 @@ def test_memory_a_gpu_measured_replaces_the_count():
 
 
 def test_what_does_not_fit_is_neither_swept_nor_offered():
-    from topoprof.model.strategies.payload import model_payload
+    from topoprof.model.strategies.model_plan import plan_model
+    from topoprof.model.strategies.model_report import model_payload
 
-    payload = model_payload(_llama(micro_batch_time_s=0.4), {"link_bandwidth_gbps": 370})
+    payload = model_payload(plan_model(_llama(micro_batch_time_s=0.4), {"link_bandwidth_gbps": 370}))
     assert all(step is None for step in payload["sweep"]["strategies"]["ddp_synced"])
     assert all(step is not None for step in payload["sweep"]["strategies"]["fsdp_full_shard"])
     for option in payload["fixed_global_batch"]["options"]:

@@ -133,14 +133,15 @@ def test_a_datasheet_what_if_prediction_is_shown_as_ranges():
     from topoprof.model.comm.collectives import RingComm
     from topoprof.model.compute.timing import Compute
     from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-    from topoprof.model.strategies.payload import model_payload
+    from topoprof.model.strategies.model_plan import plan_model
+    from topoprof.model.strategies.model_report import model_payload
     from topoprof.report.markdown import render_markdown
     from topoprof.report.scan_report import read_scan_parts
 
     inputs = ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=2048),
                          Compute(gpu="NVIDIA H100 80GB HBM3"), Cluster(RingComm(100.0, 5.0, 8), 1, 8))
     payload = {"label": "gpt2", "compute_source": "datasheet peak of NVIDIA H100 80GB HBM3 x a utilization range",
-               **model_payload(inputs, {"link_bandwidth_gbps": 100.0}, sweep=False)}
+               **model_payload(plan_model(inputs, {"link_bandwidth_gbps": 100.0}, sweep=False))}
     report = {"predictions": [payload]}
     text = render_markdown(read_scan_parts(report))
     section = text[text.index("## Predictions"):]

@@ -7,9 +7,9 @@ from topoprof.jsonio import dumps, envelope
 from topoprof.model.inputs.gather import gather, gather_candidates, whole_pass
 from topoprof.model.inputs.request import ModelRequest
 from topoprof.model.inputs.resolve import resolve
-from topoprof.model.inputs.search import applying_strategies, candidate_shape, fits_payload
-from topoprof.model.strategies.model_report import read_model_report
-from topoprof.model.strategies.payload import model_payload
+from topoprof.model.inputs.search import candidate_shape, fits_priced
+from topoprof.model.strategies.model_plan import plan_model
+from topoprof.model.strategies.model_report import model_payload, read_model_report
 from topoprof.model.strategies.search import plan_search
 from topoprof.progress import LiveProgress
 from topoprof.report.text_model import render_model
@@ -115,14 +115,15 @@ def model(**opts):
         evidence = gather(request, progress)
         inputs, described = resolve(evidence)
         progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
-        payload = model_payload(inputs, described, sweep=request.sweep)
+        planned = plan_model(inputs, described, sweep=request.sweep)
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
-        plan = plan_search(inputs, applying_strategies(payload))
+        plan = plan_search(inputs, planned.applying())
         # the request as gathered: a user's model's micro-batch is its example batch's where none was given
         shape = candidate_shape(inputs, evidence.request, plan, evidence.user_blocks)
         passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,
                                    whole_pass(evidence.user, evidence.request.workload), evidence.sampled)
-        payload = {"fits": fits_payload(inputs, plan, passes, evidence.pricing), **payload}
+        fits = fits_priced(inputs, plan, passes, evidence.pricing)
+    payload = model_payload(planned, fits)
     doc = envelope("model", payload)
     # the text reads what the JSON holds, through the one reader a scan's report reads it with
     click.echo(dumps(doc) if opts["as_json"] else render_model(read_model_report(doc)))

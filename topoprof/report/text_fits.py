@@ -4,8 +4,9 @@ fastest combination that fits, what each mode costs in time and no_sync in memor
 lines, for `topoprof model`'s text and a scan's Markdown alike."""
 from __future__ import annotations
 
-from topoprof.model.strategies.model_report import FitCell, Fits, ModelReport
+from topoprof.model.strategies.model_report import ModelReport
 from topoprof.model.strategies.results import Memory
+from topoprof.model.strategies.search import FitCell, Fits
 
 # The memory parts in the order shown, with their names in the table.
 PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"), ("buckets", "DDP buckets"),

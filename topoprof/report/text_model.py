@@ -1,4 +1,5 @@
-"""The `topoprof model` result as text tables (its JSON shape is `topoprof.model.strategies.payload`)."""
+"""The `topoprof model` result as text tables (its JSON is written and read in
+`topoprof.model.strategies.model_report`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

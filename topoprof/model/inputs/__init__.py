@@ -9,7 +9,7 @@
                `candidates` (what the passes trace, and their compute priced) and `search`
 
 The search for what fits is a second round: the memory predicted names its candidates, whose
-passes `gather.gather_candidates` runs and `search.fits_payload` prices. `scan` makes the
+passes `gather.gather_candidates` runs and `search.fits_priced` prices. `scan` makes the
 predictions a scan makes from what it measured; `request` is the command's typed request, as
 `topoprof.scan.options` is the scan's.
 

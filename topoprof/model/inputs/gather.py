@@ -4,7 +4,7 @@ timed on this GPU, the main pass on meta, the passes its memory is counted from,
 (a bench fit, a topology file or this machine's). Every process, file and hardware read of the
 command is here; `resolve.resolve` reads only these records. The search for the largest
 micro-batch that fits is a second round: the memory predicted names its candidates, whose passes
-`gather_candidates` runs for `search.fits_payload` to price.
+`gather_candidates` runs for `search.fits_priced` to price.
 
 What is gathered depends on what the request leaves open and on what was gathered before it (a
 preset timed here needs no what-if pricing); those choices are pure functions of the request and

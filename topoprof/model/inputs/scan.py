@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from topoprof.errors import InputError
-from topoprof.jsonio import to_jsonable
 from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.comm.links import measured_comm
 from topoprof.model.compute.datasheet import named_gpu
@@ -25,12 +24,12 @@ from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import params_request, preset_request, priced
 from topoprof.model.inputs.request import parse_count
-from topoprof.model.inputs.search import applying_strategies
 from topoprof.model.inputs.traces import model_on_gpu
 from topoprof.model.inputs.user_model import measure_preset
 from topoprof.model.inputs.user_record import example_batch_of, user_compute, user_layout
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-from topoprof.model.strategies.payload import model_payload
+from topoprof.model.strategies.model_plan import plan_model
+from topoprof.model.strategies.model_report import model_payload
 from topoprof.model.strategies.search import search
 from topoprof.model.strategies.whatif import what_ifs
 from topoprof.workload.presets import context_sequences, is_vision
@@ -265,18 +264,14 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
         backend = opts.backend if opts.backend in ("nccl", "gloo") else "nccl"
         inputs = ModelInputs(workload, compute, Cluster(comm, nodes, world_size // nodes, backend=backend),
                              accumulation_steps=opts.accum)
-        payload = model_payload(inputs, {"bench": "this scan"})
-        if opts.backend != "nccl":
-            _no_dp_without_gpus(payload)
-        payload = {"fits": _fits(inputs, payload), **payload}
-        out.append({"label": label, "compute_source": compute_source, **payload})
+        planned = plan_model(inputs, {"bench": "this scan"})
+        if opts.backend != "nccl":  # DataParallel replicates a model over CUDA GPUs: on CPU ranks, nothing to predict
+            planned = planned.refusing("dp", "DataParallel needs CUDA GPUs; this scan ran on CPU ranks")
+        # what fits per strategy and checkpointing mode: the memory alone, the scan's compute being
+        # measured at the micro-batch it ran
+        fits = search(inputs, planned.applying(), None)
+        out.append({"label": label, "compute_source": compute_source, **model_payload(planned, fits)})
     return out
-
-
-def _fits(inputs, payload: dict) -> dict:
-    """What fits per strategy and checkpointing mode (`topoprof.model.strategies.search`): the
-    memory alone, the scan's compute being measured at the micro-batch it ran."""
-    return to_jsonable(search(inputs, applying_strategies(payload), None))
 
 
 def composed_check(levels: dict, world_size: int, rows) -> dict | None:
@@ -289,14 +284,6 @@ def composed_check(levels: dict, world_size: int, rows) -> dict | None:
     predicted = composed.allreduce_s(big.size_bytes)
     return {"size_bytes": big.size_bytes, "measured_s": big.time_us * 1e-6, "composed_s": predicted,
             "error_pct": 100.0 * (predicted - big.time_us * 1e-6) / (big.time_us * 1e-6)}
-
-
-def _no_dp_without_gpus(payload: dict) -> None:
-    """DataParallel replicates a model over CUDA GPUs: on CPU ranks there is nothing to predict."""
-    reason = "DataParallel needs CUDA GPUs; this scan ran on CPU ranks"
-    payload["strategies"]["dp"] = {"reason": reason, "step_time_s": None}
-    if "sweep" in payload:
-        payload["sweep"]["strategies"]["dp"] = [None] * len(payload["sweep"]["accum"])
 
 
 def single_gpu_what_ifs(opts, gpu) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from topoprof.jsonio import to_jsonable
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.timing import uses_modelled
 from topoprof.model.inputs.candidates import (
@@ -23,13 +22,7 @@ from topoprof.model.inputs.candidates import (
 )
 from topoprof.model.inputs.request import ModelRequest
 from topoprof.model.strategies.job import ModelInputs
-from topoprof.model.strategies.search import SearchPlan, finish_search
-
-
-def applying_strategies(payload: dict) -> list[str]:
-    """The strategies a model payload prices here, or says do not fit: the search's candidates."""
-    return [name for name, s in payload["strategies"].items() if s.get("step_time_s") is not None
-            or (s.get("memory") or {}).get("fits") is False]
+from topoprof.model.strategies.search import Fits, SearchPlan, finish_search
 
 
 def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan,
@@ -46,9 +39,9 @@ def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan
     return None if isinstance(shape, str) else shape
 
 
-def fits_payload(inputs: ModelInputs, plan: SearchPlan, passes: CandidatePasses | str | None,
-                 pricing: Pricing) -> dict:
-    """The search's JSON: `plan` completed with the candidates priced from `passes` (None: their
+def fits_priced(inputs: ModelInputs, plan: SearchPlan, passes: CandidatePasses | str | None,
+                pricing: Pricing) -> Fits:
+    """The search: `plan` completed with the candidates priced from `passes` (None: their
     compute is not priced here; a str: why their passes failed) as the main pass is (`pricing`,
     `Evidence.pricing`)."""
     priced: dict | str | None = None
@@ -58,7 +51,7 @@ def fits_payload(inputs: ModelInputs, plan: SearchPlan, passes: CandidatePasses 
         c = inputs.compute
         fields = priced_candidates(passes, pricing)
         priced = fields if isinstance(fields, str) else {key: candidate_compute(c, f) for key, f in fields.items()}
-    return to_jsonable(finish_search(inputs, plan, priced))
+    return finish_search(inputs, plan, priced)
 
 
 def candidate_compute(main, fields: dict):

@@ -1,24 +1,24 @@
-"""`topoprof model`'s result as one typed record (`ModelReport`), and its one reader.
+"""`topoprof model`'s result as JSON, its one writer (`model_payload`) and its one reader
+(`read_model_report`, into one typed record, `ModelReport`).
 
-The command writes its JSON (`payload.model_payload` and the fits search, under the envelope of
-`topoprof.jsonio`), and every renderer reads that JSON back through `read_model_report`: the
+The command writes its JSON from what it predicted (`model_plan.ModelPlan`) and the fits search
+(`search.Fits`), under the envelope of `topoprof.jsonio`; every renderer reads that JSON back: the
 command's text, and a scan's report.md from a report.json written by this or an earlier version
 of the same schema. So what the text shows is what the JSON holds, and a renderer reads fields
 the type checker knows, not keys.
 
-The records are those `predict` returns (`results`) and the search's (`search`), and a few more
-for the parts the payload assembles: the links described, DDP's options, the sweep, the fixed
-global batch, the fits search.
+The records are those `predict` returns (`results`), the plan's (`model_plan`) and the search's
+(`search`), and the links described.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from topoprof.jsonio import SchemaError, from_jsonable, read_document
+from topoprof.jsonio import SchemaError, from_jsonable, read_document, to_jsonable
+from topoprof.model.strategies.model_plan import MAIN, FixedGlobalBatch, KnobGain, ModelPlan, Sweep
 from topoprof.model.strategies.results import (
     BucketSummary,
-    GlobalBatchOption,
     HideThreshold,
     HsdpLevels,
     InputValue,
@@ -26,7 +26,7 @@ from topoprof.model.strategies.results import (
     StrategyResult,
     Unavailable,
 )
-from topoprof.model.strategies.search import Candidate, ModeCost
+from topoprof.model.strategies.search import Fits
 
 
 @dataclass(frozen=True)
@@ -52,74 +52,6 @@ class Links:
     network_bandwidth_gbps: float | None = None
     network_latency_us: float | None = None
     notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class KnobGain:
-    """A DDP option's predicted gain on ddp_synced, and the part of DDP's cost it acts on."""
-
-    knob: str
-    part: str
-    step_time_s: float
-    gain_s: float
-    gain_pct: float
-
-
-@dataclass(frozen=True)
-class Sweep:
-    accum: tuple[int, ...]
-    world_size: int
-    samples_per_micro_batch: int
-    strategies: dict[str, tuple[float | None, ...]]  # a step time per K; None: not applying, or not fitting
-
-
-@dataclass(frozen=True)
-class FixedGlobalBatch:
-    global_batch_samples: int
-    options: tuple[GlobalBatchOption, ...]
-
-
-@dataclass(frozen=True)
-class FitCell:
-    """The largest micro-batch of a row's strategies under one mode (`search.Largest`)."""
-
-    micro_batch: int | None
-    total_gb: float | None
-    next_gb: float | None
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class LargestRow:
-    strategies: tuple[str, ...]
-    cells: dict[str, FitCell]  # by checkpointing mode; on the wire, each mode is a key of the row
-
-
-@dataclass(frozen=True)
-class NoSyncMemory:
-    synced: str
-    no_sync: str
-    extra_gb: float
-    fits: bool | None
-
-
-@dataclass(frozen=True)
-class Fits:
-    """The search for what fits (`topoprof.model.strategies.search`); `reason`: why it was not run."""
-
-    modes: tuple[str, ...]
-    gpu_memory_gb: float | None
-    gpu_memory_source: str | None
-    micro_batch_now: int
-    tokens_per_sample: int | None
-    accumulation_steps: int
-    reason: str | None = None
-    largest: tuple[LargestRow, ...] = ()
-    no_sync: tuple[NoSyncMemory, ...] = ()
-    fastest: tuple[Candidate, ...] = ()
-    mode_costs: tuple[ModeCost, ...] = ()
-    fastest_reason: str | None = None
-    unranked: dict[str, str] = field(default_factory=dict)  # a strategy left out of `fastest`: why
 
 
 @dataclass(frozen=True)
@@ -163,6 +95,48 @@ class ModelReport:
         does not fit is kept in the table but never ranked nor recommended."""
         s = self.result(name)
         return None if s is None or (s.memory is not None and s.memory.fits is False) else s
+
+
+def model_payload(plan: ModelPlan, fits: Fits | None = None) -> dict:
+    """The JSON of a prediction (`model --json`, and each of a scan's predictions), with the fits
+    search first where there is one; `read_model_report` reads it back."""
+    p = plan.prediction
+    payload: dict = {"fits": _fits_layout(fits)} if fits is not None else {}
+    payload.update(strategies=_strategies_layout(plan), inputs=p.inputs, links=plan.links,
+                   per_micro_batch=p.per_micro_batch, buckets=p.buckets, assumptions=p.assumptions,
+                   warnings=[*p.warnings, *plan.links.get("notes", [])], hide_threshold=plan.hide_threshold,
+                   ddp_costs=p.ddp_costs, ddp_knobs=plan.knobs, fsdp_costs=p.fsdp_costs, hsdp=p.hsdp)
+    if plan.sweep is not None:
+        refused: tuple[float | None, ...] = (None,) * len(plan.sweep.accum)
+        payload["sweep"] = replace(plan.sweep, strategies={name: refused if name in plan.refused else
+                                                           plan.sweep.strategies[name] for name in MAIN})
+    if plan.fixed_global_batch is not None:
+        payload["fixed_global_batch"] = plan.fixed_global_batch
+    return to_jsonable(payload)
+
+
+def _strategies_layout(plan: ModelPlan) -> dict:
+    """Each strategy's result, or why it does not apply here (or is refused)."""
+    out: dict = {}
+    for name, result in plan.prediction.strategies.items():
+        reason = plan.refused.get(name) or (result.reason if isinstance(result, Unavailable) else None)
+        out[name] = {"reason": reason, "step_time_s": None} if reason is not None else result
+    return out
+
+
+def _fits_layout(fits: Fits) -> dict:
+    """The search as written: each row of `largest` holds its strategies and a cell per mode; what
+    was not searched, or not ranked, carries its reason instead."""
+    head = {"modes": fits.modes, "gpu_memory_gb": fits.gpu_memory_gb, "gpu_memory_source": fits.gpu_memory_source,
+            "micro_batch_now": fits.micro_batch_now, "tokens_per_sample": fits.tokens_per_sample,
+            "accumulation_steps": fits.accumulation_steps}
+    if fits.reason is not None:
+        return {**head, "reason": fits.reason}
+    found = {**head, "largest": [{"strategies": row.strategies, **row.cells} for row in fits.largest],
+             "no_sync": fits.no_sync}
+    if fits.fastest_reason is not None:
+        return {**found, "fastest_reason": fits.fastest_reason}
+    return {**found, "fastest": fits.fastest, "mode_costs": fits.mode_costs, "unranked": fits.unranked}
 
 
 def read_model_report(doc: dict, where: str = "model") -> ModelReport:

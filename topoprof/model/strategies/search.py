@@ -12,7 +12,7 @@ samples per second compare them. A size fits when the top of its memory range do
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import gpu_memory_of, job_memory, memory_by_strategy
@@ -126,12 +126,12 @@ NO_SYNC_PAIRS = (("fsdp_full_shard", "fsdp_full_shard_no_sync"), ("fsdp_shard_gr
                  ("hsdp", "hsdp_no_sync"))
 
 
-def no_sync_memory(inputs: ModelInputs, names: list[str]) -> list[dict]:
+def no_sync_memory(inputs: ModelInputs, names: list[str]) -> tuple[NoSyncMemory, ...]:
     """What FSDP's no_sync holds beyond its synced twin per GPU at the size and mode given: every
     group's unsharded gradient, full size, until the micro-batch that syncs."""
     memory = memory_by_strategy(job_memory(inputs), names)
-    return [{"synced": a, "no_sync": b, "extra_gb": memory[b].total_gb - memory[a].total_gb,
-             "fits": memory[b].fits} for a, b in NO_SYNC_PAIRS if a in memory and b in memory]
+    return tuple(NoSyncMemory(a, b, memory[b].total_gb - memory[a].total_gb, memory[b].fits)
+                 for a, b in NO_SYNC_PAIRS if a in memory and b in memory)
 
 
 @dataclass(frozen=True)
@@ -156,14 +156,57 @@ class ModeCost:
 
 
 @dataclass(frozen=True)
-class SearchPlan:
-    """The search as far as the memory takes it: its JSON so far (`out`; with a "reason" where it
-    is not searched), the largest size per mode and strategy (`table`), and the (mode, samples)
-    whose compute the fastest that fits needs (`wanted`)."""
+class FitCell:
+    """The largest micro-batch of a row's strategies under one mode (`Largest`)."""
 
-    out: dict
+    micro_batch: int | None
+    total_gb: float | None
+    next_gb: float | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class LargestRow:
+    strategies: tuple[str, ...]
+    cells: dict[str, FitCell]  # by checkpointing mode; on the wire, each mode is a key of the row
+
+
+@dataclass(frozen=True)
+class NoSyncMemory:
+    synced: str
+    no_sync: str
+    extra_gb: float
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class Fits:
+    """The search for what fits (module docstring); `reason`: why it was not run; `fastest_reason`:
+    why the fastest that fits was not ranked."""
+
+    modes: tuple[str, ...]
+    gpu_memory_gb: float | None
+    gpu_memory_source: str | None
+    micro_batch_now: int
+    tokens_per_sample: int | None
+    accumulation_steps: int
+    reason: str | None = None
+    largest: tuple[LargestRow, ...] = ()
+    no_sync: tuple[NoSyncMemory, ...] = ()
+    fastest: tuple[Candidate, ...] = ()
+    mode_costs: tuple[ModeCost, ...] = ()
+    fastest_reason: str | None = None
+    unranked: dict[str, str] = field(default_factory=dict)  # a strategy left out of `fastest`: why
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """The search as far as the memory takes it: what it found so far (`fits`; with its `reason`
+    where it is not searched), the largest size per mode and strategy (`table`), and the (mode,
+    samples) whose compute the fastest that fits needs (`wanted`)."""
+
+    fits: Fits
     names: tuple[str, ...] = ()
-    modes: tuple[str, ...] = ()
     table: dict | None = None
     wanted: tuple[tuple[str, int], ...] = ()
 
@@ -172,36 +215,39 @@ def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
     """The memory half of the search (module docstring); `finish_search` completes it with the
     compute priced at `wanted`."""
     capacity, capacity_source = gpu_memory_of(inputs.compute)
-    why = why_not_searched(inputs, capacity)
-    modes = searched_modes(inputs.workload.checkpointing)
-    out: dict = {"modes": list(modes), "gpu_memory_gb": capacity, "gpu_memory_source": capacity_source,
-                 "micro_batch_now": inputs.workload.micro_batch_size,
-                 "tokens_per_sample": None if inputs.workload.layout.unit == "image" else
-                 (inputs.workload.tokens_per_micro_batch or 0) // max(1, inputs.workload.micro_batch_size) or None,
-                 "accumulation_steps": inputs.accumulation_steps}
-    if why is not None:
-        return SearchPlan({**out, "reason": why})
+    work = inputs.workload
+    modes = searched_modes(work.checkpointing)
+    tokens_per_sample = None if work.layout.unit == "image" else \
+        (work.tokens_per_micro_batch or 0) // max(1, work.micro_batch_size) or None
+    fits = Fits(modes, capacity, capacity_source, work.micro_batch_size, tokens_per_sample, inputs.accumulation_steps,
+                why_not_searched(inputs, capacity))
+    if fits.reason is not None:
+        return SearchPlan(fits)
     table = {mode: largest(inputs, names, mode) for mode in modes}
-    out["largest"] = [{"strategies": list(group), **{mode: _cell(table[mode][group[0]]) for mode in modes}}
-                      for group in _groups(names)]
-    out["no_sync"] = no_sync_memory(inputs, names)
-    now = inputs.workload.micro_batch_size
+    rows = tuple(LargestRow(group, {mode: _cell(table[mode][group[0]]) for mode in modes}) for group in _groups(names))
+    fits = replace(fits, largest=rows, no_sync=no_sync_memory(inputs, names))
+    now = work.micro_batch_size
     wanted: set[tuple[str, int]] = {(mode, now) for mode in modes}
     wanted |= {(mode, size) for mode in modes for n in names if (size := table[mode][n].micro_batch)}
-    return SearchPlan(out, tuple(names), modes, table, tuple(sorted(wanted)))
+    return SearchPlan(fits, tuple(names), table, tuple(sorted(wanted)))
 
 
-def finish_search(inputs: ModelInputs, plan: SearchPlan, priced: dict[tuple[str, int], object] | str | None) -> dict:
-    """The search's result as JSON data (module docstring). `priced`: the compute (a `Compute`)
-    at each (mode, samples) of `plan.wanted`, or why it could not be priced; None: the compute
-    is not priced here."""
+def finish_search(inputs: ModelInputs, plan: SearchPlan, priced: dict[tuple[str, int], object] | str | None) -> Fits:
+    """The search's result (module docstring). `priced`: the compute (a `Compute`) at each (mode,
+    samples) of `plan.wanted`, or why it could not be priced; None: the compute is not priced here."""
     if plan.table is None:
-        return plan.out
-    return {**plan.out, **_fastest_and_costs(inputs, list(plan.names), plan.modes, plan.table, priced)}
+        return plan.fits
+    if priced is None:
+        return replace(plan.fits, fastest_reason=(
+            "the compute at other micro-batches and modes is not priced here (it was measured or given at the size "
+            "it ran); `topoprof model --gpu NAME --tokens N` prices them from the model's own ops"))
+    if isinstance(priced, str):
+        return replace(plan.fits, fastest_reason=f"the compute at other sizes and modes could not be priced ({priced})")
+    return _fastest_and_costs(inputs, plan, priced)
 
 
 def search(inputs: ModelInputs, names: list[str],
-           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> dict:
+           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> Fits:
     """The whole search, `price` giving the compute (a `Compute`) at each (mode, samples) asked,
     or why it cannot; None: the compute is not priced here."""
     plan = plan_search(inputs, names)
@@ -209,24 +255,22 @@ def search(inputs: ModelInputs, names: list[str],
     return finish_search(inputs, plan, priced)
 
 
-def _cell(c: Largest) -> dict:
-    return {"micro_batch": c.micro_batch, "total_gb": c.total_gb, "next_gb": c.next_gb, "reason": c.reason}
+def _cell(c: Largest) -> FitCell:
+    return FitCell(c.micro_batch, c.total_gb, c.next_gb, c.reason)
 
 
-def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, priced) -> dict:
+def _fastest_and_costs(inputs: ModelInputs, plan: SearchPlan, priced: dict) -> Fits:
+    """The search completed with the fastest that fits and what each mode costs, from the compute
+    `priced` at each (mode, samples) the plan wanted."""
+    assert plan.table is not None
     now = inputs.workload.micro_batch_size
-    if priced is None:
-        return {"fastest_reason": "the compute at other micro-batches and modes is not priced here (it was measured "
-                                  "or given at the size it ran); `topoprof model --gpu NAME --tokens N` prices them "
-                                  "from the model's own ops"}
-    if isinstance(priced, str):
-        return {"fastest_reason": f"the compute at other sizes and modes could not be priced ({priced})"}
+    modes, table = plan.fits.modes, plan.table
     candidates = []
     predictions = {}
     for (mode, m), compute in priced.items():
         predictions[(mode, m)] = predict(at(inputs, mode, m, compute), parts=False).strategies
     for mode in modes:
-        for name in names:
+        for name in plan.names:
             m = table[mode][name].micro_batch
             result = predictions.get((mode, m), {}).get(name) if m else None
             if not isinstance(result, StrategyResult):
@@ -248,6 +292,4 @@ def _fastest_and_costs(inputs: ModelInputs, names: list[str], modes, table, pric
         middle, base_middle = comp.modelled_s[1], base.modelled_s[1]
         recompute = ((comp.modelled_detail or {}).get("recompute_s") or [0.0, 0.0, 0.0])[1]
         costs.append(ModeCost(mode, middle, middle - base_middle, recompute))
-
-    return {"fastest": [asdict(c) for c in candidates[:5]], "mode_costs": [asdict(c) for c in costs],
-            "unranked": unranked}
+    return replace(plan.fits, fastest=tuple(candidates[:5]), mode_costs=tuple(costs), unranked=unranked)
