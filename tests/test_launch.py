@@ -122,6 +122,34 @@ def test_stopped_rank_is_detected_as_hung_within_the_timeout():
     assert not _alive(stopped[0])
 
 
+def test_a_rank_that_goes_on_says_so_within_its_timeout_and_no_more_often():
+    from types import SimpleNamespace
+
+    from topoprof.probes.ranks.rank_main import GOING_ON_EVERY_S, RankContext
+    from topoprof.specs.messages import Progress, decode
+
+    now = [0.0]
+    sent: list = []
+    env = SimpleNamespace(rank=0, world_size=1, device="cpu")
+    ctx = RankContext(env, sent.append, timeout_s=300.0, clock=lambda: now[0])
+    ctx.progress("rotation 1/2")
+    for _ in range(3):          # micro-batches begun within the interval: a clock read each, no message
+        now[0] += 1.0
+        ctx.going_on("micro-batch")
+    assert [decode(m) for m in sent] == [Progress("rotation 1/2")]
+    now[0] = GOING_ON_EVERY_S
+    ctx.going_on("micro-batch")
+    assert decode(sent[-1]) == Progress("rotation 1/2: micro-batch 4")
+    ctx.progress("rotation 2/2")  # a step reported anew counts its units afresh
+    now[0] += GOING_ON_EVERY_S
+    ctx.going_on("micro-batch")
+    assert decode(sent[-1]) == Progress("rotation 2/2: micro-batch 1")
+    short = RankContext(env, sent.append, timeout_s=2.0, clock=lambda: now[0])
+    now[0] += 0.5                 # a quarter of a short timeout is the longest it stays silent
+    short.going_on("micro-batch")
+    assert decode(sent[-1]) == Progress("micro-batch 1")
+
+
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -52,26 +52,47 @@ WORKERS = {
 }
 
 
+# The most a rank that goes on stays silent (`RankContext.going_on`): a few messages a minute, and a
+# quarter of the launcher's timeout where that is shorter, so that a rank still working is never
+# taken for a hung one.
+GOING_ON_EVERY_S = 10.0
+
+
 class RankContext:
     """What a worker needs: its place in the job and a way to report."""
 
-    def __init__(self, env, emit, timeout_s: float):
+    def __init__(self, env, emit, timeout_s: float, clock=time.monotonic):
         self.env = env
         self.rank = env.rank
         self.world_size = env.world_size
         self.device = env.device
         self.timeout_s = timeout_s
         self._emit = emit
+        self._clock = clock
+        self._sent_t = clock()
+        self._step = ""
+        self._went_on = 0
 
     def send(self, msg: Message) -> None:
         """Report a typed message, written by the codec."""
+        self._sent_t = self._clock()
         self._send(encode(msg))
 
     def _send(self, msg: dict) -> None:
         self._emit(msg)
 
     def progress(self, step: str) -> None:
+        self._step, self._went_on = step, 0
         self.send(Progress(step))
+
+    def going_on(self, unit: str) -> None:
+        """One more `unit` (a micro-batch) begun within the step last reported: said as progress
+        where the rank has been silent for `GOING_ON_EVERY_S` (or a quarter of its timeout), so
+        that the launcher, which ends a rank silent for its timeout as hung, tells a slow one
+        that goes on from a hung one. Costs a clock read otherwise."""
+        self._went_on += 1
+        if self._clock() - self._sent_t >= min(GOING_ON_EVERY_S, self.timeout_s / 4):
+            self.send(Progress(f"{self._step}: {unit} {self._went_on}" if self._step else f"{unit} {self._went_on}"))
 
 
 class _PhaseContext(RankContext):

@@ -259,6 +259,17 @@ def _trainee(cfg, user_model: str | None, device: str):
     return module.to(device), to_device(batch, device), lambda m, b: user_loss(m, b, loss_fn)
 
 
+def _going_on(loss_of, ctx):
+    """`loss_of`, saying first that one more micro-batch began (`RankContext.going_on`): every
+    micro-batch this worker runs, timed or not, computes its loss so. A rank whose micro-batches
+    take long (a large model on a slow device) thus reports within every timeout while it goes
+    on; inside a timed forward this is a clock read, and at most every few seconds one message."""
+    def loss(module, batch):
+        ctx.going_on("micro-batch")
+        return loss_of(module, batch)
+    return loss
+
+
 def run_rank(ctx, job: ValidationJob) -> None:
     cfg = parse_config({**training_config(job), "mode": "ddp_synced"})
     requested = DDP_MODES if job.modes is None else job.modes
@@ -271,6 +282,7 @@ def run_rank(ctx, job: ValidationJob) -> None:
         torch.set_num_threads(cfg.threads)
     sync = lambda: synchronize(ctx.device)  # noqa: E731
     model, example, loss_of = _trainee(cfg, job.user_model, ctx.device)
+    loss_of = _going_on(loss_of, ctx)
     ddp = clock = None
     if modes:  # DDP's wrapper and its measurements only where a DDP mode is predicted
         ddp = training.wrap_ddp(model, ctx.device, cfg)
