@@ -11,12 +11,14 @@ import sys
 import tempfile
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from topoprof.measure.launch import JobSpec, as_message, external_job, launch_local
+from topoprof.probes.ranks.rank_main import GOING_ON_EVERY_S, RankContext
 from topoprof.specs.fork_protocol import SHARED_SERVER_VAR
-from topoprof.specs.messages import SleepJob, SleepStep
+from topoprof.specs.messages import Progress, SleepJob, SleepStep, decode
 
 
 def _alive(pid: int) -> bool:
@@ -123,11 +125,6 @@ def test_stopped_rank_is_detected_as_hung_within_the_timeout():
 
 
 def test_a_rank_that_goes_on_says_so_within_its_timeout_and_no_more_often():
-    from types import SimpleNamespace
-
-    from topoprof.probes.ranks.rank_main import GOING_ON_EVERY_S, RankContext
-    from topoprof.specs.messages import Progress, decode
-
     now = [0.0]
     sent: list = []
     env = SimpleNamespace(rank=0, world_size=1, device="cpu")

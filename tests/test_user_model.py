@@ -2,6 +2,7 @@
 own rebuilt buckets, measured compute in the prediction, and one-line errors for bad input."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,8 +58,6 @@ print(json.dumps([data["has_rebuilt_buckets"], data["rebuilt_per_bucket_param_in
 def _torch_rebuilt_buckets(bucket_cap_mb):
     """The buckets a real DDP run rebuilds after its first iteration (one gloo rank), read in a
     fresh interpreter."""
-    import json
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", _TORCH_BUCKETS, f"{FIXTURE}:build", json.dumps(bucket_cap_mb)],
                           capture_output=True, text=True, timeout=120, cwd=root,
@@ -115,8 +114,6 @@ def _model_cli(spec: str):
 
 
 def test_model_command_uses_the_measured_model():
-    import json
-
     proc = _model_cli(f"{FIXTURE}:build")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -149,15 +146,11 @@ def test_a_rank_slower_than_its_timeout_per_rotation_goes_on_and_is_not_taken_fo
                     "ddp_synced", "--accum", "2", "--steps", "1", "--warmup-steps", "0", "--no-numerics", "--timeout",
                     "2", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
-
     assert json.loads(proc.stdout)["modes"]["ddp_synced"]["measured_step_s"] >= 2 * 0.5  # a step's 2 forwards
 
 
 @pytest.mark.slow
 def test_validate_trains_the_user_model_in_every_mode():
-    import json
-
     given = topoprof("validate", "--model", f"{FIXTURE}:pair", "--micro-batch", "4", timeout=120)
     assert given.returncode == 2 and "validate trains your --model on the example batch" in given.stderr
     proc = topoprof("validate", "--model", f"{FIXTURE}:pair", "--nproc", "2", "--backend", "gloo", "--steps", "2",
@@ -204,8 +197,6 @@ def test_a_scans_validation_plans_a_users_model_at_its_example_batch():
 
 @pytest.mark.slow
 def test_scan_predicts_the_user_model_and_refuses_a_broken_one(tmp_path):
-    import json
-
     def scan(name, out):
         return topoprof("scan", "--quick", "--no-validate", "--nproc", "2", "--backend", "gloo", "--model",
                         f"{FIXTURE}:{name}", "--out", str(out), timeout=600)
