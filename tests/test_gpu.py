@@ -172,8 +172,8 @@ def test_user_model_timed_on_cuda_under_each_precision(record_property):
     buckets = {}
     for precision in ("bf16", "fp16", "fp32"):
         record = measure_user_model(spec, "cuda:0", precision=precision)
-        assert record["precision"] == (f"{precision} autocast" if precision != "fp32" else "fp32")
-        assert record["optimizer"].startswith("AdamW")
+        assert record.precision == (f"{precision} autocast" if precision != "fp32" else "fp32")
+        assert record.optimizer.startswith("AdamW")
         compute = user_compute(record)
         assert compute["micro_batch_time_s"] > 0 and compute["optimizer_time_s"] > 0
         layout = user_layout(record)

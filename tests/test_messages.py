@@ -36,6 +36,7 @@ from topoprof.specs.messages import (
     TrainingJob,
     TrainingResult,
     UserModelJob,
+    UserModelRecord,
     UserModelResult,
     ValidationJob,
     ValidationRotations,
@@ -65,7 +66,9 @@ EXAMPLES: list[Message] = [
     NodesJob(),
     PhasesJob([phase("bench", "collectives", CollectivesJob(["all_reduce"], [8], 3, 1, "float32", "avg"))]),
     SleepJob(5, 0.5, 1, 2, "hang"),
-    UserModelResult({"params": [{"name": "w", "shape": [2, 2]}], "forward_s": 0.1}),
+    UserModelResult(UserModelRecord("model.py:build", "cpu", [{"name": "w", "shape": [2, 2]}], samples=4,
+                                    ready=[[0, 1.0]], passes=[{"forward_s": 0.1, "backward_s": 0.2}],
+                                    op_trace=encode(TraceFailure("on meta, boom")))),
     OpTraceResult({"ops": [{"name": "aten::mm"}]}),
     OpTracesResult([{"ops": []}, encode(TraceFailure("on meta, boom", params=[{"name": "w"}]))]),
     TraceFailure("--model x.py:build: its callable returned 2 values", "return", "Traceback ..."),
@@ -131,6 +134,16 @@ def test_fields_that_do_not_match_are_refused():
         decode({**encode(ProfileProgress("x")), "colour": "red"})
     with pytest.raises(MessageError, match=r"missing fields \['reason', 'stage'\]"):
         decode({"type": "worker_failure", "version": 1})
+
+
+def test_a_record_inside_a_message_comes_back_typed_and_its_fields_are_checked():
+    msg = EXAMPLES[[type(m) for m in EXAMPLES].index(UserModelResult)]
+    back = decode(json.loads(json.dumps(encode(msg))))
+    assert isinstance(back, UserModelResult) and isinstance(back.record, UserModelRecord) and back.record.timed
+    wire = encode(msg)
+    with pytest.raises(MessageError, match=r"'user_model''s record does not match this topoprof's: unknown fields "
+                                           r"\['colour'\]"):
+        decode({**wire, "record": {**wire["record"], "colour": "red"}})
 
 
 def test_a_phase_beside_the_fields_is_the_envelope_not_a_field():

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from helpers.cli import topoprof
@@ -22,7 +23,7 @@ from topoprof.model.inputs.user_record import (
     user_compute,
     user_layout,
 )
-from topoprof.specs.messages import TraceFailure
+from topoprof.specs.messages import TraceFailure, UserModelRecord
 
 # Its tests share one module fixture of rank launches: one worker runs them all, so the launches
 # run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
@@ -69,12 +70,12 @@ def _torch_rebuilt_buckets(bucket_cap_mb):
 
 
 def test_parameters_as_ddp_sees_them(record):
-    names = [p["name"] for p in record["params"]]
+    names = [p["name"] for p in record.params]
     assert names[:2] == ["out.weight", "out.bias"]           # registration order, not forward order
     assert "embed.weight" not in names                       # tied: counted once, under its first name
-    shared = next(p for p in record["params"] if p["name"] == "head.weight")
+    shared = next(p for p in record.params if p["name"] == "head.weight")
     assert shared["aliases"] == ["embed.weight"]
-    assert [p["requires_grad"] for p in record["params"] if p["name"].startswith("frozen")] == [False, False]
+    assert [p["requires_grad"] for p in record.params if p["name"].startswith("frozen")] == [False, False]
     layout = user_layout(record)
     assert not any(t.name.startswith("frozen") for t in layout.tensors)
     from topoprof.zoo.user_callable import call_user_callable
@@ -183,15 +184,13 @@ def test_validate_trains_the_user_model_in_every_mode():
 def test_a_scans_validation_plans_a_users_model_at_its_example_batch():
     """The validation trains a user's model on its example batch: its micro-batch is that batch's
     samples (1 where they cannot be counted), the synthetic model's default otherwise."""
-    from dataclasses import replace
-
     from topoprof.scan.options import ScanOptions, validate_options
 
-    record = {"spec": f"{FIXTURE}:pair", "device": "cpu", "samples": 2, "ready": [[0, 1.0]],
-              "params": [{"name": "w", "shape": [4, 4], "requires_grad": True, "aliases": []}]}
+    record = UserModelRecord(f"{FIXTURE}:pair", "cpu", [{"name": "w", "shape": [4, 4], "requires_grad": True,
+                                                         "aliases": []}], samples=2, ready=[[0, 1.0]])
     opts = ScanOptions("gloo", 2, "", user_model=f"{FIXTURE}:pair", user_record=record)
     assert validate_options(opts).micro_batch == 2
-    assert validate_options(replace(opts, user_record={**record, "samples": None})).micro_batch == 1
+    assert validate_options(replace(opts, user_record=replace(record, samples=None))).micro_batch == 1
     assert validate_options(ScanOptions("gloo", 2, "")).micro_batch == 4
 
 
@@ -225,7 +224,7 @@ def test_cpu_ranks_time_in_fp32_and_sgd_is_honoured():
         _, used, scaler = precision_context(precision, "cpu")
         assert used == "fp32" and scaler is None
     record = measure_user_model(f"{FIXTURE}:build", "cpu", 1, precision="bf16", optimizer="sgd")
-    assert record["precision"] == "fp32" and record["optimizer"] == "SGD"
+    assert record.precision == "fp32" and record.optimizer == "SGD"
     with pytest.raises(InputError, match="adamw or sgd"):
         from topoprof.model.inputs.user_model import measure_here
 
@@ -250,24 +249,25 @@ def test_the_timed_order_only_for_the_device_timed(device, name, gpu, micro_batc
 
 
 def test_a_cpu_timing_takes_its_order_from_the_backward_flops(record):
-    trace = record["op_trace"]
-    assert trace["params"] == record["params"]                 # one index for both
-    assert sorted(i for i, _ in trace["ready"]) == sorted(i for i, _ in record["ready"])
+    trace = record.op_trace
+    assert isinstance(trace, dict)
+    assert trace["params"] == record.params                 # one index for both
+    assert sorted(i for i, _ in trace["ready"]) == sorted(i for i, _ in record.ready)
     order = choose_ready_order(record)
     assert order.ready == trace["ready"] and order.note is None
     layout = user_layout(record, order)
     assert layout.source.endswith("gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta at "
                                   "4x32), since it was timed on cpu, not on a GPU")
-    trainable = [i for i, p in enumerate(record["params"]) if p["requires_grad"]]
+    trainable = [i for i, p in enumerate(record.params) if p["requires_grad"]]
     schedule = [(trainable[r.index], r.ready_fraction) for r in layout.ready_schedule()]
     assert [i for i, _ in schedule] == [i for i, _ in trace["ready"]]
     assert [f for _, f in schedule] == pytest.approx([f for _, f in trace["ready"]])
 
 
 def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
-    on_gpu = {**record, "device": "cuda:0", "device_name": H100}
+    on_gpu = replace(record, device="cuda:0", device_name=H100)
     order = choose_ready_order(on_gpu, gpu="H100 SXM")
-    assert order == ReadyOrder(record["ready"], "gradient-ready order: measured on cuda:0")
+    assert order == ReadyOrder(record.ready, "gradient-ready order: measured on cuda:0")
     assert user_layout(on_gpu, order).source.endswith("; gradient-ready order: measured on cuda:0")
     assert user_layout(record).source.endswith("; gradient-ready order: measured on cpu")  # scan, validate
 
@@ -279,9 +279,10 @@ def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
 ])
 def test_a_failed_meta_pass_keeps_the_timed_order_and_says_why(record, trace, says):
     if trace == "renamed":
-        trace = {**record["op_trace"], "params": [{**p, "name": "x" + p["name"]} for p in record["params"]]}
-    order = choose_ready_order({**record, "op_trace": trace}, micro_batch_time=0.1)
-    assert order.ready == record["ready"]
+        assert isinstance(record.op_trace, dict)
+        trace = {**record.op_trace, "params": [{**p, "name": "x" + p["name"]} for p in record.params]}
+    order = choose_ready_order(replace(record, op_trace=trace), micro_batch_time=0.1)
+    assert order.ready == record.ready
     assert order.text.startswith("gradient-ready order: measured on cpu, although the compute is given")
     assert says in order.text and says in order.note
 
@@ -340,9 +341,9 @@ def test_a_users_model_is_priced_for_the_gpu_predicted_or_beside_its_time_for_th
     from topoprof.model.inputs.request import ComputeRequest
 
     order = ReadyOrder([], "gradient-ready order: given")
-    on_gpu = UserModelRun({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "passes": []}, order)
-    on_cpu = UserModelRun({"device": "cpu", "passes": []}, order)
-    traced = UserModelRun({"device": "meta"}, order)
+    on_gpu = UserModelRun(UserModelRecord("m:f", "cuda:0", [], device_name="NVIDIA H100 80GB HBM3", passes=[]), order)
+    on_cpu = UserModelRun(UserModelRecord("m:f", "cpu", [], passes=[]), order)
+    traced = UserModelRun(UserModelRecord("m:f", "meta", []), order)
     a100 = ComputeRequest(gpu="a100-sxm4-80gb")
     assert _priced_gpu(a100, a100.named, on_gpu) is a100.named             # the GPU predicted
     assert _priced_gpu(a100, a100.named, None) is a100.named               # a preset's

@@ -136,11 +136,11 @@ def test_a_batch_counts_the_samples_its_tensors_share_and_is_resized_from_them()
 def test_the_timing_is_at_the_shape_stated_as_the_trace_is():
     from topoprof.probes.ranks.model_timing import measure
 
-    assert measure(f"{BLOCKS}:unsized", "cpu", 1, precision="fp32")["samples"] == 3
+    assert measure(f"{BLOCKS}:unsized", "cpu", 1, precision="fp32").samples == 3
     timed = measure(f"{BLOCKS}:unsized", "cpu", 1, precision="fp32", stated={"micro_batch": 5, "seq_len": 16})
-    assert timed["samples"] == 5 and timed["block_list"] == "model.layers"
+    assert timed.samples == 5 and timed.block_list == "model.layers"
     assert measure(f"{BLOCKS}:sequential", "cpu", 1, precision="fp32",
-                   stated={"micro_batch": 3, "seq_len": 8})["samples"] == 3  # built at it by its callable
+                   stated={"micro_batch": 3, "seq_len": 8}).samples == 3  # built at it by its callable
 
 
 def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_it():
@@ -253,7 +253,8 @@ def test_the_timing_checkpoints_the_same_blocks():
 
     plain = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32")
     full = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32", ac="full")
-    assert "checkpointing" not in plain
-    assert full["checkpointing"]["container"] == "model.layers" and full["checkpointing"]["wrapped"] == 4
+    assert plain.checkpointing is None
+    assert full.checkpointing is not None
+    assert full.checkpointing["container"] == "model.layers" and full.checkpointing["wrapped"] == 4
     with pytest.raises(Exception, match="already checkpoints its blocks"):
         measure(f"{CHECKPOINTED}:reentrant", "cpu", 1, precision="fp32", ac="full")

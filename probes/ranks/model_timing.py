@@ -27,10 +27,11 @@ import contextlib
 import os
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 
-from topoprof.specs.messages import UserModelJob, UserModelResult, WorkerFailure, write_pass
+from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure, write_pass
 from topoprof.trace.meta_device import has_meta_tensors
 from topoprof.trace.op_trace import resized, shape_kwargs, trace_user_model, with_selective_cost
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
@@ -128,7 +129,7 @@ MAX_PASSES_PER_REPEAT = 10
 
 def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optimizer: str = "adamw",
             kwargs: dict | None = None, progress=None, ac: str | None = None, unit: str | None = None,
-            stated: dict | None = None) -> dict:
+            stated: dict | None = None) -> UserModelRecord:
     """Forward, backward and optimizer times of the user's model on `device`. On a GPU, warm-up
     and timed passes each run for a minimum time (GPU_WARMUP_S, GPU_TIMED_S); on a CPU, where a
     pass is long and steady, one warm-up and `repeats` timed passes. The ready order of the
@@ -183,12 +184,10 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
         raise UserModelError("run", f"training {spec} on {device} raised {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
-    return {"spec": spec, "device": device, "device_name": _device_name(device),
-            "device_memory_bytes": _device_memory_bytes(device), "params": parameter_list(module),
-            "samples": batch_samples(batch), "block_list": unit or find_block_list(module),
-            "ready": ready, "passes": passes, "optimizer_s": optimizer_s,
-            "optimizer": opt_name, "precision": precision_used, "memory": memory.parts(),
-            **({"checkpointing": {k: v for k, v in done.items() if k != "names"}} if done else {})}
+    return UserModelRecord(spec, device, parameter_list(module), _device_name(device), _device_memory_bytes(device),
+                           batch_samples(batch), unit or find_block_list(module), ready, passes, optimizer_s,
+                           opt_name, precision_used, memory.parts(),
+                           {k: v for k, v in done.items() if k != "names"} if done else None)
 
 
 def _warm_up(step, cuda: bool) -> list:
@@ -280,7 +279,7 @@ def run_rank(ctx, job: UserModelJob) -> None:
     if job.trace is not None:  # the same model on meta: its ops and backward FLOPs per tensor
 
         ctx.progress(f"tracing {job.spec} on meta")
-        record["op_trace"] = write_pass(with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs,
-                                                                              job.target, ctx.progress, job.unit,
-                                                                              job.ac)])[0])
+        traced = with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs, job.target, ctx.progress,
+                                                       job.unit, job.ac)])[0]
+        record = replace(record, op_trace=write_pass(traced))
     ctx.send(UserModelResult(record=record))

@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import sys
+from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -38,7 +39,7 @@ def main() -> None:
 
     def timed(**more):
         record = measure_user_model(PRESET_SPEC, device, repeats=5, kwargs={**kwargs, **more})
-        return user_compute({**record, "spec": args.preset})
+        return user_compute(replace(record, spec=args.preset))
 
     whole, scaled = [], []
     for r in range(args.rounds):

@@ -9,7 +9,7 @@ from topoprof.measure.launch import multi_node
 from topoprof.model.inputs.request import check_image_options, check_spec, parse_count
 from topoprof.model.inputs.user_record import example_batch_of, user_layout
 from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
-from topoprof.specs.messages import CollectivesJob
+from topoprof.specs.messages import CollectivesJob, UserModelRecord
 from topoprof.workload.checkpointing import parse_checkpointing
 from topoprof.workload.presets import PRESETS
 from topoprof.workload.synthetic import spec_for_params
@@ -34,7 +34,7 @@ class ScanOptions:
     user_model: str | None = None  # --model PATH.py:CALLABLE
     activation_checkpointing: str | None = None  # none, full, layer:N, op (a preset's or --params' blocks)
     # what `probes/ranks/model_timing.py` measured of it (set by the scan before its ranks start)
-    user_record: dict | None = field(default=None, repr=False, compare=False)
+    user_record: UserModelRecord | None = field(default=None, repr=False, compare=False)
     # this GPU's quick device profile (`topoprof profile --quick`), measured by the scan, which its
     # what-if compute is priced with (None: the profiles shipped with topoprof)
     device_profile: dict | None = field(default=None, repr=False, compare=False)

@@ -18,6 +18,8 @@ sits below both and imports nothing of torch.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -60,20 +62,52 @@ def registered() -> dict[str, type[Message]]:
 
 def encode(msg: Message) -> dict:
     """The message as a JSON-able dict: its type and version, then its fields (shallow: a field
-    holding a dict or list is written as it is)."""
-    return {"type": msg.KIND, "version": msg.VERSION, **fields_of(msg)}
+    holding a dict or list is written as it is; one holding a record, a dataclass that is no
+    message, as that record's fields)."""
+    return {"type": msg.KIND, "version": msg.VERSION,
+            **{name: fields_of(value) if _is_record(value) else value for name, value in fields_of(msg).items()}}
 
 
 def decode(wire: dict) -> Message:
     """The message a dict from `encode` holds; MessageError when it cannot be read here."""
     cls = _class_of(wire)
     body = {key: value for key, value in wire.items() if key not in ENVELOPE}
-    _check_fields(cls, body)
+    _check_fields(cls, body, f"message {cls.KIND!r} (version {cls.VERSION})")
+    records = _record_fields(cls)
+    for name, value in body.items():
+        record = records.get(name)
+        if record is not None and isinstance(value, dict):
+            _check_fields(record, value, f"{cls.KIND!r}'s {name}")
+            body[name] = record(**value)
     return cls(**body)
 
 
-def fields_of(msg: Message) -> dict:
-    """The message's fields by name, in their order, without its type and version (shallow)."""
+def _is_record(value: object) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, (type, Message))
+
+
+_RECORD_FIELDS: dict[str, dict[str, type]] = {}
+
+
+def _record_fields(cls: type[Message]) -> dict[str, type]:
+    """The fields of a message class declared as a record, with the record's class (read once a class)."""
+    if cls.KIND not in _RECORD_FIELDS:
+        hints = typing.get_type_hints(cls)
+        found = {f.name: _record_type(hints[f.name]) for f in dataclasses.fields(cls)}
+        _RECORD_FIELDS[cls.KIND] = {name: record for name, record in found.items() if record is not None}
+    return _RECORD_FIELDS[cls.KIND]
+
+
+def _record_type(hint: Any) -> type | None:
+    """The record class a field is declared as (alone, or with None), else None."""
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    records = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)
+               and not issubclass(m, Message)]
+    return records[0] if len(records) == 1 else None
+
+
+def fields_of(msg: Any) -> dict:
+    """A message's (or a record's) fields by name, in their order, without its type and version (shallow)."""
     return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
 
 
@@ -102,14 +136,14 @@ def _class_of(wire: dict) -> type[Message]:
     return cls
 
 
-def _check_fields(cls: type[Message], body: dict) -> None:
+def _check_fields(cls: type, body: dict, what: str) -> None:
+    """`body` holds the fields of `cls`: the message, or the record inside one, that `what` names."""
     fields = dataclasses.fields(cls)
     required = {f.name for f in fields
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
     unknown, missing = sorted(body.keys() - {f.name for f in fields}), sorted(required - body.keys())
     if unknown or missing:
-        raise MessageError(f"message {cls.KIND!r} (version {cls.VERSION}) does not match this topoprof's: "
-                           f"unknown fields {unknown}, missing fields {missing}")
+        raise MessageError(f"{what} does not match this topoprof's: unknown fields {unknown}, missing fields {missing}")
 
 
 # Jobs: what the launcher hands a worker (topoprof.measure.launch.JobSpec.config).
@@ -291,15 +325,45 @@ class SleepJob(Message):
 
 # Results: what a worker sends back.
 
+@dataclass(frozen=True)
+class UserModelRecord:
+    """A user's model (or a preset's module) as read: timed by the `user_model` worker
+    (probes/ranks/model_timing.py) on `device`, or, for a what-if, only traced (`device` "meta":
+    its parameters and its pass, nothing timed). Each parameter tensor of `params` is a dict of
+    `name`, `shape`, `requires_grad` and `aliases` (topoprof/trace/op_trace.py:parameter_list)."""
+
+    spec: str
+    device: str                         # "cpu", "cuda:N", or "meta" where it was only traced
+    params: list
+    device_name: str | None = None      # the timed GPU's name, as CUDA gives it
+    device_memory_bytes: int | None = None
+    samples: int | None = None          # its example batch's (None: its tensors share no first dimension)
+    block_list: str | None = None       # the module whose children are its repeated blocks
+    ready: list | None = None           # [[param_index, share of backward done], ...] as its gradients were ready
+    passes: list | None = None          # each timed pass: {"forward_s", "backward_s"}
+    optimizer_s: list | None = None     # each timed optimizer step, seconds
+    optimizer: str | None = None
+    precision: str | None = None
+    memory: dict | None = None          # what its timed step held, part by part
+    checkpointing: dict | None = None   # its blocks as checkpointed, where they were
+    # its pass on meta, where one was asked for: the trace, or why it could not be had (on the
+    # wire, its `write_pass` encoding, which `read_pass` decodes)
+    op_trace: dict | TraceFailure | None = None
+
+    @property
+    def timed(self) -> bool:
+        return self.passes is not None
+
+
 @message
 @dataclass(frozen=True)
 class UserModelResult(Message):
     """The user's model as timed and read (its parameters, times, memory; `op_trace` when asked)."""
 
     KIND: ClassVar[str] = "user_model"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
-    record: dict
+    record: UserModelRecord
 
 
 @message

@@ -15,20 +15,20 @@ from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelR
 from topoprof.model.inputs.sampled import SampledPasses
 from topoprof.model.inputs.user_record import ReadyOrder, timed_on
 from topoprof.model.memory.traced import TracedMemory
-from topoprof.specs.messages import TraceFailure
+from topoprof.specs.messages import TraceFailure, UserModelRecord
 
 
 @dataclass(frozen=True)
 class UserModelRun:
-    """The user's model as its worker read it: timed here (`record["passes"]`) or traced on meta
+    """The user's model as its worker read it: timed here (`record.passes`) or traced on meta
     only, and the gradient-ready order that fits the device predicted."""
 
-    record: dict
+    record: UserModelRecord
     order: ReadyOrder
 
     @property
     def timed(self) -> bool:
-        return "passes" in self.record
+        return self.record.timed
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Evidence:
     sampled: SampledPasses | None = None
 
 
-def timing_stands(record: dict, compute: ComputeRequest) -> bool:
+def timing_stands(record: UserModelRecord, compute: ComputeRequest) -> bool:
     """A timing here is the compute predicted where no --gpu is named, or the --gpu is the GPU it
     was timed on; never another device's."""
     return timed_on(record, compute.gpu)

@@ -113,10 +113,10 @@ def as_read(w: WorkloadRequest, user: UserModelRun) -> WorkloadRequest:
 def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
     """The GPU the model's ops are priced for: the GPU predicted; a user's model timed on this
     machine's GPU, with no GPU named and no what-if priced, is priced beside its time for that GPU."""
-    if user is None or not (user.timed and user.record["device"].startswith("cuda")) \
+    if user is None or not (user.timed and user.record.device.startswith("cuda")) \
             or compute.named is not None or what_if_priced(compute):
         return gpu
-    return named_gpu(user.record.get("device_name") or "GPU0")
+    return named_gpu(user.record.device_name or "GPU0")
 
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
@@ -148,7 +148,7 @@ def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:
 
 def whole_pass(user: UserModelRun | None, w: WorkloadRequest) -> WholePass | None:
     """The pass of the user's whole model its cut passes are checked against, where it ran."""
-    trace = user.record.get("op_trace") if user is not None else None
+    trace = user.record.op_trace if user is not None else None
     return WholePass(trace, w.checkpointing.text) if isinstance(trace, dict) else None
 
 
@@ -173,7 +173,7 @@ def this_gpu_predicted(compute: ComputeRequest) -> bool:
 def _measured_memory_stands(user: UserModelRun | None, compute: ComputeRequest) -> bool:
     """A user's model timed on the GPU predicted: its memory as measured, at its own size."""
     return (user is not None and user.timed and timing_stands(user.record, compute)
-            and bool(user.record.get("memory")))
+            and bool(user.record.memory))
 
 
 def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,

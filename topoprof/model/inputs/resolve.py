@@ -16,6 +16,7 @@ from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, Workloa
 from topoprof.model.inputs.user_record import UserModelRead, read_user_model
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.model.strategies.job import ModelInputs, Workload
+from topoprof.specs.messages import UserModelRecord
 from topoprof.workload.checkpointing import describe_wrapped
 
 
@@ -83,12 +84,12 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
             work_kw = {**work_kw, "micro_batch_source": "the samples its example batch holds"}
     stands = user.timed and read.timed_on_gpu
     work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(read.layout, read.block_list)}
-    workload = Workload(read.layout, **work_kw, measured_memory=record.get("memory") if stands else None)
-    if record.get("checkpointing"):
-        notes.append(describe_wrapped(record["checkpointing"]))
+    workload = Workload(read.layout, **work_kw, measured_memory=record.memory if stands else None)
+    if record.checkpointing:
+        notes.append(describe_wrapped(record.checkpointing))
     # the GPU predicted prices the model's own ops, unless it was timed on that GPU
     what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
-    modelled, why = priced(record.get("op_trace"), evidence.pricing) if what_if else ({}, None)
+    modelled, why = priced(record.op_trace, evidence.pricing) if what_if else ({}, None)
     if why is not None:  # a what-if whose own ops could not be priced: the datasheet's range stands in
         _need_tokens_for_the_datasheet(w, compute, why)
         notes.append(fallback_note(why))
@@ -97,10 +98,10 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
             compute, origins = _measured(compute, _timing(read))
     elif user.timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
         notes.append(_timed_elsewhere_note(_timing(read), record, compute.gpu))
-    memory = _memory_of_the_timed_gpu(memory, compute, record, origins)
+    memory = _memory_of_the_timed_gpu(memory, compute, read.measured or {}, origins)
     # measured here: the model beside it
-    if user.timed and not modelled and why is None and record["device"].startswith("cuda"):
-        modelled, why = priced(record.get("op_trace"), evidence.pricing)
+    if user.timed and not modelled and why is None and record.device.startswith("cuda"):
+        modelled, why = priced(record.op_trace, evidence.pricing)
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     return _Completed(workload, compute, memory, origins, notes, modelled)
@@ -172,9 +173,9 @@ def _param_count(w: WorkloadRequest) -> int:
     return count
 
 
-def _timed_elsewhere_note(measured: dict, record: dict, gpu: str | None) -> str:
+def _timed_elsewhere_note(measured: dict, record: UserModelRecord, gpu: str | None) -> str:
     return (f"timed here (--time-here): {measured['micro_batch_time_s'] * 1e3:,.1f} ms per micro-batch on "
-            f"{record.get('device_name') or record['device']}, this machine, not the {gpu} predicted: not used")
+            f"{record.device_name or record.device}, this machine, not the {gpu} predicted: not used")
 
 
 def _need_tokens_for_the_datasheet(w: WorkloadRequest, compute: ComputeRequest, why: str) -> None:

@@ -78,7 +78,7 @@ def _workload(opts, size: str | None):
         layout = user_layout(opts.user_record)
         samples = example_batch_of(opts.user_record)[0] or 1
         return (Workload(layout, **{**kw, "micro_batch_size": samples, "tokens_per_micro_batch": opts.tokens},
-                         measured_memory=opts.user_record.get("memory")), layout.name)
+                         measured_memory=opts.user_record.memory), layout.name)
     if opts.preset:
         return Workload.from_preset(opts.preset, opts.image_size, **kw), opts.preset
     preset = timed_preset(opts, size)
@@ -122,8 +122,8 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         measured = user_compute(opts.user_record)
         beside: dict = {}
         why: str | None = None
-        if opts.user_record["device"].startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
-            beside, why = priced(opts.user_record.get("op_trace"), _pricing(opts, gpu_name))
+        if opts.user_record.device.startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
+            beside, why = priced(opts.user_record.op_trace, _pricing(opts, gpu_name))
         return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:

@@ -7,6 +7,7 @@ the ready order, is `user_record`'s.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Callable
 
 from topoprof.errors import InputError
@@ -17,7 +18,7 @@ from topoprof.model.compute.scaled import scaled_compute
 from topoprof.model.inputs.request import check_spec
 from topoprof.model.inputs.user_record import ReadyOrder, gpu_key, registration_order, stated_shape, user_compute
 from topoprof.probes.hardware.nvml import query_nvml
-from topoprof.specs.messages import TraceFailure
+from topoprof.specs.messages import TraceFailure, UserModelRecord
 from topoprof.topology.visible import job_gpus
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
@@ -46,11 +47,11 @@ def names_this_gpu(gpu: str) -> bool:
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
                  device: str | None = None, target: dict | None = None,
                  progress: Callable[[str], None] | None = None, ac: str = "none", unit: str | None = None,
-                 stated: dict | None = None) -> dict:
+                 stated: dict | None = None) -> UserModelRecord:
     """The user's model read and timed on this machine: its first GPU when it has one (under
     `precision`), else the CPU (fp32, as CPU ranks train), at `stated` (`stated_shape`; None: as
     its callable builds it). With `trace` (the stated shape, see
-    `stated_shape`) the record also holds its pass on the meta device, "op_trace", run for the
+    `stated_shape`) the record also holds its pass on the meta device, `op_trace`, run for the
     `target` device (`topoprof/trace/op_trace.py`) when one is given. `progress` hears each stage;
     `ac`: its blocks (the children of `unit`, else the block list found) checkpointed so, timed and
     traced (`topoprof/zoo/user_blocks.py`)."""
@@ -62,10 +63,10 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
 
 
 def trace_only(spec: str, micro_batch: int | None, tokens: int | None, progress: Callable[[str], None] | None,
-               ac: str, unit: str | None, target: dict) -> tuple[dict, ReadyOrder]:
+               ac: str, unit: str | None, target: dict) -> tuple[UserModelRecord, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
     for the GPU `target` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
-    ready order): the record as `user_layout` reads it, with the trace as "op_trace". Where only
+    ready order): the record as `user_layout` reads it, with the trace as `op_trace`. Where only
     the pass failed, the parameters built on meta stand, in reverse registration order
     (`registration_order`); where the callable itself is wrong, or nothing could be built on meta,
     InputError (exit 2) says so: a what-if never runs the model here to find out. `ac`, `unit`: its
@@ -74,14 +75,14 @@ def trace_only(spec: str, micro_batch: int | None, tokens: int | None, progress:
     trace = trace_model(check_spec(spec), None, shape, target, progress=progress, ac=ac, unit=unit)
     if isinstance(trace, TraceFailure):
         return _params_read_before(spec, trace)
-    record = {"spec": spec, "device": "meta", "params": trace["params"], "op_trace": trace,
-              **({"checkpointing": trace["checkpointing"]} if trace.get("checkpointing") else {})}
+    record = UserModelRecord(spec, "meta", trace["params"], checkpointing=trace.get("checkpointing") or None,
+                             op_trace=trace)
     return record, ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "
                                               f"meta at {trace['shape']}); a what-if traces the model, never runs it "
                                               f"here")
 
 
-def _params_read_before(spec: str, failure: TraceFailure) -> tuple[dict, ReadyOrder]:
+def _params_read_before(spec: str, failure: TraceFailure) -> tuple[UserModelRecord, ReadyOrder]:
     """A what-if whose pass on meta failed: the parameters read before it, in reverse registration
     order; InputError where the callable is the user's to fix, or nothing of it was read."""
     if failure.users_to_fix:
@@ -92,7 +93,7 @@ def _params_read_before(spec: str, failure: TraceFailure) -> tuple[dict, ReadyOr
         raise InputError(f"--model {spec}: it could not be built on the meta device, or its pass there failed "
                          f"before any parameter was read ({failure.reason}); a --gpu what-if never runs it on this "
                          "machine: give --time-here to time it here")
-    record = {"spec": spec, "device": "meta", "params": failure.params, "op_trace": failure}
+    record = UserModelRecord(spec, "meta", failure.params, op_trace=failure)
     return record, registration_order(record, failure.reason)
 
 
@@ -156,7 +157,7 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
                                     kwargs={**kwargs, **more, **({"ac": ac} if ac != "none" else {}),
                                             **({"sizes": sizes} if sizes else {})},
                                     progress=progress)
-        return user_compute({**record, "spec": preset})
+        return user_compute(replace(record, spec=preset))
 
     if is_vision(preset):
         if seq_len is not None:

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
-from topoprof.specs.messages import TraceFailure
+from topoprof.specs.messages import TraceFailure, UserModelRecord
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
 
 
-def registration_order(record: dict, why: str) -> ReadyOrder:
+def registration_order(record: UserModelRecord, why: str) -> ReadyOrder:
     """Gradients ready in reverse registration order, each after its share of the parameters: what
     stands in where the pass on meta failed and nothing weighs them by their backward FLOPs."""
-    params = record["params"]
+    params = record.params
     trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
     sizes = [math.prod(params[i]["shape"]) for i in reversed(trainable)]
     total, done, ready = max(1, sum(sizes)), 0, []
@@ -55,33 +55,47 @@ def stated_shape(micro_batch: int | None, tokens: int | None) -> dict:
     return {"micro_batch": micro_batch, "seq_len": max(1, tokens // (micro_batch or 1)) if tokens else None}
 
 
-def _as_read(record: dict) -> dict:
-    """What a user's model showed when it was read: its pass on meta where it ran, else its timing."""
-    trace = record.get("op_trace")
-    return trace if isinstance(trace, dict) else record
+@dataclass(frozen=True)
+class BatchRead:
+    """What a user's model showed of its example batch when it was read (`batch_read`)."""
+
+    read: bool                  # False: its pass on meta failed before its batch was read
+    samples: int | None = None  # the first dimension its tensors share; None where they share none
+    seq_len: int | None = None  # the `seq_len` its callable took, if it took one
+    block_list: str | None = None
 
 
-def example_batch_of(record: dict) -> tuple[int | None, int | None]:
+def batch_read(record: UserModelRecord) -> BatchRead:
+    """Its pass on meta's where that ran, else its timing's; nothing where it was only traced and
+    the pass failed."""
+    trace = record.op_trace
+    if isinstance(trace, dict):
+        return BatchRead(True, trace.get("samples"), (trace.get("kwargs") or {}).get("seq_len"),
+                         trace.get("block_list"))
+    return BatchRead(record.timed, record.samples, None, record.block_list)
+
+
+def example_batch_of(record: UserModelRecord) -> tuple[int | None, int | None]:
     """(samples, sequence length stated) of the example batch a user's model was read at. The
     samples are the first dimension its tensors share (`topoprof/zoo/user_callable.py:
     batch_samples`; None where they share none); the sequence length is the `seq_len` its callable
     took, if it took one."""
-    read = _as_read(record)
-    return read.get("samples"), (read.get("kwargs") or {}).get("seq_len")
+    read = batch_read(record)
+    return read.samples, read.seq_len
 
 
-def block_list_of(record: dict) -> str | None:
+def block_list_of(record: UserModelRecord) -> str | None:
     """The module whose children are a user's model's repeated blocks, as --fsdp-unit named it or
     its checkpointing finds it (`topoprof/zoo/user_blocks.py:find_block_list`); None where it has none."""
-    return _as_read(record).get("block_list")
+    return batch_read(record).block_list
 
 
-def micro_batch_note(micro_batch: int, record: dict) -> str:
+def micro_batch_note(micro_batch: int, record: UserModelRecord) -> str:
     """What a user's model with no --micro-batch-size is planned at, and why."""
-    read = _as_read(record)
-    if read.get("samples") is not None:
+    read = batch_read(record)
+    if read.samples is not None:
         return f"micro-batch {micro_batch}: the samples its example batch holds (no --micro-batch-size given)"
-    if "samples" not in read:  # its pass on meta failed before its batch was read
+    if not read.read:
         return f"micro-batch {micro_batch}: its example batch was not read; give --micro-batch-size"
     return (f"micro-batch {micro_batch}: the tensors of its example batch share no first dimension to count its "
             "samples by; give --micro-batch-size")
@@ -107,10 +121,10 @@ def flop_order_reason(device: str, device_name: str | None, gpu: str | None,
     return None
 
 
-def timed_on(record: dict, gpu: str | None) -> bool:
+def timed_on(record: UserModelRecord, gpu: str | None) -> bool:
     """Whether a model's timing here is the compute of `gpu`: no GPU is named, or it names the GPU
     the model was timed on; never another device's."""
-    return gpu is None or flop_order_reason(record["device"], record.get("device_name"), gpu, None) is None
+    return gpu is None or flop_order_reason(record.device, record.device_name, gpu, None) is None
 
 
 def trace_wanted(device: str, gpu: str | None, micro_batch_time: float | None) -> bool:
@@ -128,17 +142,20 @@ class ReadyOrder:
     note: str | None = None
 
 
-def measured_order(record: dict) -> ReadyOrder:
-    return ReadyOrder(record["ready"], f"gradient-ready order: measured on {record['device']}")
+def measured_order(record: UserModelRecord) -> ReadyOrder:
+    if record.ready is None:
+        raise InputError(f"--model {record.spec}: its gradient-ready order was not measured (it was not timed here)")
+    return ReadyOrder(record.ready, f"gradient-ready order: measured on {record.device}")
 
 
-def choose_ready_order(record: dict, gpu: str | None = None, micro_batch_time: float | None = None) -> ReadyOrder:
+def choose_ready_order(record: UserModelRecord, gpu: str | None = None,
+                       micro_batch_time: float | None = None) -> ReadyOrder:
     """The timed order where the model was timed on the device predicted; else the backward
     FLOPs per tensor from the record's meta pass, or the timed order with a note where that failed."""
-    why = flop_order_reason(record["device"], record.get("device_name"), gpu, micro_batch_time)
+    why = flop_order_reason(record.device, record.device_name, gpu, micro_batch_time)
     if why is None:
         return measured_order(record)
-    trace = record.get("op_trace")
+    trace = record.op_trace
     failure = ("no pass on meta was run" if not trace else trace.reason if isinstance(trace, TraceFailure)
                else _other_parameters(record, trace))
     if failure or not isinstance(trace, dict):
@@ -151,24 +168,24 @@ def choose_ready_order(record: dict, gpu: str | None = None, micro_batch_time: f
                                       f"at {trace['shape']}), since {why}")
 
 
-def _other_parameters(record: dict, trace: dict) -> str | None:
+def _other_parameters(record: UserModelRecord, trace: dict) -> str | None:
     """The meta pass's indices mean the timed record's only where both list the same parameters."""
-    if [p["name"] for p in trace["params"]] == [p["name"] for p in record["params"]]:
+    if [p["name"] for p in trace["params"]] == [p["name"] for p in record.params]:
         return None
     return f"the model built at {trace['shape']} has other parameters than the one timed"
 
 
-def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
+def user_layout(record: UserModelRecord, order: ReadyOrder | None = None) -> Layout:
     """The trainable parameters as a Layout whose ready schedule is `order` (the timed one unless given)."""
     order = order or measured_order(record)
-    params = record["params"]
+    params = record.params
     trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
     position = {i: k for k, i in enumerate(trainable)}
     tensors = tuple(TensorSpec(params[i]["name"], tuple(params[i]["shape"])) for i in trainable)
     ready = [(position[i], fraction) for i, fraction in order.ready if i in position]
     missing = sorted(set(range(len(trainable))) - {k for k, _ in ready})
     if missing:
-        raise InputError(f"--model {record['spec']}: no gradient reached "
+        raise InputError(f"--model {record.spec}: no gradient reached "
                          f"{', '.join(tensors[k].name for k in missing[:4])} in backward (unused "
                          "parameters: DDP would need find_unused_parameters=True, which topoprof does not model)")
     total_flops = MATMUL_BACKWARD_FLOPS_PER_PARAM * sum(t.numel for t in tensors)
@@ -182,8 +199,8 @@ def user_layout(record: dict, order: ReadyOrder | None = None) -> Layout:
         uses = [Use((k,), total_flops / len(ready)) for k, _ in ready]
     frozen = len(params) - len(trainable)
     shared = sum(1 for p in params if p["aliases"])
-    return Layout(f"user:{record['spec']}", tensors, tuple(reversed(uses)),
-                  f"{record['spec']}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); "
+    return Layout(f"user:{record.spec}", tensors, tuple(reversed(uses)),
+                  f"{record.spec}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); "
                   f"{order.text}")
 
 
@@ -199,24 +216,26 @@ class UserModelRead:
     measured: dict | None     # its timing's medians (`user_compute`), where it was timed here
 
 
-def read_user_model(record: dict, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
+def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
     """`record` read for the model's inputs: planned at `micro_batch`, for `gpu` (None: the device
     it was timed on)."""
     return UserModelRead(user_layout(record, order), block_list_of(record), example_batch_of(record)[0],
                          micro_batch_note(micro_batch, record), timed_on(record, gpu),
-                         user_compute(record) if record.get("passes") else None)
+                         user_compute(record) if record.passes else None)
 
 
-def user_compute(record: dict) -> dict:
+def user_compute(record: UserModelRecord) -> dict:
     """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
-    passes = record["passes"]
+    passes, optimizer_s = record.passes, record.optimizer_s
+    if not passes or not optimizer_s:
+        raise InputError(f"--model {record.spec}: it was not timed here, so it has no measured compute")
     total = [p["forward_s"] + p["backward_s"] for p in passes]
-    where = (f"measured on {record['device']} ({record.get('precision', 'fp32')}, {record.get('optimizer', 'AdamW')}), "
+    where = (f"measured on {record.device} ({record.precision or 'fp32'}, {record.optimizer or 'AdamW'}), "
              f"{len(passes)} repeats, median")
-    return {"memory": record.get("memory"), "micro_batch_time_s": statistics.median(total),
+    return {"memory": record.memory, "micro_batch_time_s": statistics.median(total),
             "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
-            "optimizer_time_s": statistics.median(record["optimizer_s"]),
-            "source": f"{record['spec']}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
-            "device_name": record.get("device_name"), "device_memory_bytes": record.get("device_memory_bytes")}
+            "optimizer_time_s": statistics.median(optimizer_s),
+            "source": f"{record.spec}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
+            "device_name": record.device_name, "device_memory_bytes": record.device_memory_bytes}
 
 
