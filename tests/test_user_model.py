@@ -141,11 +141,12 @@ def test_bad_user_model_is_one_line_and_exit_2(callable_name, says, traceback):
 
 @pytest.mark.slow
 def test_a_rank_slower_than_its_timeout_per_rotation_goes_on_and_is_not_taken_for_hung():
-    # each forward sleeps 0.5 s (tied.py:slow): a rotation's micro-batches outlast the 2 s timeout,
-    # none of them alone does; the ranks say so as they go, and the run ends measured
+    # each forward sleeps 0.5 s (tied.py:slow): a rotation's micro-batches outlast the 4 s timeout
+    # (ended as hung when the ranks said nothing between rotations), none of them alone does; the
+    # ranks say so as they go, and the run ends measured
     proc = topoprof("validate", "--model", f"{FIXTURE}:slow", "--nproc", "2", "--backend", "gloo", "--modes",
                     "ddp_synced", "--accum", "2", "--steps", "1", "--warmup-steps", "0", "--no-numerics", "--timeout",
-                    "2", "--json", timeout=300)
+                    "4", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["modes"]["ddp_synced"]["measured_step_s"] >= 2 * 0.5  # a step's 2 forwards
 
