@@ -184,10 +184,12 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     except Exception as err:  # the user's forward or backward failed (shape, dtype, memory)
         raise UserModelError("run", f"training {spec} on {device} raised {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}", traceback.format_exc()) from None
-    return UserModelRecord(spec, device, parameter_list(module), _device_name(device), _device_memory_bytes(device),
-                           batch_samples(batch), unit or find_block_list(module), ready, passes, optimizer_s,
-                           opt_name, precision_used, memory.parts(),
-                           {k: v for k, v in done.items() if k != "names"} if done else None)
+    return UserModelRecord(spec, device, parameter_list(module), device_name=_device_name(device),
+                           device_memory_bytes=_device_memory_bytes(device), samples=batch_samples(batch),
+                           block_list=unit or find_block_list(module), ready=ready, passes=passes,
+                           optimizer_s=optimizer_s, optimizer=opt_name, precision=precision_used,
+                           memory=memory.parts(),
+                           checkpointing={k: v for k, v in done.items() if k != "names"} if done else None)
 
 
 def _warm_up(step, cuda: bool) -> list:

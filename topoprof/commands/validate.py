@@ -9,7 +9,7 @@ from topoprof.measure.launch import is_reporting_rank
 from topoprof.measure.runner import default_backend_and_nproc
 from topoprof.measure.torch_support import FSDP2_VALIDATE, missing
 from topoprof.model.inputs.user_model import measure_here
-from topoprof.model.inputs.user_record import example_batch_of, user_layout
+from topoprof.model.inputs.user_record import trained_micro_batch, user_layout
 from topoprof.model.validate.report import read_validate_report
 from topoprof.model.validate.run import (
     FSDP_BACKENDS,
@@ -82,7 +82,7 @@ def validate(backend, nproc, params, preset, user_model, scale, seq_len, micro_b
         record = measure_here(user_model)
         layout = user_layout(record)
         label = layout.name
-        micro_batch = example_batch_of(record)[0] or 1  # its tensors share no first dimension: counted as one
+        micro_batch = trained_micro_batch(record)
     if threads is None and backend == "gloo":
         threads = cpu_threads_per_rank(nproc)
     opts = ValidateOptions(backend=backend, nproc=nproc, spec=spec, label=label, micro_batch=micro_batch or 4,

@@ -7,7 +7,7 @@ from typing import Any
 from topoprof.errors import InputError
 from topoprof.measure.launch import multi_node
 from topoprof.model.inputs.request import check_image_options, check_spec, parse_count
-from topoprof.model.inputs.user_record import example_batch_of, user_layout
+from topoprof.model.inputs.user_record import trained_micro_batch, user_layout
 from topoprof.model.validate.run import ValidateOptions, cpu_threads_per_rank
 from topoprof.specs.messages import CollectivesJob, UserModelRecord
 from topoprof.workload.checkpointing import parse_checkpointing
@@ -95,7 +95,7 @@ def validate_options(opts: ScanOptions):
 
         layout = user_layout(opts.user_record)
         user = dict(user_model=opts.user_model, user_layout=layout, label=layout.name,
-                    micro_batch=example_batch_of(opts.user_record)[0] or 1)  # the batch its validation trains
+                    micro_batch=trained_micro_batch(opts.user_record))
     return ValidateOptions(**{"label": f"synthetic {spec.params / 1e6:.1f}M", "micro_batch": 8 if gpu else 4, **user},
                            backend=opts.backend, nproc=opts.nproc, spec=spec, accum=4,
                            steps=QUICK_ROTATIONS if opts.quick else ROTATIONS,

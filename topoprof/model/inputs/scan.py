@@ -26,7 +26,7 @@ from topoprof.model.compute.traced import params_request, preset_request, priced
 from topoprof.model.inputs.request import parse_count
 from topoprof.model.inputs.traces import model_on_gpu
 from topoprof.model.inputs.user_model import measure_preset
-from topoprof.model.inputs.user_record import example_batch_of, user_compute, user_layout
+from topoprof.model.inputs.user_record import trained_micro_batch, user_compute, user_layout
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.model_plan import plan_model
 from topoprof.model.strategies.model_report import model_payload
@@ -76,7 +76,7 @@ def _workload(opts, size: str | None):
     kw = dict(micro_batch_size=opts.micro_batch_size, tokens_per_micro_batch=tokens, checkpointing=opts.checkpointing)
     if opts.user_record is not None:  # at the samples of the example batch it was timed and trained on
         layout = user_layout(opts.user_record)
-        samples = example_batch_of(opts.user_record)[0] or 1
+        samples = trained_micro_batch(opts.user_record)
         return (Workload(layout, **{**kw, "micro_batch_size": samples, "tokens_per_micro_batch": opts.tokens},
                          measured_memory=opts.user_record.memory), layout.name)
     if opts.preset:

@@ -84,6 +84,12 @@ def example_batch_of(record: UserModelRecord) -> tuple[int | None, int | None]:
     return read.samples, read.seq_len
 
 
+def trained_micro_batch(record: UserModelRecord) -> int:
+    """The micro-batch a user's model trains at, on the example batch its callable returns: the
+    samples that batch holds, or 1 where its tensors share no first dimension to count them by."""
+    return example_batch_of(record)[0] or 1
+
+
 def block_list_of(record: UserModelRecord) -> str | None:
     """The module whose children are a user's model's repeated blocks, as --fsdp-unit named it or
     its checkpointing finds it (`topoprof/zoo/user_blocks.py:find_block_list`); None where it has none."""
@@ -143,8 +149,7 @@ class ReadyOrder:
 
 
 def measured_order(record: UserModelRecord) -> ReadyOrder:
-    if record.ready is None:
-        raise InputError(f"--model {record.spec}: its gradient-ready order was not measured (it was not timed here)")
+    assert record.ready is not None, "a record timed here: only a timed record is read in its own order"
     return ReadyOrder(record.ready, f"gradient-ready order: measured on {record.device}")
 
 
@@ -227,8 +232,7 @@ def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int
 def user_compute(record: UserModelRecord) -> dict:
     """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
     passes, optimizer_s = record.passes, record.optimizer_s
-    if not passes or not optimizer_s:
-        raise InputError(f"--model {record.spec}: it was not timed here, so it has no measured compute")
+    assert passes and optimizer_s, "a record timed here: only a timed record has a measured compute"
     total = [p["forward_s"] + p["backward_s"] for p in passes]
     where = (f"measured on {record.device} ({record.precision or 'fp32'}, {record.optimizer or 'AdamW'}), "
              f"{len(passes)} repeats, median")
