@@ -209,6 +209,25 @@ def test_what_does_not_fit_is_neither_swept_nor_offered():
         assert option["step_time_s"] is None and "does not fit" in option["reason"]
 
 
+def test_the_memory_tables_columns_are_headed_by_the_whole_strategy_names():
+    from topoprof.model.strategies.model_plan import plan_model
+    from topoprof.model.strategies.model_report import model_payload, read_model_report
+    from topoprof.report.text_fits import PARTS_COLUMNS, memory_parts_lines
+
+    report = read_model_report(model_payload(plan_model(_llama(micro_batch_time_s=0.4), {"link_bandwidth_gbps": 370},
+                                                        sweep=False)))
+    lines = memory_parts_lines(report)
+    head = lines[2:lines.index(next(line for line in lines if line.lstrip().startswith("weights")))]
+    width, first = 15, 2 + 26
+    columns = (len(head[0]) - first) // width
+    names = ["_".join(cell for line in head if (cell := line.ljust(first + columns * width)
+                                                [first + j * width:first + (j + 1) * width].strip()))
+             for j in range(columns)]
+    # fsdp_full_shard and its no_sync twin were both "fsdp_full_shar" when cut at 14 characters
+    assert names == [n for n in PARTS_COLUMNS if (r := report.result(n)) is not None and r.memory is not None]
+    assert "fsdp_full_shard_no_sync" in names and "fsdp_shard_grad_op_no_sync" in names
+
+
 def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
     from topoprof.model.inputs import resolve
     from topoprof.model.inputs.request import ComputeRequest, MemoryRequest

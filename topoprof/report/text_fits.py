@@ -99,8 +99,12 @@ def memory_parts_lines(report: ModelReport) -> list[str]:
     if not columns:
         return []
     gpu = report.value("gpu_memory_gb")
-    out = ["", f"Memory per GPU, part by part (GB; GPU {_gb(gpu)} GB: {report.source('gpu_memory_gb')}):",
-           "  " + f"{'part':<26}" + "".join(f"{n[:14]:>15}" for n in columns)]
+    out = ["", f"Memory per GPU, part by part (GB; GPU {_gb(gpu)} GB: {report.source('gpu_memory_gb')}):"]
+    names = [_name_lines(n) for n in columns]
+    for i in range(max(map(len, names))):
+        head = "part" if i == 0 else ""
+        out.append(("  " + f"{head:<26}" + "".join(f"{(lines[i] if i < len(lines) else ''):>15}"
+                                                   for lines in names)).rstrip())
     for key, label in PARTS:
         values = [mems[n].parts_gb.get(key) for n in columns]
         if all(v is None or v == 0 for v in values) and key not in ("activations",):
@@ -131,6 +135,19 @@ def memory_parts_lines(report: ModelReport) -> list[str]:
         kept = [t for t in texts if not any(o != t and o.startswith(t) for o in texts)]
         out.append(f"  {labels.get(key, key)}: {' | '.join(kept)}")
     return out
+
+
+def _name_lines(name: str, width: int = 14) -> list[str]:
+    """A strategy's name in lines of at most `width` for a column's head, broken at underscores and
+    its `no_sync` on a line of its own: fsdp_full_shard and fsdp_full_shard_no_sync stay apart."""
+    base, no_sync = (name[:-len("_no_sync")], True) if name.endswith("_no_sync") else (name, False)
+    lines: list[str] = []
+    for word in base.split("_"):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += "_" + word
+        else:
+            lines.append(word)
+    return lines + ["no_sync"] if no_sync else lines
 
 
 def _memory(report: ModelReport, name: str) -> Memory | None:
