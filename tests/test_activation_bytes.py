@@ -99,7 +99,7 @@ def measured(spec: str, kwargs: dict, stated: dict, mode: str, container: str | 
         counted = trace_pass(module, batch, loss_fn, list(module.parameters()), {"device": "cpu"})
     module, batch, loss_fn = call_user_callable(spec, {**kwargs, **shape_kwargs(load_callable(spec), stated)})
     hooked = saved_activation_bytes(_with_ac(module, mode, container), batch, loss_fn)
-    return counted["memory"]["activations_bytes"], hooked.held_bytes
+    return counted.memory.activations_bytes, hooked.held_bytes
 
 
 @pytest.mark.parametrize("spec, kwargs, stated, mode, container", [c[3:] for c in CASES],
@@ -162,7 +162,7 @@ def test_an_in_place_update_of_a_buffer_allocates_nothing():
         module, batch = build()
         counted = trace_pass(module, batch, None, list(module.parameters()), {"device": "cpu"})
     hooked = saved_activation_bytes(*build())
-    assert counted["memory"]["activations_bytes"] == hooked.held_bytes
+    assert counted.memory.activations_bytes == hooked.held_bytes
 
 
 if __name__ == "__main__":

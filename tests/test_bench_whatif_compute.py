@@ -4,15 +4,21 @@ from __future__ import annotations
 import pytest
 
 from tests.benchmarks.bench_whatif_compute import fresh_bytes
+from topoprof.specs.traced_pass import TracedOp, TracedPass
+
+
+def _op(view, outputs, **more):
+    return TracedOp(name="aten.add.Tensor", phase="forward", flops=0, view=view, bytes_read=0, bytes_written=0,
+                    outputs=outputs, **more)
 
 
 def test_fresh_bytes_count_large_outputs_written_anew_only():
-    trace = {"ops": [
-        {"view": False, "inplace": False, "outputs": [64, 8]},   # one large output, one small
-        {"view": False, "inplace": True, "outputs": [100]},      # written in place: its pages exist
-        {"view": True, "outputs": [100]},                        # a view writes nothing
-        {"view": False, "outputs": [32]},                        # exactly at the threshold
-    ]}
+    trace = TracedPass(ops=[
+        _op(False, [64, 8], inplace=False),   # one large output, one small
+        _op(False, [100], inplace=True),      # written in place: its pages exist
+        _op(True, [100]),                     # a view writes nothing
+        _op(False, [32]),                     # exactly at the threshold
+    ])
     assert fresh_bytes(trace, 32) == 64 + 32
 
 

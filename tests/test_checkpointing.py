@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
 from topoprof.model.compute.datasheet import named_gpu  # noqa: E402
+from topoprof.specs.traced_pass import TracedPass  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
@@ -83,7 +85,7 @@ def test_the_op_policy_keeps_every_other_matmul_and_the_attention():
     assert policy(recompute, aten.mm.default) == keep
 
 
-def _llama_trace(ac: str, target: dict) -> dict:
+def _llama_trace(ac: str, target: dict) -> TracedPass:
     return trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2, "seq_len": 16},
                             {"preset": "llama3-8b", "n_layer": 4, "sizes": SMALL_LLAMA, "ac": ac}, target)
 
@@ -93,20 +95,20 @@ def by_mode():
     return {ac: _llama_trace(ac, {"device": "cuda", "precision": "bf16"}) for ac in ("none", "full", "layer:2", "op")}
 
 
-def _recomputed(trace: dict) -> Counter:
-    return Counter(op["name"] for op in trace["ops"] if op.get("recompute"))
+def _recomputed(trace: TracedPass) -> Counter:
+    return Counter(op.name for op in trace.ops if op.recompute)
 
 
 def test_every_mode_traces_in_bf16_with_its_recompute_in_the_backward(by_mode):
     for ac, trace in by_mode.items():
-        assert "failure" not in trace and "autocast_failure" not in trace, ac
-        assert all(op["phase"] == "backward" for op in trace["ops"] if op.get("recompute"))
-        assert len(trace["ready"]) == len(trace["params"])  # every gradient still ready once
-    recompute = {ac: t["totals"]["recompute"]["flops"] for ac, t in by_mode.items()}
+        assert isinstance(trace, TracedPass) and trace.autocast_failure is None, ac
+        assert all(op.phase == "backward" for op in trace.ops if op.recompute)
+        assert len(trace.ready) == len(trace.params)  # every gradient still ready once
+    recompute = {ac: t.totals.recompute.flops for ac, t in by_mode.items()}
     assert recompute["none"] == 0 and recompute["full"] > 0
     assert recompute["layer:2"] * 2 == recompute["full"]      # half the blocks, the same blocks
     assert 0 < recompute["op"] < recompute["full"]
-    kept = {ac: t["memory"]["activations_bytes"] for ac, t in by_mode.items()}
+    kept = {ac: t.memory.activations_bytes for ac, t in by_mode.items()}
     assert kept["full"] < kept["op"] < kept["none"] and kept["full"] < kept["layer:2"] < kept["none"]
 
 
@@ -126,8 +128,8 @@ def test_a_70b_preset_traces_under_every_mode_on_meta():
         trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 1, "seq_len": 64},
                                  {"preset": "llama2-70b", "n_layer": 2, "ac": ac},
                                  {"device": "cuda", "precision": "bf16"})
-        assert "failure" not in trace and trace["totals"]["recompute"]["flops"] > 0
-        assert sum(torch.Size(p["shape"]).numel() for p in trace["params"]) == \
+        assert isinstance(trace, TracedPass) and trace.totals.recompute.flops > 0
+        assert sum(torch.Size(p["shape"]).numel() for p in trace.params) == \
             2 * config.vocab_size * config.hidden + config.hidden + 2 * (
                 2 * config.hidden ** 2 + 2 * config.hidden * config.kv_heads * (config.hidden // config.heads)
                 + 3 * config.hidden * config.intermediate + 2 * config.hidden)
@@ -137,12 +139,12 @@ def test_a_70b_preset_traces_under_every_mode_on_meta():
 
 def test_op_mode_marks_the_ops_its_policy_sees_and_no_other_mode_does(by_mode):
     for ac in ("none", "full", "layer:2"):
-        assert not any(op.get("selective") for op in by_mode[ac]["ops"]), ac
-    ops = by_mode["op"]["ops"]
-    selective = [op for op in ops if op.get("selective")]
-    assert any(op["phase"] == "forward" for op in selective)
-    assert all(op.get("selective") for op in ops if op.get("recompute"))  # every recompute op is under the mode
-    assert not any(op.get("selective") for op in ops if op["phase"] == "backward" and not op.get("recompute"))
+        assert not any(op.selective for op in by_mode[ac].ops), ac
+    ops = by_mode["op"].ops
+    selective = [op for op in ops if op.selective]
+    assert any(op.phase == "forward" for op in selective)
+    assert all(op.selective for op in ops if op.recompute)  # every recompute op is under the mode
+    assert not any(op.selective for op in ops if op.phase == "backward" and not op.recompute)
 
 
 def test_the_selective_modes_cost_more_per_op_than_a_plain_recorded_op_here():
@@ -159,13 +161,13 @@ def test_op_mode_step_grows_by_exactly_the_ratios_share_of_a_recorded_op(by_mode
     from topoprof.model.compute.roofline import roofline
 
     plain = by_mode["op"]
-    priced = {**plain, "selective_checkpoint": {"ratio": 3.0, "how": "measured here: a stated 3"}}
+    priced = replace(plain, selective_checkpoint={"ratio": 3.0, "how": "measured here: a stated 3"})
     # a profile that did not measure the policy's modes (the H200's facts): the trace's ratio prices them
     path = os.path.join(SHIPPED_DIR, "nvidia-h200-sxm-gpu-facts-20261126.json")
     pricer, _ = pricer_for(named_gpu("h100-sxm"), "bf16", False, load_profile(path), path)
     before, after = roofline(plain, pricer), roofline(priced, pricer)
     recorded = pricer.host.get("autograd_forward").at("middle", False)
-    seen = sum(1 for op in plain["ops"] if op.get("selective") and not op["view"])
+    seen = sum(1 for op in plain.ops if op.selective and not op.view)
     assert after.middle.host_s - before.middle.host_s == pytest.approx(seen * (3.0 - 1) * recorded)
     assert after.seconds[1] > before.seconds[1]
     assert "selective op AC: x3 host cost per op its modes see, measured here: a stated 3" in after.basis
@@ -177,7 +179,7 @@ def test_a_profile_that_measured_the_modes_prices_them_over_the_trace(by_mode):
     from topoprof.model.compute.roofline_terms import Span
 
     costs = HostCosts({"autograd_forward": Span(2e-6, 2e-6, "measured"), SELECTIVE_KIND: Span(7e-6, 7e-6, "measured")})
-    trace = {**by_mode["op"], "selective_checkpoint": {"ratio": 9.0, "how": "here"}}
+    trace = replace(by_mode["op"], selective_checkpoint={"ratio": 9.0, "how": "here"})
     assert selective_cost(trace, costs).ratio == pytest.approx(3.5)
     assert selective_cost(trace, HostCosts({})).ratio == 9.0
     assert selective_cost(by_mode["full"], costs) is None

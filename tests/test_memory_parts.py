@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
+from topoprof.specs.traced_pass import TracedPass  # noqa: E402
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, repeated_blocks, trace_pass, trace_user_model  # noqa: E402
@@ -25,7 +26,7 @@ CPU = {"device": "cpu"}
 GPU = {"device": "cuda", "precision": "bf16"}
 
 
-def _trace(mode: str, n_layer: int, micro_batch: int, seq_len: int = 16, target=CPU) -> dict:
+def _trace(mode: str, n_layer: int, micro_batch: int, seq_len: int = 16, target=CPU) -> TracedPass:
     return trace_user_model(PRESETS, {"micro_batch": micro_batch},
                             {"preset": "llama3-8b", "n_layer": n_layer, "sizes": SIZES, "ac": mode, "seq_len": seq_len},
                             target)
@@ -45,14 +46,14 @@ class _Tail(torch.nn.Module):
 @pytest.mark.parametrize("mode", ["none", "full", "op"])
 def test_the_tail_keeps_what_a_real_forward_of_it_saves(mode):
     traced = _trace(mode, 2, 3)
-    kept = traced["memory"]["kept"]
-    assert kept["before_blocks_bytes"] + sum(kept["blocks_bytes"]) + kept["after_blocks_bytes"] \
-        == traced["memory"]["activations_bytes"]
+    kept = traced.memory.kept
+    assert kept.before_blocks_bytes + sum(kept.blocks_bytes) + kept.after_blocks_bytes \
+        == traced.memory.activations_bytes
     model, tokens, _ = build("llama3-8b", micro_batch=3, seq_len=16, n_layer=2, sizes=SIZES)
     h = torch.randn(3, 16, SIZES["hidden"], requires_grad=True)  # the last block's output: not the tail's
     hooked = saved_activation_bytes(_Tail(model), (h, tokens))
-    assert kept["after_blocks_bytes"] == hooked.held_bytes
-    assert kept["after_blocks_tensors"][0]["op"].startswith("aten._log_softmax")  # the loss's fp32 log-probabilities
+    assert kept.after_blocks_bytes == hooked.held_bytes
+    assert kept.after_blocks_tensors[0].op.startswith("aten._log_softmax")  # the loss's fp32 log-probabilities
 
 
 def _linear_weights(module, only=None) -> int:
@@ -62,7 +63,7 @@ def _linear_weights(module, only=None) -> int:
 
 def test_autocast_copies_held_are_the_16_bit_weights_the_backward_reads():
     model, _, _ = build("llama3-8b", micro_batch=1, seq_len=16, n_layer=2, sizes=SIZES)
-    copies = {mode: _trace(mode, 2, 1, target=GPU)["memory"]["param_copies_bytes"] for mode in ("none", "full", "op")}
+    copies = {mode: _trace(mode, 2, 1, target=GPU).memory.param_copies_bytes for mode in ("none", "full", "op")}
     assert copies["none"] == 2 * _linear_weights(model)  # every linear layer's bf16 weight (the embedding is not cast)
     # checkpointed blocks keep none of theirs: their casts run again in the recompute; the head's stays
     assert copies["full"] == copies["op"] == 2 * _linear_weights(model, "lm_head")
@@ -89,11 +90,11 @@ def test_the_backward_peak_is_what_the_cpu_allocator_counts():
         for _, action, _, size in MemoryProfile(prof.profiler.kineto_results).timeline:
             live += {Action.CREATE: size, Action.DESTROY: -size}.get(action, 0)
             peak = max(peak, live)
-        assert peak == pytest.approx(traced["memory"]["peak_bytes"], rel=0.02), mode
+        assert peak == pytest.approx(traced.memory.peak_bytes, rel=0.02), mode
 
 
 def _points(mode: str, target) -> dict:
-    return {(d, m): from_trace(_trace(mode, d, m, target=target)["memory"]) for d in (1, 2) for m in (2, 3)}
+    return {(d, m): from_trace(_trace(mode, d, m, target=target).memory) for d in (1, 2) for m in (2, 3)}
 
 
 @pytest.mark.parametrize("target", [CPU, GPU], ids=["cpu", "cuda-bf16"])
@@ -101,13 +102,13 @@ def test_passes_at_one_and_two_blocks_extend_to_the_whole_model(target):
     traced = TracedMemory(4, 16, {("autocast", mode): _points(mode, target) for mode in ("none", "full", "op")})
     for mode in ("none", "full", "op", "layer:2", "layer:3"):
         for samples in (2, 5):
-            whole = from_trace(_trace(mode, 4, samples, target=target)["memory"])
+            whole = from_trace(_trace(mode, 4, samples, target=target).memory)
             extended = traced.count(parse_checkpointing(mode), samples)
             for part in ("activations", "logits", "param_copies"):
                 assert getattr(extended, part) == getattr(whole, part), (mode, samples, part)
             assert extended.backward_transient == pytest.approx(whole.backward_transient, rel=0.05), (mode, samples)
         # one sample: its label slice is a view, not a copy (topoprof.model.memory.traced): a few bytes high
-        one = from_trace(_trace(mode, 4, 1, target=target)["memory"])
+        one = from_trace(_trace(mode, 4, 1, target=target).memory)
         assert 0 <= traced.count(parse_checkpointing(mode), 1).logits - one.logits <= 8 * 16, mode
 
 
@@ -150,7 +151,7 @@ def test_a_pass_without_blocks_counts_no_split():
     with on_meta():
         module, batch = build_mlp()
         traced = trace_pass(module, batch, None, list(module.parameters()), CPU)
-    assert "kept" not in traced["memory"] and traced["memory"]["backward_transient_bytes"] >= 0
+    assert traced.memory.kept is None and traced.memory.backward_transient_bytes >= 0
 
 
 def test_tensors_after_the_blocks_of_equal_size_are_listed_in_the_order_their_ops_ran():

@@ -23,6 +23,7 @@ from topoprof.model.memory import holding  # noqa: E402
 from topoprof.model.memory.timeline import Point, Timeline  # noqa: E402
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
 from topoprof.specs.messages import TraceFailure  # noqa: E402
+from topoprof.specs.traced_pass import PassMemory, TracedPass  # noqa: E402
 from topoprof.trace.op_trace import shape_kwargs, trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
@@ -58,7 +59,7 @@ def _cases():
 CASES = list(_cases())
 
 
-def _count(memory: dict, model, batch, accumulation: int) -> holding.Holding:
+def _count(memory: PassMemory, model, batch, accumulation: int) -> holding.Holding:
     """What the count says this CPU step holds: the traced pass's timeline against the trained
     parameters' states (fp32 weights, gradients, AdamW's two states)."""
     mb = from_trace(memory)
@@ -88,7 +89,7 @@ def test_the_counted_peak_is_the_one_a_real_cpu_step_reaches(spec, kwargs, state
     assert not isinstance(traced, TraceFailure), traced
     model, batch, loss_fn = call_user_callable(spec, {**kwargs, **shape_kwargs(load_callable(spec), stated)})
     for k in (1, 2):
-        held = _count(traced["memory"], model, batch, k)
+        held = _count(traced.memory, model, batch, k)
         counted = held.allocated + _there_throughout(model, batch) + _optimizer_steps(model)
         real = live_peak(model, batch, loss_fn, k)
         assert abs(counted - real.peak_bytes) <= TOLERANCE * real.peak_bytes, (
@@ -121,7 +122,7 @@ def test_a_hugging_face_model_peaks_where_it_is_counted(config):
         traced = trace_pass(module, batch, None, list(module.parameters()), CPU)
     model, batch, _ = build()
     for k in (1, 2):
-        counted = _count(traced["memory"], model, batch, k).allocated + _there_throughout(model, batch) \
+        counted = _count(traced.memory, model, batch, k).allocated + _there_throughout(model, batch) \
             + _optimizer_steps(model)
         real = live_peak(model, batch, None, k)
         assert abs(counted - real.peak_bytes) <= TOLERANCE * real.peak_bytes, (k, counted, real)
@@ -131,7 +132,7 @@ def test_a_hugging_face_model_peaks_where_it_is_counted(config):
 SIZES = {"hidden": 32, "heads": 8, "kv_heads": 2, "intermediate": 112, "vocab_size": 512}
 
 
-def _pass(mode: str, n_layer: int, micro_batch: int) -> dict:
+def _pass(mode: str, n_layer: int, micro_batch: int) -> TracedPass:
     return trace_user_model(PRESETS, {"micro_batch": micro_batch},
                             {"preset": "llama3-8b", "n_layer": n_layer, "sizes": SIZES, "ac": mode, "seq_len": 64}, CPU)
 
@@ -141,7 +142,7 @@ def test_passes_at_two_blocks_compose_to_the_peak_of_a_deeper_model(mode):
     """The timeline composed from the passes at 1 and 2 blocks and 2 and 3 sequences, for 5 blocks
     of 5 sequences, against a real step of that model on this CPU."""
     modes = ("none", "full") if mode == "layer:2" else (mode,)
-    points = {("autocast", m): {(d, s): from_trace(_pass(m, d, s)["memory"]) for d in (1, 2) for s in (2, 3)}
+    points = {("autocast", m): {(d, s): from_trace(_pass(m, d, s).memory) for d in (1, 2) for s in (2, 3)}
               for m in modes}
     mb = TracedMemory(5, 64, points).count(parse_checkpointing(mode), 5)
     model, batch, loss_fn = call_user_callable(PRESETS, {"preset": "llama3-8b", "n_layer": 5, "sizes": SIZES,

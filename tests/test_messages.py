@@ -46,11 +46,31 @@ from topoprof.specs.messages import (
     phase,
     registered,
 )
+from topoprof.specs.traced_pass import (
+    KeptByPlace,
+    KeptTensor,
+    MemorySegment,
+    OpSum,
+    PassMemory,
+    PassTotals,
+    PhaseTotals,
+    TracedOp,
+    TracedPass,
+)
 
 TRAINING = {"spec": {"vocab": 64, "d_model": 8}, "mode": "ddp_synced", "micro_batch": 2, "steps": 3,
             "warmup_steps": 1, "accum": 4, "bucket_cap_mb": 0.05, "seed": 7, "optimizer": "sgd", "lr": 0.1,
             "amp": "bf16", "threads": 1, "count_comm_hook_calls": True, "numerics_dtype": "float32", "ac": "full",
             "user_model": "model.py:build"}
+
+MM = TracedOp("aten.mm.default", "forward", 64, False, 32, 16, shapes=[[2, 4], [4, 2]], outputs=[16],
+              reads=[[1, 16], [2, 16]], writes=[[3, 16]])
+MEMORY = PassMemory(48, 0, KeptByPlace(1, 8, [16], 24, [KeptTensor("aten.mm.default", "torch.float32", [2, 2], 16)]),
+                    64, 512, 48, 16, 40, 64, 24, 32,
+                    [MemorySegment("forward", "block", 0, 48, 32, 0, "aten.mm.default", "aten.mm.default")])
+TRACE = TracedPass([MM], PassTotals(PhaseTotals(1, 64, 32, 16)), MEMORY, ready=[[0, 1.0]], ready_flops=[[0, 64]],
+                   by_name=[OpSum("aten.mm.default", "forward", 1, 64, 32, 16)], target={"device": "cpu"},
+                   spec="model.py:build", shape="2x4", params=[{"name": "w", "shape": [4, 2]}])
 
 # one filled-in example of every message class, each field away from its default
 EXAMPLES: list[Message] = [
@@ -68,9 +88,9 @@ EXAMPLES: list[Message] = [
     SleepJob(5, 0.5, 1, 2, "hang"),
     UserModelResult(UserModelRecord("model.py:build", "cpu", [{"name": "w", "shape": [2, 2]}], samples=4,
                                     ready=[[0, 1.0]], passes=[{"forward_s": 0.1, "backward_s": 0.2}],
-                                    op_trace=encode(TraceFailure("on meta, boom")))),
-    OpTraceResult({"ops": [{"name": "aten::mm"}]}),
-    OpTracesResult([{"ops": []}, encode(TraceFailure("on meta, boom", params=[{"name": "w"}]))]),
+                                    op_trace=TraceFailure("on meta, boom"))),
+    OpTraceResult(TRACE),
+    OpTracesResult([TracedPass([]), TRACE, TraceFailure("on meta, boom", params=[{"name": "w"}])]),
     TraceFailure("--model x.py:build: its callable returned 2 values", "return", "Traceback ..."),
     RankDone(),
     RankError("RuntimeError: boom"),
@@ -141,9 +161,23 @@ def test_a_record_inside_a_message_comes_back_typed_and_its_fields_are_checked()
     back = decode(json.loads(json.dumps(encode(msg))))
     assert isinstance(back, UserModelResult) and isinstance(back.record, UserModelRecord) and back.record.timed
     wire = encode(msg)
-    with pytest.raises(MessageError, match=r"'user_model''s record does not match this topoprof's: unknown fields "
-                                           r"\['colour'\]"):
+    with pytest.raises(MessageError, match=r"'user_model' \(version 3\)'s record does not match this topoprof's: "
+                                           r"unknown fields \['colour'\]"):
         decode({**wire, "record": {**wire["record"], "colour": "red"}})
+    # the records of a trace, each wherever it sits in a list, come back typed and checked the same
+    traces = decode(json.loads(json.dumps(encode(OpTracesResult([TRACE, TraceFailure("on meta, boom")])))))
+    assert isinstance(traces, OpTracesResult) and [type(t) for t in traces.traces] == [TracedPass, TraceFailure]
+    back_trace = traces.traces[0]
+    assert isinstance(back_trace, TracedPass) and isinstance(back_trace.ops[0], TracedOp)
+    assert isinstance(back_trace.memory, PassMemory) and isinstance(back_trace.memory.kept, KeptByPlace)
+    assert isinstance(back_trace.memory.kept.after_blocks_tensors[0], KeptTensor)
+    assert isinstance(back_trace.memory.segments[0], MemorySegment) and isinstance(back_trace.by_name[0], OpSum)
+    assert isinstance(back_trace.totals.forward, PhaseTotals) and back_trace == TRACE
+    wire = encode(OpTraceResult(TRACE))
+    op = {**wire["trace"]["ops"][0], "colour": "red"}
+    with pytest.raises(MessageError, match=r"'op_trace' \(version 2\)'s trace's ops does not match this "
+                                           r"topoprof's: unknown fields \['colour'\]"):
+        decode({**wire, "trace": {**wire["trace"], "ops": [op]}})
 
 
 def test_a_phase_beside_the_fields_is_the_envelope_not_a_field():

@@ -5,6 +5,7 @@ op by kind, the choice of the nearest profile and the datasheet path where none 
 No torch."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from topoprof.model.compute.profile_choice import nearest_profile, pricer_for, p
 from topoprof.model.compute.profile_scale import datasheet_ratios
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
 from topoprof.model.compute.roofline_terms import quantization
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 CUDA = {"device": "cuda", "precision": "bf16"}
 
@@ -26,7 +28,7 @@ def _op(name, phase="forward", flops=0, read=0, written=0, view=False, **more):
     op = {"name": name, "phase": phase, "flops": flops, "view": view, "bytes_read": read, "bytes_written": written}
     if not view:
         op.update(outputs=[written], inplace=False)
-    return {**op, **more}
+    return TracedOp(**{**op, **more})
 
 
 def _mm(m, n, k, phase="forward", name="aten.mm.default"):
@@ -49,7 +51,7 @@ def _trace():
            _mm(4096, 768, 3072, "backward"),
            _op("aten.add.Tensor", "backward", read=(1 << 26) - (1 << 24), written=1 << 24),   # 64 MiB moved
            _sdpa(2, 4, 1024, 64, backward=True)]
-    return {"ops": ops, "target": CUDA, "autograd_nodes": 6, "autograd_leaves": 2}
+    return TracedPass(ops=ops, target=CUDA, autograd_nodes=6, autograd_leaves=2)
 
 
 def _h100(**changes):
@@ -74,8 +76,8 @@ def test_each_op_takes_exactly_what_the_profiles_points_imply():
             HOST["op"] + spread]
     assert eager_host_seconds(trace, dev.host, "middle") == pytest.approx(host)
     clock = end = 0.0
-    for op, t, h in zip(trace["ops"], device, host):
-        if not op["view"]:
+    for op, t, h in zip(trace.ops, device, host):
+        if not op.view:
             clock += h
             end = max(clock, end) + t    # the queue: issued by the host, after the op before it
     for at in ("fast", "middle", "slow"):   # every figure measured: one number at every end
@@ -100,9 +102,9 @@ def test_an_op_with_flops_no_kind_reads_runs_at_a_gemm_rate_and_is_never_fused()
 
 def test_checkpointings_recompute_costs_the_host_what_the_forward_did():
     dev, trace = _h100(), _trace()
-    recomputed = [{**_mm(1024, 3072, 768, "backward", name="aten.addmm.default"), "recompute": True},
-                  {**_op("aten.add.Tensor", "backward", read=699050, written=349526), "recompute": True}]
-    with_recompute = {**trace, "ops": trace["ops"][:4] + recomputed + trace["ops"][4:]}
+    recomputed = [dataclasses.replace(_mm(1024, 3072, 768, "backward", name="aten.addmm.default"), recompute=True),
+                  _op("aten.add.Tensor", "backward", read=699050, written=349526, recompute=True)]
+    with_recompute = dataclasses.replace(trace, ops=trace.ops[:4] + recomputed + trace.ops[4:])
     host = eager_host_seconds(with_recompute, dev.host, "middle")
     # under autocast again, and autograd-recorded again: the forward's own host cost per op
     assert host[4:6] == pytest.approx([HOST["autocast_op"] - HOST["autograd_forward"], HOST["autograd_forward"]])
@@ -117,7 +119,7 @@ def test_attention_splits_the_profiles_forward_plus_backward_as_the_trace_counts
     both = dev.device_seconds(forward, "middle")[0] + dev.device_seconds(backward, "middle")[0]
     profile_flops = 3.5 * 4 * 2 * 4 * 1024 * 1024 * 64 * 0.5   # the profile's count: 3.5 x forward, halved
     assert both == pytest.approx(profile_flops / 1.5e14)
-    full = {**forward, "causal": False}
+    full = dataclasses.replace(forward, causal=False)
     assert dev.device_seconds(full, "middle")[0] == pytest.approx(4 * 2 * 4 * 1024 * 1024 * 64 / 2.5e14)
 
 
@@ -126,7 +128,7 @@ def test_a_profile_scaled_to_another_gpu_spans_exactly_the_stated_ratios():
     ratios = datasheet_ratios(profile, named_gpu("a100-sxm4-80gb"))
     dev = pricer_for(named_gpu("a100-sxm4-80gb"), "bf16", False, profile, "hand-made")[0]
     gemm = _mm(1024, 768, 768)   # 24 tiles: under a wave on either GPU, so no quantization either way
-    flops, rate = gemm["flops"], power(1024, 768, 768)
+    flops, rate = gemm.flops, power(1024, 768, 768)
     gemm_ratios = (ratios.peak, ratios.peak / ratios.sms, ratios.bandwidth)
     assert dev.device_seconds(gemm, "fast")[0] == pytest.approx(flops / (rate * max(gemm_ratios)))
     assert dev.device_seconds(gemm, "slow")[0] == pytest.approx(flops / (rate * min(gemm_ratios)))
@@ -153,7 +155,7 @@ def test_quantization_between_measured_shapes_and_not_at_them():
                          + t * math.log(quantization(16384, n, 1, sms, tile)))
     ratio = quantization(m, n, 1, sms, tile) / corners_q
     assert ratio < 1   # 6000 rows leave the last wave part empty
-    flops = between["flops"]
+    flops = between.flops
     assert dev.device_seconds(between, "fast")[0] == pytest.approx(flops / power(m, n, k))
     assert dev.device_seconds(between, "slow")[0] == pytest.approx(flops / (power(m, n, k) * ratio))
 
@@ -162,7 +164,7 @@ def test_below_the_smallest_shape_a_small_kernel_takes_between_its_rate_and_its_
     dev = _h100()
     small = _mm(512, 768, 768)          # half the smallest measured shape's rows, both under a wave
     edge_rate = power(1024, 768, 768)
-    assert dev.device_seconds(small, "fast")[0] == pytest.approx(small["flops"] / edge_rate)
+    assert dev.device_seconds(small, "fast")[0] == pytest.approx(small.flops / edge_rate)
     assert dev.device_seconds(small, "slow")[0] == pytest.approx(2 * 1024 * 768 * 768 / edge_rate)  # the edge's time
     tiny = _op("aten.add.Tensor", read=1 << 18, written=1 << 18)    # half a MiB, below the smallest 1 MiB
     assert dev.device_seconds(tiny, "fast")[0] == pytest.approx((1 << 19) / 4e11)
@@ -176,8 +178,8 @@ def test_a_reading_blended_from_scattered_shapes_carries_their_spread():
     read = profile.gemm_flops_per_s(2048, 2048, 768)
     assert "blend" in read.basis and read.spread > 0
     op = _mm(2048, 2048, 768)
-    assert dev.device_seconds(op, "fast")[0] == pytest.approx(op["flops"] / (read.value * math.exp(read.spread)))
-    assert dev.device_seconds(op, "slow")[0] == pytest.approx(op["flops"] / (read.value * math.exp(-read.spread)))
+    assert dev.device_seconds(op, "fast")[0] == pytest.approx(op.flops / (read.value * math.exp(read.spread)))
+    assert dev.device_seconds(op, "slow")[0] == pytest.approx(op.flops / (read.value * math.exp(-read.spread)))
 
 
 def test_host_kinds_fall_back_with_their_reasons():
@@ -205,8 +207,8 @@ def test_a_cpu_profile_runs_inline_its_points_less_the_calls_host_cost():
     assert not dev.asynchronous and "AMD EPYC" in dev.name
     add = _op("aten.add.Tensor", read=1 << 25, written=1 << 25, outputs=[1 << 25])
     assert dev.device_seconds(add, "middle")[0] == pytest.approx((1 << 26) / 2e10 - 4e-6 + (1 << 25) * 1e-10)
-    trace = {"ops": [add, _op("aten.add.Tensor", "backward", read=1 << 19, written=1 << 19)],
-             "target": {"device": "cpu", "precision": "fp32"}, "autograd_nodes": 1}
+    trace = TracedPass(ops=[add, _op("aten.add.Tensor", "backward", read=1 << 19, written=1 << 19)],
+                       target={"device": "cpu", "precision": "fp32"}, autograd_nodes=1)
     got = price(trace, dev, "middle")
     assert got.seconds == pytest.approx(got.host_s + got.device_s)   # inline: host and device add
     with pytest.raises(InputError, match="a CPU's: it cannot be scaled to GPU"):
@@ -265,9 +267,9 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     doc["optimizer"] = {"name": "AdamW (fused)", "params": 1 << 24, "bytes_per_step": 28 << 24, "seconds": 1e-3,
                         "bytes_per_s": (28 << 24) / 1e-3}
     profile = profile_from_dict(doc, "with an optimizer")
-    trace = {**_trace(), "params": [{"name": "w", "shape": [1000, 100], "requires_grad": True},
-                                    {"name": "b", "shape": [1000], "requires_grad": True},
-                                    {"name": "frozen", "shape": [10], "requires_grad": False}]}
+    trace = dataclasses.replace(_trace(), params=[{"name": "w", "shape": [1000, 100], "requires_grad": True},
+                                                  {"name": "b", "shape": [1000], "requires_grad": True},
+                                                  {"name": "frozen", "shape": [10], "requires_grad": False}])
     fields = modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, profile))
     assert fields["modelled_detail"]["optimizer"]["tensors"] == 2
     times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,
@@ -313,5 +315,5 @@ def test_a_pricing_that_cannot_be_had_says_why_wherever_a_pass_is_priced():
                                              "how": "given"}), "cpu")
     pricing = pricing_for(named_gpu("h100-sxm"), "bf16", False, cpu, "cpu")
     assert pricing.pricer is None and "cannot be scaled to GPU 'h100-sxm'" in pricing.why
-    trace = {**_trace(), "target": {"device": "cpu", "precision": "fp32"}}
+    trace = dataclasses.replace(_trace(), target={"device": "cpu", "precision": "fp32"})
     assert priced(trace, pricing) == ({}, f"pricing its ops failed ({pricing.why})")

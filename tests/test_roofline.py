@@ -4,6 +4,7 @@ the ends of each cited range on the datasheet path, and the modelled compute as 
 it. Pricing from a device profile: tests/test_profiled.py. No torch."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from topoprof.model.compute import roofline as rl
 from topoprof.model.compute.op_kinds import gemm_shape
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
 from topoprof.model.compute.roofline_terms import Span, measured, quantization
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 
 def _op(name="aten.add.Tensor", phase="forward", flops=0, read=0, written=0, view=False, **more):
@@ -19,7 +21,7 @@ def _op(name="aten.add.Tensor", phase="forward", flops=0, read=0, written=0, vie
     if not view:
         op.setdefault("outputs", [written])
         op.setdefault("inplace", False)
-    return {**op, **more}
+    return TracedOp(**{**op, **more})
 
 
 def _device(asynchronous=False, host=1e-6, peak=1e12, bw=1e11, sms=None, **more) -> DeviceModel:
@@ -31,10 +33,10 @@ def _device(asynchronous=False, host=1e-6, peak=1e12, bw=1e11, sms=None, **more)
 def test_each_op_is_its_larger_of_compute_and_memory_plus_its_host_cost_inline():
     # a matmul of 2e9 FLOPs at 1e12 FLOP/s (2 ms) reading 1e8 B at 1e11 B/s (1 ms): compute-bound;
     # a copy of 3e8 B (3 ms); a view: nothing. Inline (a CPU): host cost + device time, op by op.
-    trace = {"ops": [_op("aten.mm.default", flops=2_000_000_000, read=60_000_000, written=40_000_000,
-                         shapes=[[1000, 1000], [1000, 1000]]),
-                     _op("aten.transpose.int", view=True),
-                     _op("aten.copy_.default", phase="backward", read=150_000_000, written=150_000_000)]}
+    trace = TracedPass(ops=[_op("aten.mm.default", flops=2_000_000_000, read=60_000_000, written=40_000_000,
+                                shapes=[[1000, 1000], [1000, 1000]]),
+                            _op("aten.transpose.int", view=True),
+                            _op("aten.copy_.default", phase="backward", read=150_000_000, written=150_000_000)])
     fast = price(trace, _device(), "fast")
     slow = price(trace, _device(), "slow")
     assert fast.seconds == pytest.approx(2e-6 + 2e-3 + 3e-3)        # max(2, 1) ms + 3 ms
@@ -46,12 +48,12 @@ def test_each_op_is_its_larger_of_compute_and_memory_plus_its_host_cost_inline()
 
 def test_a_gpu_queue_is_bound_by_the_host_or_by_the_device():
     small = [_op(read=1000) for _ in range(100)]  # 100 tiny kernels of 10 ns each
-    host_bound = price({"ops": small}, _device(asynchronous=True, host=10e-6), "fast")
+    host_bound = price(TracedPass(ops=small), _device(asynchronous=True, host=10e-6), "fast")
     assert host_bound.seconds == pytest.approx(100 * 10e-6 + 1e-8)  # the device waits for the host
     big = [_op(read=10**9) for _ in range(3)]  # 10 ms each
-    device_bound = price({"ops": big}, _device(asynchronous=True, host=10e-6), "fast")
+    device_bound = price(TracedPass(ops=big), _device(asynchronous=True, host=10e-6), "fast")
     assert device_bound.seconds == pytest.approx(10e-6 + 3 * 10e-3)  # the host runs ahead
-    for trace in ({"ops": small}, {"ops": big}, {"ops": small + big + small}):
+    for trace in (TracedPass(ops=small), TracedPass(ops=big), TracedPass(ops=small + big + small)):
         t = price(trace, _device(asynchronous=True, host=10e-6), "fast")
         assert max(t.host_s, t.device_s) <= t.seconds + 1e-15 <= t.host_s + t.device_s + 2e-15
 
@@ -89,15 +91,16 @@ def test_causal_attention_counts_half_its_flops_at_the_attention_efficiency():
     dev = DeviceModel("t", 1e12, "given", measured(1e20, "given"), measured(1.0, "given"), measured(0.5, "given"),
                       {"forward": measured(0.0, "given"), "backward": measured(0.0, "given")}, False)
     attn = _op("aten._scaled_dot_product_flash_attention.default", flops=10**9, causal=True, shapes=[[1, 1, 1, 1]] * 3)
-    assert price({"ops": [attn]}, dev, "fast").seconds == pytest.approx(0.5e9 / (1e12 * 0.5))
-    assert price({"ops": [{**attn, "causal": False}]}, dev, "fast").seconds == pytest.approx(1e9 / (1e12 * 0.5))
+    assert price(TracedPass(ops=[attn]), dev, "fast").seconds == pytest.approx(0.5e9 / (1e12 * 0.5))
+    full = dataclasses.replace(attn, causal=False)
+    assert price(TracedPass(ops=[full]), dev, "fast").seconds == pytest.approx(1e9 / (1e12 * 0.5))
 
 
 def _gpu_trace():
     mm = _op("aten.mm.default", flops=2 * 1000 * 768 * 768, read=2 * (1000 * 768 + 768 * 768), written=2 * 1000 * 768,
              shapes=[[1000, 768], [768, 768]])
-    return {"ops": [mm, _op(read=3_000_000, written=3_000_000), _op("aten.t.default", view=True),
-                    {**mm, "phase": "backward"}, _op(phase="backward", read=10**6, written=10**6)]}
+    return TracedPass(ops=[mm, _op(read=3_000_000, written=3_000_000), _op("aten.t.default", view=True),
+                           dataclasses.replace(mm, phase="backward"), _op(phase="backward", read=10**6, written=10**6)])
 
 
 def test_a_gpus_ends_are_its_cited_ranges():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -19,40 +20,56 @@ from topoprof.model.inputs.sampled import (
     same_counts,
     to_trace_first,
 )
+from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedOp, TracedPass
 
 
-def _pass(samples: int, name: str = "aten.mm.default", view: bool = False) -> dict:
+def _memory(peak_bytes: int, rounded_peak_bytes: int) -> PassMemory:
+    """A pass's memory with its peaks, the rest nothing."""
+    return PassMemory(activations_bytes=0, param_copies_bytes=0, kept=None, peak_bytes=peak_bytes,
+                      rounded_peak_bytes=rounded_peak_bytes, forward_peak_bytes=0, forward_transient_bytes=0,
+                      backward_start_bytes=0, backward_peak_bytes=0, backward_transient_bytes=0, grads_bytes=0,
+                      segments=[])
+
+
+def _pass(samples: int, name: str = "aten.mm.default", view: bool = False) -> TracedPass:
     """A pass whose counts are affine in the samples, as a model's are: 5 FLOPs a sample over a
     weight's 8 bytes read at every size."""
     backward = 3 * samples
-    return {"device": "meta", "target": {"device": "cuda", "precision": "bf16"}, "shape": f"{samples}x4",
-            "memory": {"peak_bytes": 100 * samples, "rounded_peak_bytes": 512},
-            "ops": [{"name": name, "phase": "forward", "flops": 5 * samples, "view": view,
-                     "bytes_read": 8 + 4 * samples, "shapes": [[samples, 4], [4, 4]],
-                     "reads": [[1, 8], [2, 4 * samples]]}],
-            "totals": {"backward": {"ops": 1, "flops": backward}},
-            "ready_flops": [[0, samples], [1, backward]], "ready": [[0, 1 / 3], [1, 1.0]]}
+    return TracedPass(device="meta", target={"device": "cuda", "precision": "bf16"}, shape=f"{samples}x4",
+                      memory=_memory(100 * samples, 512),
+                      ops=[TracedOp(name=name, phase="forward", flops=5 * samples, view=view,
+                                    bytes_read=8 + 4 * samples, bytes_written=0, shapes=[[samples, 4], [4, 4]],
+                                    reads=[[1, 8], [2, 4 * samples]])],
+                      totals=PassTotals(backward=PhaseTotals(ops=1, flops=backward)),
+                      ready_flops=[[0, samples], [1, backward]], ready=[[0, 1 / 3], [1, 1.0]])
+
+
+def _off_its_line(traced: TracedPass, op: int) -> TracedPass:
+    """`traced` with one count off its line: op `op`'s FLOPs, one more."""
+    ops = list(traced.ops)
+    ops[op] = replace(ops[op], flops=ops[op].flops + 1)
+    return replace(traced, ops=ops)
 
 
 def test_each_count_is_extended_on_its_own_line_and_the_rest_is_kept():
     out = pass_at(_pass(2), _pass(3), 7)
     assert out is not None
-    assert out["ops"] == _pass(7)["ops"] and out["totals"] == _pass(7)["totals"]
-    assert out["target"] == _pass(7)["target"] and out["device"] == "meta"
-    assert out["ready_flops"] == [[0, 7], [1, 21]] and out["ready"] == [[0, 7 / 21], [1, 1.0]]
+    assert out.ops == _pass(7).ops and out.totals == _pass(7).totals
+    assert out.target == _pass(7).target and out.device == "meta"
+    assert out.ready_flops == [[0, 7], [1, 21]] and out.ready == [[0, 7 / 21], [1, 1.0]]
     # what names the size, the memory (its rounded peak is no line) and the host cost are not extended
-    assert "shape" not in out and "memory" not in out
+    assert out.shape == "" and out.memory is None
     assert same_counts(out, _pass(7)) and not same_counts(out, _pass(8))
 
 
 @pytest.mark.parametrize("other", [
     _pass(3, name="aten.addmm.default"),  # another op
     _pass(3, view=True),                  # a flag, not a count
-    {**_pass(3), "ops": _pass(3)["ops"] * 2},  # another number of ops
-    {**_pass(3), "ready": [[0, 0.5], [1, 1.0]], "ratio": 0.5},  # a float that differs
+    replace(_pass(3), ops=_pass(3).ops * 2),  # another number of ops
+    replace(_pass(3), ready=[[0, 0.5], [1, 1.0]], kwargs={"ratio": 0.5}),  # a float that differs
 ])
 def test_two_passes_that_differ_in_more_than_their_counts_extend_to_nothing(other):
-    two = {**_pass(2), "ratio": 0.25} if "ratio" in other else _pass(2)
+    two = replace(_pass(2), kwargs={"ratio": 0.25}) if "ratio" in other.kwargs else _pass(2)
     assert pass_at(two, other, 7) is None
 
 
@@ -76,7 +93,7 @@ def test_the_checks_and_what_no_line_reaches_are_traced_first():
 def test_a_line_its_check_does_not_hold_is_traced_past_samples():
     keys = [("none", m, d) for m in (2, 5, 9) for d in (1, 2)]
     traced = {key: _pass(key[1]) for key in to_trace_first(keys, _known())}
-    traced[("none", 9, 2)]["ops"][0]["flops"] += 1  # one count off its line, at one depth
+    traced[("none", 9, 2)] = _off_its_line(traced[("none", 9, 2)], 0)  # one count off its line, at one depth
     extended, rest = extend(keys, _known(), traced)
     assert rest == [("none", 5, 1), ("none", 5, 2)]
     assert sorted(extended) == [("none", 2, 1), ("none", 2, 2)]  # at SAMPLES: the passes traced there
@@ -84,10 +101,10 @@ def test_a_line_its_check_does_not_hold_is_traced_past_samples():
 
 def test_the_host_cost_of_selective_checkpointing_is_the_checks():
     keys = [("op", m, 1) for m in (5, 9)]
-    known = {("op", s, 1): {**_pass(s), "selective_checkpoint": 1e-5} for s in SAMPLES}
-    traced = {("op", 9, 1): {**_pass(9), "selective_checkpoint": 2e-5}}
+    known = {("op", s, 1): replace(_pass(s), selective_checkpoint={"ratio": 1e-5}) for s in SAMPLES}
+    traced = {("op", 9, 1): replace(_pass(9), selective_checkpoint={"ratio": 2e-5})}
     extended, rest = extend(keys, known, traced)
-    assert rest == [] and extended[("op", 5, 1)]["selective_checkpoint"] == 2e-5
+    assert rest == [] and extended[("op", 5, 1)].selective_checkpoint == {"ratio": 2e-5}
 
 
 def test_passes_traced_for_another_device_extend_nothing():
@@ -102,29 +119,29 @@ H100_BF16 = {"device": "cuda", "precision": "bf16", "capability": [9, 0]}
 BLOCKS = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "blocks.py")
 
 
-def _preset_pass(mode: str, depth: int, samples: int) -> dict:
+def _preset_pass(mode: str, depth: int, samples: int) -> TracedPass:
     from topoprof.model.inputs.traces import _variant
     from topoprof.trace.op_trace import trace_user_model
 
     variant = _variant(mode, depth, samples, 128, H100_BF16)
     traced = trace_user_model("topoprof.zoo.preset_modules:build", variant["stated"],
                               {"preset": "gpt2", **variant["kwargs"]}, variant["target"])
-    assert isinstance(traced, dict), traced
+    assert isinstance(traced, TracedPass), traced
     return _as_a_variant(traced)
 
 
-def _as_a_variant(traced: dict) -> dict:
+def _as_a_variant(traced: TracedPass) -> TracedPass:
     """A pass as the trace worker sends a variant's: without the ops summed by name and the
     parameters (`topoprof/trace/op_trace.py:_variant`)."""
-    return {k: v for k, v in traced.items() if k not in ("by_name", "params")}
+    return replace(traced, by_name=None, params=None)
 
 
-def _user_pass(mode: str, depth: int, samples: int) -> dict:
+def _user_pass(mode: str, depth: int, samples: int) -> TracedPass:
     from topoprof.trace.op_trace import trace_user_model
 
     traced = trace_user_model(f"{BLOCKS}:build", {"micro_batch": samples, "seq_len": 64}, None, H100_BF16,
                               ac=mode, depth=depth)
-    assert isinstance(traced, dict), traced
+    assert isinstance(traced, TracedPass), traced
     return _as_a_variant(traced)
 
 
@@ -172,7 +189,7 @@ def test_the_candidates_trace_each_modes_check_alone_and_a_broken_line_in_full(m
         assert counts_of(found) == counts_of(everything.traces[key]), key
 
     broken = copy.deepcopy(memory.sampled)
-    broken.passes[("none", 3, 1)]["ops"][-1]["flops"] += 1
+    broken.passes[("none", 3, 1)] = _off_its_line(broken.passes[("none", 3, 1)], -1)
     asked.clear()
     again = traces.candidate_passes(shape, wanted, H100_BF16, sampled=broken)
     assert not isinstance(again, str)

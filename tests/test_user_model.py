@@ -24,6 +24,7 @@ from topoprof.model.inputs.user_record import (
     user_layout,
 )
 from topoprof.specs.messages import TraceFailure, UserModelRecord
+from topoprof.specs.traced_pass import TracedPass
 
 # Its tests share one module fixture of rank launches: one worker runs them all, so the launches
 # run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
@@ -251,18 +252,18 @@ def test_the_timed_order_only_for_the_device_timed(device, name, gpu, micro_batc
 
 def test_a_cpu_timing_takes_its_order_from_the_backward_flops(record):
     trace = record.op_trace
-    assert isinstance(trace, dict)
-    assert trace["params"] == record.params                 # one index for both
-    assert sorted(i for i, _ in trace["ready"]) == sorted(i for i, _ in record.ready)
+    assert isinstance(trace, TracedPass)
+    assert trace.params == record.params                    # one index for both
+    assert sorted(i for i, _ in trace.ready) == sorted(i for i, _ in record.ready)
     order = choose_ready_order(record)
-    assert order.ready == trace["ready"] and order.note is None
+    assert order.ready == trace.ready and order.note is None
     layout = user_layout(record, order)
     assert layout.source.endswith("gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta at "
                                   "4x32), since it was timed on cpu, not on a GPU")
     trainable = [i for i, p in enumerate(record.params) if p["requires_grad"]]
     schedule = [(trainable[r.index], r.ready_fraction) for r in layout.ready_schedule()]
-    assert [i for i, _ in schedule] == [i for i, _ in trace["ready"]]
-    assert [f for _, f in schedule] == pytest.approx([f for _, f in trace["ready"]])
+    assert [i for i, _ in schedule] == [i for i, _ in trace.ready]
+    assert [f for _, f in schedule] == pytest.approx([f for _, f in trace.ready])
 
 
 def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
@@ -280,8 +281,8 @@ def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
 ])
 def test_a_failed_meta_pass_keeps_the_timed_order_and_says_why(record, trace, says):
     if trace == "renamed":
-        assert isinstance(record.op_trace, dict)
-        trace = {**record.op_trace, "params": [{**p, "name": "x" + p["name"]} for p in record.params]}
+        assert isinstance(record.op_trace, TracedPass)
+        trace = replace(record.op_trace, params=[{**p, "name": "x" + p["name"]} for p in record.params])
     order = choose_ready_order(replace(record, op_trace=trace), micro_batch_time=0.1)
     assert order.ready == record.ready
     assert order.text.startswith("gradient-ready order: measured on cpu, although the compute is given")

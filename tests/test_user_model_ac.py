@@ -19,6 +19,7 @@ from topoprof.model.inputs.candidates import UserShape, WholePass, blocks_alike 
 from topoprof.model.inputs.traces import user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
 from topoprof.specs.messages import TraceFailure  # noqa: E402
+from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedPass  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_blocks import find_block_list  # noqa: E402
@@ -32,13 +33,13 @@ WHAT_IF = ("--gpu", "h100-sxm", "--world-size", "8", "--link-bandwidth", "450", 
            "--tokens", "256")
 
 
-def _trace(name: str, ac: str | None = None, stated: dict | None = None, **more) -> dict:
+def _trace(name: str, ac: str | None = None, stated: dict | None = None, **more) -> TracedPass | TraceFailure:
     return trace_user_model(f"{BLOCKS}:{name}", stated or {"micro_batch": 2, "seq_len": 64}, target=BF16, ac=ac, **more)
 
 
-def _kept(trace: dict | TraceFailure) -> int:
+def _kept(trace: TracedPass | TraceFailure) -> int:
     assert not isinstance(trace, TraceFailure), trace
-    return trace["memory"]["activations_bytes"]
+    return trace.memory.activations_bytes
 
 
 @pytest.mark.parametrize("name", ["build", "encoder", "sequential"])
@@ -51,17 +52,17 @@ def test_the_modes_keep_on_a_users_blocks_what_they_keep_on_a_presets(name):
     for counts in (kept, preset):
         assert counts["full"] < counts["layer:2"] < counts["none"]
         assert counts["full"] < counts["op"] < counts["none"]
-    assert _trace(name, "none")["totals"]["recompute"]["ops"] == 0
-    assert _trace(name, "full")["totals"]["recompute"]["ops"] > 0
+    assert _trace(name, "none").totals.recompute.ops == 0
+    assert _trace(name, "full").totals.recompute.ops > 0
 
 
 @pytest.mark.parametrize("name, container, blocks", [("build", "model.layers", 4), ("encoder", "encoder.layer", 3),
                                                      ("sequential", "1", 5)])
 def test_the_blocks_are_found_whatever_their_class_and_place(name, container, blocks):
-    done = _trace(name, "full")["checkpointing"]
+    done = _trace(name, "full").checkpointing
     assert (done["container"], done["blocks"], done["wrapped"]) == (container, blocks, blocks)
     assert done["chosen"].startswith("found")
-    assert _trace(name, "layer:2")["checkpointing"]["wrapped"] == blocks // 2
+    assert _trace(name, "layer:2").checkpointing["wrapped"] == blocks // 2
 
 
 def test_a_hugging_face_models_layers_are_found_and_not_the_lists_inside_a_layer():
@@ -74,7 +75,7 @@ def test_a_hugging_face_models_layers_are_found_and_not_the_lists_inside_a_layer
 
 
 def test_fsdp_unit_names_the_blocks_over_the_list_found():
-    done = _trace("build", "full", blocks="model.layers.0.experts")["checkpointing"]
+    done = _trace("build", "full", blocks="model.layers.0.experts").checkpointing
     assert (done["container"], done["blocks"], done["chosen"]) == ("model.layers.0.experts", 8, "--fsdp-unit")
     failed = _trace("build", "full", blocks="model.nothing")
     assert failed.stage == "blocks" and "--fsdp-unit model.nothing" in failed.reason
@@ -92,7 +93,7 @@ def test_a_model_without_a_block_list_is_refused_naming_fsdp_unit():
 @pytest.mark.parametrize("name", ["reentrant", "non_reentrant", "selective"])
 def test_a_model_that_checkpoints_its_own_blocks_is_refused_beside_the_option(name):
     own = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=BF16)
-    assert own["totals"]["recompute"]["ops"] > 0  # its own checkpointing, traced as it runs
+    assert own.totals.recompute.ops > 0  # its own checkpointing, traced as it runs
     failed = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=BF16, ac="full")
     assert failed.stage == "checkpointing" and "already checkpoints its blocks" in failed.reason
     plain = trace_user_model(f"{CHECKPOINTED}:plain", {"micro_batch": 2, "seq_len": 16}, target=BF16, ac="full")
@@ -114,8 +115,8 @@ def test_a_dict_batch_is_resized_along_its_first_dimension():
     with pytest.raises(ValueError, match="has 4 as its first dimension"):
         resize_batch(batch, 4, 8)
     traced = _trace("build", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2)
-    assert traced["shape"].startswith("input_ids 5x64, labels 5x64")
-    assert _trace("encoder", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2)["shape"].startswith("(5x64x256")
+    assert traced.shape.startswith("input_ids 5x64, labels 5x64")
+    assert _trace("encoder", stated={"micro_batch": 5, "seq_len": 64}, resize_from=2).shape.startswith("(5x64x256")
     failed = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16}, resize_from=2)
     assert failed.stage == "batch" and "cannot be resized from micro-batch 2 to 5" in failed.reason
 
@@ -127,8 +128,8 @@ def test_a_batch_counts_the_samples_its_tensors_share_and_is_resized_from_them()
     assert batch_samples((torch.ones(4, 8), torch.ones(8, 8))) is None  # tokens beside a mask of their positions
     assert batch_samples({"scale": torch.tensor(2.0)}) is None
     traced = _trace("unsized", stated={"micro_batch": 5, "seq_len": 16})
-    assert traced["shape"].startswith("input_ids 5x16, labels 5x16") and traced["samples"] == 5
-    assert _trace("unsized", stated={"seq_len": 16})["samples"] == 3  # nothing stated: built as it is
+    assert traced.shape.startswith("input_ids 5x16, labels 5x16") and traced.samples == 5
+    assert _trace("unsized", stated={"seq_len": 16}).samples == 3  # nothing stated: built as it is
     failed = _trace("unsizable", stated={"micro_batch": 3, "seq_len": 16})  # never run as built for another size
     assert failed.stage == "batch" and "share no first dimension" in failed.reason
 
@@ -150,7 +151,7 @@ def test_the_whole_model_passes_extend_to_a_micro_batch_as_its_own_pass_counts_i
     assert not isinstance(traced, str) and traced_as is not None, traced
     assert traced.whole and traced_as.blocks is None  # nothing to check cut passes against: whole
     for mode in shape.modes:
-        direct = from_trace(_trace("build", mode, {"micro_batch": 6, "seq_len": 64}, resize_from=2)["memory"])
+        direct = from_trace(_trace("build", mode, {"micro_batch": 6, "seq_len": 64}, resize_from=2).memory)
         counted = traced.count(parse_checkpointing(mode), 6)
         assert counted.activations + counted.logits == pytest.approx(direct.activations + direct.logits, rel=1e-9)
 
@@ -194,15 +195,19 @@ def test_blocks_of_one_class_that_are_not_alike_are_traced_whole():
 
 
 def test_cut_passes_stand_for_the_whole_only_where_they_extend_to_it_exactly():
-    def trace(forward: int, backward: int, kept: int, blocks_of: int | None = None) -> dict:
-        return {"totals": {"forward": {"flops": forward}, "backward": {"flops": backward}},
-                "memory": {"activations_bytes": kept}, **({"blocks_of": blocks_of} if blocks_of else {})}
+    def trace(forward: int, backward: int, kept: int, blocks_of: int | None = None) -> TracedPass:
+        memory = PassMemory(activations_bytes=kept, param_copies_bytes=0, kept=None, peak_bytes=0, rounded_peak_bytes=0,
+                            forward_peak_bytes=0, forward_transient_bytes=0, backward_start_bytes=0,
+                            backward_peak_bytes=0, backward_transient_bytes=0, grads_bytes=0, segments=[])
+        return TracedPass(ops=[], totals=PassTotals(forward=PhaseTotals(flops=forward),
+                                                    backward=PhaseTotals(flops=backward)),
+                          memory=memory, blocks_of=blocks_of)
 
     one, two = trace(10, 20, 100, blocks_of=8), trace(13, 26, 150, blocks_of=8)
     assert blocks_alike(trace(10 + 7 * 3, 20 + 7 * 6, 100 + 7 * 50), one, two) == 8
     assert blocks_alike(trace(10 + 7 * 3, 20 + 7 * 6, 100 + 7 * 50 + 1), one, two) is None  # a byte apart
     assert blocks_alike(trace(10 + 7 * 3 + 1, 20 + 7 * 6, 100 + 7 * 50), one, two) is None
-    assert blocks_alike({}, one, two) is None  # no totals: no whole pass to hold them against
+    assert blocks_alike(TracedPass(ops=[]), one, two) is None  # no totals: no whole pass to hold them against
     assert blocks_alike(trace(31, 62, 450), TraceFailure("no repeated block list", "cut"), two) is None
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure, write_pass
+from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure
 from topoprof.trace.meta_device import has_meta_tensors
 from topoprof.trace.op_trace import resized, shape_kwargs, trace_user_model, with_selective_cost
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
@@ -283,5 +283,5 @@ def run_rank(ctx, job: UserModelJob) -> None:
         ctx.progress(f"tracing {job.spec} on meta")
         traced = with_selective_cost([trace_user_model(job.spec, job.trace, job.kwargs, job.target, ctx.progress,
                                                        job.unit, job.ac)])[0]
-        record = replace(record, op_trace=write_pass(traced))
+        record = replace(record, op_trace=traced)
     ctx.send(UserModelResult(record=record))

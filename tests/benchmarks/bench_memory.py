@@ -38,19 +38,19 @@ def gpu_point() -> bool:
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024},
                              {"preset": "gpt2"},
                              {"device": "cuda", "precision": "bf16"})
-    m = trace["memory"]
-    kept = m["kept"]
-    counted = (m["activations_bytes"] + m["param_copies_bytes"]) / 1e9
+    m = trace.memory
+    kept = m.kept
+    counted = (m.activations_bytes + m.param_copies_bytes) / 1e9
     gpu = float(measured["single_activations_gb_measured"])
     print("GPT-2, 4 x 1024 tokens, bf16 autocast: memory_allocated after the forward less before it, GB")
     print(f"  measured on the H200 (summary.json)           {gpu:8.3f}")
     print(f"  Korthikanti's formula (summary.json)          {float(measured['single_activations_gb_counted']):8.3f}")
     print(f"  the meta pass                                 {counted:8.3f}   ({100 * (counted / gpu - 1):+.1f} %)")
-    print(f"    embedding                                   {kept['before_blocks_bytes'] / 1e9:8.3f}")
-    print(f"    blocks                                      {sum(kept['blocks_bytes']) / 1e9:8.3f}")
-    print(f"    logits and loss                             {kept['after_blocks_bytes'] / 1e9:8.3f}")
-    print(f"    autocast's copies                           {m['param_copies_bytes'] / 1e9:8.3f}")
-    print(f"  the allocator's rounding at the pass's peak   {(m['rounded_peak_bytes'] - m['peak_bytes']) / 1e9:8.4f}")
+    print(f"    embedding                                   {kept.before_blocks_bytes / 1e9:8.3f}")
+    print(f"    blocks                                      {sum(kept.blocks_bytes) / 1e9:8.3f}")
+    print(f"    logits and loss                             {kept.after_blocks_bytes / 1e9:8.3f}")
+    print(f"    autocast's copies                           {m.param_copies_bytes / 1e9:8.3f}")
+    print(f"  the allocator's rounding at the pass's peak   {(m.rounded_peak_bytes - m.peak_bytes) / 1e9:8.4f}")
     ok = abs(counted / gpu - 1) <= TARGET
     print(f"{'PASS' if ok else 'FAIL'}: within {TARGET:.0%}")
     return ok
@@ -66,8 +66,8 @@ def gpu_peak() -> bool:
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024},
                              {"preset": "gpt2"},
                              {"device": "cuda", "precision": "bf16"})
-    mb = from_trace(trace["memory"])
-    params = sum(math.prod(p["shape"]) for p in trace["params"] if p["requires_grad"])
+    mb = from_trace(trace.memory)
+    params = sum(math.prod(p["shape"]) for p in trace.params if p["requires_grad"])
     held = holding.holding("single", holding.MemoryModel(params, micro_batch=mb, activations=mb.activations,
                                                          environment=False))
     summed = held.states + mb.activations + mb.logits + mb.param_copies + mb.backward_transient

@@ -75,6 +75,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from topoprof.specs.traced_pass import TracedPass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -152,13 +156,13 @@ def measured_s(preset: str, kwargs: dict) -> tuple[float, int]:
     return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) * resource.getpagesize()
 
 
-def fresh_bytes(trace: dict, min_bytes: int) -> int:
+def fresh_bytes(trace: TracedPass, min_bytes: int) -> int:
     """The trace's outputs the roofline prices as fresh pages."""
-    return sum(b for op in trace["ops"] if not op["view"] and not op.get("inplace")
-               for b in op.get("outputs", ()) if b >= min_bytes)
+    return sum(b for op in trace.ops if not op.view and not op.inplace
+               for b in op.outputs or () if b >= min_bytes)
 
 
-def traced(preset: str, kwargs: dict, target: dict | None = None) -> dict:
+def traced(preset: str, kwargs: dict, target: dict | None = None) -> TracedPass:
     from topoprof.specs.messages import TraceFailure
     from topoprof.trace.op_trace import trace_user_model
 

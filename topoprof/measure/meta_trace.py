@@ -11,13 +11,14 @@ from typing import Callable
 
 from topoprof.measure.launch import JobSpec, OnMessage, launch_local, progress_messages, worker_result
 from topoprof.specs.messages import Message, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure
+from topoprof.specs.traced_pass import TracedPass
 
 TRACE_TIMEOUT_S = 300.0
 
 
 def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = None, target: dict | None = None,
                 timeout_s: float = TRACE_TIMEOUT_S, progress: Callable[[str], None] | None = None,
-                ac: str | None = None, unit: str | None = None) -> dict | TraceFailure:
+                ac: str | None = None, unit: str | None = None) -> TracedPass | TraceFailure:
     """The worker's trace of `spec` (a `module:callable` returning (module, batch[, loss_fn])),
     built with `kwargs` and the `stated` shape for the `target` device, or its `TraceFailure`;
     `progress` hears each stage the worker reports; `ac`, `unit`: a user's model's blocks (the
@@ -32,7 +33,7 @@ def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = Non
 
 def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: dict | None = None,
                  timeout_s: float = TRACE_TIMEOUT_S, unit: str | None = None,
-                 progress: Callable[[str], None] | None = None) -> list[dict | TraceFailure] | TraceFailure:
+                 progress: Callable[[str], None] | None = None) -> list[TracedPass | TraceFailure] | TraceFailure:
     """Several passes of one model in one worker: each variant's `kwargs` (over `kwargs`), `stated`
     shape, `target` (default `target`) and, for a user's model, `ac` (its blocks, the children of
     `unit` else the block list found, checkpointed so); a variant with `whole` keeps the whole
@@ -42,7 +43,7 @@ def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: d
     `progress` hears the stages of a `whole` pass."""
     job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=variants)
     result = _run_trace_worker(job, (OpTracesResult,), timeout_s, progress_messages(progress))
-    return result.passes() if isinstance(result, OpTracesResult) else TraceFailure(str(result), "worker")
+    return result.traces if isinstance(result, OpTracesResult) else TraceFailure(str(result), "worker")
 
 
 def _run_trace_worker(job: OpTraceJob, kinds: tuple[type[Message], ...], timeout_s: float,

@@ -3,12 +3,11 @@ its import, its memory and its bugs stay out of the CLI, and a hang ends at the 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Callable
 
 from topoprof.errors import InputError, RunFailed
 from topoprof.measure.launch import JobSpec, launch_local, progress_messages, worker_result
-from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure, read_pass
+from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure
 
 
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
@@ -36,5 +35,4 @@ def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout
     if run.failure is not None or not isinstance(result, UserModelResult):
         why = run.failure.describe() if run.failure else "the worker reported nothing"
         raise RunFailed(f"--model {spec}: timing it failed: {why}")
-    wire = result.record.op_trace
-    return result.record if not isinstance(wire, dict) else replace(result.record, op_trace=read_pass(wire))
+    return result.record

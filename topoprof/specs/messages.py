@@ -21,7 +21,9 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
+
+from topoprof.specs.traced_pass import TracedPass
 
 # Keys a message carries beside its fields: its kind, its version, and the phase a rank adds when
 # it runs several workers in one launch (topoprof.probes.ranks.rank_main._PhaseContext).
@@ -61,49 +63,114 @@ def registered() -> dict[str, type[Message]]:
 
 
 def encode(msg: Message) -> dict:
-    """The message as a JSON-able dict: its type and version, then its fields (shallow: a field
-    holding a dict or list is written as it is; one holding a record, a dataclass that is no
-    message, as that record's fields)."""
-    return {"type": msg.KIND, "version": msg.VERSION,
-            **{name: fields_of(value) if _is_record(value) else value for name, value in fields_of(msg).items()}}
+    """The message as a JSON-able dict: its type and version, then its fields. A record (a
+    dataclass that is no message) is written as its fields, a message inside one encoded, each
+    wherever it sits in a list; a dict is written as it is."""
+    return {"type": msg.KIND, "version": msg.VERSION, **_fields_written(msg)}
+
+
+def _fields_written(record: Any) -> dict:
+    return {name: _write(getattr(record, name)) for name in _plan(type(record)).names}
+
+
+def _write(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_write(v) for v in value] if any(map(_is_dataclass, value)) else value
+    if isinstance(value, Message):
+        return encode(value)
+    return _fields_written(value) if _is_dataclass(value) else value
+
+
+def _is_dataclass(value: object) -> bool:
+    return hasattr(type(value), "__dataclass_fields__")
 
 
 def decode(wire: dict) -> Message:
     """The message a dict from `encode` holds; MessageError when it cannot be read here."""
     cls = _class_of(wire)
     body = {key: value for key, value in wire.items() if key not in ENVELOPE}
-    _check_fields(cls, body, f"message {cls.KIND!r} (version {cls.VERSION})")
-    records = _record_fields(cls)
-    for name, value in body.items():
-        record = records.get(name)
-        if record is not None and isinstance(value, dict):
-            _check_fields(record, value, f"{cls.KIND!r}'s {name}")
-            body[name] = record(**value)
-    return cls(**body)
+    return _read_record(cls, body, f"message {cls.KIND!r} (version {cls.VERSION})")
 
 
-def _is_record(value: object) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, (type, Message))
+Reader = Callable[[Any, str], Any]
 
 
-_RECORD_FIELDS: dict[str, dict[str, type]] = {}
+@dataclass(frozen=True)
+class _Plan:
+    """How a record class is written and read: its fields in order, those it requires, and a
+    reader for each field declared a record, a message or a list of them (read once a class)."""
+
+    names: tuple[str, ...]
+    required: frozenset[str]
+    readers: dict[str, Reader]
 
 
-def _record_fields(cls: type[Message]) -> dict[str, type]:
-    """The fields of a message class declared as a record, with the record's class (read once a class)."""
-    if cls.KIND not in _RECORD_FIELDS:
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        fields = dataclasses.fields(cls)
         hints = typing.get_type_hints(cls)
-        found = {f.name: _record_type(hints[f.name]) for f in dataclasses.fields(cls)}
-        _RECORD_FIELDS[cls.KIND] = {name: record for name, record in found.items() if record is not None}
-    return _RECORD_FIELDS[cls.KIND]
+        readers = {f.name: reader for f in fields if (reader := _reader(hints[f.name])) is not None}
+        plan = _PLANS[cls] = _Plan(tuple(f.name for f in fields), frozenset(
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING),
+            readers)
+    return plan
 
 
-def _record_type(hint: Any) -> type | None:
-    """The record class a field is declared as (alone, or with None), else None."""
-    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    records = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)
+def _read_record(cls: type, body: dict, what: str) -> Any:
+    """A record of `cls` (a message's body, or a record inside one) from its fields as written."""
+    plan = _plan(cls)
+    unknown, missing = sorted(body.keys() - set(plan.names)), sorted(plan.required - body.keys())
+    if unknown or missing:
+        raise MessageError(f"{what} does not match this topoprof's: unknown fields {unknown}, missing fields {missing}")
+    readers = plan.readers
+    return cls(**{name: readers[name](value, f"{what}'s {name}") if name in readers and value is not None else value
+                  for name, value in body.items()})
+
+
+def _reader(hint: Any) -> Reader | None:
+    """How a field declared `hint` is read: a record (or a message) where it is declared one,
+    alone or with None, and lists of them; None where it is read as written."""
+    record, message_too = _record_in(hint), _message_in(hint)
+    if record is not None or message_too:
+        def one(value: Any, what: str) -> Any:
+            if not isinstance(value, dict):
+                return value
+            if message_too and kind_of(value) is not None:
+                return decode(value)
+            return value if record is None else _read_record(record, value, what)
+        return one
+    item = _list_item(hint)
+    each = _reader(item) if item is not None else None
+    if each is None:
+        return None
+    return lambda value, what: [each(v, what) for v in value] if isinstance(value, list) else value
+
+
+def _members(hint: Any) -> tuple:
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
+def _record_in(hint: Any) -> type | None:
+    """The record class a field is declared as (alone, or beside None or a message), else None."""
+    records = [m for m in _members(hint) if isinstance(m, type) and dataclasses.is_dataclass(m)
                and not issubclass(m, Message)]
     return records[0] if len(records) == 1 else None
+
+
+def _message_in(hint: Any) -> bool:
+    return any(isinstance(m, type) and issubclass(m, Message) for m in _members(hint))
+
+
+def _list_item(hint: Any) -> Any:
+    """What a list field holds, where it is declared `list[X]` (alone, or with None)."""
+    for m in _members(hint):
+        if typing.get_origin(m) is list and typing.get_args(m):
+            return typing.get_args(m)[0]
+    return None
 
 
 def fields_of(msg: Any) -> dict:
@@ -134,16 +201,6 @@ def _class_of(wire: dict) -> type[Message]:
     if version != cls.VERSION:
         raise MessageError(f"message {kind!r} is version {version!r}; this topoprof reads version {cls.VERSION}")
     return cls
-
-
-def _check_fields(cls: type, body: dict, what: str) -> None:
-    """`body` holds the fields of `cls`: the message, or the record inside one, that `what` names."""
-    fields = dataclasses.fields(cls)
-    required = {f.name for f in fields
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    unknown, missing = sorted(body.keys() - {f.name for f in fields}), sorted(required - body.keys())
-    if unknown or missing:
-        raise MessageError(f"{what} does not match this topoprof's: unknown fields {unknown}, missing fields {missing}")
 
 
 # Jobs: what the launcher hands a worker (topoprof.measure.launch.JobSpec.config).
@@ -346,9 +403,8 @@ class UserModelRecord:
     precision: str | None = None
     memory: dict | None = None          # what its timed step held, part by part
     checkpointing: dict | None = None   # its blocks as checkpointed, where they were
-    # its pass on meta, where one was asked for: the trace, or why it could not be had (on the
-    # wire, its `write_pass` encoding, which `read_pass` decodes)
-    op_trace: dict | TraceFailure | None = None
+    # its pass on meta, where one was asked for: the trace, or why it could not be had
+    op_trace: TracedPass | TraceFailure | None = None
 
     @property
     def timed(self) -> bool:
@@ -361,7 +417,7 @@ class UserModelResult(Message):
     """The user's model as timed and read (its parameters, times, memory; `op_trace` when asked)."""
 
     KIND: ClassVar[str] = "user_model"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3  # 3: its pass on meta is a TracedPass
 
     record: UserModelRecord
 
@@ -372,24 +428,20 @@ class OpTraceResult(Message):
     """One pass on meta; a model that cannot be traced sends its `TraceFailure` instead."""
 
     KIND: ClassVar[str] = "op_trace"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: a TracedPass
 
-    trace: dict
+    trace: TracedPass
 
 
 @message
 @dataclass(frozen=True)
 class OpTracesResult(Message):
-    """The passes of an OpTraceJob's variants, in their order: each a trace, or an encoded
-    `TraceFailure` (`passes` reads them back)."""
+    """The passes of an OpTraceJob's variants, in their order: each a trace, or its `TraceFailure`."""
 
     KIND: ClassVar[str] = "op_traces"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: TracedPasses
 
-    traces: list[dict]
-
-    def passes(self) -> list[dict | TraceFailure]:
-        return [read_pass(t) for t in self.traces]
+    traces: list[TracedPass | TraceFailure]
 
 
 # What is wrong with a user's callable itself (topoprof/zoo/user_callable.py's stages), or with it
@@ -417,20 +469,6 @@ class TraceFailure(Message):
     @property
     def users_to_fix(self) -> bool:
         return self.stage in USER_ERRORS
-
-
-def read_pass(wire: dict) -> dict | TraceFailure:
-    """A pass as a worker sent it inside a result: its trace, or its `TraceFailure` decoded."""
-    if kind_of(wire) == TraceFailure.KIND:
-        failure = decode(wire)
-        assert isinstance(failure, TraceFailure)
-        return failure
-    return wire
-
-
-def write_pass(traced: dict | TraceFailure) -> dict:
-    """A pass as a result carries it: its trace, or its `TraceFailure` encoded."""
-    return encode(traced) if isinstance(traced, TraceFailure) else traced
 
 
 @message

@@ -1,5 +1,6 @@
 """One forward and backward of a model on the meta device, op by op: what each aten op computes
-and moves, and the backward FLOPs done before each trainable gradient is ready.
+and moves, and the backward FLOPs done before each trainable gradient is ready, as a `TracedPass`
+(topoprof/specs/traced_pass.py).
 
 Meta tensors carry shapes and dtypes but no data, so the pass costs no compute and no memory,
 whatever the model's size and wherever it runs: its result does not depend on the machine. The
@@ -53,7 +54,7 @@ Activation checkpointing runs as torch runs it (`torch.utils.checkpoint`, reentr
 or without `create_selective_checkpoint_contexts`; `topoprof/zoo/checkpoint_wrap.py` applies the modes
 the tool names, to a user's model through `topoprof/zoo/user_blocks.py`): the forward keeps what checkpointing keeps,
 and the backward recomputes inside the engine. Recomputed ops stay in the backward phase (they take backward time, and
-they come before the gradients they feed) and carry `recompute: True`; `totals["recompute"]` sums them.
+they come before the gradients they feed) and carry `recompute` set; `totals.recompute` sums them.
 
 Memory (`memory`): `activations_bytes` is what stays in memory from the end of the forward to
 the start of the backward, of what the pass itself allocated: autograd's saved tensors, the
@@ -73,10 +74,11 @@ along its first dimension to the stated micro-batch where the caller says at whi
 (`topoprof/trace/meta_device.py`), and a module or batch it built on meta itself is used as it is. Nothing
 of the model runs for real: `topoprof/measure/meta_trace.py` runs this pass alone in a worker, for a
 model that is never to be timed on this machine. Anything that cannot run on meta (an op without a
-meta kernel, `.item()` or a data-dependent shape) gives a `failure` reason instead of raising,
+meta kernel, `.item()` or a data-dependent shape) gives its `TraceFailure` instead of raising,
 with the parameter list where the model was built: the caller then keeps the measured order, or
 for a model it never times, the datasheet's range, and says why. A callable that is itself wrong
-(its import, its return value, its loss) says so (`user_error`): that is the user's to fix.
+(its import, its return value, its loss) says so (`TraceFailure.users_to_fix`): that is the
+user's to fix.
 """
 from __future__ import annotations
 
@@ -85,13 +87,24 @@ import inspect
 import os
 import sys
 import weakref
+from dataclasses import replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from topoprof.specs.messages import USER_ERRORS, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure, write_pass
+from topoprof.specs.messages import USER_ERRORS, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure
+from topoprof.specs.traced_pass import (
+    KeptByPlace,
+    KeptTensor,
+    MemorySegment,
+    PassMemory,
+    TracedOp,
+    TracedPass,
+    aggregate,
+    totals,
+)
 from topoprof.trace.fused_kernels import FUSED_OPS
 from topoprof.trace.live_bytes import LiveBytes
 from topoprof.trace.meta_device import on_meta
@@ -260,7 +273,7 @@ class OpTracer(TorchDispatchMode):
     def __init__(self, lens: TargetLens | None = None) -> None:
         super().__init__()
         self.phase = "forward"
-        self.ops: list[dict] = []
+        self.ops: list[TracedOp] = []
         self.flops = {"forward": 0, "backward": 0}
         self.memory = LiveBytes()
         self.lens = lens
@@ -290,26 +303,20 @@ class OpTracer(TorchDispatchMode):
         out = func(*args, **kwargs)
         flops = _flops(func, args, kwargs, out)
         view = func.is_view or func in _UNMARKED_VIEWS
-        op = {"name": str(func), "phase": self.phase, "flops": flops, "view": view,
-              "bytes_read": 0 if view else _nbytes((args, kwargs)),
-              "bytes_written": 0 if view or func in _UNINITIALIZED else _nbytes(out)}
-        if flops:
-            op["shapes"] = [list(t.shape) for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
-        if func in _ATTENTION:
-            op["causal"] = _is_causal(func, args, kwargs)
-        if self.phase == "backward" and _recomputing():
-            op["recompute"] = True
-        if self.selective and (self.phase == "forward" or op.get("recompute")):
-            op["selective"] = True
-        if not view:
-            op["outputs"] = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            op["inplace"] = func._schema.is_mutable
-            op["reads"] = self.storages.touched((args, kwargs))
-            op["writes"] = [] if func in _UNINITIALIZED and not op["inplace"] else self.storages.touched(out)
-            if not self._inside_kernel:
-                self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
-                                      written=(args, kwargs) if op["inplace"] else (), op_index=len(self.ops),
-                                      op=op["name"])
+        name, recompute, inplace = str(func), self.phase == "backward" and _recomputing(), func._schema.is_mutable
+        op = TracedOp(
+            name, self.phase, flops, view, bytes_read=0 if view else _nbytes((args, kwargs)),
+            bytes_written=0 if view or func in _UNINITIALIZED else _nbytes(out),
+            shapes=[list(t.shape) for t in tree_leaves(args) if isinstance(t, torch.Tensor)] if flops else None,
+            causal=_is_causal(func, args, kwargs) if func in _ATTENTION else None, recompute=recompute,
+            selective=bool(self.selective) and (self.phase == "forward" or recompute),
+            **({} if view else {
+                "outputs": [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)],
+                "inplace": inplace, "reads": self.storages.touched((args, kwargs)),
+                "writes": [] if func in _UNINITIALIZED and not inplace else self.storages.touched(out)}))
+        if not view and not self._inside_kernel:
+            self.memory.allocated(out, param_copy=func is aten._to_copy.default and _is_parameter(args[0]),
+                                  written=(args, kwargs) if inplace else (), op_index=len(self.ops), op=name)
         self.ops.append(op)
         self.flops[self.phase] += flops
         return out
@@ -371,14 +378,24 @@ def _selective_marks(module, tracer: OpTracer) -> list:
     return handles
 
 
-def _memory(tracer: OpTracer, at_forward_end: dict) -> dict:
-    """The pass's memory (module docstring), after its backward."""
+def _memory(tracer: OpTracer, activations: int, param_copies: int, kept: KeptByPlace | None) -> PassMemory:
+    """The pass's memory (module docstring), after its backward; what stays for the backward
+    (`activations`, `param_copies`, `kept`) as its forward ended."""
     m = tracer.memory
-    return {**at_forward_end, "peak_bytes": m.peak, "rounded_peak_bytes": m.rounded_peak,
-            "forward_peak_bytes": m.forward_peak, "forward_transient_bytes": m.forward_peak - m.backward_start,
-            "backward_start_bytes": m.backward_start, "backward_peak_bytes": m.backward_peak,
-            "backward_transient_bytes": m.backward_peak - m.backward_start, "grads_bytes": m.grads,
-            "segments": list(m.segments.values())}
+    return PassMemory(activations, param_copies, kept, peak_bytes=m.peak, rounded_peak_bytes=m.rounded_peak,
+                      forward_peak_bytes=m.forward_peak, forward_transient_bytes=m.forward_peak - m.backward_start,
+                      backward_start_bytes=m.backward_start, backward_peak_bytes=m.backward_peak,
+                      backward_transient_bytes=m.backward_peak - m.backward_start, grads_bytes=m.grads,
+                      segments=[MemorySegment(**row) for row in m.segments.values()])
+
+
+def _kept(tracer: OpTracer, marks: dict, blocks: list[str] | None) -> KeptByPlace | None:
+    """What the forward keeps by where it was allocated, where every block was marked."""
+    if not blocks or len(marks) != len(blocks):
+        return None
+    kept = tracer.memory.kept([tuple(marks[b]) for b in blocks])
+    return KeptByPlace(len(marks), kept["before_blocks_bytes"], kept["blocks_bytes"], kept["after_blocks_bytes"],
+                       [KeptTensor(**row) for row in kept["after_blocks_tensors"]])
 
 
 def _block_of_params(module, params: list, blocks: list[str] | None) -> dict[int, int]:
@@ -388,7 +405,7 @@ def _block_of_params(module, params: list, blocks: list[str] | None) -> dict[int
 
 
 def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
-               blocks: list[str] | None = None) -> dict:
+               blocks: list[str] | None = None) -> TracedPass:
     """One forward and backward of `module` under the tracer; `params` is the parameter list
     whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
     `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it. `blocks`:
@@ -422,10 +439,8 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
             if lens is not None:
                 lens.clear_cache()  # autocast's cached casts go when its region ends
             # what stays for the backward (module docstring), less the parameters' copies
-            held = {"activations_bytes": tracer.memory.live - tracer.memory.param_copies,
-                    "param_copies_bytes": tracer.memory.param_copies,
-                    **({"kept": {"blocks": len(marks), **tracer.memory.kept([tuple(marks[b]) for b in blocks])}}
-                       if blocks and len(marks) == len(blocks) else {})}
+            held = (tracer.memory.live - tracer.memory.param_copies, tracer.memory.param_copies,
+                    _kept(tracer, marks, blocks))
             nodes, leaves = autograd_nodes(loss.grad_fn)
             tracer.phase = "backward"
             tracer.selective = 0
@@ -436,44 +451,12 @@ def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
         for h in handles + block_handles:
             h.remove()
     total = tracer.flops["backward"]
-    return {"ops": tracer.ops, "by_name": aggregate(tracer.ops), "totals": totals(tracer.ops),
-            "memory": _memory(tracer, held),
-            "ready_flops": [[i, f] for i, f in ready],
-            "ready": [[i, f / total] for i, f in ready] if total > 0 else [],
-            "autograd_nodes": nodes, "autograd_leaves": leaves,
-            **({"target": target} if target is not None else {}),
-            **({"attention": {"calls": lens.attention, "refused": lens.attention_reasons}}
-               if lens and lens.attention else {})}
-
-
-def aggregate(ops: list[dict]) -> list[dict]:
-    """The ops summed by name and phase (recomputed ones apart), the most FLOPs first (then the
-    most bytes)."""
-    rows: dict[tuple[str, str, bool], dict] = {}
-    for op in ops:
-        recompute = op.get("recompute", False)
-        row = rows.get((op["name"], op["phase"], recompute))
-        if row is None:
-            row = rows[(op["name"], op["phase"], recompute)] = {
-                "name": op["name"], "phase": op["phase"], "count": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0,
-                **({"recompute": True} if recompute else {})}
-        row["count"] += 1
-        for key in ("flops", "bytes_read", "bytes_written"):
-            row[key] += op[key]
-    return sorted(rows.values(), key=lambda r: (-r["flops"], -(r["bytes_read"] + r["bytes_written"]), r["name"]))
-
-
-def totals(ops: list[dict]) -> dict:
-    """Per phase, and for the recompute within the backward."""
-    out = {part: {"ops": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0}
-           for part in ("forward", "backward", "recompute")}
-    for op in ops:
-        for part in (op["phase"], "recompute") if op.get("recompute") else (op["phase"],):
-            row = out[part]
-            row["ops"] += 1
-            for key in ("flops", "bytes_read", "bytes_written"):
-                row[key] += op[key]
-    return out
+    return TracedPass(tracer.ops, totals(tracer.ops), _memory(tracer, *held),
+                      ready=[[i, f / total] for i, f in ready] if total > 0 else [],
+                      ready_flops=[[i, f] for i, f in ready], autograd_nodes=nodes, autograd_leaves=leaves,
+                      by_name=aggregate(tracer.ops), target=target,
+                      attention={"calls": lens.attention, "refused": lens.attention_reasons}
+                      if lens and lens.attention else None)
 
 
 def shape_kwargs(build, stated: dict | None) -> dict:
@@ -563,7 +546,7 @@ def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
                      target: dict | None = None, progress=None, blocks: str | None = None,
                      ac: str | None = None, resize_from: int | None = None,
-                     depth: int | None = None) -> dict | TraceFailure:
+                     depth: int | None = None) -> TracedPass | TraceFailure:
     """The op trace of the user's `--model` callable on meta, or its `TraceFailure`. `stated`:
     the shape the prediction is for, given to the callable where it takes it; `kwargs`: passed
     as they are (a preset's name, as `measure` takes them); `target`: the device it stands for;
@@ -621,16 +604,14 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         if isinstance(err, UserModelError) and err.kind in (*USER_ERRORS, "batch", "cut"):
             return TraceFailure(str(err), err.kind, err.trace)
         return TraceFailure(f"on meta, {_first_line(err)}", params=built.get("params"))
-    if not traced["ready"]:
+    if not traced.ready:
         return TraceFailure("FlopCounterMode's rules count no backward FLOPs here (no matmul, convolution or "
                             "attention to weigh the gradients by)")
     described = describe_batch(batch) + (f" ({', '.join(f'{k}={v}' for k, v in shape.items())})" if shape else "")
-    return {"device": "meta", "spec": spec, "shape": described, "kwargs": shape, "samples": batch_samples(batch),
-            "params": parameter_list(module), **traced,
-            **({"checkpointing": built["checkpointing"]} if "checkpointing" in built else {}),
-            **({"blocks_of": built["blocks_of"]} if "blocks_of" in built else {}),
-            **({"block_list": built["block_list"]} if built.get("block_list") else {}),
-            **({"autocast_failure": autocast_failure} if autocast_failure else {})}
+    return replace(traced, spec=spec, shape=described, kwargs=shape, samples=batch_samples(batch),
+                   params=parameter_list(module), checkpointing=built.get("checkpointing"),
+                   blocks_of=built.get("blocks_of"), block_list=built.get("block_list") or None,
+                   autocast_failure=autocast_failure)
 
 
 def run_rank(ctx, job: OpTraceJob) -> None:
@@ -644,7 +625,7 @@ def run_rank(ctx, job: OpTraceJob) -> None:
         os.chdir(job.cwd)
     if job.variants is not None:
         passes = with_selective_cost([_variant(ctx, job, v) for v in job.variants])
-        ctx.send(OpTracesResult(traces=[write_pass(t) for t in passes]))
+        ctx.send(OpTracesResult(traces=passes))
         return
     ctx.progress(f"tracing {job.spec} on meta")
     traced = with_selective_cost([trace_user_model(job.spec, job.stated, job.kwargs, job.target, ctx.progress,
@@ -652,20 +633,21 @@ def run_rank(ctx, job: OpTraceJob) -> None:
     ctx.send(traced if isinstance(traced, TraceFailure) else OpTraceResult(trace=traced))
 
 
-def with_selective_cost(traces: list[dict | TraceFailure]) -> list[dict | TraceFailure]:
+def with_selective_cost(traces: list[TracedPass | TraceFailure]) -> list[TracedPass | TraceFailure]:
     """The traces, those with ops `op` mode checkpoints given what its modes cost per op on this
     machine (`selective_cost`, under 0.1 s, once for them all) as `selective_checkpoint`."""
-    def selective(t: dict | TraceFailure) -> bool:
-        return isinstance(t, dict) and any(op.get("selective") for op in t.get("ops", ()))
+    def selective(t: TracedPass | TraceFailure) -> bool:
+        return isinstance(t, TracedPass) and any(op.selective for op in t.ops)
 
     if not any(selective(t) for t in traces):
         return traces
 
     cost = selective_checkpoint_cost()
-    return [{**t, "selective_checkpoint": cost} if isinstance(t, dict) and selective(t) else t for t in traces]
+    return [replace(t, selective_checkpoint=cost) if isinstance(t, TracedPass) and selective(t) else t
+            for t in traces]
 
 
-def _variant(ctx, job: OpTraceJob, variant: dict) -> dict | TraceFailure:
+def _variant(ctx, job: OpTraceJob, variant: dict) -> TracedPass | TraceFailure:
     """One of several passes of one model (another depth, micro-batch, checkpointing mode or
     target), without what only the main pass needs (the ops summed by name, the parameters),
     unless it is the main pass (`whole`)."""
@@ -677,4 +659,4 @@ def _variant(ctx, job: OpTraceJob, variant: dict) -> dict | TraceFailure:
                               depth=variant.get("depth"))
     if isinstance(traced, TraceFailure) or whole:
         return traced
-    return {k: v for k, v in traced.items() if k not in ("by_name", "params")}
+    return replace(traced, by_name=None, params=None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import modelled_fields
+from topoprof.specs.traced_pass import TracedPass
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def _values(fields: dict) -> tuple[float, ...]:
     return fast, middle, slow, middle * (1 - fields["modelled_backward_fraction"]), recompute
 
 
-def priced_line(one_block: dict, two_blocks: dict, pricing: Pricing) -> Line:
+def priced_line(one_block: TracedPass, two_blocks: TracedPass, pricing: Pricing) -> Line:
     """The traces at 1 and 2 blocks priced (`traced.modelled_fields`; its errors raised)."""
     a, b = (modelled_fields(t, pricing) for t in (one_block, two_blocks))
     return Line(_values(a), _values(b), a["modelled_detail"]["device"])

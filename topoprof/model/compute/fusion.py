@@ -28,25 +28,28 @@ backward reads.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from topoprof.model.compute import op_kinds
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 
-def fusible(op: dict) -> bool:
+def fusible(op: TracedOp) -> bool:
     """A memory-bound op (no GEMM, convolution, attention or any other op with FLOPs: those are
     extern kernels)."""
-    return not op["view"] and not op.get("flops") and op_kinds.gemm_products(op) is None \
+    return not op.view and not op.flops and op_kinds.gemm_products(op) is None \
         and op_kinds.attention(op) is None
 
 
-def _chains(ops: list[dict]) -> list[tuple[str, list[int]]]:
+def _chains(ops: list[TracedOp]) -> list[tuple[str, list[int]]]:
     """The kernel-launching ops in order, as ("extern", [i]) or ("chain", [i, j, ...])."""
     out: list[tuple[str, list[int]]] = []
     for i, op in enumerate(ops):
-        if op["view"]:
+        if op.view:
             continue
         if fusible(op):
             last = out[-1] if out else None
-            if last is not None and last[0] == "chain" and ops[last[1][-1]]["phase"] == op["phase"]:
+            if last is not None and last[0] == "chain" and ops[last[1][-1]].phase == op.phase:
                 last[1].append(i)
                 continue
             out.append(("chain", [i]))
@@ -55,7 +58,7 @@ def _chains(ops: list[dict]) -> list[tuple[str, list[int]]]:
     return out
 
 
-def _cut(ops: list[dict], chain: list[int]) -> list[list[int]]:
+def _cut(ops: list[TracedOp], chain: list[int]) -> list[list[int]]:
     """The chain cut after each reducing op."""
     parts, current = [], []
     for i in chain:
@@ -66,54 +69,53 @@ def _cut(ops: list[dict], chain: list[int]) -> list[list[int]]:
     return parts + ([current] if current else [])
 
 
-def _uses(ops: list[dict]) -> tuple[dict[int, int], dict[int, int]]:
+def _uses(ops: list[TracedOp]) -> tuple[dict[int, int], dict[int, int]]:
     """Per storage key: the index of the op that made it (its first touch a write; storages that
     existed before the step, read first, have none), and of its last read."""
     seen, born, last_read = set(), {}, {}
     for i, op in enumerate(ops):
-        for key, _ in op.get("reads", ()):
+        for key, _ in op.reads or ():
             seen.add(key)
             last_read[key] = i
-        for key, _ in op.get("writes", ()):
+        for key, _ in op.writes or ():
             if key not in seen:
                 seen.add(key)
                 born[key] = i
     return born, last_read
 
 
-def _pass(ops: list[dict], part: list[int], born: dict[int, int], last_read: dict[int, int]) -> dict:
+def _pass(ops: list[TracedOp], part: list[int], born: dict[int, int], last_read: dict[int, int]) -> TracedOp:
     """One fused kernel for the ops `part` (consecutive in the trace)."""
     members = [ops[i] for i in part]
     lo, hi = part[0], part[-1]
-    if not all("reads" in op and "writes" in op for op in members):
-        read, written = members[0]["bytes_read"], members[-1]["bytes_written"]
-        outputs = list(members[-1].get("outputs", [written]))
+    if not all(op.reads is not None and op.writes is not None for op in members):
+        read, written = members[0].bytes_read, members[-1].bytes_written
+        outputs = list(members[-1].outputs if members[-1].outputs is not None else [written])
     else:
         reads: dict[int, int] = {}
         writes: dict[int, int] = {}
-        made_here = {key for op in members for key, _ in op["writes"] if lo <= born.get(key, -1) <= hi}
+        made_here = {key for op in members for key, _ in op.writes or () if lo <= born.get(key, -1) <= hi}
         for op in members:
-            for key, nbytes in op["reads"]:
+            for key, nbytes in op.reads or ():
                 if key not in made_here:
                     reads[key] = max(reads.get(key, 0), nbytes)
-            for key, nbytes in op["writes"]:
+            for key, nbytes in op.writes or ():
                 writes[key] = max(writes.get(key, 0), nbytes)
         # written out: what existed before (updated in place), what is read after the chain, and
         # what nothing in the step reads again (a gradient, for the optimizer)
         kept = {key: b for key, b in writes.items()
                 if key not in made_here or key not in last_read or last_read[key] > hi}
         read, written, outputs = sum(reads.values()), sum(kept.values()), list(kept.values())
-    return {"name": "fused(" + ", ".join(op_kinds.base_name(op) for op in members) + ")",
-            "phase": members[0]["phase"], "flops": 0, "view": False, "bytes_read": read, "bytes_written": written,
-            "outputs": outputs, "inplace": False, "fused_kinds": sorted({op_kinds.memory_kind(op) for op in members}),
-            "fused_ops": len(members)}
+    return TracedOp("fused(" + ", ".join(op_kinds.base_name(op) for op in members) + ")", members[0].phase,
+                    flops=0, view=False, bytes_read=read, bytes_written=written, outputs=outputs,
+                    fused_kinds=sorted({op_kinds.memory_kind(op) for op in members}), fused_ops=len(members))
 
 
-def fuse(trace: dict, end: str) -> dict:
+def fuse(trace: TracedPass, end: str) -> TracedPass:
     """The trace with every chain of memory-bound ops replaced by its fused kernel(s) (module
     docstring: one per chain at the fast end, cut after reductions at the middle and slow end).
-    The other keys of the trace are kept."""
-    ops = trace["ops"]
+    The rest of the trace is kept."""
+    ops = trace.ops
     born, last_read = _uses(ops)
     out = []
     for what, idx in _chains(ops):
@@ -122,4 +124,4 @@ def fuse(trace: dict, end: str) -> dict:
             continue
         for part in ([idx] if end == "fast" else _cut(ops, idx)):
             out.append(_pass(ops, part, born, last_read))
-    return {**trace, "ops": out}
+    return replace(trace, ops=out)

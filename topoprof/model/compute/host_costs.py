@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from topoprof.model.compute import op_kinds
 from topoprof.model.compute.roofline_terms import COMPILED_HOST_COST_S, EAGER_HOST_COST_S, Span
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 # the profile's host kind of an autograd-recorded op under selective op checkpointing's modes
 SELECTIVE_KIND = "selective_checkpoint_op"
@@ -101,16 +102,16 @@ class SelectiveCost:
         return (self.ratio - 1) * recorded_op_s
 
 
-def selective_cost(trace: dict, costs: HostCosts | None) -> SelectiveCost | None:
+def selective_cost(trace: TracedPass, costs: HostCosts | None) -> SelectiveCost | None:
     """The ratio for the trace's `selective` ops (module docstring); None where it has none, or
     where neither the profile nor the trace's worker measured it."""
-    if not any(op.get("selective") for op in trace["ops"]):
+    if not any(op.selective for op in trace.ops):
         return None
     sac, recorded = (costs.get(SELECTIVE_KIND), costs.get("autograd_forward")) if costs else (None, None)
     if sac is not None and recorded is not None:
         return SelectiveCost(sac.at("middle", False) / recorded.at("middle", False),
                              f"the profile's: {sac.basis}, over its recorded op")
-    here = trace.get("selective_checkpoint")
+    here = trace.selective_checkpoint
     if here is None:
         return None
     return SelectiveCost(float(here["ratio"]), here["how"])
@@ -126,11 +127,11 @@ def _node_overhead(costs: HostCosts, end: str) -> float:
     return max(0.0, _at(costs.kinds["autograd_backward_node"], end) - _at(costs.kinds["op"], end))
 
 
-def eager_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
+def eager_host_seconds(trace: TracedPass, costs: HostCosts, end: str) -> list[float]:
     """The host's seconds for each op of the trace, eager (module docstring)."""
-    ops = trace["ops"]
-    backward_kernels = sum(1 for op in ops if not op["view"] and not op_kinds.runs_as_forward(op))
-    nodes = trace.get("autograd_nodes", backward_kernels)
+    ops = trace.ops
+    backward_kernels = sum(1 for op in ops if not op.view and not op_kinds.runs_as_forward(op))
+    nodes = trace.autograd_nodes if trace.autograd_nodes is not None else backward_kernels
     overhead = _node_overhead(costs, end)
     spread = nodes * overhead / backward_kernels if backward_kernels else 0.0
     k = costs.kinds
@@ -138,14 +139,14 @@ def eager_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
     extra = selective.extra_s(_at(k["autograd_forward"], end)) if selective is not None else 0.0
     out = []
     for op in ops:
-        if op["view"]:
+        if op.view:
             out.append(0.0)
             continue
-        out.append(_eager_op(op, trace, k, end, overhead, spread) + (extra if op.get("selective") else 0.0))
+        out.append(_eager_op(op, trace, k, end, overhead, spread) + (extra if op.selective else 0.0))
     return out
 
 
-def _eager_op(op: dict, trace: dict, k: dict, end: str, overhead: float, spread: float) -> float:
+def _eager_op(op: TracedOp, trace: TracedPass, k: dict, end: str, overhead: float, spread: float) -> float:
     """One non-view op's host seconds, eager (module docstring)."""
     conv = op_kinds.is_conv(op)
     if op_kinds.runs_as_forward(op):
@@ -162,20 +163,20 @@ def _eager_op(op: dict, trace: dict, k: dict, end: str, overhead: float, spread:
     return h
 
 
-def compiled_host_seconds(trace: dict, costs: HostCosts, end: str) -> list[float]:
+def compiled_host_seconds(trace: TracedPass, costs: HostCosts, end: str) -> list[float]:
     """The host's seconds for each kernel of a fused trace (`fusion.fuse`): a launch each, and the
     graph's call on the first kernel of each phase (module docstring)."""
     out, started = [], set()
-    leaves = trace.get("autograd_leaves", 0)
+    leaves = (trace.autograd_leaves or 0)
     k = costs.kinds
-    for op in trace["ops"]:
-        if op["view"]:
+    for op in trace.ops:
+        if op.view:
             out.append(0.0)
             continue
         h = _at(costs.compiled_kernel, end)
-        if op["phase"] not in started:
-            started.add(op["phase"])
-            h += (_at(k["autograd_forward"], end) if op["phase"] == "forward" else
+        if op.phase not in started:
+            started.add(op.phase)
+            h += (_at(k["autograd_forward"], end) if op.phase == "forward" else
                   _at(k["autograd_backward_node"], end) + leaves * _node_overhead(costs, end))
         out.append(h)
     return out

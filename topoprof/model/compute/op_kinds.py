@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from topoprof.model.compute.roofline_terms import CONV_BACKWARD, CONV_FORWARD
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 ATTENTION_PREFIX = "aten._scaled_dot_product_"
 _GEMM = ("mm", "addmm", "bmm", "baddbmm")
@@ -55,15 +56,15 @@ _REDUCTION_OPS = ("sum", "mean", "amax", "amin", "max", "min", "nll_loss_forward
                   "var_mean", "norm", "embedding_dense_backward")
 
 
-def is_conv(op: dict) -> bool:
+def is_conv(op: TracedOp) -> bool:
     """A convolution, forward or backward."""
     return base_name(op) in CONV_FORWARD + CONV_BACKWARD
 
 
-def base_name(op: dict) -> str:
+def base_name(op: TracedOp) -> str:
     """'aten.native_layer_norm.default' -> 'native_layer_norm'."""
-    parts = op["name"].split(".")
-    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else op["name"]
+    parts = op.name.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else op.name
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,10 @@ class GemmShape:
     batch: int
 
 
-def gemm_shape(op: dict) -> GemmShape | None:
+def gemm_shape(op: TracedOp) -> GemmShape | None:
     """The one derivation of a matmul's or convolution's GEMM dimensions from its input shapes
     (a convolution's forward reads m from its FLOPs, 2 m n k per group), or None for any other op."""
-    name, shapes = base_name(op), op.get("shapes") or []
+    name, shapes = base_name(op), op.shapes or []
     mats = [s for s in shapes if len(s) >= 2]
     if name in _GEMM and len(mats) >= 2:
         a, b = mats[-2], mats[-1]
@@ -115,15 +116,15 @@ def gemm_shape(op: dict) -> GemmShape | None:
         return None
     groups = max(1, data[1] // weight[1])
     n, k = weight[0] // groups, math.prod(weight[1:])
-    m = math.prod(shapes[0]) // max(1, weight[0]) if backward else op["flops"] // max(1, 2 * weight[0] * k)
+    m = math.prod(shapes[0]) // max(1, weight[0]) if backward else op.flops // max(1, 2 * weight[0] * k)
     return GemmShape(max(1, m), max(1, n), max(1, k), groups)
 
 
-def gemm_products(op: dict) -> list[Product] | None:
+def gemm_products(op: TracedOp) -> list[Product] | None:
     """The products of a GEMM-like op (module docstring), or None for any other op: a
     convolution's backward is its input's and its weight's gradients, each a product of the
     forward's dimensions in another order."""
-    flops = op["flops"]
+    flops = op.flops
     shape = gemm_shape(op) if flops > 0 else None
     if shape is None:
         return None
@@ -136,45 +137,45 @@ def gemm_products(op: dict) -> list[Product] | None:
     return [Product(n, k, m, batch, flops)]
 
 
-def attention(op: dict) -> Attention | None:
+def attention(op: TracedOp) -> Attention | None:
     """A fused attention op's sequence, head dim and causality, with its FLOPs in the profile's
     count; None for any other op."""
-    if not op["name"].startswith(ATTENTION_PREFIX) or op["flops"] <= 0:
+    if not op.name.startswith(ATTENTION_PREFIX) or op.flops <= 0:
         return None
-    shapes = [s for s in op.get("shapes") or [] if len(s) == 4]
-    q = shapes[1] if "_backward" in op["name"] and len(shapes) > 1 else (shapes[0] if shapes else None)
+    shapes = [s for s in op.shapes or [] if len(s) == 4]
+    q = shapes[1] if "_backward" in op.name and len(shapes) > 1 else (shapes[0] if shapes else None)
     if q is None:
         return None
-    causal = bool(op.get("causal"))
-    return Attention(q[-2], q[-1], causal, op["flops"] / 2 if causal else op["flops"])
+    causal = bool(op.causal)
+    return Attention(q[-2], q[-1], causal, op.flops / 2 if causal else op.flops)
 
 
-def memory_kind(op: dict) -> str:
+def memory_kind(op: TracedOp) -> str:
     """The profile's memory kind of a memory-bound op (module docstring); an op not in the table
     by its own name, which the profile reads as its nearest kind."""
     name = base_name(op)
     if name == "_to_copy":
-        return "copy" if op["bytes_read"] == op["bytes_written"] else "upcast"
+        return "copy" if op.bytes_read == op.bytes_written else "upcast"
     return MEMORY_KIND.get(name, name)
 
 
-def reduces(op: dict) -> bool:
+def reduces(op: TracedOp) -> bool:
     """The op reduces over a dimension (a norm, a softmax, a sum, the loss)."""
     return memory_kind(op) in REDUCING or base_name(op) in _REDUCTION_OPS
 
 
-def runs_as_forward(op: dict) -> bool:
+def runs_as_forward(op: TracedOp) -> bool:
     """A forward op, or one activation checkpointing recomputes in backward: the recompute runs
     the block's forward again with grad mode and the forward's autocast state restored
     (torch/utils/checkpoint.py), so the host pays what the forward paid for it."""
-    return op["phase"] == "forward" or bool(op.get("recompute"))
+    return op.phase == "forward" or bool(op.recompute)
 
 
-def autocast_wrapped(op: dict, trace: dict) -> bool:
+def autocast_wrapped(op: TracedOp, trace: TracedPass) -> bool:
     """A forward op that CUDA autocast runs in 16-bit (its lower_precision_fp list: the matmuls,
     convolutions and attention), where the trace ran for a 16-bit GPU target."""
-    target = trace.get("target") or {}
+    target = trace.target or {}
     if not runs_as_forward(op) or target.get("device") != "cuda" or target.get("precision") not in ("bf16", "fp16"):
         return False
     name = base_name(op)
-    return name in _GEMM + CONV_FORWARD or op["name"].startswith(ATTENTION_PREFIX)
+    return name in _GEMM + CONV_FORWARD or op.name.startswith(ATTENTION_PREFIX)

@@ -53,6 +53,7 @@ from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_interp import Grid
 from topoprof.model.compute.profile_scale import Ratios, ScaledProfile
 from topoprof.model.compute.roofline_terms import GEMM_TILE, quantization
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,11 @@ class ProfiledDevice:
         slow = p.flops / (low * min(1.0, q) * self._floor(p))
         return _end(fast, slow, end)
 
-    def _memory_s(self, op: dict, end: str) -> float:
-        moved = op["bytes_read"] + op["bytes_written"]
+    def _memory_s(self, op: TracedOp, end: str) -> float:
+        moved = op.bytes_read + op.bytes_written
         if moved <= 0:
             return 0.0
-        kinds = op.get("fused_kinds") or [op_kinds.memory_kind(op)]
+        kinds = op.fused_kinds or [op_kinds.memory_kind(op)]
         rates = [self._range("memory_bytes_per_s", kind, moved) for kind in kinds]
         smallest = min((pt.bytes_moved for pt in self.profile.memory if pt.dtype == self.profile.dtype), default=moved)
         floor = min(1.0, moved / smallest)
@@ -153,7 +154,7 @@ class ProfiledDevice:
 
     # ---- the pricer ---------------------------------------------------------------------------
 
-    def device_seconds(self, op: dict, end: str) -> tuple[float, str]:
+    def device_seconds(self, op: TracedOp, end: str) -> tuple[float, str]:
         products = op_kinds.gemm_products(op)
         attention = None if products else op_kinds.attention(op)
         if products:
@@ -161,15 +162,15 @@ class ProfiledDevice:
         elif attention is not None:
             low, high = self._range("sdpa_flops_per_s", attention.seq, attention.head_dim, attention.causal)
             t, kind = _end(attention.flops / high, attention.flops / low, end), "attention"
-        elif op["flops"] > 0:  # FLOPs in an op no kind reads (a scaled mm, flex attention): at a GEMM's rate
-            t, kind = max(self._gemm_s(_square_product(op["flops"]), end), self._memory_s(op, end)), "matmul"
+        elif op.flops > 0:  # FLOPs in an op no kind reads (a scaled mm, flex attention): at a GEMM's rate
+            t, kind = max(self._gemm_s(_square_product(op.flops), end), self._memory_s(op, end)), "matmul"
         else:
             t, kind = self._memory_s(op, end), "memory"
         if not self.asynchronous:  # a CPU's point timed the call, its host cost in it: priced apart by kind
             t = max(0.0, t - self.host.kinds["op"].at(end, fast_is_high=False))
         pages = self.profile.cpu
-        if pages is not None and pages.fresh_page_s_per_byte and not op.get("inplace"):
-            t += sum(b for b in op.get("outputs", ()) if b >= pages.fresh_page_min_bytes) * pages.fresh_page_s_per_byte
+        if pages is not None and pages.fresh_page_s_per_byte and not op.inplace:
+            t += sum(b for b in op.outputs or () if b >= pages.fresh_page_min_bytes) * pages.fresh_page_s_per_byte
         return t, kind
 
     def optimizer_rates(self, params: list[dict] | None) -> dict | None:
@@ -189,10 +190,10 @@ class ProfiledDevice:
                 "basis": f"{read.basis}; host per tensor " + (f"{host.text(1e6, ' us')}: {host.basis}" if host else
                                                              "not in the profile: 0")}
 
-    def host_seconds(self, trace: dict, end: str) -> list[float]:
+    def host_seconds(self, trace: TracedPass, end: str) -> list[float]:
         return (compiled_host_seconds if self.compiled else eager_host_seconds)(trace, self.host, end)
 
-    def trace_lines(self, trace: dict) -> tuple[str, ...]:
+    def trace_lines(self, trace: TracedPass) -> tuple[str, ...]:
         """What this trace adds to the basis: selective op checkpointing's host cost, eager."""
         selective = None if self.compiled else selective_cost(trace, self.host)
         return () if selective is None else (selective.line(),)

@@ -52,6 +52,7 @@ from topoprof.model.compute.roofline_terms import (
     Span,
     quantization,
 )
+from topoprof.specs.traced_pass import TracedOp, TracedPass
 
 
 class Pricer(Protocol):
@@ -62,13 +63,14 @@ class Pricer(Protocol):
     compiled: bool
     notes: tuple[str, ...]
 
-    def device_seconds(self, op: dict, end: str) -> tuple[float, str]: ...   # (seconds, "matmul"|"attention"|"memory")
+    # (seconds, "matmul"|"attention"|"memory")
+    def device_seconds(self, op: TracedOp, end: str) -> tuple[float, str]: ...
 
-    def host_seconds(self, trace: dict, end: str) -> list[float]: ...       # one per op of the trace
+    def host_seconds(self, trace: TracedPass, end: str) -> list[float]: ...       # one per op of the trace
 
     def basis_lines(self) -> tuple[str, ...]: ...
 
-    def trace_lines(self, trace: dict) -> tuple[str, ...]: ...             # what this trace adds to the basis
+    def trace_lines(self, trace: TracedPass) -> tuple[str, ...]: ...             # what this trace adds to the basis
 
 
 # ---- the datasheet path: peak and bandwidth with cited shares --------------------------------
@@ -109,15 +111,15 @@ class DeviceModel:
         if set(self.host_cost) != {"forward", "backward"}:
             raise InputError(f"{self.name}: host cost needs a forward and a backward range")
 
-    def device_seconds(self, op: dict, end: str) -> tuple[float, str]:
-        flops = op["flops"]
-        memory = (op["bytes_read"] + op["bytes_written"]) / self.bandwidth.at(end, fast_is_high=True)
+    def device_seconds(self, op: TracedOp, end: str) -> tuple[float, str]:
+        flops: float = op.flops
+        memory = (op.bytes_read + op.bytes_written) / self.bandwidth.at(end, fast_is_high=True)
         kind, compute = "memory", 0.0
         if flops > 0:
-            if op["name"].startswith(op_kinds.ATTENTION_PREFIX):
+            if op.name.startswith(op_kinds.ATTENTION_PREFIX):
                 kind = "attention"
                 eff = self.attention_efficiency.at(end, fast_is_high=True)
-                flops = flops / 2 if op.get("causal") else flops
+                flops = flops / 2 if op.causal else flops
             else:
                 kind = "matmul"
                 eff = self.gemm_efficiency.at(end, fast_is_high=True)
@@ -129,15 +131,15 @@ class DeviceModel:
         overlapped, serial = max(compute, memory), compute + memory
         return (overlapped if end == "fast" else serial if end == "slow" else math.sqrt(overlapped * serial)), kind
 
-    def host_seconds(self, trace: dict, end: str) -> list[float]:
+    def host_seconds(self, trace: TracedPass, end: str) -> list[float]:
         if self.compiled:
             return compiled_host_seconds(trace, datasheet_host_costs(EAGER_HOST_COST_S), end)
         selective = selective_cost(trace, None)
         extra = selective.extra_s(self.host_cost["forward"].at(end, fast_is_high=False)) if selective else 0.0
-        return [0.0 if op["view"] else self.host_cost[op["phase"]].at(end, fast_is_high=False)
-                + (extra if op.get("selective") else 0.0) for op in trace["ops"]]
+        return [0.0 if op.view else self.host_cost[op.phase].at(end, fast_is_high=False)
+                + (extra if op.selective else 0.0) for op in trace.ops]
 
-    def trace_lines(self, trace: dict) -> tuple[str, ...]:
+    def trace_lines(self, trace: TracedPass) -> tuple[str, ...]:
         selective = None if self.compiled else selective_cost(trace, None)
         return () if selective is None else (selective.line(),)
 
@@ -186,13 +188,13 @@ class EndTimes:
     kernels: int = 0                  # ops that launch a kernel (after fusion, under torch.compile)
 
 
-def price(trace: dict, dev: Pricer, end: str) -> EndTimes:
+def price(trace: TracedPass, dev: Pricer, end: str) -> EndTimes:
     """One end of the range: every op priced, composed as the device runs them."""
     host_clock = device_end = forward_end = host_sum = device_sum = 0.0
     by_kind = {"matmul": 0.0, "attention": 0.0, "memory": 0.0}
     kernels = 0
-    for op, h in zip(trace["ops"], dev.host_seconds(trace, end)):
-        if op["view"]:
+    for op, h in zip(trace.ops, dev.host_seconds(trace, end)):
+        if op.view:
             continue
         t, kind = dev.device_seconds(op, end)
         by_kind[kind] += t
@@ -203,7 +205,7 @@ def price(trace: dict, dev: Pricer, end: str) -> EndTimes:
             device_end = max(host_clock, device_end) + t
         else:                 # inline: the host's cost, then the op
             device_end += h + t
-        if op["phase"] == "forward":
+        if op.phase == "forward":
             forward_end = device_end
     return EndTimes(device_end, forward_end, host_sum, device_sum, by_kind, kernels)
 
@@ -237,17 +239,17 @@ class Roofline:
         return f"{self.device}: {self.flops:.4g} FLOPs, {self.bytes_moved / 1e9:.3g} GB moved; {bound} (middle)"
 
 
-def roofline(trace: dict, dev: Pricer) -> Roofline:
+def roofline(trace: TracedPass, dev: Pricer) -> Roofline:
     """The compute range of one traced forward + backward on `dev`."""
-    if not trace.get("ops"):
+    if not trace.ops:
         raise InputError("the op trace has no ops to price")
     ends = {end: price(fuse(trace, end) if dev.compiled else trace, dev, end) for end in ENDS}
     mid = ends["middle"]
-    views = sum(1 for op in trace["ops"] if op["view"])
+    views = sum(1 for op in trace.ops if op.view)
     composition = ("kernels queue behind the host (a GPU stream)" if dev.asynchronous else
                    "ops run inline on the host")
     return Roofline((ends["fast"].seconds, mid.seconds, ends["slow"].seconds),
                     1 - mid.forward_s / mid.seconds if mid.seconds > 0 else 2 / 3,
-                    mid.kernels, views, sum(op["flops"] for op in trace["ops"]),
-                    sum(op["bytes_read"] + op["bytes_written"] for op in trace["ops"]), mid, dev.name,
+                    mid.kernels, views, sum(op.flops for op in trace.ops),
+                    sum(op.bytes_read + op.bytes_written for op in trace.ops), mid, dev.name,
                     (*dev.basis_lines(), *dev.trace_lines(trace), composition), dev.notes)

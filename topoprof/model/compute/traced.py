@@ -30,6 +30,7 @@ from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
 from topoprof.specs.messages import TraceFailure
+from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -98,7 +99,7 @@ def pricing_target(pricing: Pricing) -> dict:
     return target_for(pricing.precision, pricing.profile, pricing.gpu)
 
 
-def modelled_fields(trace: dict, pricing: Pricing, note: str | None = None) -> dict:
+def modelled_fields(trace: TracedPass, pricing: Pricing, note: str | None = None) -> dict:
     """A `Compute`'s modelled_* fields from a trace priced by `pricing`; InputError where the GPU,
     its precision or the profile cannot price it (`Pricing.why`), ValueError where the trace cannot
     be priced."""
@@ -107,7 +108,7 @@ def modelled_fields(trace: dict, pricing: Pricing, note: str | None = None) -> d
     pricer, chosen_notes = pricing.pricer, pricing.notes
     result = roofline(trace, pricer)
     fast, middle, slow = result.seconds
-    shape = trace.get("shape", "its example batch")
+    shape = (trace.shape or "its example batch")
     how = ("per op the rate a device profile measured for its kind and size" if hasattr(pricer, "profile") else
            "per op the larger of FLOPs over peak x efficiency and bytes over bandwidth")
     basis = f"{result.kernels} kernels of its op trace at {shape} on {result.device}, {how}, and a host cost per op"
@@ -123,24 +124,25 @@ def modelled_fields(trace: dict, pricing: Pricing, note: str | None = None) -> d
               "device_s_by_kind": result.middle.by_kind, "host_bound": result.host_bound,
               "summary": result.summary(), "basis": list(result.basis),
               "notes": list(dict.fromkeys([*result.notes, *chosen_notes, *([note] if note else [])])),
-              **({"memory": trace["memory"]} if trace.get("memory") else {})}
-    optimizer = pricer.optimizer_rates(trace.get("params")) if hasattr(pricer, "optimizer_rates") else None
+              **({"memory": trace.memory} if trace.memory else {})}
+    optimizer = pricer.optimizer_rates(trace.params) if hasattr(pricer, "optimizer_rates") else None
     if optimizer is not None:
         detail["optimizer"] = optimizer
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 
 
-def recompute_seconds(trace: dict, pricer) -> tuple[float, float, float] | None:
+def recompute_seconds(trace: TracedPass, pricer) -> tuple[float, float, float] | None:
     """(fast, middle, slow) seconds of the trace's recompute ops (`topoprof/trace/op_trace.py` marks them
     in the backward) priced alone by the same pricer; None where nothing is recomputed."""
-    ops = [op for op in trace.get("ops", ()) if op.get("recompute")]
+    ops = [op for op in trace.ops if op.recompute]
     if not ops:
         return None
-    return roofline({"ops": ops}, pricer).seconds
+    return roofline(TracedPass(ops), pricer).seconds
 
 
-def priced(trace: dict | TraceFailure | None, pricing: Pricing, note: str | None = None) -> tuple[dict, str | None]:
+def priced(trace: TracedPass | TraceFailure | None, pricing: Pricing,
+           note: str | None = None) -> tuple[dict, str | None]:
     """(`modelled_fields`, None), or ({}, why the trace could not be priced: none was run, it
     failed, it was run for another device or precision, or its ops could not be priced)."""
     if not trace:
@@ -148,11 +150,12 @@ def priced(trace: dict | TraceFailure | None, pricing: Pricing, note: str | None
     if isinstance(trace, TraceFailure):
         return {}, trace.reason
     want = target_for(pricing.precision, pricing.profile)
-    if trace.get("target", {}).get("device") != want["device"]:
+    target = trace.target or {}
+    if target.get("device") != want["device"]:
         return {}, f"the pass on the meta device was not run for a {'GPU' if want['device'] == 'cuda' else 'CPU'}"
-    if trace["target"].get("precision") != want["precision"]:
-        return {}, (f"the pass on the meta device ran in {trace['target'].get('precision')}, not {want['precision']} "
-                    f"({trace.get('autocast_failure', 'another precision')})")
+    if target.get("precision") != want["precision"]:
+        return {}, (f"the pass on the meta device ran in {target.get('precision')}, not {want['precision']} "
+                    f"({trace.autocast_failure or 'another precision'})")
     try:
         return modelled_fields(trace, pricing, note), None
     except (InputError, ValueError, KeyError) as err:

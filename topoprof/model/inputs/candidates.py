@@ -7,6 +7,7 @@ and their compute priced as the main pass is (`priced_candidates`). Pure: the pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.extended import at_depth, priced_line
@@ -14,6 +15,7 @@ from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_fields
 from topoprof.model.strategies.search import searched_modes
 from topoprof.specs.messages import TraceFailure
+from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.checkpointing import parse_checkpointing
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 from topoprof.workload.synthetic import spec_for_params
@@ -87,23 +89,23 @@ class WholePass:
     """The pass of a user's whole model (its trace, under the job's checkpointing `ac`) that its
     passes at 1 and 2 blocks are checked against (`blocks_alike`)."""
 
-    trace: dict
+    trace: TracedPass
     ac: str
 
 
-def blocks_alike(whole: dict, one: dict | TraceFailure, two: dict | TraceFailure) -> int | None:
+def blocks_alike(whole: TracedPass, one: TracedPass | TraceFailure, two: TracedPass | TraceFailure) -> int | None:
     """N, the blocks of a user's model, where its passes cut to 1 and 2 blocks (`one`, `two`, at
     the same size, mode and target as `whole`) extended to N blocks are its whole pass: the same
     forward and backward FLOPs and the same bytes kept for backward, so each block takes and keeps
     what the others do; else None (it is then traced whole)."""
-    if isinstance(one, TraceFailure) or isinstance(two, TraceFailure) or "totals" not in whole:
+    if isinstance(one, TraceFailure) or isinstance(two, TraceFailure):
         return None
-    n = one.get("blocks_of")
+    n = one.blocks_of
     if not n:
         return None
 
-    def measures(t: dict) -> tuple[int, int, int]:
-        return t["totals"]["forward"]["flops"], t["totals"]["backward"]["flops"], t["memory"]["activations_bytes"]
+    def measures(t: TracedPass) -> tuple[int, ...]:
+        return t.totals.forward.flops, t.totals.backward.flops, *([t.memory.activations_bytes] if t.memory else [])
 
     extended = tuple(a + (n - 1) * (b - a) for a, b in zip(measures(one), measures(two)))
     return n if extended == measures(whole) else None
@@ -113,11 +115,11 @@ def blocks_alike(whole: dict, one: dict | TraceFailure, two: dict | TraceFailure
 class CandidatePasses:
     """The passes the search's candidates (`wanted`: (checkpointing mode text, samples)) are
     priced from: at 1 and 2 blocks (`by_blocks`), keyed (traced mode, sequences, depth); a
-    `--model`'s whole, keyed (mode text, samples)."""
+    `--model`'s whole, keyed (mode text, samples); each its pass or its failure."""
 
     shape: ModelShape | UserShape
     wanted: tuple[tuple[str, int], ...]
-    traces: dict
+    traces: dict[Any, TracedPass | TraceFailure]
 
 
 def _modes_of(text: str) -> tuple[str, ...]:
@@ -138,9 +140,16 @@ def priced_candidates(passes: CandidatePasses, pricing: Pricing) -> dict[tuple[s
     try:
         if by_blocks(passes.shape):
             return _priced_by_blocks(passes, passes.shape, pricing)
-        return {key: modelled_fields(passes.traces[key], pricing) for key in passes.wanted}
+        return {key: modelled_fields(_passed(passes.traces[key]), pricing) for key in passes.wanted}
     except (InputError, ValueError, KeyError) as err:
         return f"pricing its ops failed ({err})"
+
+
+def _passed(trace: TracedPass | TraceFailure) -> TracedPass:
+    """A pass to price: its failure is why the candidates have no price (`priced_candidates`)."""
+    if isinstance(trace, TraceFailure):
+        raise ValueError(trace.reason)
+    return trace
 
 
 def by_blocks(shape: ModelShape | UserShape) -> bool:
@@ -157,8 +166,10 @@ def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, pr
         lines = {}
         for mode in _modes_of(text):
             one, two = passes.traces[(mode, sequences, 1)], passes.traces[(mode, sequences, 2)]
-            for failed in (t for t in (one, two) if isinstance(t, TraceFailure)):
-                return failed.reason
+            if isinstance(one, TraceFailure):
+                return one.reason
+            if isinstance(two, TraceFailure):
+                return two.reason
             lines[mode] = priced_line(one, two, pricing)
         size = f"{sequences}x{shape.seq_len}" if shape.seq_len else f"micro-batch {sequences}"
         out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, size)

@@ -16,6 +16,7 @@ from topoprof.model.inputs.sampled import SampledPasses
 from topoprof.model.inputs.user_record import ReadyOrder, timed_on
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.specs.messages import TraceFailure, UserModelRecord
+from topoprof.specs.traced_pass import TracedPass
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class MainTrace:
     """A preset's or `--params` model's pass on meta for the GPU predicted (`trace`), or why none
     could be run (`why`: a text model without --tokens, a GPU the datasheet does not know)."""
 
-    trace: dict | TraceFailure | None = None
+    trace: TracedPass | TraceFailure | None = None
     note: str | None = None  # how the stated shape was fitted to the model
     why: str | None = None
 

@@ -59,6 +59,7 @@ from topoprof.model.inputs.traces import (
 )
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import choose_ready_order, example_batch_of, stated_shape, trace_wanted
+from topoprof.specs.traced_pass import TracedPass
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
 from topoprof.workload.presets import context_sequences, is_vision
@@ -149,7 +150,7 @@ def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:
 def whole_pass(user: UserModelRun | None, w: WorkloadRequest) -> WholePass | None:
     """The pass of the user's whole model its cut passes are checked against, where it ran."""
     trace = user.record.op_trace if user is not None else None
-    return WholePass(trace, w.checkpointing.text) if isinstance(trace, dict) else None
+    return WholePass(trace, w.checkpointing.text) if isinstance(trace, TracedPass) else None
 
 
 def named_by_profile(compute: ComputeRequest, profile: DeviceProfile | None) -> ComputeRequest:

@@ -17,16 +17,18 @@ the pass that checked the line).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from topoprof.model.inputs.candidates import SAMPLES
+from topoprof.specs.traced_pass import TracedPass
 
-# What a pass extended does not take from the counts (the module docstring says why of each):
-NOT_COUNTS = ("shape", "memory")            # the pass's own description, and its memory
-RECOMPUTED = "ready"                        # made anew from the extended backward FLOPs
-MEASURED_HERE = "selective_checkpoint"      # copied from the pass that checked the line
-NOT_EXTENDED = (*NOT_COUNTS, RECOMPUTED, MEASURED_HERE)
+# What a pass extended does not take from the counts (the module docstring says why of each), left
+# empty: the pass's own description and its memory; the host cost of selective checkpointing,
+# copied from the pass that checked the line. Its ready fractions are made anew from the extended
+# backward FLOPs.
+NOT_COUNTS = {"shape": "", "memory": None, "selective_checkpoint": None}
 
 Key = tuple[str, int, int]  # (traced checkpointing mode, samples, depth), as the candidates key their passes
 
@@ -41,16 +43,16 @@ class SampledPasses:
     keyed (mode, samples, depth)."""
 
     target: dict
-    passes: dict[Key, dict] = field(default_factory=dict)
+    passes: dict[Key, TracedPass] = field(default_factory=dict)
 
-    def for_target(self, target: dict) -> dict[Key, dict]:
+    def for_target(self, target: dict) -> dict[Key, TracedPass]:
         """Its passes where they were traced for `target`, else none."""
         return self.passes if target == self.target else {}
 
 
 def _affine(two: Any, three: Any, steps: int) -> Any:
     """`two` where the two values are equal, an int `steps` sizes past SAMPLES[0] on its line,
-    lists and dicts of the same layout item by item; _Differs otherwise."""
+    lists, dicts and records of the same layout item by item; _Differs otherwise."""
     if type(two) is type(three) and two == three:
         return two
     if type(two) is int and type(three) is int:  # not a bool: bool is an int's subclass, not int
@@ -59,33 +61,35 @@ def _affine(two: Any, three: Any, steps: int) -> Any:
         return [_affine(a, b, steps) for a, b in zip(two, three)]
     if isinstance(two, dict) and isinstance(three, dict) and two.keys() == three.keys():
         return {k: _affine(two[k], three[k], steps) for k in two}
+    if dataclasses.is_dataclass(two) and not isinstance(two, type) and type(two) is type(three):
+        return replace(two, **{f.name: _affine(getattr(two, f.name), getattr(three, f.name), steps)
+                               for f in dataclasses.fields(two)})
     raise _Differs
 
 
-def pass_at(two: dict, three: dict, samples: int) -> dict | None:
+def pass_at(two: TracedPass, three: TracedPass, samples: int) -> TracedPass | None:
     """The pass at `samples` from `two` and `three` (the same pass at SAMPLES), each count extended
     on its own line; None where they differ in more than their counts (an op, a name, a float)."""
-    counts_two, counts_three = ({k: v for k, v in t.items() if k not in NOT_EXTENDED} for t in (two, three))
     try:
-        out = _affine(counts_two, counts_three, samples - SAMPLES[0])
+        out = _affine(replace(counts_of(two), ready=[]), replace(counts_of(three), ready=[]), samples - SAMPLES[0])
     except _Differs:
         return None
-    total = out["totals"]["backward"]["flops"]
-    out[RECOMPUTED] = [[i, f / total] for i, f in out["ready_flops"]] if total > 0 else []
-    return out
+    total = out.totals.backward.flops
+    return replace(out, ready=[[i, f / total] for i, f in out.ready_flops] if total > 0 else [])
 
 
-def same_counts(extended: dict, traced: dict) -> bool:
+def same_counts(extended: TracedPass, traced: TracedPass) -> bool:
     """Whether a pass extended is the pass traced at its size, in all it extends and recomputes."""
     return extended == counts_of(traced)
 
 
-def counts_of(traced: dict) -> dict:
-    """What a pass extended holds of a pass traced: its counts and what is recomputed from them."""
-    return {k: v for k, v in traced.items() if k not in NOT_COUNTS and k != MEASURED_HERE}
+def counts_of(traced: TracedPass) -> TracedPass:
+    """What a pass extended holds of a pass traced: its counts and what is recomputed from them
+    (`NOT_COUNTS` left empty)."""
+    return replace(traced, **NOT_COUNTS)  # type: ignore[arg-type]
 
 
-def checks(keys: list[Key], known: dict[Key, dict]) -> dict[str, int]:
+def checks(keys: list[Key], known: dict[Key, TracedPass]) -> dict[str, int]:
     """Per mode, the size its line is checked at: its largest past SAMPLES that its known passes
     reach (a mode asked at SAMPLES alone needs no check)."""
     out: dict[str, int] = {}
@@ -95,23 +99,24 @@ def checks(keys: list[Key], known: dict[Key, dict]) -> dict[str, int]:
     return out
 
 
-def _extendable(key: Key, known: dict[Key, dict]) -> bool:
+def _extendable(key: Key, known: dict[Key, TracedPass]) -> bool:
     mode, samples, depth = key
     return samples >= SAMPLES[0] and all((mode, s, depth) in known for s in SAMPLES)
 
 
-def _extended(key: Key, known: dict[Key, dict]) -> dict | None:
+def _extended(key: Key, known: dict[Key, TracedPass]) -> TracedPass | None:
     mode, samples, depth = key
     return pass_at(known[(mode, SAMPLES[0], depth)], known[(mode, SAMPLES[1], depth)], samples)
 
 
-def to_trace_first(keys: list[Key], known: dict[Key, dict]) -> list[Key]:
+def to_trace_first(keys: list[Key], known: dict[Key, TracedPass]) -> list[Key]:
     """The passes traced before any is extended: those no known line reaches, and the checks."""
     checked = checks(keys, known)
     return [key for key in keys if not _extendable(key, known) or checked.get(key[0]) == key[1]]
 
 
-def extend(keys: list[Key], known: dict[Key, dict], traced: dict[Key, Any]) -> tuple[dict[Key, dict], list[Key]]:
+def extend(keys: list[Key], known: dict[Key, TracedPass], traced: dict[Key, Any]
+           ) -> tuple[dict[Key, TracedPass], list[Key]]:
     """(the passes extended, the keys left to trace): each key not traced whose mode's check held
     at every depth (or that needs none, at SAMPLES), from its known passes."""
     held = {mode: _check_held(mode, size, keys, known, traced) for mode, size in checks(keys, known).items()}
@@ -126,18 +131,17 @@ def extend(keys: list[Key], known: dict[Key, dict], traced: dict[Key, Any]) -> t
             rest.append(key)
             continue
         cost_from = held.get(mode) or known[(mode, SAMPLES[0], depth)]
-        if MEASURED_HERE in cost_from:
-            extended[MEASURED_HERE] = cost_from[MEASURED_HERE]
-        out[key] = extended
+        out[key] = replace(extended, selective_checkpoint=cost_from.selective_checkpoint)
     return out, rest
 
 
-def _check_held(mode: str, size: int, keys: list[Key], known: dict[Key, dict], traced: dict[Key, Any]) -> dict | None:
+def _check_held(mode: str, size: int, keys: list[Key], known: dict[Key, TracedPass], traced: dict[Key, Any]
+                ) -> TracedPass | None:
     """A pass that checked `mode`'s line at `size` (the extended pass was the traced one at each
     depth), else None."""
     at_size = [key for key in keys if key[0] == mode and key[1] == size]
     for key in at_size:
         extended, real = _extended(key, known), traced.get(key)
-        if extended is None or not isinstance(real, dict) or not same_counts(extended, real):
+        if extended is None or not isinstance(real, TracedPass) or not same_counts(extended, real):
             return None
     return traced[at_size[0]]

@@ -22,7 +22,7 @@ compute (`candidate_passes`). Its callable builds each size where it takes `micr
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 from topoprof.measure.meta_trace import trace_model, trace_models
 from topoprof.model.compute.profile_choice import Pricing
@@ -48,6 +48,7 @@ from topoprof.model.inputs.candidates import (
 from topoprof.model.inputs.sampled import Key, SampledPasses, extend, to_trace_first
 from topoprof.model.memory.traced import TracedMemory, from_trace
 from topoprof.specs.messages import TraceFailure
+from topoprof.specs.traced_pass import PassMemory, TracedPass
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class MemoryPasses:
 def _sampled(target: dict, keys: list[tuple], traces: list, variant: str = "autocast") -> SampledPasses:
     """The passes keyed (variant, mode, depth, samples) of `variant`, keyed as candidates key theirs."""
     return SampledPasses(target, {(mode, m, d): t for (v, mode, d, m), t in zip(keys, traces)
-                                  if v == variant and isinstance(t, dict)})
+                                  if v == variant and isinstance(t, TracedPass)})
 
 
 def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth: int | None = None) -> dict:
@@ -72,35 +73,43 @@ def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth
             **({"depth": depth} if depth is not None else {})}
 
 
-def _user_traces(shape: UserShape, variants: list[dict]) -> list[dict] | str:
+def _user_traces(shape: UserShape, variants: list[dict]) -> list[TracedPass] | str:
     """The passes, or the first failure's reason."""
     return _every_pass(trace_models(shape.spec, None, variants, unit=shape.unit))
 
 
-def _why_not(trace: dict | TraceFailure) -> str | None:
+def _why_not(trace: TracedPass | TraceFailure) -> str | None:
     """Why a pass does not stand for the target asked: it failed, or ran in fp32 only."""
     if isinstance(trace, TraceFailure):
         return trace.reason
-    return f"in 16 bits: {trace['autocast_failure']}" if trace.get("autocast_failure") else None
+    return f"in 16 bits: {trace.autocast_failure}" if trace.autocast_failure else None
 
 
-def _every_pass(traces: list[dict | TraceFailure] | TraceFailure) -> list[dict] | str:
+def _every_pass(traces: list[TracedPass | TraceFailure] | TraceFailure) -> list[TracedPass] | str:
     """The passes where every one stands, else the first one's reason."""
     if isinstance(traces, TraceFailure):
         return traces.reason
     failed = next((why for why in map(_why_not, traces) if why is not None), None)
-    return failed if failed is not None else [t for t in traces if isinstance(t, dict)]
+    return failed if failed is not None else [t for t in traces if isinstance(t, TracedPass)]
 
 
+def _memory(trace: TracedPass | TraceFailure) -> PassMemory:
+    """A pass's memory: a user's passes have every failure taken out (`_every_pass`), and every
+    pass the worker sends has its memory."""
+    assert isinstance(trace, TracedPass) and trace.memory is not None
+    return trace.memory
+
+
+Passes = dict[Any, TracedPass | TraceFailure]  # by key: (mode, samples, depth), or as a plan keys them
 Plan = Callable[[UserShape], list[tuple[tuple, dict]]]  # the (key, variant) of each pass, by blocks or whole
 
 
-def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[UserShape, dict | str]:
+def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[UserShape, Passes | str]:
     """(the shape as traced, its passes by key, or why they failed): by its first 1 and 2 blocks
     where its blocks are known alike (`shape.blocks`) or found so in the same worker, two passes
     cut to 1 and 2 blocks held against `whole` (`blocks_alike`); else whole, as before."""
-    if shape.blocks is None and whole is not None and whole.trace.get("target"):
-        probes = [_user_variant(shape, whole.ac, shape.micro_batch, whole.trace["target"], d) for d in DEPTHS]
+    if shape.blocks is None and whole is not None and whole.trace.target:
+        probes = [_user_variant(shape, whole.ac, shape.micro_batch, whole.trace.target, d) for d in DEPTHS]
         pairs = plan(replace(shape, blocks=0))  # laid out by blocks; their number once the probes say it
         traces = _user_traces(shape, probes + [variant for _, variant in pairs])
         blocks = None if isinstance(traces, str) else blocks_alike(whole.trace, traces[0], traces[1])
@@ -134,14 +143,14 @@ def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
     points: dict = {}
     if shape.blocks is not None:
         for (v, mode, d, m), trace in traces.items():
-            points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
+            points.setdefault((v, mode), {})[(d, m)] = from_trace(_memory(trace))
         source = (f"passes of {shape.spec} cut to its first 1 and 2 blocks at {SAMPLES[0]} and {SAMPLES[1]} samples "
                   f"on meta, extended to its {shape.blocks} blocks (each keeps what the others do: the cut passes "
                   "extended are its whole pass) and the micro-batch (each sample the same)")
         return MemoryPasses(TracedMemory(shape.blocks, shape.seq_len or 0, points, source),
                             _sampled(target, list(traces), list(traces.values())), shape)
     for (v, mode, m), trace in traces.items():
-        points.setdefault((v, mode), {})[(1, m)] = from_trace(trace["memory"])
+        points.setdefault((v, mode), {})[(1, m)] = from_trace(_memory(trace))
     source = (f"passes of {shape.spec} whole at {SAMPLES[0]} and {SAMPLES[1]} samples on meta, extended to the "
               "micro-batch (each sample the same)")
     return MemoryPasses(TracedMemory(1, 0, points, source, whole=True), traced_as=shape)
@@ -161,7 +170,7 @@ def memory_set(shape: ModelShape, precision: str, cast: bool, target: dict) -> M
 
 def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, precision: str, cast: bool,
                     memory_target: dict, progress: Callable[[str], None] | None = None
-                    ) -> tuple[dict | TraceFailure, MemoryPasses]:
+                    ) -> tuple[TracedPass | TraceFailure, MemoryPasses]:
     """The main pass (`trace_for_gpu`'s, for `target`) and the memory passes (`memory_set`'s, for
     `memory_target`) of one preset or `--params` model in one worker: one start and one torch
     import where two would be the same. The main pass is a variant that keeps the whole trace,
@@ -182,13 +191,14 @@ def _memory_variants(shape: ModelShape, precision: str, cast: bool, target: dict
     return keys, [_variant(mode, d, m, shape.seq_len, targets[v]) for v, mode, d, m in keys]
 
 
-def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[dict | TraceFailure], target: dict) -> MemoryPasses:
+def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[TracedPass | TraceFailure],
+               target: dict) -> MemoryPasses:
     points: dict = {}
     for (v, mode, d, m), trace in zip(keys, traces):
         why = _why_not(trace)
-        if why is not None or not isinstance(trace, dict):
+        if why is not None or not isinstance(trace, TracedPass):
             return MemoryPasses(f"{mode} at {d} block(s) x {m}: {why}")
-        points.setdefault((v, mode), {})[(d, m)] = from_trace(trace["memory"])
+        points.setdefault((v, mode), {})[(d, m)] = from_trace(_memory(trace))
     source = (f"passes of {shape.label} at 1 and 2 blocks and {SAMPLES[0]} and {SAMPLES[1]} sequences of "
               f"{shape.seq_len} tokens on meta, "
               f"extended to {shape.blocks} blocks (each keeps the same) and the micro-batch (each sequence the same)")
@@ -217,7 +227,7 @@ def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]
     return found if isinstance(found, str) else CandidatePasses(traced, tuple(wanted), found)
 
 
-def _block_passes(shape: ModelShape | UserShape, keys: list[Key], target: dict) -> dict | str:
+def _block_passes(shape: ModelShape | UserShape, keys: list[Key], target: dict) -> Passes | str:
     """The passes of `keys` (mode, samples, depth) traced in one worker, or why they failed: a
     user's model's, the first failure's reason (`_user_traces`); a preset's, each its own failure."""
     if isinstance(shape, UserShape):
@@ -227,19 +237,20 @@ def _block_passes(shape: ModelShape | UserShape, keys: list[Key], target: dict) 
     return found.reason if isinstance(found, TraceFailure) else dict(zip(keys, found))
 
 
-def by_samples(keys: list[Key], known: dict[Key, dict], trace: Callable[[list[Key]], dict | str]) -> dict | str:
+def by_samples(keys: list[Key], known: dict[Key, TracedPass], trace: Callable[[list[Key]], Passes | str]
+               ) -> Passes | str:
     """The passes of `keys`: `trace`d (one worker a call) where no known pass at SAMPLES extends to
     them or its mode's check failed, else extended (`topoprof.model.inputs.sampled`); or why the
     tracing failed."""
     first = to_trace_first(keys, known)
-    traced = trace(first) if first else {}
+    traced: Passes | str = trace(first) if first else {}
     if isinstance(traced, str):
         return traced
     extended, rest = extend(keys, known, traced)
-    more = trace(rest) if rest else {}
+    more: Passes | str = trace(rest) if rest else {}
     if isinstance(more, str):
         return more
-    passes = {**traced, **extended, **more}
+    passes: Passes = {**traced, **extended, **more}
     return {key: passes[key] for key in keys}
 
 
@@ -257,7 +268,7 @@ def traced_memory_of(w, target: dict, precision: str, cast: bool,
     return memory_set(shape, precision, cast=cast, target=target)
 
 
-def trace_for_gpu(request: TraceRequest, target: dict, progress=None) -> dict | TraceFailure:
+def trace_for_gpu(request: TraceRequest, target: dict, progress=None) -> TracedPass | TraceFailure:
     """The main pass for `target` (`traced.target_for`)."""
     return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
 from topoprof.specs.messages import TraceFailure, UserModelRecord
+from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
 
 
@@ -69,9 +70,8 @@ def batch_read(record: UserModelRecord) -> BatchRead:
     """Its pass on meta's where that ran, else its timing's; nothing where it was only traced and
     the pass failed."""
     trace = record.op_trace
-    if isinstance(trace, dict):
-        return BatchRead(True, trace.get("samples"), (trace.get("kwargs") or {}).get("seq_len"),
-                         trace.get("block_list"))
+    if isinstance(trace, TracedPass):
+        return BatchRead(True, trace.samples, trace.kwargs.get("seq_len"), trace.block_list)
     return BatchRead(record.timed, record.samples, None, record.block_list)
 
 
@@ -163,21 +163,21 @@ def choose_ready_order(record: UserModelRecord, gpu: str | None = None,
     trace = record.op_trace
     failure = ("no pass on meta was run" if not trace else trace.reason if isinstance(trace, TraceFailure)
                else _other_parameters(record, trace))
-    if failure or not isinstance(trace, dict):
+    if failure or not isinstance(trace, TracedPass):
         measured = measured_order(record)
         return ReadyOrder(measured.ready, f"{measured.text}, although {why}: counting the backward FLOPs per "
                                           f"tensor failed ({failure})",
                           f"{measured.text} although {why}: counting the backward FLOPs per tensor on the meta "
                           f"device failed ({failure})")
-    return ReadyOrder(trace["ready"], "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta "
-                                      f"at {trace['shape']}), since {why}")
+    return ReadyOrder(trace.ready, "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta "
+                                   f"at {trace.shape}), since {why}")
 
 
-def _other_parameters(record: UserModelRecord, trace: dict) -> str | None:
+def _other_parameters(record: UserModelRecord, trace: TracedPass) -> str | None:
     """The meta pass's indices mean the timed record's only where both list the same parameters."""
-    if [p["name"] for p in trace["params"]] == [p["name"] for p in record.params]:
+    if [p["name"] for p in trace.params or ()] == [p["name"] for p in record.params]:
         return None
-    return f"the model built at {trace['shape']} has other parameters than the one timed"
+    return f"the model built at {trace.shape} has other parameters than the one timed"
 
 
 def user_layout(record: UserModelRecord, order: ReadyOrder | None = None) -> Layout:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from topoprof.specs.traced_pass import PassMemory
+
 
 @dataclass(frozen=True)
 class Point:
@@ -47,15 +49,14 @@ class Timeline:
         return point.grads_before / self.grads if self.grads > 0 else 0.0
 
 
-def from_segments(memory: dict, blocks: int = 0) -> Timeline | None:
+def from_segments(memory: PassMemory, blocks: int = 0) -> Timeline | None:
     """The timeline of one pass's `memory` (topoprof/trace/op_trace.py); None for a trace without
     segments."""
-    rows = memory.get("segments")
-    if not rows:
+    if not memory.segments:
         return None
-    points = tuple(Point(r["phase"], r["kind"], r["block"], float(r["live"] - r["grads_before"]), float(r["fresh"]),
-                         float(r["grads_before"]), r["live_op"], r["fresh_op"]) for r in rows)
-    return Timeline(points, float(memory.get("grads_bytes", 0)), blocks)
+    points = tuple(Point(r.phase, r.kind, r.block, float(r.live - r.grads_before), float(r.fresh),
+                         float(r.grads_before), r.live_op, r.fresh_op) for r in memory.segments)
+    return Timeline(points, float(memory.grads_bytes), blocks)
 
 
 def where(point: Point, blocks: int) -> str:

@@ -35,6 +35,7 @@ from topoprof.model.memory.timeline import (
     from_segments,
     interpolated,
 )
+from topoprof.specs.traced_pass import KeptTensor, PassMemory
 from topoprof.workload.checkpointing import Checkpointing
 
 # The parts a micro-batch adds, as the trace names them (topoprof/trace/op_trace.py `memory`)
@@ -61,27 +62,26 @@ class MicroBatchBytes:
         return self.activations + self.logits + self.param_copies
 
 
-def from_trace(memory: dict) -> MicroBatchBytes:
+def from_trace(memory: PassMemory) -> MicroBatchBytes:
     """The parts of one pass's `memory` (topoprof/trace/op_trace.py), and its timeline."""
-    kept = memory.get("kept") or {}
-    logits = float(kept.get("after_blocks_bytes", 0))
+    kept = memory.kept
+    logits = float(kept.after_blocks_bytes if kept else 0)
     return MicroBatchBytes(
-        activations=float(memory["activations_bytes"]) - logits, logits=logits,
-        param_copies=float(memory.get("param_copies_bytes", 0)),
-        backward_transient=float(max(memory.get("backward_transient_bytes", 0),
-                                     memory.get("forward_transient_bytes", 0))),
-        rounding=float(max(0, memory.get("rounded_peak_bytes", 0) - memory.get("peak_bytes", 0))),
-        logits_detail=describe_tensors(kept.get("after_blocks_tensors") or []),
-        timeline=from_segments(memory, int(kept.get("blocks", 0))))
+        activations=float(memory.activations_bytes) - logits, logits=logits,
+        param_copies=float(memory.param_copies_bytes),
+        backward_transient=float(max(memory.backward_transient_bytes, memory.forward_transient_bytes)),
+        rounding=float(max(0, memory.rounded_peak_bytes - memory.peak_bytes)),
+        logits_detail=describe_tensors(kept.after_blocks_tensors if kept else []),
+        timeline=from_segments(memory, kept.blocks if kept else 0))
 
 
-def describe_tensors(rows: list[dict], largest: int = 3) -> str:
+def describe_tensors(rows: list[KeptTensor], largest: int = 3) -> str:
     """'log_softmax 16382x128256 float32 8.4 GB, mul 2x8192x4096 float32 0.27 GB, ...'."""
-    def one(r):
-        op = r["op"].replace("aten.", "").split(".")[0].lstrip("_")
-        return f"{op} {'x'.join(map(str, r['shape']))} {r['dtype']} {r['bytes'] / 1e9:.3g} GB"
+    def one(r: KeptTensor) -> str:
+        op = r.op.replace("aten.", "").split(".")[0].lstrip("_")
+        return f"{op} {'x'.join(map(str, r.shape))} {r.dtype} {r.bytes / 1e9:.3g} GB"
     shown = [one(r) for r in rows[:largest]]
-    rest = sum(r["bytes"] for r in rows[largest:])
+    rest = sum(r.bytes for r in rows[largest:])
     return ", ".join(shown + ([f"{len(rows) - largest} more {rest / 1e9:.2g} GB"] if rows[largest:] else []))
 
 
