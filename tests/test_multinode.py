@@ -62,7 +62,7 @@ def test_network_level_reaches_the_shaped_rate(link):
 
 
 def test_validate_across_the_link_measures_and_predicts_both_modes(link):
-    doc = _torchrun_pair(link, 29632, ["validate", "--params", "1M", "--micro-batch", "4", "--accum", "4",
+    doc = _torchrun_pair(link, 29632, ["validate", "--params", "1M", "--micro-batch", "1", "--accum", "4",
                                        "--steps", "4", "--warmup-steps", "1", "--no-numerics", "--json"], timeout_s=600)
     modes = doc["modes"]
     for mode in ("ddp_synced", "ddp_no_sync"):
@@ -70,7 +70,9 @@ def test_validate_across_the_link_measures_and_predicts_both_modes(link):
         # A factor of two either way only a broken model or loop reaches; how close the
         # prediction comes is a benchmark (tests/benchmarks/bench_validate.py), not a test.
         assert m["measured_step_s"] > 0 and 0.5 <= m["predicted_step_s"] / m["measured_step_s"] <= 2.0, (mode, m)
-    # Not a close call: K-1 fewer 4 MB all-reduces over a 1 Gbit/s link (~30 ms each).
+    # Not a close call: K-1 fewer 4 MB all-reduces over a 1 Gbit/s link (~30 ms each), at micro-batch 1,
+    # where each micro-batch's compute (~20 ms on two idle CPU cores) is small beside them: a loaded machine
+    # slows the compute, not the shaped link.
     assert modes["ddp_no_sync"]["measured_step_s"] < modes["ddp_synced"]["measured_step_s"]
     assert modes["ddp_no_sync"]["predicted_step_s"] < modes["ddp_synced"]["predicted_step_s"]
 
