@@ -18,6 +18,7 @@ sits below both and imports nothing of torch.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from dataclasses import dataclass, field
@@ -70,7 +71,12 @@ def encode(msg: Message) -> dict:
 
 
 def _fields_written(record: Any) -> dict:
-    return {name: _write(getattr(record, name)) for name in _plan(type(record)).names}
+    """A record's fields: those declared a record, a message or a list of them written as such, and
+    any other holding a record (a message's field declared a dict, say); the rest as they are."""
+    plan = _plan(type(record))
+    readers = plan.readers
+    return {name: _write(value) if name in readers or _is_dataclass(value) else value
+            for name, value in zip(plan.names, plan.values(record))}
 
 
 def _write(value: Any) -> Any:
@@ -101,8 +107,10 @@ class _Plan:
     reader for each field declared a record, a message or a list of them (read once a class)."""
 
     names: tuple[str, ...]
+    name_set: frozenset[str]
     required: frozenset[str]
     readers: dict[str, Reader]
+    values: Callable[[Any], tuple]      # a record's field values, in `names`' order
 
 
 _PLANS: dict[type, _Plan] = {}
@@ -114,19 +122,31 @@ def _plan(cls: type) -> _Plan:
         fields = dataclasses.fields(cls)
         hints = typing.get_type_hints(cls)
         readers = {f.name: reader for f in fields if (reader := _reader(hints[f.name])) is not None}
-        plan = _PLANS[cls] = _Plan(tuple(f.name for f in fields), frozenset(
+        names = tuple(f.name for f in fields)
+        plan = _PLANS[cls] = _Plan(names, frozenset(names), frozenset(
             f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING),
-            readers)
+            readers, _getter(names))
     return plan
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple]:
+    """A record's values of `names`, as a tuple (attrgetter's, which gives one name's value bare)."""
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    return lambda record: tuple(getattr(record, name) for name in names)
 
 
 def _read_record(cls: type, body: dict, what: str) -> Any:
     """A record of `cls` (a message's body, or a record inside one) from its fields as written."""
     plan = _plan(cls)
-    unknown, missing = sorted(body.keys() - set(plan.names)), sorted(plan.required - body.keys())
-    if unknown or missing:
-        raise MessageError(f"{what} does not match this topoprof's: unknown fields {unknown}, missing fields {missing}")
+    if body.keys() != plan.name_set:  # some field left at its default, or not ours
+        unknown, missing = sorted(body.keys() - plan.name_set), sorted(plan.required - body.keys())
+        if unknown or missing:
+            raise MessageError(f"{what} does not match this topoprof's: unknown fields {unknown}, "
+                               f"missing fields {missing}")
     readers = plan.readers
+    if not readers:
+        return cls(**body)
     return cls(**{name: readers[name](value, f"{what}'s {name}") if name in readers and value is not None else value
                   for name, value in body.items()})
 
