@@ -71,11 +71,10 @@ def encode(msg: Message) -> dict:
 
 
 def _fields_written(record: Any) -> dict:
-    """A record's fields: those declared a record, a message or a list of them written as such, and
-    any other holding a record (a message's field declared a dict, say); the rest as they are."""
+    """A record's fields, a record or a list holding records among them written as such (by what
+    they hold, not what they are declared: writing reads no type hints); the rest as they are."""
     plan = _plan(type(record))
-    readers = plan.readers
-    return {name: _write(value) if name in readers or _is_dataclass(value) else value
+    return {name: _write(value) if isinstance(value, list) or _is_dataclass(value) else value
             for name, value in zip(plan.names, plan.values(record))}
 
 
@@ -103,30 +102,39 @@ Reader = Callable[[Any, str], Any]
 
 @dataclass(frozen=True)
 class _Plan:
-    """How a record class is written and read: its fields in order, those it requires, and a
-    reader for each field declared a record, a message or a list of them (read once a class)."""
+    """How a record class is written and read: its fields in order and those it requires (read
+    once a class)."""
 
     names: tuple[str, ...]
     name_set: frozenset[str]
     required: frozenset[str]
-    readers: dict[str, Reader]
     values: Callable[[Any], tuple]      # a record's field values, in `names`' order
 
 
 _PLANS: dict[type, _Plan] = {}
+_READERS: dict[type, dict[str, Reader]] = {}
 
 
 def _plan(cls: type) -> _Plan:
     plan = _PLANS.get(cls)
     if plan is None:
         fields = dataclasses.fields(cls)
-        hints = typing.get_type_hints(cls)
-        readers = {f.name: reader for f in fields if (reader := _reader(hints[f.name])) is not None}
         names = tuple(f.name for f in fields)
         plan = _PLANS[cls] = _Plan(names, frozenset(names), frozenset(
             f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING),
-            readers, _getter(names))
+            _getter(names))
     return plan
+
+
+def _readers(cls: type) -> dict[str, Reader]:
+    """A reader for each field of a record class declared a record, a message or a list of them
+    (from its type hints, read once a class)."""
+    readers = _READERS.get(cls)
+    if readers is None:
+        hints = typing.get_type_hints(cls)
+        readers = _READERS[cls] = {f.name: reader for f in dataclasses.fields(cls)
+                                   if (reader := _reader(hints[f.name])) is not None}
+    return readers
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple]:
@@ -144,7 +152,7 @@ def _read_record(cls: type, body: dict, what: str) -> Any:
         if unknown or missing:
             raise MessageError(f"{what} does not match this topoprof's: unknown fields {unknown}, "
                                f"missing fields {missing}")
-    readers = plan.readers
+    readers = _readers(cls)
     if not readers:
         return cls(**body)
     return cls(**{name: readers[name](value, f"{what}'s {name}") if name in readers and value is not None else value
@@ -159,7 +167,7 @@ def _reader(hint: Any) -> Reader | None:
         def one(value: Any, what: str) -> Any:
             if not isinstance(value, dict):
                 return value
-            if message_too and kind_of(value) is not None:
+            if message_too and kind_of(value) is not None and (record is None or "type" not in _plan(record).name_set):
                 return decode(value)
             return value if record is None else _read_record(record, value, what)
         return one
