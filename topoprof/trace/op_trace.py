@@ -574,12 +574,12 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             if for_target is not None and hf is not None and hf.price_as_flash:  # flash_attention_2, built as sdpa
                 for_target = {**for_target, "attention": "flash"}
             batch = resized(batch, shape, stated, resize_from)
-            if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them
-                module = module.to(AUTOCAST_DTYPES[for_target["precision"]])
             unit = blocks
             built["block_list"] = blocks or find_block_list(module)  # what FSDP wraps block by block
             if depth is not None:  # its block list named from here on: one block is no list to find
                 unit, built["blocks_of"] = keep_first_blocks(module, blocks, depth)
+            if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them; once cut,
+                module = module.to(AUTOCAST_DTYPES[for_target["precision"]])  # only the blocks kept
             built["params"] = parameter_list(module)
             done = checkpoint_user_model(module, ac, unit) if ac else None
             if done is not None:
