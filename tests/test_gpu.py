@@ -209,8 +209,8 @@ def test_preset_memory_measured_beside_the_count(record_property):
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
     measured = gpt2["memory"]
-    assert measured and all(measured[k] > 0 for k in ("params_bytes", "optimizer_bytes", "activations_bytes",
-                                                      "grads_bytes", "peak_bytes"))
+    assert measured and all(getattr(measured, k) > 0 for k in ("params_bytes", "optimizer_bytes", "activations_bytes",
+                                                               "grads_bytes", "peak_bytes"))
     cluster = Cluster(RingComm(100.0, 3.4, 2), 1, 2)
     compute = Compute(micro_batch_time_s=gpt2["micro_batch_time_s"], gpu=torch.cuda.get_device_name(0))
     counted = predict(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=4096), compute, cluster))

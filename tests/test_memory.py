@@ -15,6 +15,7 @@ from topoprof.model.memory import holding
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.memory import largest_group_params
 from topoprof.model.strategies.predict import predict
+from topoprof.specs.messages import StepMemory
 
 N = 1_000_000_000
 
@@ -179,8 +180,8 @@ def test_memory_a_gpu_measured_replaces_the_count():
 
     layout = get_preset("gpt2")
     n = layout.params
-    measured = {"device": "cuda:0", "params_bytes": 4 * n, "optimizer_bytes": 8 * n, "grads_bytes": 4 * n,
-                "activations_bytes": 3e9, "peak_bytes": 5e9}
+    measured = StepMemory("cuda:0", params_bytes=4 * n, optimizer_bytes=8 * n, activations_bytes=3_000_000_000,
+                          grads_bytes=4 * n, peak_bytes=5_000_000_000)
     work = Workload(layout, tokens_per_micro_batch=1024, measured_memory=measured)
     pred = predict(ModelInputs(work, Compute(gpu="h100-sxm", micro_batch_time_s=0.1),
                                Cluster(RingComm(370.0, 3.4, 2), 1, 2)))

@@ -31,6 +31,8 @@ from topoprof.specs.messages import (
     RankError,
     SleepJob,
     SleepStep,
+    StepMemory,
+    TimedPass,
     TraceFailure,
     TrainingCalibration,
     TrainingJob,
@@ -87,7 +89,8 @@ EXAMPLES: list[Message] = [
     PhasesJob([phase("bench", "collectives", CollectivesJob(["all_reduce"], [8], 3, 1, "float32", "avg"))]),
     SleepJob(5, 0.5, 1, 2, "hang"),
     UserModelResult(UserModelRecord("model.py:build", "cpu", [{"name": "w", "shape": [2, 2]}], samples=4,
-                                    ready=[[0, 1.0]], passes=[{"forward_s": 0.1, "backward_s": 0.2}],
+                                    ready=[[0, 1.0]], passes=[TimedPass(0.1, 0.2, [[0, 1.0]])],
+                                    memory=StepMemory("cuda:0", 16, 32, 64, 16, 128),
                                     op_trace=TraceFailure("on meta, boom"))),
     OpTraceResult(TRACE),
     OpTracesResult([TracedPass([]), TRACE, TraceFailure("on meta, boom", params=[{"name": "w"}])]),
@@ -161,7 +164,7 @@ def test_a_record_inside_a_message_comes_back_typed_and_its_fields_are_checked()
     back = decode(json.loads(json.dumps(encode(msg))))
     assert isinstance(back, UserModelResult) and isinstance(back.record, UserModelRecord) and back.record.timed
     wire = encode(msg)
-    with pytest.raises(MessageError, match=r"'user_model' \(version 3\)'s record does not match this topoprof's: "
+    with pytest.raises(MessageError, match=r"'user_model' \(version 4\)'s record does not match this topoprof's: "
                                            r"unknown fields \['colour'\]"):
         decode({**wire, "record": {**wire["record"], "colour": "red"}})
     # the records of a trace, each wherever it sits in a list, come back typed and checked the same

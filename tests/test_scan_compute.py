@@ -7,7 +7,7 @@ import pytest
 from topoprof.measure.fit import Fit
 from topoprof.model.inputs import scan as scan_predictions
 from topoprof.scan.options import ScanOptions
-from topoprof.specs.messages import UserModelRecord
+from topoprof.specs.messages import TimedPass, UserModelRecord
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -103,13 +103,13 @@ def test_a_preset_whose_training_state_cannot_fit_is_timed_scaled_at_once(monkey
     def fake_measure(spec, device, precision, optimizer, kwargs, progress=None):
         depths.append(kwargs.get("n_layer"))
         blocks = kwargs.get("n_layer") or 32
-        return UserModelRecord(spec, device, [], passes=[{"total_s": 0.01 * blocks, "backward_s": 0.006 * blocks}] * 3,
+        return UserModelRecord(spec, device, [], passes=[TimedPass(0.004 * blocks, 0.006 * blocks)] * 3,
                                optimizer_s=[0.001 * blocks] * 3)
 
     monkeypatch.setattr(user_model, "gpu_memory_bytes", lambda device: 80 * 2**30)
     monkeypatch.setattr("topoprof.model.inputs.user_model.measure_user_model", fake_measure)
     monkeypatch.setattr(user_model, "user_compute", lambda record: {
-        "micro_batch_time_s": record.passes[0]["total_s"], "backward_fraction": 0.6,
+        "micro_batch_time_s": record.passes[0].forward_s + record.passes[0].backward_s, "backward_fraction": 0.6,
         "optimizer_time_s": record.optimizer_s[0], "source": record.spec})
     result = user_model.measure_preset("llama-7b", 1, 2048, "cuda:0")
     assert depths == [2, 4] and result["scaled"] == [2, 4]  # the whole 7B model was never built

@@ -23,7 +23,7 @@ from topoprof.model.inputs.user_record import (
     user_compute,
     user_layout,
 )
-from topoprof.specs.messages import TraceFailure, UserModelRecord
+from topoprof.specs.messages import TimedPass, TraceFailure, UserModelRecord
 from topoprof.specs.traced_pass import TracedPass
 
 # Its tests share one module fixture of rank launches: one worker runs them all, so the launches
@@ -302,7 +302,7 @@ def test_a_gpu_timing_runs_for_a_minimum_time_and_no_timed_pass_carries_hooks(mo
     def step(hooks=False, memory_phases=False, seconds=0.05):
         clock[0] += seconds
         calls.append((hooks, memory_phases))
-        return {"ready": [[0, 1.0]] if hooks else []}, 0.001
+        return TimedPass(seconds / 3, 2 * seconds / 3, [[0, 1.0]] if hooks else []), 0.001
 
     assert worker._warm_up(step, cuda=True) == [[0, 1.0]]
     assert len(calls) == round(worker.GPU_WARMUP_S / 0.05) + 1 and calls[-1] == (True, False)

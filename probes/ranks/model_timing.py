@@ -31,7 +31,14 @@ from dataclasses import replace
 
 import torch
 
-from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure
+from topoprof.specs.messages import (
+    StepMemory,
+    TimedPass,
+    UserModelJob,
+    UserModelRecord,
+    UserModelResult,
+    WorkerFailure,
+)
 from topoprof.trace.meta_device import has_meta_tensors
 from topoprof.trace.op_trace import resized, shape_kwargs, trace_user_model, with_selective_cost
 from topoprof.zoo.user_blocks import checkpoint_user_model, find_block_list
@@ -61,7 +68,7 @@ def _seconds_between(start, end) -> float:
     return start.elapsed_time(end) / 1e3 if hasattr(start, "elapsed_time") else end - start
 
 
-def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None, hooks: bool = True) -> dict:
+def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=None, hooks: bool = True) -> TimedPass:
     """One forward and backward; with `hooks`, each trainable gradient's ready moment after
     backward starts, on the device's clock (`_stamp`). Without, nothing is added to the backward
     (a hook and an event per tensor are host work of their own on a host-bound model)."""
@@ -90,8 +97,7 @@ def _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler, memory=N
         for h in handles:
             h.remove()
     span = max(_seconds_between(start, end), 1e-12)
-    return {"forward_s": t1 - t0, "backward_s": t2 - t1,
-            "ready": [[i, _seconds_between(start, t) / span] for i, t in ready]}
+    return TimedPass(t1 - t0, t2 - t1, [[i, _seconds_between(start, t) / span] for i, t in ready])
 
 
 def _optimizer(name: str, params: list, device: str):
@@ -159,7 +165,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
     autocast, precision_used, scaler = precision_context(precision, device)
     memory = _MemoryPhases(device)
 
-    def step(hooks: bool = False, memory_phases: bool = False) -> tuple[dict, float]:
+    def step(hooks: bool = False, memory_phases: bool = False) -> tuple[TimedPass, float]:
         module.zero_grad(set_to_none=True)
         memory.begin(record=memory_phases)
         one = _timed_pass(module, batch, loss_fn, params, sync, autocast, scaler,
@@ -200,14 +206,14 @@ def _warm_up(step, cuda: bool) -> list:
         step()
         while time.perf_counter() - start < GPU_WARMUP_S:
             step()
-    return step(hooks=True)[0]["ready"]
+    return step(hooks=True)[0].ready
 
 
-def _timed_passes(step, cuda: bool, repeats: int, say=lambda text: None) -> tuple[list[dict], list[float]]:
+def _timed_passes(step, cuda: bool, repeats: int, say=lambda text: None) -> tuple[list[TimedPass], list[float]]:
     """At least `repeats` timed passes; on a GPU on until GPU_TIMED_S have passed, within
     MAX_PASSES_PER_REPEAT x repeats. The first also reads the memory by phase (the warm-up
     left the optimizer's state and the allocator's blocks in place)."""
-    passes: list[dict] = []
+    passes: list[TimedPass] = []
     optimizer_s: list[float] = []
     limit = repeats * (MAX_PASSES_PER_REPEAT if cuda else 1)
     start = time.perf_counter()
@@ -246,13 +252,13 @@ class _MemoryPhases:
         if self.recording:
             self.at[phase] = self._allocated()
 
-    def parts(self) -> dict | None:
+    def parts(self) -> StepMemory | None:
         if not self.cuda or not {"start", "forward", "backward"} <= set(self.at):
             return None
         start = self.at["start"]
-        return {"device": self.device, "params_bytes": self.weights, "optimizer_bytes": start - self.weights,
-                "activations_bytes": self.at["forward"] - start, "grads_bytes": self.at["backward"] - start,
-                "peak_bytes": self.torch.cuda.max_memory_allocated(self.device)}
+        return StepMemory(self.device, params_bytes=self.weights, optimizer_bytes=start - self.weights,
+                          activations_bytes=self.at["forward"] - start, grads_bytes=self.at["backward"] - start,
+                          peak_bytes=self.torch.cuda.max_memory_allocated(self.device))
 
 
 def _device_memory_bytes(device: str) -> int | None:

@@ -411,6 +411,30 @@ class SleepJob(Message):
 # Results: what a worker sends back.
 
 @dataclass(frozen=True)
+class TimedPass:
+    """One timed forward and backward, in seconds; `ready`: [parameter index, share of the backward
+    done] as each gradient was ready, where the pass hooked them."""
+
+    forward_s: float
+    backward_s: float
+    ready: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One GPU's memory over a timed step, bytes (torch.cuda.memory_allocated before and after each
+    phase): the weights, the optimizer's state, what the forward added, what the backward left (the
+    gradients), and the step's peak (torch.cuda.max_memory_allocated)."""
+
+    device: str
+    params_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    grads_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
 class UserModelRecord:
     """A user's model (or a preset's module) as read: timed by the `user_model` worker
     (probes/ranks/model_timing.py) on `device`, or, for a what-if, only traced (`device` "meta":
@@ -425,11 +449,11 @@ class UserModelRecord:
     samples: int | None = None          # its example batch's (None: its tensors share no first dimension)
     block_list: str | None = None       # the module whose children are its repeated blocks
     ready: list | None = None           # [[param_index, share of backward done], ...] as its gradients were ready
-    passes: list | None = None          # each timed pass: {"forward_s", "backward_s"}
+    passes: list[TimedPass] | None = None
     optimizer_s: list | None = None     # each timed optimizer step, seconds
     optimizer: str | None = None
     precision: str | None = None
-    memory: dict | None = None          # what its timed step held, part by part
+    memory: StepMemory | None = None    # what its timed step held on a GPU, part by part
     checkpointing: dict | None = None   # its blocks as checkpointed, where they were
     # its pass on meta, where one was asked for: the trace, or why it could not be had
     op_trace: TracedPass | TraceFailure | None = None
@@ -445,7 +469,7 @@ class UserModelResult(Message):
     """The user's model as timed and read (its parameters, times, memory; `op_trace` when asked)."""
 
     KIND: ClassVar[str] = "user_model"
-    VERSION: ClassVar[int] = 3  # 3: its pass on meta is a TracedPass
+    VERSION: ClassVar[int] = 4  # 3: its pass on meta is a TracedPass; 4: its timed passes and memory typed
 
     record: UserModelRecord
 

@@ -233,11 +233,11 @@ def user_compute(record: UserModelRecord) -> dict:
     """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
     passes, optimizer_s = record.passes, record.optimizer_s
     assert passes and optimizer_s, "a record timed here: only a timed record has a measured compute"
-    total = [p["forward_s"] + p["backward_s"] for p in passes]
+    total = [p.forward_s + p.backward_s for p in passes]
     where = (f"measured on {record.device} ({record.precision or 'fp32'}, {record.optimizer or 'AdamW'}), "
              f"{len(passes)} repeats, median")
     return {"memory": record.memory, "micro_batch_time_s": statistics.median(total),
-            "backward_fraction": statistics.median(p["backward_s"] / t for p, t in zip(passes, total)),
+            "backward_fraction": statistics.median(p.backward_s / t for p, t in zip(passes, total)),
             "optimizer_time_s": statistics.median(optimizer_s),
             "source": f"{record.spec}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
             "device_name": record.device_name, "device_memory_bytes": record.device_memory_bytes}

@@ -11,6 +11,7 @@ from topoprof.model.comm.collectives import CommModel, HierarchicalComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.ddp.buckets import ddp_bucket_limits
 from topoprof.model.memory.traced import TracedMemory
+from topoprof.specs.messages import StepMemory
 from topoprof.workload.checkpointing import Checkpointing
 from topoprof.workload.layout import Layout
 from topoprof.workload.presets import get_preset, synthetic_layout
@@ -43,7 +44,7 @@ class Workload:
     dp_output_bytes: int = 0  # per GPU, gathered to GPU 0 by DataParallel (0 = a small loss)
     activation_memory_gb: float | None = None  # per GPU per micro-batch, when the user knows it
     # One GPU's memory by phase over a timed step of this model (probes/ranks/model_timing.py), if any
-    measured_memory: dict | None = None
+    measured_memory: StepMemory | None = None
     # FSDP's MixedPrecisionPolicy: bytes per all-gathered parameter (param_dtype; None: the
     # parameters' own, param_bytes) and per reduced gradient (reduce_dtype; None: param_dtype's,
     # as torch reduces in the compute dtype then, _fsdp_api.py MixedPrecisionPolicy)

@@ -236,19 +236,19 @@ def _measured_memory(work: Workload, counted):
     to them as to counted ones), the activations as measured; None without a measurement."""
 
     m = work.measured_memory
-    if not m or work.layout.params <= 0:
+    if m is None or work.layout.params <= 0:
         return None
     n = work.layout.params
 
-    def per(key: str) -> float:
-        return max(0.0, m[key]) / n
+    def per(nbytes: int) -> float:
+        return max(0.0, nbytes) / n
 
     # the measured activations hold the logits and autocast's copies: nothing of a count beside them
-    model = changed(counted, param_bytes=per("params_bytes"), grad_bytes=per("grads_bytes"),
-                    optimizer_state_bytes=per("optimizer_bytes"), activations=max(0.0, m["activations_bytes"]),
+    model = changed(counted, param_bytes=per(m.params_bytes), grad_bytes=per(m.grads_bytes),
+                    optimizer_state_bytes=per(m.optimizer_bytes), activations=max(0.0, m.activations_bytes),
                     micro_batch=None, fsdp_micro_batch=None)
-    return model, (f"measured on {m['device']} (torch.cuda.memory_allocated before and after each phase of a "
-                   f"timed step; its peak {m['peak_bytes'] / holding.GB:.1f} GB)")
+    return model, (f"measured on {m.device} (torch.cuda.memory_allocated before and after each phase of a "
+                   f"timed step; its peak {m.peak_bytes / holding.GB:.1f} GB)")
 
 
 def _optimizer_name(name: str) -> str:
