@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PHASES = ("forward", "backward")
-
 
 @dataclass(frozen=True, slots=True)
 class TracedOp:
@@ -35,11 +33,6 @@ class TracedOp:
     writes: list[list[int]] | None = None
     fused_kinds: list[str] | None = None    # a fused kernel's members' memory kinds
     fused_ops: int = 0                      # how many ops a fused kernel stands for
-
-    @property
-    def runs_in_forward(self) -> bool:
-        """Run as a forward runs it: in the forward, or recomputed in the backward."""
-        return self.phase == "forward" or self.recompute
 
 
 @dataclass(frozen=True, slots=True)

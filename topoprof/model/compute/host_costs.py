@@ -167,7 +167,7 @@ def compiled_host_seconds(trace: TracedPass, costs: HostCosts, end: str) -> list
     """The host's seconds for each kernel of a fused trace (`fusion.fuse`): a launch each, and the
     graph's call on the first kernel of each phase (module docstring)."""
     out, started = [], set()
-    leaves = (trace.autograd_leaves or 0)
+    leaves = trace.autograd_leaves or 0
     k = costs.kinds
     for op in trace.ops:
         if op.view:

@@ -108,7 +108,7 @@ def modelled_fields(trace: TracedPass, pricing: Pricing, note: str | None = None
     pricer, chosen_notes = pricing.pricer, pricing.notes
     result = roofline(trace, pricer)
     fast, middle, slow = result.seconds
-    shape = (trace.shape or "its example batch")
+    shape = trace.shape or "its example batch"
     how = ("per op the rate a device profile measured for its kind and size" if hasattr(pricer, "profile") else
            "per op the larger of FLOPs over peak x efficiency and bytes over bandwidth")
     basis = f"{result.kernels} kernels of its op trace at {shape} on {result.device}, {how}, and a host cost per op"

@@ -24,12 +24,6 @@ from typing import Any
 from topoprof.model.inputs.candidates import SAMPLES
 from topoprof.specs.traced_pass import TracedPass
 
-# What a pass extended does not take from the counts (the module docstring says why of each), left
-# empty: the pass's own description and its memory; the host cost of selective checkpointing,
-# copied from the pass that checked the line. Its ready fractions are made anew from the extended
-# backward FLOPs.
-NOT_COUNTS = {"shape": "", "memory": None, "selective_checkpoint": None}
-
 Key = tuple[str, int, int]  # (traced checkpointing mode, samples, depth), as the candidates key their passes
 
 
@@ -84,9 +78,11 @@ def same_counts(extended: TracedPass, traced: TracedPass) -> bool:
 
 
 def counts_of(traced: TracedPass) -> TracedPass:
-    """What a pass extended holds of a pass traced: its counts and what is recomputed from them
-    (`NOT_COUNTS` left empty)."""
-    return replace(traced, **NOT_COUNTS)  # type: ignore[arg-type]
+    """What a pass extended holds of a pass traced: its counts and what is recomputed from them.
+    Left empty, what it does not take from the counts (the module docstring says why of each): the
+    pass's own description and its memory, and the host cost of selective checkpointing, copied
+    from the pass that checked the line."""
+    return replace(traced, shape="", memory=None, selective_checkpoint=None)
 
 
 def checks(keys: list[Key], known: dict[Key, TracedPass]) -> dict[str, int]:
