@@ -175,11 +175,11 @@ def test_user_model_timed_on_cuda_under_each_precision(record_property):
         assert record.precision == (f"{precision} autocast" if precision != "fp32" else "fp32")
         assert record.optimizer.startswith("AdamW")
         compute = user_compute(record)
-        assert compute["micro_batch_time_s"] > 0 and compute["optimizer_time_s"] > 0
+        assert compute.micro_batch_time_s > 0 and compute.optimizer_time_s > 0
         layout = user_layout(record)
         buckets[precision] = tuple(tuple(b.tensor_indices) for b in ddp_buckets(layout, 4))
         assert sorted(i for b in buckets[precision] for i in b) == list(range(len(layout.tensors)))
-        record_property(f"{precision}_fwd_bwd_ms", round(compute["micro_batch_time_s"] * 1e3, 3))
+        record_property(f"{precision}_fwd_bwd_ms", round(compute.micro_batch_time_s * 1e3, 3))
     assert buckets["bf16"] == buckets["fp16"]
 
 
@@ -189,13 +189,13 @@ def test_presets_timed_on_cuda_and_a_too_large_one_scaled(record_property):
     from topoprof.model.inputs.user_model import measure_preset
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
-    assert gpt2["scaled"] is None and gpt2["micro_batch_time_s"] > 0
-    record_property("gpt2_4x1024_bf16_ms", round(gpt2["micro_batch_time_s"] * 1e3, 2))
+    assert gpt2.scaled is None and gpt2.micro_batch_time_s > 0
+    record_property("gpt2_4x1024_bf16_ms", round(gpt2.micro_batch_time_s * 1e3, 2))
     memory = torch.cuda.get_device_properties(0).total_memory
     if memory < 7e9 * 16:
         llama = measure_preset("llama-7b", 1, 1024, "cuda:0")
-        assert llama["scaled"] == [2, 4] and "extended linearly to 32" in llama["source"]
-        record_property("llama7b_1x1024_scaled_ms", round(llama["micro_batch_time_s"] * 1e3, 2))
+        assert llama.scaled == (2, 4) and "extended linearly to 32" in llama.source
+        record_property("llama7b_1x1024_scaled_ms", round(llama.micro_batch_time_s * 1e3, 2))
 
 
 def test_preset_memory_measured_beside_the_count(record_property):
@@ -208,11 +208,11 @@ def test_preset_memory_measured_beside_the_count(record_property):
     from topoprof.model.strategies.predict import predict
 
     gpt2 = measure_preset("gpt2", 4, 1024, "cuda:0")
-    measured = gpt2["memory"]
+    measured = gpt2.memory
     assert measured and all(getattr(measured, k) > 0 for k in ("params_bytes", "optimizer_bytes", "activations_bytes",
                                                                "grads_bytes", "peak_bytes"))
     cluster = Cluster(RingComm(100.0, 3.4, 2), 1, 2)
-    compute = Compute(micro_batch_time_s=gpt2["micro_batch_time_s"], gpu=torch.cuda.get_device_name(0))
+    compute = Compute(micro_batch_time_s=gpt2.micro_batch_time_s, gpu=torch.cuda.get_device_name(0))
     counted = predict(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=4096), compute, cluster))
     timed = predict(ModelInputs(Workload.from_preset("gpt2", tokens_per_micro_batch=4096, measured_memory=measured),
                                 compute, cluster))

@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers.cli import ModelRuns
 from tests.helpers.cli import topoprof as _cli
+from topoprof.model.compute.measured import MeasuredCompute
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 NCCL_TESTS_LOG = os.path.join(FIX, "topo", "22_rtx2080ti-2x-pix-autodl.nccl-tests.txt")
@@ -268,8 +269,7 @@ def test_an_image_preset_on_a_gpu_is_timed_with_its_images(monkeypatch):
     def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None,
              ac="none", progress=None):
         asked.append((preset, micro_batch, seq_len, device, precision, image_size))
-        return {"micro_batch_time_s": 0.2, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
-                "source": f"{preset}: measured on {device}", "scaled": None}
+        return MeasuredCompute(0.2, 0.66, 0.01, f"{preset}: measured on {device}")
 
     for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.user_model"):
         monkeypatch.setattr(f"{where}.visible_gpus", lambda: [0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from topoprof.measure.fit import Fit
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.inputs import scan as scan_predictions
 from topoprof.scan.options import ScanOptions
 from topoprof.specs.messages import TimedPass, UserModelRecord
@@ -24,9 +25,8 @@ def timed(monkeypatch):
 
     def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None, ac="none"):
         calls.append((preset, micro_batch, seq_len, device) + ((image_size,) if image_size else ()))
-        scaled = [2, 4] if preset == "llama-7b" else None
-        return {"micro_batch_time_s": 0.03, "backward_fraction": 0.65, "optimizer_time_s": 0.004,
-                "source": f"{preset}: measured on cuda:0, 10 repeats, median", "scaled": scaled}
+        scaled = (2, 4) if preset == "llama-7b" else None
+        return MeasuredCompute(0.03, 0.65, 0.004, f"{preset}: measured on cuda:0, 10 repeats, median", scaled=scaled)
 
     for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.scan"):
         monkeypatch.setattr(f"{where}.measure_preset", fake)
@@ -108,9 +108,8 @@ def test_a_preset_whose_training_state_cannot_fit_is_timed_scaled_at_once(monkey
 
     monkeypatch.setattr(user_model, "gpu_memory_bytes", lambda device: 80 * 2**30)
     monkeypatch.setattr("topoprof.model.inputs.user_model.measure_user_model", fake_measure)
-    monkeypatch.setattr(user_model, "user_compute", lambda record: {
-        "micro_batch_time_s": record.passes[0].forward_s + record.passes[0].backward_s, "backward_fraction": 0.6,
-        "optimizer_time_s": record.optimizer_s[0], "source": record.spec})
+    monkeypatch.setattr(user_model, "user_compute", lambda record: MeasuredCompute(
+        record.passes[0].forward_s + record.passes[0].backward_s, 0.6, record.optimizer_s[0], record.spec))
     result = user_model.measure_preset("llama-7b", 1, 2048, "cuda:0")
-    assert depths == [2, 4] and result["scaled"] == [2, 4]  # the whole 7B model was never built
-    assert result["micro_batch_time_s"] == pytest.approx(0.32)  # 2 -> 4 blocks extended to 32
+    assert depths == [2, 4] and result.scaled == (2, 4)  # the whole 7B model was never built
+    assert result.micro_batch_time_s == pytest.approx(0.32)  # 2 -> 4 blocks extended to 32

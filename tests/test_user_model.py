@@ -95,9 +95,9 @@ def test_buckets_equal_torch_rebuilt_buckets(record, bucket_cap_mb):
 
 def test_measured_compute_is_positive_with_its_source(record):
     compute = user_compute(record)
-    assert compute["micro_batch_time_s"] > 0 and compute["optimizer_time_s"] > 0
-    assert 0 < compute["backward_fraction"] < 1
-    assert "measured on cpu (fp32, AdamW), 2 repeats" in compute["source"]
+    assert compute.micro_batch_time_s > 0 and compute.optimizer_time_s > 0
+    assert 0 < compute.backward_fraction < 1
+    assert "measured on cpu (fp32, AdamW), 2 repeats" in compute.source
 
 
 @pytest.mark.parametrize("spec, says", [

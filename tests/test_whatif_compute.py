@@ -14,6 +14,7 @@ import pytest
 from tests.helpers.cli import ModelRuns
 from tests.helpers.cli import topoprof as _cli
 from tests.helpers.profiles import GRID, HOST, profile_doc
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.report.scan_report import read_scan_parts
 from topoprof.specs.messages import TraceFailure
 
@@ -294,8 +295,7 @@ def _fake_timing(monkeypatch, seconds=0.05):
     def fake(preset, micro_batch, seq_len, device, precision="bf16", optimizer="adamw", image_size=None,
              ac="none", progress=None):
         asked.append((preset, micro_batch, seq_len))
-        return {"micro_batch_time_s": seconds, "backward_fraction": 0.66, "optimizer_time_s": 0.01,
-                "source": f"{preset}: measured on {device}", "scaled": None, "device_name": H100}
+        return MeasuredCompute(seconds, 0.66, 0.01, f"{preset}: measured on {device}", device_name=H100)
 
     for where in ("topoprof.model.inputs.gather", "topoprof.model.inputs.scan"):
         monkeypatch.setattr(f"{where}.measure_preset", fake)

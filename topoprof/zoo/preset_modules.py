@@ -11,7 +11,7 @@ family (LLaMA 1 7B, Llama 2 13B and 70B, Llama 3 8B and 70B: grouped-query atten
 RMSNorm, rotary embedding, untied head) is `topoprof/zoo/llama.py`, from the published configs.
 
 `n_layer` builds fewer blocks: a model too large for one GPU is timed at two depths and
-extrapolated linearly in the block count (`topoprof/model/scaled.py`).
+extrapolated linearly in the block count (`topoprof/model/compute/measured.py`).
 
 The vision presets are torchvision's ResNet and ResNeXt (`torchvision/models/resnet.py`,
 github.com/pytorch/vision; the layout in `topoprof/model/vision.py`), written out here without

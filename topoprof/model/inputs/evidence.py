@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topoprof.model.compute.datasheet import NamedGpu
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
@@ -62,7 +63,7 @@ class Evidence:
     profile: DeviceProfile | None = None
     calibration: dict | None = None
     user: UserModelRun | None = None
-    preset_timed: dict | None = None  # a preset timed at its real size on this machine's GPU
+    preset_timed: MeasuredCompute | None = None  # a preset timed at its real size on this machine's GPU
     main_trace: MainTrace | None = None
     traced_memory: TracedMemory | str | None = None  # str: why those passes failed
     user_blocks: int | None = None  # a user's model's alike blocks, where its passes were cut to them

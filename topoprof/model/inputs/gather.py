@@ -20,6 +20,7 @@ from topoprof.jsonio import load_json
 from topoprof.measure.runner import visible_gpus
 from topoprof.model.comm import links
 from topoprof.model.compute.datasheet import NamedGpu, named_gpu
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.profile import DeviceProfile, load_profile
 from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import CALIBRATION_KEYS
@@ -82,7 +83,7 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     elif w.preset and not compute.given and this_gpu_predicted(compute):
         timed = _preset_on_this_gpu(w, compute, say)
     # the GPU predicted: named (--gpu, or a --gpu-profile's device), else the one a preset was timed on
-    gpu = compute.named or named_gpu((timed or {}).get("device_name"))
+    gpu = compute.named or named_gpu(timed.device_name if timed is not None else None)
     memory_wanted = (gpu is not None and request.memory.activation_memory_gb is None
                      and not _measured_memory_stands(user, compute))
     memory_target = gpu_target(compute.precision, gpu) if memory_wanted else None
@@ -121,7 +122,7 @@ def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRu
 
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
-                   timed: dict | None, memory_target: dict | None, say: Progress
+                   timed: MeasuredCompute | None, memory_target: dict | None, say: Progress
                    ) -> tuple[MainTrace | None, MemoryPasses | None]:
     """A preset's or `--params` model's main pass (`main_trace_wanted`) for the GPU predicted and
     the passes its memory is counted from for `memory_target` (None: not wanted), in one worker
@@ -207,7 +208,7 @@ def _stated_micro_batch(w: WorkloadRequest) -> int | None:
     return w.micro_batch_size if w.micro_batch_stated else None
 
 
-def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, say: Progress) -> dict | None:
+def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, say: Progress) -> MeasuredCompute | None:
     """A preset timed at its real size on this machine's first GPU; None without a GPU (the
     datasheet estimate, or the user's own figures, then stand in)."""
     if not visible_gpus():
@@ -225,11 +226,11 @@ def _preset_on_this_gpu(w: WorkloadRequest, compute: ComputeRequest, say: Progre
     return measure_preset(preset, sequences, seq_len, "cuda:0", compute.precision, compute.optimizer, ac=ac, **more)
 
 
-def main_trace_wanted(compute: ComputeRequest, timed: dict | None) -> bool:
+def main_trace_wanted(compute: ComputeRequest, timed: MeasuredCompute | None) -> bool:
     """A preset's or `--params` compute is priced from its own ops as the compute where nothing
     measured it on a --gpu what-if, or beside the time measured on this GPU; not where the compute
     is given, calibrated, timed here or a utilization is given."""
-    timed_gpu = (timed or {}).get("device_name")
+    timed_gpu = timed.device_name if timed is not None else None
     what_if = (timed is None and not compute.given and compute.utilization is None  # a timing here fills it
                and (compute.gpu is not None or compute.gpu_profile is not None))
     return not (compute.gpu is None and timed_gpu is None and compute.gpu_profile is None) and \
@@ -237,11 +238,11 @@ def main_trace_wanted(compute: ComputeRequest, timed: dict | None) -> bool:
 
 
 def _main_request(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
-                  gpu: NamedGpu | None, timed: dict | None) -> TraceRequest | MainTrace | None:
+                  gpu: NamedGpu | None, timed: MeasuredCompute | None) -> TraceRequest | MainTrace | None:
     """What the main pass `main_trace_wanted` asks for traces, why it cannot be run, or None."""
     if not main_trace_wanted(compute, timed):
         return None
-    if (timed or {}).get("device_name") is not None and profile is None and gpu is not None and gpu.row is None:
+    if timed is not None and timed.device_name is not None and profile is None and gpu is not None and gpu.row is None:
         return MainTrace(why=f"{gpu.name} is not in the datasheet table")
     ac = w.checkpointing.text
     request: TraceRequest | str = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from topoprof.errors import InputError
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.fsdp.plan import fsdp_plan
@@ -98,7 +99,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
             compute, origins = _measured(compute, _timing(read))
     elif user.timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
         notes.append(_timed_elsewhere_note(_timing(read), record, compute.gpu))
-    memory = _memory_of_the_timed_gpu(memory, compute, read.measured or {}, origins)
+    memory = _memory_of_the_timed_gpu(memory, compute, read.measured, origins)
     # measured here: the model beside it
     if user.timed and not modelled and why is None and record.device.startswith("cuda"):
         modelled, why = priced(record.op_trace, evidence.pricing)
@@ -107,7 +108,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     return _Completed(workload, compute, memory, origins, notes, modelled)
 
 
-def _timing(read: UserModelRead) -> dict:
+def _timing(read: UserModelRead) -> MeasuredCompute:
     """The timing of a model timed here (its record has one)."""
     assert read.measured is not None
     return read.measured
@@ -136,10 +137,10 @@ def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
     timed = evidence.preset_timed
     if timed is not None:
         compute, origins = _measured(compute, timed)
-        if timed.get("memory"):  # timed whole on this GPU: its memory too
-            workload = replace(workload, measured_memory=timed["memory"])
+        if timed.memory:  # timed whole on this GPU: its memory too
+            workload = replace(workload, measured_memory=timed.memory)
         memory = _memory_of_the_timed_gpu(memory, compute, timed, origins)
-    timed_gpu = (timed or {}).get("device_name")
+    timed_gpu = timed.device_name if timed is not None else None
     main, why = evidence.main_trace, None
     modelled: dict = {}
     if main is not None:
@@ -173,8 +174,8 @@ def _param_count(w: WorkloadRequest) -> int:
     return count
 
 
-def _timed_elsewhere_note(measured: dict, record: UserModelRecord, gpu: str | None) -> str:
-    return (f"timed here (--time-here): {measured['micro_batch_time_s'] * 1e3:,.1f} ms per micro-batch on "
+def _timed_elsewhere_note(measured: MeasuredCompute, record: UserModelRecord, gpu: str | None) -> str:
+    return (f"timed here (--time-here): {measured.micro_batch_time_s * 1e3:,.1f} ms per micro-batch on "
             f"{record.device_name or record.device}, this machine, not the {gpu} predicted: not used")
 
 
@@ -185,27 +186,26 @@ def _need_tokens_for_the_datasheet(w: WorkloadRequest, compute: ComputeRequest, 
                          "that stands in needs --tokens N (tokens per GPU per micro-batch); or give --micro-batch-time")
 
 
-def _measured(compute: ComputeRequest, measured: dict) -> tuple[ComputeRequest, list]:
+def _measured(compute: ComputeRequest, measured: MeasuredCompute) -> tuple[ComputeRequest, list]:
     """The compute request completed with measured values where the user gave none, and where
     each came from."""
     origins, filled = [], {}
     for key in ("micro_batch_time_s", "backward_fraction", "optimizer_time_s"):
         if getattr(compute, key) is None and not compute.calibration:
-            filled[key] = measured[key]
-            origins.append((key, measured["source"]))
+            filled[key] = getattr(measured, key)
+            origins.append((key, measured.source))
     return replace(compute, **filled), origins
 
 
-def _memory_of_the_timed_gpu(memory: MemoryRequest, compute: ComputeRequest, timed: dict,
+def _memory_of_the_timed_gpu(memory: MemoryRequest, compute: ComputeRequest, timed: MeasuredCompute | None,
                              origins: list) -> MemoryRequest:
     """The GPU the compute was timed on, when no other is named: its memory (as CUDA saw it in the
     worker that timed it) is what the strategies must fit in, unless --gpu-memory says otherwise."""
-    total = timed.get("device_memory_bytes")
-    if memory.gpu_memory_gb is not None or compute.gpu is not None or not total:
+    if timed is None or not timed.device_memory_bytes or memory.gpu_memory_gb is not None or compute.gpu is not None:
         return memory
-    origins.append(("gpu_memory_gb", f"{timed.get('device_name') or 'the GPU'}'s memory as CUDA reported it "
+    origins.append(("gpu_memory_gb", f"{timed.device_name or 'the GPU'}'s memory as CUDA reported it "
                                      "where the compute was timed"))
-    return replace(memory, gpu_memory_gb=total / 1e9)
+    return replace(memory, gpu_memory_gb=timed.device_memory_bytes / 1e9)
 
 
 def _compute(compute: ComputeRequest, memory: MemoryRequest, calibration: dict | None, modelled: dict | None = None):

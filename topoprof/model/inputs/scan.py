@@ -19,6 +19,7 @@ from topoprof.errors import InputError
 from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.comm.links import measured_comm
 from topoprof.model.compute.datasheet import named_gpu
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import Compute
@@ -124,7 +125,7 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         why: str | None = None
         if opts.user_record.device.startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
             beside, why = priced(opts.user_record.op_trace, _pricing(opts, gpu_name))
-        return _measured_compute(measured, measured["source"], gpu_name, extra, beside, why)
+        return _measured_compute(measured, measured.source, gpu_name, extra, beside, why)
     preset = timed_preset(opts, size) if time_on_gpu else None
     if preset is not None:
         try:
@@ -172,13 +173,13 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     if is_vision(preset):
         measured = measure_preset(preset, opts.micro_batch_size, None, "cuda:0", image_size=opts.image_size,
                                   ac=opts.checkpointing.text)
-        return _measured_compute(measured, measured["source"], gpu_name, extra,
+        return _measured_compute(measured, measured.source, gpu_name, extra,
                                  *_modelled_beside(preset, opts, None, gpu_name))
     tokens = opts.tokens or DEFAULT_TOKENS
     sequences, seq_len, _ = context_sequences(preset, opts.micro_batch_size, tokens)
     measured = measure_preset(preset, sequences, seq_len, "cuda:0", ac=opts.checkpointing.text)
-    source = measured["source"] + (f"; too large for one GPU: timed at {' and '.join(map(str, measured['scaled']))} "
-                                   "blocks and extended to its depth" if measured.get("scaled") else "")
+    source = measured.source + (f"; too large for one GPU: timed at {' and '.join(map(str, measured.scaled))} "
+                                "blocks and extended to its depth" if measured.scaled else "")
     return _measured_compute(measured, source, gpu_name, extra, *_modelled_beside(preset, opts, tokens, gpu_name))
 
 
@@ -191,13 +192,13 @@ def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None
                         _pricing(opts, gpu_name))
 
 
-def _measured_compute(measured: dict, source: str, gpu_name: str | None, extra: dict, modelled: dict | None = None,
-                      unpriced: str | None = None):
+def _measured_compute(measured: MeasuredCompute, source: str, gpu_name: str | None, extra: dict,
+                      modelled: dict | None = None, unpriced: str | None = None):
     """Compute from a timing of the model itself (its record from `topoprof.model.inputs.user_model`),
     each timed input carrying where it was measured; `modelled` (the range priced from its ops)
     goes beside it, or the source says why it could not (`unpriced`)."""
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
-    compute = Compute(**{k: measured[k] for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
+    compute = Compute(**{k: getattr(measured, k) for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
                       origins=tuple((k, source) for k in keys))
     return compute, source + (f"; its ops could not be priced beside it ({unpriced})"
                               if not modelled and unpriced else "")

@@ -14,7 +14,7 @@ from topoprof.errors import InputError
 from topoprof.measure.meta_trace import trace_model
 from topoprof.measure.runner import visible_gpus
 from topoprof.measure.user_model import measure_user_model
-from topoprof.model.compute.scaled import scaled_compute
+from topoprof.model.compute.measured import MeasuredCompute, scaled_compute
 from topoprof.model.inputs.request import check_spec
 from topoprof.model.inputs.user_record import ReadyOrder, gpu_key, registration_order, stated_shape, user_compute
 from topoprof.probes.hardware.nvml import query_nvml
@@ -145,9 +145,9 @@ def _out_of_memory(err: Exception) -> bool:
 
 def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: str, precision: str = "bf16",
                    optimizer: str = "adamw", image_size: int | None = None, ac: str = "none",
-                   progress: Callable[[str], None] | None = None, sizes: dict | None = None) -> dict:
+                   progress: Callable[[str], None] | None = None, sizes: dict | None = None) -> MeasuredCompute:
     """A preset built at its real size and timed on `device`; when it does not fit, timed at
-    SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.compute.scaled`), and said so.
+    SCALED_DEPTHS blocks and extended to its depth (`topoprof.model.compute.measured`), and said so.
     A vision preset reads `micro_batch` images of `image_size` (default 224) and no sequence; it
     is always timed whole (the largest, 88.8M parameters, fits any GPU's training state). `sizes`:
     the module's arguments changed (`WorkloadRequest.preset_sizes`)."""
@@ -164,7 +164,7 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
 
         image_size = DEFAULT_IMAGE_SIZE if image_size is None else check_image_size(image_size)
         kwargs = {"preset": preset, "micro_batch": micro_batch, "image_size": image_size}
-        return {**timed(), "scaled": None}
+        return timed()
     if image_size is not None:
         get_preset(preset, image_size)  # a text preset: refused, naming --image-size
     seq_len = seq_len or min(1024, MAX_SEQ_LEN[preset])
@@ -175,9 +175,9 @@ def measure_preset(preset: str, micro_batch: int, seq_len: int | None, device: s
 
     if not _cannot_fit(preset, optimizer, gpu_memory_bytes(device)):
         try:
-            return {**timed(), "scaled": None}
+            return timed()
         except InputError as err:
             if not _out_of_memory(err):
                 raise
     shallow, deep = (timed(n_layer=n) for n in SCALED_DEPTHS)
-    return {**scaled_compute(shallow, deep, SCALED_DEPTHS, PRESET_DEPTH[preset]), "scaled": list(SCALED_DEPTHS)}
+    return scaled_compute(shallow, deep, SCALED_DEPTHS, PRESET_DEPTH[preset])

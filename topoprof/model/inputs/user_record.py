@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
+from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.specs.messages import TraceFailure, UserModelRecord
 from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
@@ -218,7 +219,7 @@ class UserModelRead:
     samples: int | None       # its example batch's (`example_batch_of`)
     micro_batch_note: str     # what it is planned at where no --micro-batch-size was given
     timed_on_gpu: bool        # timed on the GPU predicted, or none is named (`flop_order_reason`)
-    measured: dict | None     # its timing's medians (`user_compute`), where it was timed here
+    measured: MeasuredCompute | None  # its timing's medians (`user_compute`), where it was timed here
 
 
 def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
@@ -229,17 +230,17 @@ def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int
                          user_compute(record) if record.passes else None)
 
 
-def user_compute(record: UserModelRecord) -> dict:
+def user_compute(record: UserModelRecord) -> MeasuredCompute:
     """Measured forward+backward, backward share and optimizer step: medians of the repeats."""
     passes, optimizer_s = record.passes, record.optimizer_s
     assert passes and optimizer_s, "a record timed here: only a timed record has a measured compute"
     total = [p.forward_s + p.backward_s for p in passes]
     where = (f"measured on {record.device} ({record.precision or 'fp32'}, {record.optimizer or 'AdamW'}), "
              f"{len(passes)} repeats, median")
-    return {"memory": record.memory, "micro_batch_time_s": statistics.median(total),
-            "backward_fraction": statistics.median(p.backward_s / t for p, t in zip(passes, total)),
-            "optimizer_time_s": statistics.median(optimizer_s),
-            "source": f"{record.spec}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
-            "device_name": record.device_name, "device_memory_bytes": record.device_memory_bytes}
+    return MeasuredCompute(statistics.median(total),
+                           statistics.median(p.backward_s / t for p, t in zip(passes, total)),
+                           statistics.median(optimizer_s),
+                           f"{record.spec}: {where} (spread {min(total) * 1e3:.1f}..{max(total) * 1e3:.1f} ms)",
+                           record.device_name, record.device_memory_bytes, record.memory)
 
 
