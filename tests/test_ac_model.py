@@ -17,6 +17,7 @@ from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.model.memory.traced import MicroBatchBytes, TracedMemory
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.specs.fsdp_modes import MODES
+from topoprof.specs.traced_pass import TraceTarget
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 from topoprof.workload.presets import get_preset
 
@@ -81,7 +82,7 @@ def _priced(mode: str) -> dict:
 
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
                              {"preset": "llama3-8b", "n_layer": 2, "sizes": SIZES, "ac": mode, "seq_len": 512},
-                             {"device": "cuda", "precision": "bf16"})
+                             TraceTarget("cuda", "bf16"))
     # priced from the H200's profile, scaled: its host costs per op are ranges, and at this size
     # the device's work decides (with a point host cost per op, op's recompute of many small ops
     # under its policy's modes can cost more host time than full's)

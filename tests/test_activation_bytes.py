@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from topoprof.specs.traced_pass import TraceTarget  # noqa: E402
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, shape_kwargs, trace_pass  # noqa: E402
@@ -96,7 +97,7 @@ def measured(spec: str, kwargs: dict, stated: dict, mode: str, container: str | 
     with on_meta():
         module, batch, loss_fn, _ = build_on_meta(spec, stated, kwargs)
         module = _with_ac(module, mode, container)
-        counted = trace_pass(module, batch, loss_fn, list(module.parameters()), {"device": "cpu"})
+        counted = trace_pass(module, batch, loss_fn, list(module.parameters()), TraceTarget("cpu"))
     module, batch, loss_fn = call_user_callable(spec, {**kwargs, **shape_kwargs(load_callable(spec), stated)})
     hooked = saved_activation_bytes(_with_ac(module, mode, container), batch, loss_fn)
     return counted.memory.activations_bytes, hooked.held_bytes
@@ -160,7 +161,7 @@ def test_an_in_place_update_of_a_buffer_allocates_nothing():
 
     with on_meta():
         module, batch = build()
-        counted = trace_pass(module, batch, None, list(module.parameters()), {"device": "cpu"})
+        counted = trace_pass(module, batch, None, list(module.parameters()), TraceTarget("cpu"))
     hooked = saved_activation_bytes(*build())
     assert counted.memory.activations_bytes == hooked.held_bytes
 

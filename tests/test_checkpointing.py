@@ -15,7 +15,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
 from topoprof.model.compute.datasheet import named_gpu  # noqa: E402
-from topoprof.specs.traced_pass import TracedPass  # noqa: E402
+from topoprof.specs.traced_pass import TracedPass, TraceTarget  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
@@ -92,7 +92,7 @@ def _llama_trace(ac: str, target: dict) -> TracedPass:
 
 @pytest.fixture(scope="module")
 def by_mode():
-    return {ac: _llama_trace(ac, {"device": "cuda", "precision": "bf16"}) for ac in ("none", "full", "layer:2", "op")}
+    return {ac: _llama_trace(ac, TraceTarget("cuda", "bf16")) for ac in ("none", "full", "layer:2", "op")}
 
 
 def _recomputed(trace: TracedPass) -> Counter:
@@ -127,7 +127,7 @@ def test_a_70b_preset_traces_under_every_mode_on_meta():
     for ac in ("full", "op"):
         trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 1, "seq_len": 64},
                                  {"preset": "llama2-70b", "n_layer": 2, "ac": ac},
-                                 {"device": "cuda", "precision": "bf16"})
+                                 TraceTarget("cuda", "bf16"))
         assert isinstance(trace, TracedPass) and trace.totals.recompute.flops > 0
         assert sum(torch.Size(p["shape"]).numel() for p in trace.params) == \
             2 * config.vocab_size * config.hidden + config.hidden + 2 * (

@@ -13,7 +13,7 @@ from topoprof.model.compute.fusion import fuse
 from topoprof.model.compute.host_costs import compiled_host_seconds
 from topoprof.model.compute.profile_choice import pricer_for
 from topoprof.model.compute.roofline import roofline
-from topoprof.specs.traced_pass import TracedOp, TracedPass
+from topoprof.specs.traced_pass import TracedOp, TracedPass, TraceTarget
 
 
 def _op(name, phase, reads, writes, flops=0, **more):
@@ -25,7 +25,7 @@ def _op(name, phase, reads, writes, flops=0, **more):
 def _trace():
     """A block's matmul, residual add, layer norm, cast, next matmul; then the norm's backward,
     which reads the add's output and the norm's statistics (saved for it)."""
-    return TracedPass(target={"device": "cuda", "precision": "bf16"}, autograd_nodes=4, autograd_leaves=2, ops=[
+    return TracedPass(target=TraceTarget("cuda", "bf16"), autograd_nodes=4, autograd_leaves=2, ops=[
         _op("aten.mm.default", "forward", [[1, 50], [2, 20]], [[10, 100]], flops=10**6, shapes=[[10, 10], [10, 10]]),
         _op("aten.add.Tensor", "forward", [[10, 100], [11, 100]], [[12, 100]]),
         _op("aten.native_layer_norm.default", "forward", [[12, 100], [13, 4]], [[14, 100], [15, 1], [16, 1]]),

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
-from topoprof.specs.traced_pass import TracedPass  # noqa: E402
+from topoprof.specs.traced_pass import TracedPass, TraceTarget  # noqa: E402
 from topoprof.trace.activation_bytes import saved_activation_bytes  # noqa: E402
 from topoprof.trace.meta_device import on_meta  # noqa: E402
 from topoprof.trace.op_trace import build_on_meta, repeated_blocks, trace_pass, trace_user_model  # noqa: E402
@@ -22,8 +22,8 @@ from topoprof.zoo.preset_modules import _next_token_loss, build  # noqa: E402
 PRESETS = "topoprof.zoo.preset_modules:build"
 # llama3-8b's design at 4 per head (tests/test_activation_bytes.py's reduction)
 SIZES = {"hidden": 32, "heads": 8, "kv_heads": 2, "intermediate": 112, "vocab_size": 512}
-CPU = {"device": "cpu"}
-GPU = {"device": "cuda", "precision": "bf16"}
+CPU = TraceTarget("cpu")
+GPU = TraceTarget("cuda", "bf16")
 
 
 def _trace(mode: str, n_layer: int, micro_batch: int, seq_len: int = 16, target=CPU) -> TracedPass:

@@ -1,7 +1,7 @@
 """The peak the memory count says a step reaches (`topoprof.model.memory.holding.Holding.peak`,
 followed over the op trace's timeline) against the live tensor bytes a real training step on this
 CPU reaches (`tests/helpers/live_step.py`: every storage alive, weights and optimizer state
-included): the count for this CPU (the trace's target {"device": "cpu"}, so both sides run the
+included): the count for this CPU (the trace's target a CPU, so both sides run the
 same kernels; AdamW's for-loop step, torch's default here), at K = 1 and K = 2 micro-batches with
 `zero_grad(set_to_none=True)`. Every preset (reduced as tests/test_activation_bytes.py reduces
 them, also under the selective `op` mode, whose saves no saved-tensors hook sees but whose live
@@ -23,7 +23,7 @@ from topoprof.model.memory import holding  # noqa: E402
 from topoprof.model.memory.timeline import Point, Timeline  # noqa: E402
 from topoprof.model.memory.traced import TracedMemory, from_trace  # noqa: E402
 from topoprof.specs.messages import TraceFailure  # noqa: E402
-from topoprof.specs.traced_pass import PassMemory, TracedPass  # noqa: E402
+from topoprof.specs.traced_pass import PassMemory, TracedPass, TraceTarget  # noqa: E402
 from topoprof.trace.op_trace import shape_kwargs, trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa: E402
@@ -31,7 +31,7 @@ from topoprof.zoo.user_callable import call_user_callable, load_callable  # noqa
 HERE = os.path.dirname(__file__)
 FIXTURES = os.path.join(HERE, "fixtures", "user_models")
 PRESETS = "topoprof.zoo.preset_modules:build"
-CPU = {"device": "cpu"}
+CPU = TraceTarget("cpu")
 TOLERANCE = 0.03
 # the text presets at a length where the micro-batch's tensors weigh against the states
 TEXT = {"micro_batch": 4, "seq_len": 64}

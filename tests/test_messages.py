@@ -34,6 +34,7 @@ from topoprof.specs.messages import (
     StepMemory,
     TimedPass,
     TraceFailure,
+    TraceVariant,
     TrainingCalibration,
     TrainingJob,
     TrainingResult,
@@ -58,6 +59,7 @@ from topoprof.specs.traced_pass import (
     PhaseTotals,
     TracedOp,
     TracedPass,
+    TraceTarget,
 )
 
 TRAINING = {"spec": {"vocab": 64, "d_model": 8}, "mode": "ddp_synced", "micro_batch": 2, "steps": 3,
@@ -71,15 +73,16 @@ MEMORY = PassMemory(48, 0, KeptByPlace(1, 8, [16], 24, [KeptTensor("aten.mm.defa
                     64, 512, 48, 16, 40, 64, 24, 32,
                     [MemorySegment("forward", "block", 0, 48, 32, 0, "aten.mm.default", "aten.mm.default")])
 TRACE = TracedPass([MM], PassTotals(PhaseTotals(1, 64, 32, 16)), MEMORY, ready=[[0, 1.0]], ready_flops=[[0, 64]],
-                   by_name=[OpSum("aten.mm.default", "forward", 1, 64, 32, 16)], target={"device": "cpu"},
+                   by_name=[OpSum("aten.mm.default", "forward", 1, 64, 32, 16)], target=TraceTarget("cpu"),
                    spec="model.py:build", shape="2x4", params=[{"name": "w", "shape": [4, 2]}])
 
 # one filled-in example of every message class, each field away from its default
 EXAMPLES: list[Message] = [
     UserModelJob("model.py:build", "cuda:0", 2, "/tmp", "fp16", "sgd", {"depth": 2}, {"micro_batch": 4},
-                 {"gpu": "H100"}, "full", "blocks"),
-    OpTraceJob("model.py:build", {"depth": 2}, {"seq_len": 8}, {"gpu": "H100"}, "/tmp", "op", "layers",
-               [{"kwargs": {"depth": 3}}]),
+                 TraceTarget("cuda", "bf16", capability=(9, 0)), "full", "blocks"),
+    OpTraceJob("model.py:build", {"depth": 2}, {"seq_len": 8}, TraceTarget("cuda", "fp16"), "/tmp", "op", "layers",
+               [TraceVariant({"depth": 3}, {"micro_batch": 2}, TraceTarget("cuda", "bf16", "cast"), "full", 1, True),
+                TraceVariant()]),
     ProfileJob("cuda", True, 30.0),
     CollectivesJob(["all_reduce", "all_gather"], [8, 16], 3, 1, "float16", "max", False, 1, ["intra", "job"]),
     TrainingJob(**TRAINING),
@@ -164,7 +167,7 @@ def test_a_record_inside_a_message_comes_back_typed_and_its_fields_are_checked()
     back = decode(json.loads(json.dumps(encode(msg))))
     assert isinstance(back, UserModelResult) and isinstance(back.record, UserModelRecord) and back.record.timed
     wire = encode(msg)
-    with pytest.raises(MessageError, match=r"'user_model' \(version 4\)'s record does not match this topoprof's: "
+    with pytest.raises(MessageError, match=r"'user_model' \(version 5\)'s record does not match this topoprof's: "
                                            r"unknown fields \['colour'\]"):
         decode({**wire, "record": {**wire["record"], "colour": "red"}})
     # the records of a trace, each wherever it sits in a list, come back typed and checked the same
@@ -178,7 +181,7 @@ def test_a_record_inside_a_message_comes_back_typed_and_its_fields_are_checked()
     assert isinstance(back_trace.totals.forward, PhaseTotals) and back_trace == TRACE
     wire = encode(OpTraceResult(TRACE))
     op = {**wire["trace"]["ops"][0], "colour": "red"}
-    with pytest.raises(MessageError, match=r"'op_trace' \(version 2\)'s trace's ops does not match this "
+    with pytest.raises(MessageError, match=r"'op_trace' \(version 3\)'s trace's ops does not match this "
                                            r"topoprof's: unknown fields \['colour'\]"):
         decode({**wire, "trace": {**wire["trace"], "ops": [op]}})
 

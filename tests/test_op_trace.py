@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from topoprof.model.compute.datasheet import named_gpu  # noqa: E402
 from topoprof.specs.messages import TraceFailure  # noqa: E402
-from topoprof.specs.traced_pass import TracedPass  # noqa: E402
+from topoprof.specs.traced_pass import TracedPass, TraceTarget  # noqa: E402
 from topoprof.trace.op_trace import shape_kwargs, trace_pass, trace_user_model  # noqa: E402
 from topoprof.zoo.user_callable import call_user_callable, parameter_list  # noqa: E402
 
@@ -73,7 +73,7 @@ def test_activations_in_bf16_keep_the_weight_copies_apart():
         layers = [torch.nn.Linear(a, b) for a, b in zip(WIDTHS, WIDTHS[1:])]
         mlp = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(), layers[2])
         x = torch.randn(BATCH, WIDTHS[0])
-    traced = trace_pass(mlp, x, None, list(mlp.parameters()), {"device": "cuda", "precision": "bf16"})
+    traced = trace_pass(mlp, x, None, list(mlp.parameters()), TraceTarget("cuda", "bf16"))
     assert traced.memory.param_copies_bytes == 2 * (WIDTHS[1] * WIDTHS[2] + WIDTHS[2] * WIDTHS[3])
     assert traced.memory.activations_bytes == (2 * BATCH * WIDTHS[0] + 2 * BATCH * (WIDTHS[1] + WIDTHS[2])
                                                      + _loss_bytes(traced))
@@ -183,11 +183,11 @@ def _gpt2_block(target):
 
 
 @pytest.mark.parametrize("target, forward, backward", [
-    ({"device": "cpu"}, "_scaled_dot_product_flash_attention_for_cpu",
+    (TraceTarget("cpu"), "_scaled_dot_product_flash_attention_for_cpu",
      "_scaled_dot_product_flash_attention_for_cpu_backward"),
-    ({"device": "cuda", "precision": "bf16"}, "_scaled_dot_product_flash_attention",
+    (TraceTarget("cuda", "bf16"), "_scaled_dot_product_flash_attention",
      "_scaled_dot_product_flash_attention_backward"),
-    ({"device": "cuda", "precision": "fp32"}, "_scaled_dot_product_efficient_attention",
+    (TraceTarget("cuda", "fp32"), "_scaled_dot_product_efficient_attention",
      "_scaled_dot_product_efficient_attention_backward"),
 ])
 def test_attention_is_the_fused_kernel_the_target_runs(target, forward, backward):
@@ -204,7 +204,7 @@ def test_attention_is_the_fused_kernel_the_target_runs(target, forward, backward
 
 
 def test_a_16_bit_cuda_target_casts_as_autocast_does():
-    traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
+    traced = _gpt2_block(TraceTarget("cuda", "bf16"))
     forward = [op for op in traced.ops if op.phase == "forward"]
     casts = [op for op in forward if op.name == "aten._to_copy.default"]
     # each Linear's weight and bias once (4 Linears), the tied LM head once, the three LayerNorms'
@@ -216,12 +216,12 @@ def test_a_16_bit_cuda_target_casts_as_autocast_does():
     assert addmm.bytes_read == 2 * (bias[0] + x[0] * x[1] + weight[0] * weight[1])  # bf16 operands
     norm = next(op for op in forward if op.name == "aten.native_layer_norm.default")
     assert norm.bytes_written >= 4 * 2 * 16 * 768  # layer_norm on autocast's fp32 list
-    assert traced.target == {"device": "cuda", "precision": "bf16"}
-    assert _gpt2_block({"device": "cpu", "precision": "bf16"}).target["precision"] == "fp32"  # CPUs train fp32
+    assert traced.target == TraceTarget("cuda", "bf16")
+    assert _gpt2_block(TraceTarget("cpu", "bf16")).target.precision == "fp32"  # CPUs train fp32
 
 
 def test_non_view_ops_record_their_outputs_and_whether_they_write_in_place():
-    traced = _gpt2_block({"device": "cpu"})
+    traced = _gpt2_block(TraceTarget("cpu"))
     for op in traced.ops:
         assert (op.outputs is not None) == (not op.view)
         if not op.view:
@@ -233,7 +233,7 @@ def test_params_n_traces_the_synthetic_model_validate_trains():
     from topoprof.workload.synthetic import spec_for_params
 
     traced = trace_user_model("topoprof.zoo.preset_modules:build_synthetic", {"micro_batch": 2, "seq_len": 8},
-                              {"params": 2_000_000}, {"device": "cpu"})
+                              {"params": 2_000_000}, TraceTarget("cpu"))
     spec = spec_for_params(2_000_000, 8)
     assert isinstance(traced, TracedPass) and traced.shape == "2x9 (micro_batch=2, seq_len=8)"
     assert sum(1 for op in traced.ops if op.name == "aten.gelu.default") == spec.n_layers
@@ -243,7 +243,7 @@ def test_a_resnexts_traced_flops_equal_its_layout_forward_and_backward():
     from topoprof.workload.presets import get_preset
 
     traced = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
-                              {"preset": "resnext50_32x4d", "image_size": 64}, {"device": "cpu"})
+                              {"preset": "resnext50_32x4d", "image_size": 64}, TraceTarget("cpu"))
     layout = get_preset("resnext50_32x4d", 64)
     assert sum(op.flops for op in traced.ops) == 2 * layout.train_flops_per_token
 
@@ -254,14 +254,17 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
     real = op_trace.trace_pass
 
     def casts_fail(module, batch, loss_fn, params, target=None, blocks=None):
-        if target and target["precision"] != "fp32":
+        if target and target.precision != "fp32":
             raise RuntimeError("mixed dtypes")
         return real(module, batch, loss_fn, params, target, blocks)
 
     monkeypatch.setattr(op_trace, "trace_pass", casts_fail)
-    traced = _gpt2_block({"device": "cuda", "precision": "bf16"})
-    assert traced.target == {"device": "cuda", "precision": "fp32"} and traced.ready
+    traced = _gpt2_block(TraceTarget("cuda", "bf16"))
+    assert traced.target == TraceTarget("cuda", "fp32") and traced.ready
     assert traced.autocast_failure == "in bf16, RuntimeError: mixed dtypes"
+    # weights cast to 16 bits (FSDP2's param_dtype) fall back as autocast does: the fp32 pass casts none
+    cast = _gpt2_block(TraceTarget("cuda", "bf16", "cast"))
+    assert isinstance(cast, TracedPass) and cast.target == TraceTarget("cuda", "fp32") and cast.autocast_failure
     from topoprof.model.compute.profile_choice import pricing_for
     from topoprof.model.compute.traced import priced
 
@@ -272,17 +275,17 @@ def test_a_16_bit_pass_that_fails_runs_again_in_fp32_and_says_why(monkeypatch):
 # ---- a model that checkpoints its own blocks, and one built on (or moved off) meta ----------
 
 CHECKPOINTED = os.path.join(FIXTURES, "checkpointed.py")
-BF16 = {"device": "cuda", "precision": "bf16"}
+BF16 = TraceTarget("cuda", "bf16")
 
 
 @pytest.mark.parametrize("name", ["reentrant", "non_reentrant", "selective"])
-@pytest.mark.parametrize("target", [BF16, {"device": "cuda", "precision": "fp32"}, {"device": "cpu"}])
+@pytest.mark.parametrize("target", [BF16, TraceTarget("cuda", "fp32"), TraceTarget("cpu")])
 def test_a_model_that_checkpoints_is_traced_as_it_runs(name, target):
     # in bf16 the recompute runs in the backward's engine, where the lens was off: non-reentrant
     # checkpointing refused its fp32 recompute (CheckpointError), reentrant recomputed in fp32
     traced = trace_user_model(f"{CHECKPOINTED}:{name}", {"micro_batch": 2, "seq_len": 16}, target=target)
-    assert isinstance(traced, TracedPass) and traced.autocast_failure is None and traced.target["precision"] == \
-        target.get("precision", "fp32")
+    assert isinstance(traced, TracedPass) and traced.autocast_failure is None and traced.target.precision == \
+        target.precision
     recomputed = [op for op in traced.ops if op.recompute]
     assert recomputed and all(op.phase == "backward" for op in recomputed)
     assert traced.totals.recompute.ops == len(recomputed)

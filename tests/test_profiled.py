@@ -19,9 +19,9 @@ from topoprof.model.compute.profile_choice import nearest_profile, pricer_for, p
 from topoprof.model.compute.profile_scale import datasheet_ratios
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
 from topoprof.model.compute.roofline_terms import quantization
-from topoprof.specs.traced_pass import TracedOp, TracedPass
+from topoprof.specs.traced_pass import TracedOp, TracedPass, TraceTarget
 
-CUDA = {"device": "cuda", "precision": "bf16"}
+CUDA = TraceTarget("cuda", "bf16")
 
 
 def _op(name, phase="forward", flops=0, read=0, written=0, view=False, **more):
@@ -208,7 +208,7 @@ def test_a_cpu_profile_runs_inline_its_points_less_the_calls_host_cost():
     add = _op("aten.add.Tensor", read=1 << 25, written=1 << 25, outputs=[1 << 25])
     assert dev.device_seconds(add, "middle")[0] == pytest.approx((1 << 26) / 2e10 - 4e-6 + (1 << 25) * 1e-10)
     trace = TracedPass(ops=[add, _op("aten.add.Tensor", "backward", read=1 << 19, written=1 << 19)],
-                       target={"device": "cpu", "precision": "fp32"}, autograd_nodes=1)
+                       target=TraceTarget("cpu", "fp32"), autograd_nodes=1)
     got = price(trace, dev, "middle")
     assert got.seconds == pytest.approx(got.host_s + got.device_s)   # inline: host and device add
     with pytest.raises(InputError, match="a CPU's: it cannot be scaled to GPU"):
@@ -315,5 +315,5 @@ def test_a_pricing_that_cannot_be_had_says_why_wherever_a_pass_is_priced():
                                              "how": "given"}), "cpu")
     pricing = pricing_for(named_gpu("h100-sxm"), "bf16", False, cpu, "cpu")
     assert pricing.pricer is None and "cannot be scaled to GPU 'h100-sxm'" in pricing.why
-    trace = dataclasses.replace(_trace(), target={"device": "cpu", "precision": "fp32"})
+    trace = dataclasses.replace(_trace(), target=TraceTarget("cpu", "fp32"))
     assert priced(trace, pricing) == ({}, f"pricing its ops failed ({pricing.why})")

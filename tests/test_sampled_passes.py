@@ -20,7 +20,7 @@ from topoprof.model.inputs.sampled import (
     same_counts,
     to_trace_first,
 )
-from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedOp, TracedPass
+from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedOp, TracedPass, TraceTarget
 
 
 def _memory(peak_bytes: int, rounded_peak_bytes: int) -> PassMemory:
@@ -35,7 +35,7 @@ def _pass(samples: int, name: str = "aten.mm.default", view: bool = False) -> Tr
     """A pass whose counts are affine in the samples, as a model's are: 5 FLOPs a sample over a
     weight's 8 bytes read at every size."""
     backward = 3 * samples
-    return TracedPass(device="meta", target={"device": "cuda", "precision": "bf16"}, shape=f"{samples}x4",
+    return TracedPass(device="meta", target=TraceTarget("cuda", "bf16"), shape=f"{samples}x4",
                       memory=_memory(100 * samples, 512),
                       ops=[TracedOp(name=name, phase="forward", flops=5 * samples, view=view,
                                     bytes_read=8 + 4 * samples, bytes_written=0, shapes=[[samples, 4], [4, 4]],
@@ -108,14 +108,14 @@ def test_the_host_cost_of_selective_checkpointing_is_the_checks():
 
 
 def test_passes_traced_for_another_device_extend_nothing():
-    sampled = SampledPasses({"device": "cuda", "precision": "bf16"}, _known())
-    assert sampled.for_target({"device": "cuda", "precision": "bf16"}) == _known()
-    assert sampled.for_target({"device": "cpu", "precision": "fp32"}) == {}
+    sampled = SampledPasses(TraceTarget("cuda", "bf16"), _known())
+    assert sampled.for_target(TraceTarget("cuda", "bf16")) == _known()
+    assert sampled.for_target(TraceTarget("cpu", "fp32")) == {}
 
 
 # The trace itself: a model's passes on meta (torch).
 
-H100_BF16 = {"device": "cuda", "precision": "bf16", "capability": [9, 0]}
+H100_BF16 = TraceTarget("cuda", "bf16", capability=(9, 0))
 BLOCKS = os.path.join(os.path.dirname(__file__), "fixtures", "user_models", "blocks.py")
 
 
@@ -124,8 +124,8 @@ def _preset_pass(mode: str, depth: int, samples: int) -> TracedPass:
     from topoprof.trace.op_trace import trace_user_model
 
     variant = _variant(mode, depth, samples, 128, H100_BF16)
-    traced = trace_user_model("topoprof.zoo.preset_modules:build", variant["stated"],
-                              {"preset": "gpt2", **variant["kwargs"]}, variant["target"])
+    traced = trace_user_model("topoprof.zoo.preset_modules:build", variant.stated,
+                              {"preset": "gpt2", **variant.kwargs}, variant.target)
     assert isinstance(traced, TracedPass), traced
     return _as_a_variant(traced)
 
@@ -180,7 +180,7 @@ def test_the_candidates_trace_each_modes_check_alone_and_a_broken_line_in_full(m
     asked.clear()
     passes = traces.candidate_passes(shape, wanted, H100_BF16, sampled=memory.sampled)
     assert not isinstance(passes, str)
-    sizes = sorted((v["kwargs"].get("ac", "none"), v["stated"]["micro_batch"]) for v in asked[0])
+    sizes = sorted((v.kwargs.get("ac", "none"), v.stated["micro_batch"]) for v in asked[0])
     # none's size 1 and its check at 6, full's check at 6 (layer:2 is none and full)
     assert len(asked) == 1 and sizes == [("full", 6)] * 2 + [("none", 1)] * 2 + [("none", 6)] * 2
     everything = traces.candidate_passes(shape, wanted, H100_BF16)

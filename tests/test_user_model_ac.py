@@ -19,7 +19,7 @@ from topoprof.model.inputs.candidates import UserShape, WholePass, blocks_alike 
 from topoprof.model.inputs.traces import user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402
 from topoprof.specs.messages import TraceFailure  # noqa: E402
-from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedPass  # noqa: E402
+from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedPass, TraceTarget  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.workload.checkpointing import parse_checkpointing  # noqa: E402
 from topoprof.zoo.user_blocks import find_block_list  # noqa: E402
@@ -28,7 +28,7 @@ from topoprof.zoo.user_callable import batch_samples, call_user_callable, resize
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_models")
 BLOCKS = os.path.join(FIXTURES, "blocks.py")
 CHECKPOINTED = os.path.join(FIXTURES, "checkpointed.py")
-BF16 = {"device": "cuda", "precision": "bf16"}
+BF16 = TraceTarget("cuda", "bf16")
 WHAT_IF = ("--gpu", "h100-sxm", "--world-size", "8", "--link-bandwidth", "450", "--micro-batch-size", "2",
            "--tokens", "256")
 

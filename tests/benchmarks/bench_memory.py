@@ -22,6 +22,8 @@ import math
 import os
 import sys
 
+from topoprof.specs.traced_pass import TraceTarget
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
@@ -37,7 +39,7 @@ def gpu_point() -> bool:
                     if t["test"] == "test_preset_memory_measured_beside_the_count")
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024},
                              {"preset": "gpt2"},
-                             {"device": "cuda", "precision": "bf16"})
+                             TraceTarget("cuda", "bf16"))
     m = trace.memory
     kept = m.kept
     counted = (m.activations_bytes + m.param_copies_bytes) / 1e9
@@ -65,7 +67,7 @@ def gpu_peak() -> bool:
                     if t["test"] == "test_preset_memory_measured_beside_the_count")
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 4, "seq_len": 1024},
                              {"preset": "gpt2"},
-                             {"device": "cuda", "precision": "bf16"})
+                             TraceTarget("cuda", "bf16"))
     mb = from_trace(trace.memory)
     params = sum(math.prod(p["shape"]) for p in trace.params if p["requires_grad"])
     held = holding.holding("single", holding.MemoryModel(params, micro_batch=mb, activations=mb.activations,

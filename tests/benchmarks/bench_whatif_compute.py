@@ -77,6 +77,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from topoprof.specs.traced_pass import TraceTarget
+
 if TYPE_CHECKING:
     from topoprof.specs.traced_pass import TracedPass
 
@@ -169,7 +171,7 @@ def traced(preset: str, kwargs: dict, target: dict | None = None) -> TracedPass:
     shape = {k: kwargs[k] for k in ("micro_batch", "seq_len") if k in kwargs}
     rest = {k: v for k, v in kwargs.items() if k not in shape}
     trace = trace_user_model("topoprof.zoo.preset_modules:build", shape, {"preset": preset, **rest},
-                             target or {"device": "cpu"})
+                             target or TraceTarget("cpu"))
     if isinstance(trace, TraceFailure):
         raise RuntimeError(f"{preset} {kwargs}: {trace.reason}")
     return trace

@@ -18,6 +18,8 @@ import os
 import re
 import statistics
 
+from topoprof.specs.traced_pass import TraceTarget
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMITTED = os.path.join(ROOT, "reports", "gpu-nvidia-h200-20261126", "bench_whatif_compute.txt")
 TARGET_EACH = 0.25
@@ -95,7 +97,7 @@ def main_committed(path: str, shapes, traced, describe) -> None:
     rows = []
     for name, seconds in measured.items():
         preset, kwargs = names[name]
-        rows.append((name, seconds, roofline(traced(preset, kwargs, {"device": "cuda", "precision": "bf16"}), pricer)))
+        rows.append((name, seconds, roofline(traced(preset, kwargs, TraceTarget("cuda", "bf16")), pricer)))
     print_rows(rows)
 
 
@@ -115,6 +117,6 @@ def main_cuda(shapes, traced, describe, measured_on_gpu_s, repeats: int) -> None
                  f"{pricer.name}, its profile measured in this run in {doc['seconds']:.1f} s"))
     rows = []
     for preset, kwargs in shapes:
-        result = roofline(traced(preset, kwargs, {"device": "cuda", "precision": "bf16"}), pricer)
+        result = roofline(traced(preset, kwargs, TraceTarget("cuda", "bf16")), pricer)
         rows.append((describe(preset, kwargs), measured_on_gpu_s(preset, kwargs), result))
     print_rows(rows)

@@ -10,13 +10,13 @@ import os
 from typing import Callable
 
 from topoprof.measure.launch import JobSpec, OnMessage, launch_local, progress_messages, worker_result
-from topoprof.specs.messages import Message, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.specs.messages import Message, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure, TraceVariant
+from topoprof.specs.traced_pass import TracedPass, TraceTarget
 
 TRACE_TIMEOUT_S = 300.0
 
 
-def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = None, target: dict | None = None,
+def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = None, target: TraceTarget | None = None,
                 timeout_s: float = TRACE_TIMEOUT_S, progress: Callable[[str], None] | None = None,
                 ac: str | None = None, unit: str | None = None) -> TracedPass | TraceFailure:
     """The worker's trace of `spec` (a `module:callable` returning (module, batch[, loss_fn])),
@@ -31,7 +31,7 @@ def trace_model(spec: str, kwargs: dict | None = None, stated: dict | None = Non
     return result if isinstance(result, TraceFailure) else TraceFailure(str(result), "worker")
 
 
-def trace_models(spec: str, kwargs: dict | None, variants: list[dict], target: dict | None = None,
+def trace_models(spec: str, kwargs: dict | None, variants: list[TraceVariant], target: TraceTarget | None = None,
                  timeout_s: float = TRACE_TIMEOUT_S, unit: str | None = None,
                  progress: Callable[[str], None] | None = None) -> list[TracedPass | TraceFailure] | TraceFailure:
     """Several passes of one model in one worker: each variant's `kwargs` (over `kwargs`), `stated`

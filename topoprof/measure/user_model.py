@@ -8,11 +8,12 @@ from typing import Callable
 from topoprof.errors import InputError, RunFailed
 from topoprof.measure.launch import JobSpec, launch_local, progress_messages, worker_result
 from topoprof.specs.messages import UserModelJob, UserModelRecord, UserModelResult, WorkerFailure
+from topoprof.specs.traced_pass import TraceTarget
 
 
 def measure_user_model(spec: str, device: str = "cpu", repeats: int = 3, timeout_s: float = 300.0,
                        precision: str = "bf16", optimizer: str = "adamw", kwargs: dict | None = None,
-                       trace: dict | None = None, target: dict | None = None,
+                       trace: dict | None = None, target: TraceTarget | None = None,
                        progress: Callable[[str], None] | None = None, ac: str | None = None,
                        unit: str | None = None, stated: dict | None = None) -> UserModelRecord:
     """The worker's record, timed at `stated` (the shape the prediction is for: its callable built

@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
 
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.specs.traced_pass import TracedPass, TraceTarget
 
 # Keys a message carries beside its fields: its kind, its version, and the phase a rank adds when
 # it runs several workers in one launch (topoprof.probes.ranks.rank_main._PhaseContext).
@@ -242,7 +242,7 @@ class UserModelJob(Message):
     checkpointed so."""
 
     KIND: ClassVar[str] = "user_model_job"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3  # 3: its target a TraceTarget
 
     spec: str
     device: str = "cpu"
@@ -252,31 +252,44 @@ class UserModelJob(Message):
     optimizer: str = "adamw"
     kwargs: dict | None = None
     trace: dict | None = None
-    target: dict | None = None
+    target: TraceTarget | None = None
     ac: str | None = None
     unit: str | None = None
     stated: dict | None = None
+
+
+@dataclass(frozen=True)
+class TraceVariant:
+    """One of the passes an `OpTraceJob` asks of its model: `kwargs` over the job's, the shape
+    `stated`, and its `target` and checkpointing (`ac`) where they are not the job's; `depth`: its
+    first blocks kept (None: all); `whole`: the whole trace kept, as the job's single pass keeps it."""
+
+    kwargs: dict = field(default_factory=dict)
+    stated: dict | None = None
+    target: TraceTarget | None = None
+    ac: str | None = None
+    depth: int | None = None
+    whole: bool = False
 
 
 @message
 @dataclass(frozen=True)
 class OpTraceJob(Message):
     """Trace a model on the meta device (topoprof/trace/op_trace.py): once, with `stated` and
-    `kwargs`, or once per entry of `variants` (each `kwargs` over the job's, `stated`, `target`,
-    `ac`, `depth`; `whole`: the whole trace, as the single pass keeps it); `blocks`, `ac`: which
-    blocks are checkpointed how."""
+    `kwargs`, or once per entry of `variants`; `blocks`, `ac`: which blocks are checkpointed how."""
 
     KIND: ClassVar[str] = "op_trace_job"
-    VERSION: ClassVar[int] = 3  # 2: a variant may ask for the whole trace; 3: no resize_from (the batch's own samples)
+    VERSION: ClassVar[int] = 4  # 2: a variant may ask for the whole trace; 3: no resize_from (the batch's own
+    # samples); 4: its target a TraceTarget, its variants TraceVariants
 
     spec: str
     kwargs: dict | None = None
     stated: dict | None = None
-    target: dict | None = None
+    target: TraceTarget | None = None
     cwd: str = ""
     ac: str | None = None
     blocks: str | None = None
-    variants: list[dict] | None = None
+    variants: list[TraceVariant] | None = None
 
 
 @message
@@ -469,7 +482,8 @@ class UserModelResult(Message):
     """The user's model as timed and read (its parameters, times, memory; `op_trace` when asked)."""
 
     KIND: ClassVar[str] = "user_model"
-    VERSION: ClassVar[int] = 4  # 3: its pass on meta is a TracedPass; 4: its timed passes and memory typed
+    VERSION: ClassVar[int] = 5  # 3: its pass on meta is a TracedPass; 4: its timed passes and memory typed; 5: the
+    # pass's target a TraceTarget
 
     record: UserModelRecord
 
@@ -480,7 +494,7 @@ class OpTraceResult(Message):
     """One pass on meta; a model that cannot be traced sends its `TraceFailure` instead."""
 
     KIND: ClassVar[str] = "op_trace"
-    VERSION: ClassVar[int] = 2  # 2: a TracedPass
+    VERSION: ClassVar[int] = 3  # 2: a TracedPass; 3: its target a TraceTarget
 
     trace: TracedPass
 
@@ -491,7 +505,7 @@ class OpTracesResult(Message):
     """The passes of an OpTraceJob's variants, in their order: each a trace, or its `TraceFailure`."""
 
     KIND: ClassVar[str] = "op_traces"
-    VERSION: ClassVar[int] = 2  # 2: TracedPasses
+    VERSION: ClassVar[int] = 3  # 2: TracedPasses; 3: their targets TraceTargets
 
     traces: list[TracedPass | TraceFailure]
 

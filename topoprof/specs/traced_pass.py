@@ -11,6 +11,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class TraceTarget:
+    """The device a pass on meta is run as (topoprof/trace/target_lens.py): a CUDA GPU at
+    `precision` ("bf16", "fp16" or "fp32"), or a CPU, which trains in fp32. `weights` "cast": a
+    16-bit pass with the model's weights cast to that dtype and no autocast, as FSDP2's
+    MixedPrecisionPolicy(param_dtype) runs its blocks (the all-gathered parameters in param_dtype,
+    the inputs cast to it); else "autocast". `capability`: the CUDA GPU's (its attention backend
+    depends on it; None: the lens's default); `attention`: a backend forced where the model's own
+    attention is that kernel (Hugging Face's flash_attention_2). `check_target` there refuses
+    what no device runs and drops what the device ignores."""
+
+    device: str
+    precision: str = "fp32"
+    weights: str = "autocast"
+    capability: tuple[int, int] | None = None
+    attention: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.capability is not None and not isinstance(self.capability, tuple):  # read back from JSON
+            object.__setattr__(self, "capability", tuple(self.capability))
+
+
 @dataclass(frozen=True, slots=True)
 class TracedOp:
     """One aten op as it ran (or one fused kernel standing for several, topoprof.model.compute.fusion).
@@ -138,7 +160,7 @@ class TracedPass:
     autograd_nodes: int | None = None
     autograd_leaves: int | None = None
     by_name: list[OpSum] | None = None
-    target: dict | None = None
+    target: TraceTarget | None = None
     attention: dict | None = None
     # the model the pass is of: its callable, the batch it was given (its description, the shape
     # named to its callable, its samples), its parameters (topoprof/trace/op_trace.py:parameter_list)

@@ -28,10 +28,10 @@ count each tensor argument's numel x element size: an expanded (stride-0) input 
 expanded size, an upper bound on what the kernel fetches. The trace runs in each tensor's own
 dtype: autocast has no meta backend, so a bf16 run's bytes are not what this counts.
 
-The device the trace stands for (`target`: {"device": "cuda" or "cpu", "precision": "bf16",
-"fp16" or "fp32"}) decides the attention kernel and, on CUDA in 16-bit, autocast's casts
-(`topoprof/trace/target_lens.py`). Where a 16-bit pass fails (a composite the policy by name does not
-reach), the pass runs again in fp32 and says why (`autocast_failure`): its FLOPs still order the
+The device the trace stands for (`target`, a `TraceTarget`: CUDA or a CPU, at a precision) decides
+the attention kernel and, on CUDA in 16-bit, autocast's casts (`topoprof/trace/target_lens.py`).
+Where a 16-bit pass fails (a composite the policy by name does not reach), the pass runs again in
+fp32 and says why (`autocast_failure`): its FLOPs still order the
 gradients; its bytes are not a 16-bit step's.
 Each op with FLOPs also records its inputs' shapes (a matmul's dimensions, for its efficiency
 by shape), an attention op whether it is causal, and every non-view op its outputs' sizes and
@@ -94,7 +94,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from topoprof.specs.messages import USER_ERRORS, OpTraceJob, OpTraceResult, OpTracesResult, TraceFailure
+from topoprof.specs.messages import (
+    USER_ERRORS,
+    OpTraceJob,
+    OpTraceResult,
+    OpTracesResult,
+    TraceFailure,
+    TraceVariant,
+)
 from topoprof.specs.traced_pass import (
     KeptByPlace,
     KeptTensor,
@@ -102,6 +109,7 @@ from topoprof.specs.traced_pass import (
     PassMemory,
     TracedOp,
     TracedPass,
+    TraceTarget,
     aggregate,
     totals,
 )
@@ -404,17 +412,16 @@ def _block_of_params(module, params: list, blocks: list[str] | None) -> dict[int
     return {i: where[id(p)] for i, p in enumerate(params) if id(p) in where}
 
 
-def trace_pass(module, batch, loss_fn, params: list, target: dict | None = None,
+def trace_pass(module, batch, loss_fn, params: list, target: TraceTarget | None = None,
                blocks: list[str] | None = None) -> TracedPass:
     """One forward and backward of `module` under the tracer; `params` is the parameter list
     whose indices "ready" uses (`list(module.parameters())`, DDP's order). `target` (see
     `check_target`) runs it as that device would (`TargetLens`); None: as meta runs it. `blocks`:
     the repeated blocks' qualified names, to say what each keeps for backward (`memory.kept`)."""
     target = check_target(target)
-    autocast = None if target is None or target.get("weights") == "cast" else AUTOCAST_DTYPES.get(target["precision"])
-    lens = None if target is None else TargetLens(target["device"], autocast,
-                                                  target.get("capability", DEFAULT_CAPABILITY),
-                                                  target.get("attention"))
+    autocast = None if target is None or target.weights == "cast" else AUTOCAST_DTYPES.get(target.precision)
+    lens = None if target is None else TargetLens(target.device, autocast, target.capability or DEFAULT_CAPABILITY,
+                                                  target.attention)
     tracer = OpTracer(lens)
     ready: list[tuple[int, int]] = []
 
@@ -544,7 +551,7 @@ def resized(batch, shape: dict, stated: dict | None, resize_from: int | None):
 
 
 def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None = None,
-                     target: dict | None = None, progress=None, blocks: str | None = None,
+                     target: TraceTarget | None = None, progress=None, blocks: str | None = None,
                      ac: str | None = None, resize_from: int | None = None,
                      depth: int | None = None) -> TracedPass | TraceFailure:
     """The op trace of the user's `--model` callable on meta, or its `TraceFailure`. `stated`:
@@ -563,7 +570,7 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
     if (kwargs or {}).get("ac", "none") != "none" or not spec.startswith("topoprof.zoo."):
         _import_before_tracing_checkpoints()
 
-    def one_pass(for_target):
+    def one_pass(for_target: TraceTarget | None):
         with on_meta():
             say(f"building {spec} on meta")
             module, batch, loss_fn, shape = build_on_meta(spec, stated, kwargs)
@@ -572,14 +579,14 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
                 install_meta_patches()
             hf = getattr(module, "topoprof_hf", None)
             if for_target is not None and hf is not None and hf.price_as_flash:  # flash_attention_2, built as sdpa
-                for_target = {**for_target, "attention": "flash"}
+                for_target = replace(for_target, attention="flash")
             batch = resized(batch, shape, stated, resize_from)
             unit = blocks
             built["block_list"] = blocks or find_block_list(module)  # what FSDP wraps block by block
             if depth is not None:  # its block list named from here on: one block is no list to find
                 unit, built["blocks_of"] = keep_first_blocks(module, blocks, depth)
-            if (for_target or {}).get("weights") == "cast":  # as MixedPrecisionPolicy casts them; once cut,
-                module = module.to(AUTOCAST_DTYPES[for_target["precision"]])  # only the blocks kept
+            if for_target is not None and for_target.weights == "cast":  # as MixedPrecisionPolicy casts them;
+                module = module.to(AUTOCAST_DTYPES[for_target.precision])  # once cut, only the blocks kept
             built["params"] = parameter_list(module)
             done = checkpoint_user_model(module, ac, unit) if ac else None
             if done is not None:
@@ -596,10 +603,10 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
         except UserModelError:
             raise
         except Exception as err:  # noqa: BLE001 - autocast's casts may be what fails: the pass in fp32 still orders
-            if target is None or target["precision"] == "fp32":
+            if target is None or target.precision == "fp32":
                 raise
-            autocast_failure = f"in {target['precision']}, {_first_line(err)}"
-            shape, module, batch, traced = one_pass({**target, "precision": "fp32"})
+            autocast_failure = f"in {target.precision}, {_first_line(err)}"
+            shape, module, batch, traced = one_pass(check_target(replace(target, precision="fp32")))
     except Exception as err:  # noqa: BLE001 - the measured order stands in, with this reason
         if isinstance(err, UserModelError) and err.kind in (*USER_ERRORS, "batch", "cut"):
             return TraceFailure(str(err), err.kind, err.trace)
@@ -647,16 +654,15 @@ def with_selective_cost(traces: list[TracedPass | TraceFailure]) -> list[TracedP
             for t in traces]
 
 
-def _variant(ctx, job: OpTraceJob, variant: dict) -> TracedPass | TraceFailure:
+def _variant(ctx, job: OpTraceJob, variant: TraceVariant) -> TracedPass | TraceFailure:
     """One of several passes of one model (another depth, micro-batch, checkpointing mode or
     target), without what only the main pass needs (the ops summed by name, the parameters),
     unless it is the main pass (`whole`)."""
-    kwargs, stated = {**(job.kwargs or {}), **variant.get("kwargs", {})}, variant.get("stated")
-    whole = bool(variant.get("whole"))
+    kwargs, stated = {**(job.kwargs or {}), **variant.kwargs}, variant.stated
     ctx.progress(f"tracing {job.spec} {kwargs} {stated} on meta")
-    traced = trace_user_model(job.spec, stated, kwargs, variant.get("target", job.target),
-                              ctx.progress if whole else None, blocks=job.blocks, ac=variant.get("ac", job.ac),
-                              depth=variant.get("depth"))
-    if isinstance(traced, TraceFailure) or whole:
+    traced = trace_user_model(job.spec, stated, kwargs, variant.target or job.target,
+                              ctx.progress if variant.whole else None, blocks=job.blocks, ac=variant.ac or job.ac,
+                              depth=variant.depth)
+    if isinstance(traced, TraceFailure) or variant.whole:
         return traced
     return replace(traced, by_name=None, params=None)

@@ -1,7 +1,7 @@
 """What the device a meta pass stands for runs where the meta device cannot tell
 (`topoprof/trace/op_trace.py`): its fused attention kernel and, on CUDA in 16-bit, autocast's casts.
 
-The target (`{"device": "cuda" or "cpu", "precision": "bf16", "fp16" or "fp32"}`) is read
+The target (`topoprof.specs.traced_pass.TraceTarget`: CUDA or a CPU, at a precision) is read
 through `TargetLens`, a TorchFunctionMode above autograd, so that the backward follows:
 - attention: `scaled_dot_product_attention` on meta takes torch's math path (`_fused_sdp_choice_meta`
   in aten/src/ATen/native/transformers/attention.cpp answers "math" without a CUDA key), which
@@ -42,6 +42,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from topoprof.specs.traced_pass import TraceTarget
 from topoprof.trace import fused_kernels, sdpa_dispatch
 
 aten = torch.ops.aten
@@ -276,32 +277,22 @@ def _run_backend(backend: str, call: AttentionCall, device: str):
                                                         call.causal, scale=call.scale)[0]
 
 
-def check_target(target: dict | None) -> dict | None:
-    """{"device": "cuda"|"cpu", "precision": "bf16"|"fp16"|"fp32"[, "weights": "cast"][, "capability":
-    [major, minor]][, "attention": a backend]}; a CPU trains in fp32. "capability" is the CUDA GPU's
-    (its SDPA backend depends on it; DEFAULT_CAPABILITY when not named); "attention" forces a
-    backend where the model's own attention is that kernel (Hugging Face's flash_attention_2). "weights": "cast" runs a
-    16-bit CUDA pass with the model's weights cast to that dtype and no autocast, as FSDP2's
-    MixedPrecisionPolicy(param_dtype) runs its blocks (the all-gathered parameters in param_dtype, the inputs cast to
-    it: `cast_forward_inputs`)."""
+def check_target(target: TraceTarget | None) -> TraceTarget | None:
+    """`target` as the device runs it: a CPU in fp32; weights cast only in 16 bits; a capability
+    and a forced attention backend only on CUDA (DEFAULT_CAPABILITY stands for a GPU not named).
+    ValueError for what no device runs."""
     if target is None:
         return None
-    device, precision = target.get("device"), target.get("precision", "fp32")
-    weights = target.get("weights", "autocast")
-    capability, attention = target.get("capability"), target.get("attention")
+    device, precision, capability, attention = target.device, target.precision, target.capability, target.attention
     if (device not in ("cuda", "cpu") or precision not in ("bf16", "fp16", "fp32")
-            or weights not in ("autocast", "cast")):
+            or target.weights not in ("autocast", "cast")):
         raise ValueError(f"op trace target {target!r}: device cuda or cpu, precision bf16, fp16 or fp32, "
                          "weights autocast or cast")
     if capability is not None and (len(capability) != 2 or not all(isinstance(n, int) for n in capability)):
-        raise ValueError(f"op trace target {target!r}: capability [major, minor]")
+        raise ValueError(f"op trace target {target!r}: capability (major, minor)")
     if attention not in (None, *ATTENTION_BACKENDS):
         raise ValueError(f"op trace target {target!r}: attention one of {', '.join(ATTENTION_BACKENDS)}")
-    checked = {"device": device, "precision": "fp32" if device == "cpu" else precision}
-    if weights == "cast" and checked["precision"] != "fp32":
-        checked["weights"] = "cast"
-    if device == "cuda" and capability is not None:
-        checked["capability"] = list(capability)
-    if device == "cuda" and attention is not None:
-        checked["attention"] = attention
-    return checked
+    precision = "fp32" if device == "cpu" else precision
+    cuda = device == "cuda"
+    return TraceTarget(device, precision, "cast" if target.weights == "cast" and precision != "fp32" else "autocast",
+                       capability if cuda else None, attention if cuda else None)

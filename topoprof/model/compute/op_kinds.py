@@ -174,8 +174,8 @@ def runs_as_forward(op: TracedOp) -> bool:
 def autocast_wrapped(op: TracedOp, trace: TracedPass) -> bool:
     """A forward op that CUDA autocast runs in 16-bit (its lower_precision_fp list: the matmuls,
     convolutions and attention), where the trace ran for a 16-bit GPU target."""
-    target = trace.target or {}
-    if not runs_as_forward(op) or target.get("device") != "cuda" or target.get("precision") not in ("bf16", "fp16"):
+    target = trace.target
+    if not runs_as_forward(op) or target is None or target.device != "cuda" or target.precision not in ("bf16", "fp16"):
         return False
     name = base_name(op)
     return name in _GEMM + CONV_FORWARD or op.name.startswith(ATTENTION_PREFIX)

@@ -30,7 +30,7 @@ from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
 from topoprof.specs.messages import TraceFailure
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.specs.traced_pass import TracedPass, TraceTarget
 from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -79,22 +79,22 @@ def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = 
                         "embedding, MLP blocks, LayerNorm, untied head; no attention)")
 
 
-def gpu_target(precision: str, gpu: NamedGpu | None = None) -> dict:
+def gpu_target(precision: str, gpu: NamedGpu | None = None) -> TraceTarget:
     """A CUDA target at `precision`, with the compute capability of the GPU named where its
     datasheet gives one (its attention backend depends on it: `topoprof.trace.target_lens`)."""
     capability = gpu.capability if gpu is not None else None
-    return {"device": "cuda", "precision": precision, **({"capability": list(capability)} if capability else {})}
+    return TraceTarget("cuda", precision, capability=capability or None)
 
 
-def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> dict:
+def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> TraceTarget:
     """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`:
     the GPU named, else the profile's own."""
     if profile is not None and profile.machine.kind != "cuda":
-        return {"device": "cpu", "precision": "fp32"}
+        return TraceTarget("cpu", "fp32")
     return gpu_target(precision, gpu or (profile.gpu if profile is not None else None))
 
 
-def pricing_target(pricing: Pricing) -> dict:
+def pricing_target(pricing: Pricing) -> TraceTarget:
     """The device a pass must be traced for to be priced by `pricing` (`target_for`)."""
     return target_for(pricing.precision, pricing.profile, pricing.gpu)
 
@@ -150,11 +150,11 @@ def priced(trace: TracedPass | TraceFailure | None, pricing: Pricing,
     if isinstance(trace, TraceFailure):
         return {}, trace.reason
     want = target_for(pricing.precision, pricing.profile)
-    target = trace.target or {}
-    if target.get("device") != want["device"]:
-        return {}, f"the pass on the meta device was not run for a {'GPU' if want['device'] == 'cuda' else 'CPU'}"
-    if target.get("precision") != want["precision"]:
-        return {}, (f"the pass on the meta device ran in {target.get('precision')}, not {want['precision']} "
+    target = trace.target
+    if target is None or target.device != want.device:
+        return {}, f"the pass on the meta device was not run for a {'GPU' if want.device == 'cuda' else 'CPU'}"
+    if target.precision != want.precision:
+        return {}, (f"the pass on the meta device ran in {target.precision}, not {want.precision} "
                     f"({trace.autocast_failure or 'another precision'})")
     try:
         return modelled_fields(trace, pricing, note), None

@@ -60,7 +60,7 @@ from topoprof.model.inputs.traces import (
 )
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import choose_ready_order, example_batch_of, stated_shape, trace_wanted
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.specs.traced_pass import TracedPass, TraceTarget
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
 from topoprof.workload.presets import context_sequences, is_vision
@@ -122,7 +122,7 @@ def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRu
 
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
-                   timed: MeasuredCompute | None, memory_target: dict | None, say: Progress
+                   timed: MeasuredCompute | None, memory_target: TraceTarget | None, say: Progress
                    ) -> tuple[MainTrace | None, MemoryPasses | None]:
     """A preset's or `--params` model's main pass (`main_trace_wanted`) for the GPU predicted and
     the passes its memory is counted from for `memory_target` (None: not wanted), in one worker

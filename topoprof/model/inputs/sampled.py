@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from topoprof.model.inputs.candidates import SAMPLES
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.specs.traced_pass import TracedPass, TraceTarget
 
 Key = tuple[str, int, int]  # (traced checkpointing mode, samples, depth), as the candidates key their passes
 
@@ -36,10 +36,10 @@ class SampledPasses:
     """The passes at SAMPLES of a model's depths and checkpointing modes, traced for `target`,
     keyed (mode, samples, depth)."""
 
-    target: dict
+    target: TraceTarget
     passes: dict[Key, TracedPass] = field(default_factory=dict)
 
-    def for_target(self, target: dict) -> dict[Key, TracedPass]:
+    def for_target(self, target: TraceTarget) -> dict[Key, TracedPass]:
         """Its passes where they were traced for `target`, else none."""
         return self.passes if target == self.target else {}
 

@@ -47,8 +47,8 @@ from topoprof.model.inputs.candidates import (
 )
 from topoprof.model.inputs.sampled import Key, SampledPasses, extend, to_trace_first
 from topoprof.model.memory.traced import TracedMemory, from_trace
-from topoprof.specs.messages import TraceFailure
-from topoprof.specs.traced_pass import PassMemory, TracedPass
+from topoprof.specs.messages import TraceFailure, TraceVariant
+from topoprof.specs.traced_pass import PassMemory, TracedPass, TraceTarget
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,18 @@ class MemoryPasses:
     traced_as: UserShape | None = None
 
 
-def _sampled(target: dict, keys: list[tuple], traces: list, variant: str = "autocast") -> SampledPasses:
+def _sampled(target: TraceTarget, keys: list[tuple], traces: list, variant: str = "autocast") -> SampledPasses:
     """The passes keyed (variant, mode, depth, samples) of `variant`, keyed as candidates key theirs."""
     return SampledPasses(target, {(mode, m, d): t for (v, mode, d, m), t in zip(keys, traces)
                                   if v == variant and isinstance(t, TracedPass)})
 
 
-def _user_variant(shape: UserShape, mode: str, samples: int, target: dict, depth: int | None = None) -> dict:
-    return {"stated": {"micro_batch": samples, "seq_len": shape.seq_len}, "ac": mode, "target": target,
-            **({"depth": depth} if depth is not None else {})}
+def _user_variant(shape: UserShape, mode: str, samples: int, target: TraceTarget,
+                  depth: int | None = None) -> TraceVariant:
+    return TraceVariant(stated={"micro_batch": samples, "seq_len": shape.seq_len}, target=target, ac=mode, depth=depth)
 
 
-def _user_traces(shape: UserShape, variants: list[dict]) -> list[TracedPass] | str:
+def _user_traces(shape: UserShape, variants: list[TraceVariant]) -> list[TracedPass] | str:
     """The passes, or the first failure's reason."""
     return _every_pass(trace_models(shape.spec, None, variants, unit=shape.unit))
 
@@ -101,7 +101,7 @@ def _memory(trace: TracedPass | TraceFailure) -> PassMemory:
 
 
 Passes = dict[Any, TracedPass | TraceFailure]  # by key: (mode, samples, depth), or as a plan keys them
-Plan = Callable[[UserShape], list[tuple[tuple, dict]]]  # the (key, variant) of each pass, by blocks or whole
+Plan = Callable[[UserShape], list[tuple[tuple, TraceVariant]]]  # the (key, variant) of each pass, by blocks or whole
 
 
 def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[UserShape, Passes | str]:
@@ -121,16 +121,16 @@ def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[
     return shape, traces if isinstance(traces, str) else dict(zip([key for key, _ in pairs], traces))
 
 
-def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
+def user_memory_set(shape: UserShape, precision: str, cast: bool, target: TraceTarget,
                     whole: WholePass | None = None) -> MemoryPasses:
     """A user's model traced for the GPU `target` (`traced.gpu_target`) at 2 and 3 samples under
     each searched mode, by its first 1 and 2 blocks where they are alike (`user_passes`), else
     whole: its memory or why not, and the shape as traced."""
     targets = {"autocast": target}
     if cast and precision != "fp32":
-        targets["cast"] = {**target, "weights": "cast"}
+        targets["cast"] = replace(target, weights="cast")
 
-    def plan(at: UserShape) -> list[tuple[tuple, dict]]:
+    def plan(at: UserShape) -> list[tuple[tuple, TraceVariant]]:
         if by_blocks(at):
             return [((v, mode, d, m), _user_variant(at, mode, m, targets[v], d))
                     for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
@@ -156,43 +156,44 @@ def user_memory_set(shape: UserShape, precision: str, cast: bool, target: dict,
     return MemoryPasses(TracedMemory(1, 0, points, source, whole=True), traced_as=shape)
 
 
-def _variant(mode: str, depth: int, samples: int, seq: int, target: dict) -> dict:
-    return {"kwargs": {"n_layer": depth, **({"ac": mode} if mode != "none" else {})},
-            "stated": {"micro_batch": samples, "seq_len": seq}, "target": target}
+def _variant(mode: str, depth: int, samples: int, seq: int, target: TraceTarget) -> TraceVariant:
+    return TraceVariant({"n_layer": depth, **({"ac": mode} if mode != "none" else {})},
+                        {"micro_batch": samples, "seq_len": seq}, target)
 
 
-def memory_set(shape: ModelShape, precision: str, cast: bool, target: dict) -> MemoryPasses:
+def memory_set(shape: ModelShape, precision: str, cast: bool, target: TraceTarget) -> MemoryPasses:
     """The memory passes (module docstring) for the GPU `target` (as `user_memory_set`), or why they failed."""
     keys, variants = _memory_variants(shape, precision, cast, target)
     traces = trace_models(shape.spec, shape.kwargs, variants)
     return MemoryPasses(traces.reason) if isinstance(traces, TraceFailure) else _memory_of(shape, keys, traces, target)
 
 
-def main_and_memory(request: TraceRequest, target: dict, shape: ModelShape, precision: str, cast: bool,
-                    memory_target: dict, progress: Callable[[str], None] | None = None
+def main_and_memory(request: TraceRequest, target: TraceTarget, shape: ModelShape, precision: str, cast: bool,
+                    memory_target: TraceTarget, progress: Callable[[str], None] | None = None
                     ) -> tuple[TracedPass | TraceFailure, MemoryPasses]:
     """The main pass (`trace_for_gpu`'s, for `target`) and the memory passes (`memory_set`'s, for
     `memory_target`) of one preset or `--params` model in one worker: one start and one torch
     import where two would be the same. The main pass is a variant that keeps the whole trace,
     with its own arguments over the shape's."""
     keys, variants = _memory_variants(shape, precision, cast, memory_target)
-    main = {"kwargs": request.kwargs, "stated": request.stated, "target": target, "whole": True}
+    main = TraceVariant(request.kwargs, request.stated, target, whole=True)
     traces = trace_models(shape.spec, shape.kwargs, [main, *variants], progress=progress)
     if isinstance(traces, TraceFailure):
         return traces, MemoryPasses(traces.reason)
     return traces[0], _memory_of(shape, keys, traces[1:], memory_target)
 
 
-def _memory_variants(shape: ModelShape, precision: str, cast: bool, target: dict) -> tuple[list[tuple], list[dict]]:
+def _memory_variants(shape: ModelShape, precision: str, cast: bool,
+                     target: TraceTarget) -> tuple[list[tuple], list[TraceVariant]]:
     targets = {"autocast": target}
     if cast and precision != "fp32":
-        targets["cast"] = {**target, "weights": "cast"}
+        targets["cast"] = replace(target, weights="cast")
     keys = [(v, mode, d, m) for v in targets for mode in TRACED_MODES for d in DEPTHS for m in SAMPLES]
     return keys, [_variant(mode, d, m, shape.seq_len, targets[v]) for v, mode, d, m in keys]
 
 
 def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[TracedPass | TraceFailure],
-               target: dict) -> MemoryPasses:
+               target: TraceTarget) -> MemoryPasses:
     points: dict = {}
     for (v, mode, d, m), trace in zip(keys, traces):
         why = _why_not(trace)
@@ -205,7 +206,7 @@ def _memory_of(shape: ModelShape, keys: list[tuple], traces: list[TracedPass | T
     return MemoryPasses(TracedMemory(shape.blocks, shape.seq_len, points, source), _sampled(target, keys, traces))
 
 
-def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]], target: dict,
+def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]], target: TraceTarget,
                      whole: WholePass | None = None, sampled: SampledPasses | None = None) -> CandidatePasses | str:
     """The passes for `wanted` on meta for the `target` device, or why they failed: at 1 and 2
     blocks (a preset's, a user's model's whose blocks are alike), each traced or extended from the
@@ -217,7 +218,7 @@ def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]
         passes = by_samples(keys, known, lambda some: _block_passes(shape, some, target))
         return passes if isinstance(passes, str) else CandidatePasses(shape, tuple(wanted), passes)
 
-    def plan(at: UserShape) -> list[tuple[tuple, dict]]:
+    def plan(at: UserShape) -> list[tuple[tuple, TraceVariant]]:
         if by_blocks(at):
             return [((mode, m, d), _user_variant(at, mode, m, target, d))
                     for mode, m in block_passes(at, wanted) for d in DEPTHS]
@@ -227,7 +228,7 @@ def candidate_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]
     return found if isinstance(found, str) else CandidatePasses(traced, tuple(wanted), found)
 
 
-def _block_passes(shape: ModelShape | UserShape, keys: list[Key], target: dict) -> Passes | str:
+def _block_passes(shape: ModelShape | UserShape, keys: list[Key], target: TraceTarget) -> Passes | str:
     """The passes of `keys` (mode, samples, depth) traced in one worker, or why they failed: a
     user's model's, the first failure's reason (`_user_traces`); a preset's, each its own failure."""
     if isinstance(shape, UserShape):
@@ -254,7 +255,7 @@ def by_samples(keys: list[Key], known: dict[Key, TracedPass], trace: Callable[[l
     return {key: passes[key] for key in keys}
 
 
-def traced_memory_of(w, target: dict, precision: str, cast: bool,
+def traced_memory_of(w, target: TraceTarget, precision: str, cast: bool,
                      whole: WholePass | None = None) -> MemoryPasses | None:
     """The passes a `WorkloadRequest`'s model is counted from for the GPU `target` (`cast`: also with
     the weights cast, for FSDP's 16-bit param_dtype), why they failed, or None where a preset or
@@ -268,7 +269,7 @@ def traced_memory_of(w, target: dict, precision: str, cast: bool,
     return memory_set(shape, precision, cast=cast, target=target)
 
 
-def trace_for_gpu(request: TraceRequest, target: dict, progress=None) -> TracedPass | TraceFailure:
+def trace_for_gpu(request: TraceRequest, target: TraceTarget, progress=None) -> TracedPass | TraceFailure:
     """The main pass for `target` (`traced.target_for`)."""
     return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)
 

@@ -19,6 +19,7 @@ from topoprof.model.inputs.request import check_spec
 from topoprof.model.inputs.user_record import ReadyOrder, gpu_key, registration_order, stated_shape, user_compute
 from topoprof.probes.hardware.nvml import query_nvml
 from topoprof.specs.messages import TraceFailure, UserModelRecord
+from topoprof.specs.traced_pass import TraceTarget
 from topoprof.topology.visible import job_gpus
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, get_preset, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE, check_image_size
@@ -45,7 +46,7 @@ def names_this_gpu(gpu: str) -> bool:
 
 
 def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", trace: dict | None = None,
-                 device: str | None = None, target: dict | None = None,
+                 device: str | None = None, target: TraceTarget | None = None,
                  progress: Callable[[str], None] | None = None, ac: str = "none", unit: str | None = None,
                  stated: dict | None = None) -> UserModelRecord:
     """The user's model read and timed on this machine: its first GPU when it has one (under
@@ -63,7 +64,7 @@ def measure_here(spec: str, precision: str = "bf16", optimizer: str = "adamw", t
 
 
 def trace_only(spec: str, micro_batch: int | None, tokens: int | None, progress: Callable[[str], None] | None,
-               ac: str, unit: str | None, target: dict) -> tuple[UserModelRecord, ReadyOrder]:
+               ac: str, unit: str | None, target: TraceTarget) -> tuple[UserModelRecord, ReadyOrder]:
     """The user's model read for a what-if without running it here: its pass on the meta device
     for the GPU `target` (`topoprof.measure.meta_trace.trace_model`), whatever its size. (record,
     ready order): the record as `user_layout` reads it, with the trace as `op_trace`. Where only
