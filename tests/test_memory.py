@@ -3,6 +3,7 @@ recommended."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from helpers.cli import topoprof
@@ -230,17 +231,20 @@ def test_the_memory_tables_columns_are_headed_by_the_whole_strategy_names():
 
 
 def test_the_gpu_the_compute_was_timed_on_is_the_memory_to_fit():
+    from topoprof.model.compute.measured import MeasuredCompute
     from topoprof.model.inputs import resolve
     from topoprof.model.inputs.request import ComputeRequest, MemoryRequest
 
-    timed = {"device_name": "NVIDIA H100 80GB HBM3", "device_memory_bytes": 85.5e9}
+    timed = MeasuredCompute(0.1, 0.6, 0.01, "timed", "NVIDIA H100 80GB HBM3", int(85.5e9))
     origins: list = []
     memory = resolve._memory_of_the_timed_gpu(MemoryRequest(), ComputeRequest(), timed, origins)
     assert memory.gpu_memory_gb == 85.5 and origins == [("gpu_memory_gb", "NVIDIA H100 80GB HBM3's memory as CUDA "
                                                                          "reported it where the compute was timed")]
+    on_a_cpu = replace(timed, device_name=None, device_memory_bytes=None)
     for memory, compute, record in ((MemoryRequest(gpu_memory_gb=40.0), ComputeRequest(), timed),  # --gpu-memory wins
                                     (MemoryRequest(), ComputeRequest(gpu="h100-sxm"), timed),  # another GPU named
-                                    (MemoryRequest(), ComputeRequest(), {"device_memory_bytes": None})):  # a CPU
+                                    (MemoryRequest(), ComputeRequest(), on_a_cpu),
+                                    (MemoryRequest(), ComputeRequest(), None)):  # nothing timed
         assert resolve._memory_of_the_timed_gpu(memory, compute, record, origins) is memory
     assert len(origins) == 1
 
