@@ -271,16 +271,16 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
                                                   {"name": "b", "shape": [1000], "requires_grad": True},
                                                   {"name": "frozen", "shape": [10], "requires_grad": False}])
     fields = modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, profile))
-    assert fields["modelled_detail"]["optimizer"]["tensors"] == 2
+    assert fields["modelled_detail"].optimizer.tensors == 2
     times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,
                           grad_bytes=4)
     rate = (28 << 24) / 1e-3
     assert times.optimizer_s == pytest.approx(2 * 4e-6 + 28 * 101_000 / rate)   # AdamW: 7 words of 4 B a parameter
     assert "from the device profile" in times.echo["optimizer_time_s"][1]
     # a range of rate and host cost (a profile scaled to another GPU): each end of the what-if takes its own
-    ranged = {**fields["modelled_detail"], "optimizer": {**fields["modelled_detail"]["optimizer"],
-                                                          "bytes_per_s": [rate, 2 * rate],
-                                                          "host_per_tensor_s": [2e-6, 4e-6]}}
+    detail = fields["modelled_detail"]
+    ranged = dataclasses.replace(detail, optimizer=dataclasses.replace(detail.optimizer, bytes_per_s=(rate, 2 * rate),
+                                                                       host_per_tensor_s=(2e-6, 4e-6)))
     comp = Compute(gpu="h100-sxm", **{**fields, "modelled_detail": ranged})
     ends = {end: compute_times(comp, params=101_000, flops_per_token=1.0, tokens=1, grad_bytes=4, end=end).optimizer_s
             for end in ("fast", None, "slow")}

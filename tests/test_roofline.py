@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from tests.helpers.profiles import modelled_detail
 from topoprof.model.compute import roofline as rl
 from topoprof.model.compute.op_kinds import gemm_shape
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
@@ -144,7 +145,7 @@ def _inputs(**compute):
 
 
 MODELLED = {"modelled_s": (0.01, 0.02, 0.04), "modelled_basis": "its ops", "modelled_backward_fraction": 0.6,
-            "modelled_detail": {"summary": "s", "basis": []}}
+            "modelled_detail": modelled_detail(summary="s")}
 
 
 def test_modelled_compute_is_the_middle_and_its_ends_bound_every_step():

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from helpers.cli import topoprof
 from helpers.fake_driver import driver_env, fixture_body
+from helpers.profiles import modelled_detail
 
 from topoprof.model.compute.timing import Compute
 from topoprof.model.strategies.job import Workload
@@ -156,7 +157,8 @@ def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
 
     assert compute_check(Compute(micro_batch_time_s=0.03)) is None  # nothing modelled beside it
     compute = Compute(micro_batch_time_s=0.03, optimizer_time_s=0.004, modelled_s=(0.02, 0.025, 0.04),
-                      modelled_basis="its op trace", modelled_detail={"summary": "h100-sxm (bf16, eager): ..."})
+                      modelled_basis="its op trace",
+                      modelled_detail=modelled_detail(summary="h100-sxm (bf16, eager): ..."))
     check = compute_check(compute)
     assert check["inside"] and check["error_vs_middle"] == pytest.approx(0.2)
     outside = compute_check(Compute(micro_batch_time_s=0.05, modelled_s=(0.02, 0.025, 0.04)))

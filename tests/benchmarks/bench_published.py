@@ -135,7 +135,7 @@ def whatif_compute(entry: dict) -> list[tuple[str, float, tuple[float, float, fl
                                    pricing_for(named_gpu(GPU), "fp32", compiled=False))
         if why:
             raise SystemExit(f"{preset}: the what-if compute could not be modelled: {why}")
-        out.append((preset, compute, fields["modelled_s"], fields["modelled_detail"]["summary"]))
+        out.append((preset, compute, fields["modelled_s"], fields["modelled_detail"].summary))
     return out
 
 

@@ -2,6 +2,7 @@
 rate chosen, so that what a trace is priced at can be worked out by hand."""
 from __future__ import annotations
 
+from topoprof.model.compute.modelled import ModelledDetail
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
@@ -44,3 +45,10 @@ def h100_profile(**changes):
     """A full-grid bf16 profile of an H100 SXM (the datasheet's 132 SMs)."""
     return profile_from_dict(profile_doc(**{"gemm": GRID, "memory": MEMORY, "sdpa": SDPA, "host": HOST, **changes}),
                              "hand-made")
+
+
+def modelled_detail(**known) -> ModelledDetail:
+    """What pricing a model's ops found (`Compute.modelled_detail`), as much of it as a test
+    states; placeholders for the rest, which no prediction reads."""
+    return ModelledDetail(**{"seconds": (0.01, 0.02, 0.03), "device": "test", "shape": "test", "summary": "",
+                             "basis": (), **known})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from topoprof.model.compute.modelled import ModelledDetail
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import modelled_fields
 from topoprof.specs.traced_pass import TracedPass
@@ -32,14 +33,14 @@ class Line:
 
 def _values(fields: dict) -> tuple[float, ...]:
     fast, middle, slow = fields["modelled_s"]
-    recompute = (fields["modelled_detail"].get("recompute_s") or [0.0, 0.0, 0.0])[1]
+    recompute = fields["modelled_detail"].recomputed_middle_s
     return fast, middle, slow, middle * (1 - fields["modelled_backward_fraction"]), recompute
 
 
 def priced_line(one_block: TracedPass, two_blocks: TracedPass, pricing: Pricing) -> Line:
     """The traces at 1 and 2 blocks priced (`traced.modelled_fields`; its errors raised)."""
     a, b = (modelled_fields(t, pricing) for t in (one_block, two_blocks))
-    return Line(_values(a), _values(b), a["modelled_detail"]["device"])
+    return Line(_values(a), _values(b), a["modelled_detail"].device)
 
 
 def extended_fields(values: tuple[float, ...], device: str, shape: str, how: str) -> dict:
@@ -50,8 +51,8 @@ def extended_fields(values: tuple[float, ...], device: str, shape: str, how: str
     # about the middle as extended.
     fast, slow = min(fast, middle, slow), max(fast, middle, slow)
     basis = f"its ops at {shape} on {device}, {how}"
-    detail = {"seconds": [fast, middle, slow], "device": device, "shape": shape, "basis": [basis], "summary": basis,
-              "notes": [], **({"recompute_s": [recompute] * 3} if recompute > 0 else {})}
+    detail = ModelledDetail(seconds=(fast, middle, slow), device=device, shape=shape, basis=(basis,), summary=basis,
+                            recompute_s=(recompute,) * 3 if recompute > 0 else None)
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": 1 - forward / middle if middle > 0 else None, "modelled_detail": detail}
 

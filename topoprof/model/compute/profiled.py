@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from topoprof.model.compute import op_kinds
 from topoprof.model.compute.host_costs import HostCosts, compiled_host_seconds, eager_host_seconds, selective_cost
+from topoprof.model.compute.modelled import OptimizerRates
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_interp import Grid
 from topoprof.model.compute.profile_scale import Ratios, ScaledProfile
@@ -173,7 +174,7 @@ class ProfiledDevice:
             t += sum(b for b in op.outputs or () if b >= pages.fresh_page_min_bytes) * pages.fresh_page_s_per_byte
         return t, kind
 
-    def optimizer_rates(self, params: list[dict] | None) -> dict | None:
+    def optimizer_rates(self, params: list[dict] | None) -> OptimizerRates | None:
         """The optimizer step's figures from the profile, for `timing` to price a what-if's step:
         its rate over the optimizer's bytes (scaled by bandwidth to another GPU) and its host cost
         per parameter tensor (`params`: the trace's parameter list); None where the profile has no
@@ -185,10 +186,9 @@ class ProfiledDevice:
         scaled = self._scaled()
         rate = (read.value, read.value) if scaled is None else _pair(scaled.optimizer_bytes_per_s())
         host = self.host.get("optimizer_per_tensor")
-        return {"tensors": len(trainable), "bytes_per_s": list(rate),
-                "host_per_tensor_s": [host.low, host.high] if host else [0.0, 0.0],
-                "basis": f"{read.basis}; host per tensor " + (f"{host.text(1e6, ' us')}: {host.basis}" if host else
-                                                             "not in the profile: 0")}
+        return OptimizerRates(len(trainable), rate, (host.low, host.high) if host else (0.0, 0.0),
+                              f"{read.basis}; host per tensor " + (f"{host.text(1e6, ' us')}: {host.basis}" if host else
+                                                                  "not in the profile: 0"))
 
     def host_seconds(self, trace: TracedPass, end: str) -> list[float]:
         return (compiled_host_seconds if self.compiled else eager_host_seconds)(trace, self.host, end)

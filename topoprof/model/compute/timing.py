@@ -11,6 +11,7 @@ from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import PRECISIONS, GpuSpec, NamedGpu, named_gpu
+from topoprof.model.compute.modelled import ModelledDetail
 
 # Backward ~= 2x forward: C ~= 6N per token = 2N forward + 4N backward (Kaplan et al. 2020,
 # "Scaling Laws for Neural Language Models", §2.1).
@@ -125,7 +126,7 @@ class Compute:
     modelled_s: tuple[float, float, float] | None = None
     modelled_basis: str = ""
     modelled_backward_fraction: float | None = None
-    modelled_detail: dict | None = None
+    modelled_detail: ModelledDetail | None = None
     # `gpu` with its datasheet row, looked up once here for everything that prices or sizes by it
     named: NamedGpu | None = field(init=False, repr=False, compare=False)
 
@@ -227,6 +228,13 @@ def uses_modelled(comp: Compute) -> bool:
     return comp.micro_batch_time_s is None and comp.utilization is None and comp.modelled_s is not None
 
 
+def _echo_compute_model(comp: Compute, echo: dict) -> None:
+    """What pricing the model's ops found, beside the seconds echoed from it."""
+    detail = comp.modelled_detail
+    echo["compute_model"] = (detail.echoed() if detail is not None else None,
+                             "topoprof.model.compute.roofline over the model's op trace")
+
+
 def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
                    tokens: int | None, echo: dict, unit: str = "token", end: str | None = None) -> float:
     if comp.micro_batch_time_s is not None:
@@ -239,7 +247,7 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
             echo["micro_batch_time_modelled_s"] = ([fast, middle, slow], (
                 f"{MODELLED_SOURCE} (not used: measured beats modelled): {comp.modelled_basis}; the measured "
                 f"time is {gap:+.0%} of its middle, {inside} its range"))
-            echo["compute_model"] = (comp.modelled_detail, "topoprof.model.compute.roofline over the model's op trace")
+            _echo_compute_model(comp, echo)
         return comp.micro_batch_time_s
     if uses_modelled(comp):
         assert comp.modelled_s is not None
@@ -247,7 +255,7 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
         seconds = {None: middle, "fast": fast, "slow": slow}[end]
         echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled_basis}")
         echo["micro_batch_time_range_s"] = ((fast, slow), f"{MODELLED_SOURCE}: {comp.modelled_basis}")
-        echo["compute_model"] = (comp.modelled_detail, "topoprof.model.compute.roofline over the model's op trace")
+        _echo_compute_model(comp, echo)
         return seconds
     peak, peak_src = comp.peak_tflops, "given"
     if peak is None and spec is not None:
@@ -287,17 +295,17 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
         source = f"measured ({comp.origin('optimizer_time_s')})"
         echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
         return comp.optimizer_time_s
-    profiled = (comp.modelled_detail or {}).get("optimizer") if uses_modelled(comp) else None
+    profiled = comp.modelled_detail.optimizer if uses_modelled(comp) and comp.modelled_detail else None
     if profiled:  # a what-if priced from a device profile: its optimizer's rate and host cost per tensor
         per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
         # at an end of the what-if: the rate's and the host cost's ends that make the step fast, or slow
-        rates, hosts = sorted(profiled["bytes_per_s"]), sorted(profiled["host_per_tensor_s"])
+        rates, hosts = sorted(profiled.bytes_per_s), sorted(profiled.host_per_tensor_s)
         rate, host = ((rates[1], hosts[0]) if end == "fast" else (rates[0], hosts[1]) if end == "slow"
                       else (math.sqrt(math.prod(rates)), math.sqrt(math.prod(hosts))))
-        seconds = profiled["tensors"] * host + per_param * params / rate
-        echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {profiled['tensors']} tensors x {host * 1e6:.3g} us + "
+        seconds = profiled.tensors * host + per_param * params / rate
+        echo["optimizer_time_s"] = (seconds, f"{comp.optimizer}: {profiled.tensors} tensors x {host * 1e6:.3g} us + "
                                              f"{per_param} B/param x {params} params / {rate / 1e9:.4g} GB/s, from the "
-                                             f"device profile ({profiled['basis']})")
+                                             f"device profile ({profiled.basis})")
         return seconds
     if bandwidth is None:  # nothing to estimate it from: assume 0 and say so (echo, warning)
         echo["optimizer_time_s"] = (0.0, OPTIMIZER_UNKNOWN_SOURCE)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import NamedGpu
+from topoprof.model.compute.modelled import ModelledDetail
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
@@ -116,18 +117,14 @@ def modelled_fields(trace: TracedPass, pricing: Pricing, note: str | None = None
     if recompute is not None:
         basis += ("; activation checkpointing's recompute ops are in its backward, priced with it "
                   f"({recompute[1] * 1e3:.3g} ms of them alone, middle)")
-    detail = {"seconds": [fast, middle, slow], "device": result.device, "shape": shape,
-              **({"recompute_s": list(recompute)} if recompute is not None else {}),
-              "kernels": result.kernels, "views": result.views, "flops": result.flops,
-              "bytes_moved": result.bytes_moved, "backward_fraction": result.backward_fraction,
-              "host_s": result.middle.host_s, "device_s": result.middle.device_s,
-              "device_s_by_kind": result.middle.by_kind, "host_bound": result.host_bound,
-              "summary": result.summary(), "basis": list(result.basis),
-              "notes": list(dict.fromkeys([*result.notes, *chosen_notes, *([note] if note else [])])),
-              **({"memory": trace.memory} if trace.memory else {})}
-    optimizer = pricer.optimizer_rates(trace.params) if hasattr(pricer, "optimizer_rates") else None
-    if optimizer is not None:
-        detail["optimizer"] = optimizer
+    detail = ModelledDetail(
+        seconds=(fast, middle, slow), device=result.device, shape=shape, recompute_s=recompute,
+        kernels=result.kernels, views=result.views, flops=result.flops, bytes_moved=result.bytes_moved,
+        backward_fraction=result.backward_fraction, host_s=result.middle.host_s, device_s=result.middle.device_s,
+        device_s_by_kind=result.middle.by_kind, host_bound=result.host_bound, summary=result.summary(),
+        basis=tuple(result.basis), memory=trace.memory,
+        notes=tuple(dict.fromkeys([*result.notes, *chosen_notes, *([note] if note else [])])),
+        optimizer=pricer.optimizer_rates(trace.params) if hasattr(pricer, "optimizer_rates") else None)
     return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
             "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
 

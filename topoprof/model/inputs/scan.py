@@ -159,7 +159,7 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
     pricing = _pricing(opts, gpu_name)
     modelled, why = model_on_gpu(request, pricing)
     if modelled:
-        on = PROFILE_WHERE if pricing.profile is not None else modelled["modelled_detail"]["device"]
+        on = PROFILE_WHERE if pricing.profile is not None else modelled["modelled_detail"].device
         return (Compute(gpu=gpu_name, **modelled, **extra),
                 f"modelled from its own ops on {on}: a what-if, nothing measured")
     return (Compute(gpu=gpu_name, **extra),
@@ -314,4 +314,4 @@ def compute_check(compute) -> dict | None:
     fast, middle, slow = compute.modelled_s
     return {"measured_s": measured, "modelled_s": [fast, middle, slow], "error_vs_middle": measured / middle - 1,
             "inside": fast <= measured <= slow, "basis": compute.modelled_basis,
-            "summary": (compute.modelled_detail or {}).get("summary")}
+            "summary": compute.modelled_detail.summary if compute.modelled_detail else None}

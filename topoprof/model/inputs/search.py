@@ -58,7 +58,7 @@ def candidate_compute(main, fields: dict):
     """A candidate's compute: the main pass's (`main`) with the candidate's modelled fields. Its
     optimizer step is the main pass's, priced from the same profile (it holds the same parameters
     whatever the micro-batch and the checkpointing)."""
-    optimizer = (main.modelled_detail or {}).get("optimizer")
+    optimizer = main.modelled_detail.optimizer if main.modelled_detail else None
     if optimizer and "modelled_detail" in fields:
-        fields = {**fields, "modelled_detail": {**fields["modelled_detail"], "optimizer": optimizer}}
+        fields = {**fields, "modelled_detail": replace(fields["modelled_detail"], optimizer=optimizer)}
     return replace(main, **fields)

@@ -16,7 +16,6 @@ from topoprof.model.memory.holding import OPTIMIZER_STATES
 from topoprof.model.memory.traced import MicroBatchBytes, from_trace
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs, Workload
 from topoprof.model.strategies.results import Memory
-from topoprof.specs.traced_pass import PassMemory
 from topoprof.workload.presets import PRESET_DEPTH
 
 
@@ -52,10 +51,10 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
                                "the same passes with the weights cast to 16 bits, as FSDP2's MixedPrecisionPolicy "
                                f"(param_dtype) runs the blocks ({traced_set.per_block(ac, samples, 'cast')}): no "
                                "autocast copies" if cast is not None else "")
-    traced = (inputs.compute.modelled_detail or {}).get("memory")
-    if isinstance(traced, PassMemory):  # the model's own autograd graph, at the shape priced
-        mb = from_trace(traced)
-        shape = (inputs.compute.modelled_detail or {}).get("shape", "the traced shape")
+    detail = inputs.compute.modelled_detail
+    if detail is not None and detail.memory is not None:  # the model's own autograd graph, at the shape priced
+        mb = from_trace(detail.memory)
+        shape = detail.shape
         # FSDP's 16-bit param_dtype gathers 16-bit weights: nothing for autocast to copy
         cast = replace(mb, param_copies=0.0) if work.fsdp_bytes[0] == 2 else None
         return MicroBatchCount(mb.activations, f"counted from the op trace at {shape} ({ac.text}): the tensors "
