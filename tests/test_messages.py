@@ -54,6 +54,7 @@ from topoprof.specs.traced_pass import (
     KeptTensor,
     MemorySegment,
     OpSum,
+    ParamEntry,
     PassMemory,
     PassTotals,
     PhaseTotals,
@@ -74,7 +75,7 @@ MEMORY = PassMemory(48, 0, KeptByPlace(1, 8, [16], 24, [KeptTensor("aten.mm.defa
                     [MemorySegment("forward", "block", 0, 48, 32, 0, "aten.mm.default", "aten.mm.default")])
 TRACE = TracedPass([MM], PassTotals(PhaseTotals(1, 64, 32, 16)), MEMORY, ready=[[0, 1.0]], ready_flops=[[0, 64]],
                    by_name=[OpSum("aten.mm.default", "forward", 1, 64, 32, 16)], target=TraceTarget("cpu"),
-                   spec="model.py:build", shape="2x4", params=[{"name": "w", "shape": [4, 2]}])
+                   spec="model.py:build", shape="2x4", params=[ParamEntry("w", [4, 2], "bfloat16", False, ["v"])])
 
 # one filled-in example of every message class, each field away from its default
 EXAMPLES: list[Message] = [
@@ -91,12 +92,12 @@ EXAMPLES: list[Message] = [
     NodesJob(),
     PhasesJob([phase("bench", "collectives", CollectivesJob(["all_reduce"], [8], 3, 1, "float32", "avg"))]),
     SleepJob(5, 0.5, 1, 2, "hang"),
-    UserModelResult(UserModelRecord("model.py:build", "cpu", [{"name": "w", "shape": [2, 2]}], samples=4,
+    UserModelResult(UserModelRecord("model.py:build", "cpu", [ParamEntry("w", [2, 2])], samples=4,
                                     ready=[[0, 1.0]], passes=[TimedPass(0.1, 0.2, [[0, 1.0]])],
                                     memory=StepMemory("cuda:0", 16, 32, 64, 16, 128),
                                     op_trace=TraceFailure("on meta, boom"))),
     OpTraceResult(TRACE),
-    OpTracesResult([TracedPass([]), TRACE, TraceFailure("on meta, boom", params=[{"name": "w"}])]),
+    OpTracesResult([TracedPass([]), TRACE, TraceFailure("on meta, boom", params=[ParamEntry("w", [3])])]),
     TraceFailure("--model x.py:build: its callable returned 2 values", "return", "Traceback ..."),
     RankDone(),
     RankError("RuntimeError: boom"),

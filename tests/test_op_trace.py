@@ -120,9 +120,9 @@ def test_tied_and_frozen_parameters_are_indexed_as_ddp_lists_them():
     traced = trace_user_model(f"{TIED}:build")
     assert isinstance(traced, TracedPass)
     assert traced.params == parameter_list(call_user_callable(f"{TIED}:build")[0])
-    trainable = {i for i, p in enumerate(traced.params) if p["requires_grad"]}
+    trainable = {i for i, p in enumerate(traced.params) if p.requires_grad}
     assert sorted(i for i, _ in traced.ready) == sorted(trainable)  # each once, no frozen one
-    head = [p["name"] for p in traced.params].index("head.weight")
+    head = [p.name for p in traced.params].index("head.weight")
     assert traced.ready[-1] == [head, 1.0]  # the tied weight's last use is the embedding, first in forward
 
 
@@ -308,7 +308,7 @@ def test_checkpointing_keeps_less_and_recomputes_what_it_dropped():
     assert held == sorted(held) and held[0] < held[2]
     assert plain.totals.recompute.ops == 0
     assert plain.totals.forward.flops == full.totals.forward.flops
-    assert [p["name"] for p in plain.params] == [p["name"] for p in full.params]
+    assert [p.name for p in plain.params] == [p.name for p in full.params]
 
 
 @pytest.mark.parametrize("name", ["built_on_meta", "moved_to_a_device", "meta_only"])

@@ -34,7 +34,7 @@ def test_one_block_trains_on_cpu(preset):
     record = measure_user_model("topoprof.zoo.preset_modules:build", "cpu", 1,
                                 kwargs={"preset": preset, "micro_batch": 1, "seq_len": 16, "n_layer": 1})
     assert record.passes[0].backward_s > 0
-    trainable = [p for p in record.params if p["requires_grad"]]
+    trainable = [p for p in record.params if p.requires_grad]
     assert len({i for i, _ in record.ready}) == len(trainable)   # every parameter got its gradient
 
 

@@ -19,7 +19,7 @@ from topoprof.model.compute.profile_choice import nearest_profile, pricer_for, p
 from topoprof.model.compute.profile_scale import datasheet_ratios
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
 from topoprof.model.compute.roofline_terms import quantization
-from topoprof.specs.traced_pass import TracedOp, TracedPass, TraceTarget
+from topoprof.specs.traced_pass import ParamEntry, TracedOp, TracedPass, TraceTarget
 
 CUDA = TraceTarget("cuda", "bf16")
 
@@ -267,9 +267,8 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     doc["optimizer"] = {"name": "AdamW (fused)", "params": 1 << 24, "bytes_per_step": 28 << 24, "seconds": 1e-3,
                         "bytes_per_s": (28 << 24) / 1e-3}
     profile = profile_from_dict(doc, "with an optimizer")
-    trace = dataclasses.replace(_trace(), params=[{"name": "w", "shape": [1000, 100], "requires_grad": True},
-                                                  {"name": "b", "shape": [1000], "requires_grad": True},
-                                                  {"name": "frozen", "shape": [10], "requires_grad": False}])
+    trace = dataclasses.replace(_trace(), params=[ParamEntry("w", [1000, 100]), ParamEntry("b", [1000]),
+                                                  ParamEntry("frozen", [10], requires_grad=False)])
     fields = modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, profile))
     assert fields["modelled_detail"].optimizer.tensors == 2
     times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,

@@ -24,7 +24,7 @@ from topoprof.model.inputs.user_record import (
     user_layout,
 )
 from topoprof.specs.messages import TimedPass, TraceFailure, UserModelRecord
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.specs.traced_pass import ParamEntry, TracedPass
 
 # Its tests share one module fixture of rank launches: one worker runs them all, so the launches
 # run once (`--dist loadgroup` in pyproject.toml), not once on each worker that takes a test of it.
@@ -71,12 +71,12 @@ def _torch_rebuilt_buckets(bucket_cap_mb):
 
 
 def test_parameters_as_ddp_sees_them(record):
-    names = [p["name"] for p in record.params]
+    names = [p.name for p in record.params]
     assert names[:2] == ["out.weight", "out.bias"]           # registration order, not forward order
     assert "embed.weight" not in names                       # tied: counted once, under its first name
-    shared = next(p for p in record.params if p["name"] == "head.weight")
-    assert shared["aliases"] == ["embed.weight"]
-    assert [p["requires_grad"] for p in record.params if p["name"].startswith("frozen")] == [False, False]
+    shared = next(p for p in record.params if p.name == "head.weight")
+    assert shared.aliases == ["embed.weight"]
+    assert [p.requires_grad for p in record.params if p.name.startswith("frozen")] == [False, False]
     layout = user_layout(record)
     assert not any(t.name.startswith("frozen") for t in layout.tensors)
     from topoprof.zoo.user_callable import call_user_callable
@@ -188,8 +188,7 @@ def test_a_scans_validation_plans_a_users_model_at_its_example_batch():
     samples (1 where they cannot be counted), the synthetic model's default otherwise."""
     from topoprof.scan.options import ScanOptions, validate_options
 
-    record = UserModelRecord(f"{FIXTURE}:pair", "cpu", [{"name": "w", "shape": [4, 4], "requires_grad": True,
-                                                         "aliases": []}], samples=2, ready=[[0, 1.0]])
+    record = UserModelRecord(f"{FIXTURE}:pair", "cpu", [ParamEntry("w", [4, 4])], samples=2, ready=[[0, 1.0]])
     opts = ScanOptions("gloo", 2, "", user_model=f"{FIXTURE}:pair", user_record=record)
     assert validate_options(opts).micro_batch == 2
     assert validate_options(replace(opts, user_record=replace(record, samples=None))).micro_batch == 1
@@ -260,7 +259,7 @@ def test_a_cpu_timing_takes_its_order_from_the_backward_flops(record):
     layout = user_layout(record, order)
     assert layout.source.endswith("gradient-ready order: backward FLOPs per tensor (FlopCounterMode on meta at "
                                   "4x32), since it was timed on cpu, not on a GPU")
-    trainable = [i for i, p in enumerate(record.params) if p["requires_grad"]]
+    trainable = [i for i, p in enumerate(record.params) if p.requires_grad]
     schedule = [(trainable[r.index], r.ready_fraction) for r in layout.ready_schedule()]
     assert [i for i, _ in schedule] == [i for i, _ in trace.ready]
     assert [f for _, f in schedule] == pytest.approx([f for _, f in trace.ready])
@@ -282,7 +281,7 @@ def test_a_timing_on_the_gpu_predicted_keeps_its_order(record):
 def test_a_failed_meta_pass_keeps_the_timed_order_and_says_why(record, trace, says):
     if trace == "renamed":
         assert isinstance(record.op_trace, TracedPass)
-        trace = replace(record.op_trace, params=[{**p, "name": "x" + p["name"]} for p in record.params])
+        trace = replace(record.op_trace, params=[replace(p, name="x" + p.name) for p in record.params])
     order = choose_ready_order(replace(record, op_trace=trace), micro_batch_time=0.1)
     assert order.ready == record.ready
     assert order.text.startswith("gradient-ready order: measured on cpu, although the compute is given")

@@ -109,6 +109,6 @@ def test_resnet50_trains_one_step_on_cpu():
     record = measure_user_model("topoprof.zoo.preset_modules:build", "cpu", 1,
                                 kwargs={"preset": "resnet50", "micro_batch": 2, "image_size": 32})
     assert record.passes[0].backward_s > 0
-    trainable = [p for p in record.params if p["requires_grad"]]
+    trainable = [p for p in record.params if p.requires_grad]
     assert len(trainable) == len(get_preset("resnet50").tensors)
     assert len({i for i, _ in record.ready}) == len(trainable)   # every parameter got its gradient

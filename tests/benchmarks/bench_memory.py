@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -69,7 +68,7 @@ def gpu_peak() -> bool:
                              {"preset": "gpt2"},
                              TraceTarget("cuda", "bf16"))
     mb = from_trace(trace.memory)
-    params = sum(math.prod(p["shape"]) for p in trace.params if p["requires_grad"])
+    params = sum(p.numel for p in trace.params if p.requires_grad)
     held = holding.holding("single", holding.MemoryModel(params, micro_batch=mb, activations=mb.activations,
                                                          environment=False))
     summed = held.states + mb.activations + mb.logits + mb.param_copies + mb.backward_transient

@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
 
-from topoprof.specs.traced_pass import TracedPass, TraceTarget
+from topoprof.specs.traced_pass import ParamEntry, TracedPass, TraceTarget
 
 # Keys a message carries beside its fields: its kind, its version, and the phase a rank adds when
 # it runs several workers in one launch (topoprof.probes.ranks.rank_main._PhaseContext).
@@ -451,12 +451,11 @@ class StepMemory:
 class UserModelRecord:
     """A user's model (or a preset's module) as read: timed by the `user_model` worker
     (probes/ranks/model_timing.py) on `device`, or, for a what-if, only traced (`device` "meta":
-    its parameters and its pass, nothing timed). Each parameter tensor of `params` is a dict of
-    `name`, `shape`, `requires_grad` and `aliases` (topoprof/trace/op_trace.py:parameter_list)."""
+    its parameters and its pass, nothing timed)."""
 
     spec: str
     device: str                         # "cpu", "cuda:N", or "meta" where it was only traced
-    params: list
+    params: list[ParamEntry]
     device_name: str | None = None      # the timed GPU's name, as CUDA gives it
     device_memory_bytes: int | None = None
     samples: int | None = None          # its example batch's (None: its tensors share no first dimension)
@@ -483,7 +482,7 @@ class UserModelResult(Message):
 
     KIND: ClassVar[str] = "user_model"
     VERSION: ClassVar[int] = 5  # 3: its pass on meta is a TracedPass; 4: its timed passes and memory typed; 5: the
-    # pass's target a TraceTarget
+    # pass's target a TraceTarget, the parameters ParamEntries
 
     record: UserModelRecord
 
@@ -494,7 +493,7 @@ class OpTraceResult(Message):
     """One pass on meta; a model that cannot be traced sends its `TraceFailure` instead."""
 
     KIND: ClassVar[str] = "op_trace"
-    VERSION: ClassVar[int] = 3  # 2: a TracedPass; 3: its target a TraceTarget
+    VERSION: ClassVar[int] = 3  # 2: a TracedPass; 3: its target a TraceTarget, its parameters ParamEntries
 
     trace: TracedPass
 
@@ -505,7 +504,7 @@ class OpTracesResult(Message):
     """The passes of an OpTraceJob's variants, in their order: each a trace, or its `TraceFailure`."""
 
     KIND: ClassVar[str] = "op_traces"
-    VERSION: ClassVar[int] = 3  # 2: TracedPasses; 3: their targets TraceTargets
+    VERSION: ClassVar[int] = 3  # 2: TracedPasses; 3: their targets TraceTargets, their parameters ParamEntries
 
     traces: list[TracedPass | TraceFailure]
 
@@ -525,12 +524,12 @@ class TraceFailure(Message):
     parameters where it was built) or "worker" (the trace worker gave nothing)."""
 
     KIND: ClassVar[str] = "trace_failure"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: its parameters ParamEntries
 
     reason: str
     stage: str = "pass"
     traceback: str = ""
-    params: list | None = None
+    params: list[ParamEntry] | None = None
 
     @property
     def users_to_fix(self) -> bool:

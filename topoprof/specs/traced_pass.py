@@ -8,7 +8,24 @@ sides import it; the one codec (topoprof.specs.messages) writes and reads it fie
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    """One parameter tensor as DDP sees it (topoprof/zoo/user_callable.py:parameter_list): in
+    registration order, a tensor shared under several names once, with its other names (`aliases`)."""
+
+    name: str
+    shape: list[int]
+    dtype: str = "float32"
+    requires_grad: bool = True
+    aliases: list[str] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -163,13 +180,13 @@ class TracedPass:
     target: TraceTarget | None = None
     attention: dict | None = None
     # the model the pass is of: its callable, the batch it was given (its description, the shape
-    # named to its callable, its samples), its parameters (topoprof/trace/op_trace.py:parameter_list)
+    # named to its callable, its samples), its parameters
     spec: str = ""
     device: str = "meta"
     shape: str = ""
     kwargs: dict = field(default_factory=dict)
     samples: int | None = None
-    params: list | None = None
+    params: list[ParamEntry] | None = None
     checkpointing: dict | None = None       # its blocks as checkpointed, where they were
     blocks_of: int | None = None            # the blocks it had, where it was cut to its first ones
     block_list: str | None = None           # the module whose children are its repeated blocks

@@ -18,6 +18,7 @@ import os
 import sys
 import traceback
 
+from topoprof.specs.traced_pass import ParamEntry
 from topoprof.zoo.hf_spec import HFModelError, is_hf_spec, split_spec
 
 
@@ -179,11 +180,11 @@ def user_loss(module, batch, loss_fn):
     return loss
 
 
-def parameter_list(module) -> list[dict]:
+def parameter_list(module) -> list[ParamEntry]:
     """DDP's view of the parameters: registration order, shared tensors once with their aliases."""
     aliases: dict[int, list[str]] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(name)
-    return [{"name": name, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
-             "requires_grad": bool(p.requires_grad), "aliases": aliases[id(p)][1:]}
+    return [ParamEntry(name, list(p.shape), str(p.dtype).replace("torch.", ""), bool(p.requires_grad),
+                       aliases[id(p)][1:])
             for name, p in module.named_parameters()]

@@ -54,7 +54,7 @@ from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_interp import Grid
 from topoprof.model.compute.profile_scale import Ratios, ScaledProfile
 from topoprof.model.compute.roofline_terms import GEMM_TILE, quantization
-from topoprof.specs.traced_pass import TracedOp, TracedPass
+from topoprof.specs.traced_pass import ParamEntry, TracedOp, TracedPass
 
 
 @dataclass(frozen=True)
@@ -174,12 +174,12 @@ class ProfiledDevice:
             t += sum(b for b in op.outputs or () if b >= pages.fresh_page_min_bytes) * pages.fresh_page_s_per_byte
         return t, kind
 
-    def optimizer_rates(self, params: list[dict] | None) -> OptimizerRates | None:
+    def optimizer_rates(self, params: list[ParamEntry] | None) -> OptimizerRates | None:
         """The optimizer step's figures from the profile, for `timing` to price a what-if's step:
         its rate over the optimizer's bytes (scaled by bandwidth to another GPU) and its host cost
         per parameter tensor (`params`: the trace's parameter list); None where the profile has no
         optimizer rate or the trace no parameters."""
-        trainable = [p for p in params or () if p.get("requires_grad", True)]
+        trainable = [p for p in params or () if p.requires_grad]
         read = self.profile.optimizer_bytes_per_s()
         if read is None or not trainable:
             return None

@@ -23,7 +23,6 @@ gradient-ready order and times. Pure: it reads the records alone.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -39,8 +38,8 @@ def registration_order(record: UserModelRecord, why: str) -> ReadyOrder:
     """Gradients ready in reverse registration order, each after its share of the parameters: what
     stands in where the pass on meta failed and nothing weighs them by their backward FLOPs."""
     params = record.params
-    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
-    sizes = [math.prod(params[i]["shape"]) for i in reversed(trainable)]
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    sizes = [params[i].numel for i in reversed(trainable)]
     total, done, ready = max(1, sum(sizes)), 0, []
     for i, size in zip(reversed(trainable), sizes):
         done += size
@@ -176,7 +175,7 @@ def choose_ready_order(record: UserModelRecord, gpu: str | None = None,
 
 def _other_parameters(record: UserModelRecord, trace: TracedPass) -> str | None:
     """The meta pass's indices mean the timed record's only where both list the same parameters."""
-    if [p["name"] for p in trace.params or ()] == [p["name"] for p in record.params]:
+    if [p.name for p in trace.params or ()] == [p.name for p in record.params]:
         return None
     return f"the model built at {trace.shape} has other parameters than the one timed"
 
@@ -185,9 +184,9 @@ def user_layout(record: UserModelRecord, order: ReadyOrder | None = None) -> Lay
     """The trainable parameters as a Layout whose ready schedule is `order` (the timed one unless given)."""
     order = order or measured_order(record)
     params = record.params
-    trainable = [i for i, p in enumerate(params) if p["requires_grad"]]
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
     position = {i: k for k, i in enumerate(trainable)}
-    tensors = tuple(TensorSpec(params[i]["name"], tuple(params[i]["shape"])) for i in trainable)
+    tensors = tuple(TensorSpec(params[i].name, tuple(params[i].shape)) for i in trainable)
     ready = [(position[i], fraction) for i, fraction in order.ready if i in position]
     missing = sorted(set(range(len(trainable))) - {k for k, _ in ready})
     if missing:
@@ -204,7 +203,7 @@ def user_layout(record: UserModelRecord, order: ReadyOrder | None = None) -> Lay
     if sum(u.backward_flops_per_token for u in uses) <= 0:  # every hook at the same instant
         uses = [Use((k,), total_flops / len(ready)) for k, _ in ready]
     frozen = len(params) - len(trainable)
-    shared = sum(1 for p in params if p["aliases"])
+    shared = sum(1 for p in params if p.aliases)
     return Layout(f"user:{record.spec}", tensors, tuple(reversed(uses)),
                   f"{record.spec}: {len(tensors)} trainable tensors ({frozen} frozen, {shared} shared); "
                   f"{order.text}")
