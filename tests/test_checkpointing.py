@@ -85,7 +85,7 @@ def test_the_op_policy_keeps_every_other_matmul_and_the_attention():
     assert policy(recompute, aten.mm.default) == keep
 
 
-def _llama_trace(ac: str, target: dict) -> TracedPass:
+def _llama_trace(ac: str, target: TraceTarget) -> TracedPass:
     return trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2, "seq_len": 16},
                             {"preset": "llama3-8b", "n_layer": 4, "sizes": SMALL_LLAMA, "ac": ac}, target)
 

@@ -219,7 +219,7 @@ def test_preset_memory_measured_beside_the_count(record_property):
     for part in ("params", "grads", "optimizer", "activations"):
         record_property(f"single_{part}_gb_measured", round(timed.strategies["single"].memory.parts_gb[part], 3))
         record_property(f"single_{part}_gb_counted", round(counted.strategies["single"].memory.parts_gb[part], 3))
-    record_property("peak_gb", round(measured["peak_bytes"] / 1e9, 3))
+    record_property("peak_gb", round(measured.peak_bytes / 1e9, 3))
 
 
 def test_scan_end_to_end_on_the_real_driver(tmp_path, record_property):

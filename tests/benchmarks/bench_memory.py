@@ -21,10 +21,10 @@ import json
 import os
 import sys
 
-from topoprof.specs.traced_pass import TraceTarget
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
+from topoprof.specs.traced_pass import TraceTarget  # noqa: E402 - from this checkout, installed or not
 
 SUMMARY = os.path.join(ROOT, "reports", "gpu-nvidia-h200-20261126", "summary.json")
 TARGET = 0.02

@@ -77,13 +77,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from topoprof.specs.traced_pass import TraceTarget
-
 if TYPE_CHECKING:
     from topoprof.specs.traced_pass import TracedPass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
+from topoprof.specs.traced_pass import TraceTarget  # noqa: E402 - from this checkout, installed or not
 
 REPEATS = 3
 ROUNDS = 3
@@ -164,7 +164,7 @@ def fresh_bytes(trace: TracedPass, min_bytes: int) -> int:
                for b in op.outputs or () if b >= min_bytes)
 
 
-def traced(preset: str, kwargs: dict, target: dict | None = None) -> TracedPass:
+def traced(preset: str, kwargs: dict, target: TraceTarget | None = None) -> TracedPass:
     from topoprof.specs.messages import TraceFailure
     from topoprof.trace.op_trace import trace_user_model
 
