@@ -60,9 +60,9 @@ def test_the_modes_keep_on_a_users_blocks_what_they_keep_on_a_presets(name):
                                                      ("sequential", "1", 5)])
 def test_the_blocks_are_found_whatever_their_class_and_place(name, container, blocks):
     done = _trace(name, "full").checkpointing
-    assert (done["container"], done["blocks"], done["wrapped"]) == (container, blocks, blocks)
-    assert done["chosen"].startswith("found")
-    assert _trace(name, "layer:2").checkpointing["wrapped"] == blocks // 2
+    assert (done.container, done.blocks, done.wrapped) == (container, blocks, blocks)
+    assert done.chosen.startswith("found")
+    assert _trace(name, "layer:2").checkpointing.wrapped == blocks // 2
 
 
 def test_a_hugging_face_models_layers_are_found_and_not_the_lists_inside_a_layer():
@@ -76,7 +76,7 @@ def test_a_hugging_face_models_layers_are_found_and_not_the_lists_inside_a_layer
 
 def test_fsdp_unit_names_the_blocks_over_the_list_found():
     done = _trace("build", "full", blocks="model.layers.0.experts").checkpointing
-    assert (done["container"], done["blocks"], done["chosen"]) == ("model.layers.0.experts", 8, "--fsdp-unit")
+    assert (done.container, done.blocks, done.chosen) == ("model.layers.0.experts", 8, "--fsdp-unit")
     failed = _trace("build", "full", blocks="model.nothing")
     assert failed.stage == "blocks" and "--fsdp-unit model.nothing" in failed.reason
 
@@ -260,6 +260,6 @@ def test_the_timing_checkpoints_the_same_blocks():
     full = measure(f"{BLOCKS}:build", "cpu", 1, precision="fp32", ac="full")
     assert plain.checkpointing is None
     assert full.checkpointing is not None
-    assert full.checkpointing["container"] == "model.layers" and full.checkpointing["wrapped"] == 4
+    assert full.checkpointing.container == "model.layers" and full.checkpointing.wrapped == 4
     with pytest.raises(Exception, match="already checkpoints its blocks"):
         measure(f"{CHECKPOINTED}:reentrant", "cpu", 1, precision="fp32", ac="full")

@@ -195,7 +195,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
                            block_list=unit or find_block_list(module), ready=ready, passes=passes,
                            optimizer_s=optimizer_s, optimizer=opt_name, precision=precision_used,
                            memory=memory.parts(),
-                           checkpointing={k: v for k, v in done.items() if k != "names"} if done else None)
+                           checkpointing=done[0] if done else None)
 
 
 def _warm_up(step, cuda: bool) -> list:

@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
 
-from topoprof.specs.traced_pass import ParamEntry, TracedPass, TraceTarget
+from topoprof.specs.traced_pass import ParamEntry, TracedPass, TraceTarget, WrappedBlocks
 
 # Keys a message carries beside its fields: its kind, its version, and the phase a rank adds when
 # it runs several workers in one launch (topoprof.probes.ranks.rank_main._PhaseContext).
@@ -466,7 +466,7 @@ class UserModelRecord:
     optimizer: str | None = None
     precision: str | None = None
     memory: StepMemory | None = None    # what its timed step held on a GPU, part by part
-    checkpointing: dict | None = None   # its blocks as checkpointed, where they were
+    checkpointing: WrappedBlocks | None = None  # its blocks as checkpointed, where they were
     # its pass on meta, where one was asked for: the trace, or why it could not be had
     op_trace: TracedPass | TraceFailure | None = None
 
@@ -482,7 +482,7 @@ class UserModelResult(Message):
 
     KIND: ClassVar[str] = "user_model"
     VERSION: ClassVar[int] = 5  # 3: its pass on meta is a TracedPass; 4: its timed passes and memory typed; 5: the
-    # pass's target a TraceTarget, the parameters ParamEntries
+    # pass's target a TraceTarget, the parameters ParamEntries, its checkpointed blocks WrappedBlocks
 
     record: UserModelRecord
 
@@ -493,7 +493,7 @@ class OpTraceResult(Message):
     """One pass on meta; a model that cannot be traced sends its `TraceFailure` instead."""
 
     KIND: ClassVar[str] = "op_trace"
-    VERSION: ClassVar[int] = 3  # 2: a TracedPass; 3: its target a TraceTarget, its parameters ParamEntries
+    VERSION: ClassVar[int] = 3  # 2: a TracedPass; 3: its target, parameters and checkpointed blocks typed
 
     trace: TracedPass
 
@@ -504,7 +504,7 @@ class OpTracesResult(Message):
     """The passes of an OpTraceJob's variants, in their order: each a trace, or its `TraceFailure`."""
 
     KIND: ClassVar[str] = "op_traces"
-    VERSION: ClassVar[int] = 3  # 2: TracedPasses; 3: their targets TraceTargets, their parameters ParamEntries
+    VERSION: ClassVar[int] = 3  # 2: TracedPasses; 3: their targets, parameters and checkpointed blocks typed
 
     traces: list[TracedPass | TraceFailure]
 

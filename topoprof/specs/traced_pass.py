@@ -29,6 +29,24 @@ class ParamEntry:
 
 
 @dataclass(frozen=True)
+class WrappedBlocks:
+    """A user's model's blocks as activation checkpointing wrapped them
+    (topoprof/zoo/user_blocks.py:checkpoint_user_model): under `mode`, `wrapped` of the `blocks`
+    children of `container` (None: the model itself), found as `chosen` says."""
+
+    mode: str
+    container: str | None
+    blocks: int
+    wrapped: int
+    chosen: str
+
+    def describe(self) -> str:
+        """'activation checkpointing full on model.layers (32 blocks; found: ...)'."""
+        count = f"{self.blocks} blocks" if self.wrapped == self.blocks else f"{self.wrapped} of {self.blocks} blocks"
+        return f"activation checkpointing {self.mode} on {self.container or 'the model'} ({count}; {self.chosen})"
+
+
+@dataclass(frozen=True)
 class TraceTarget:
     """The device a pass on meta is run as (topoprof/trace/target_lens.py): a CUDA GPU at
     `precision` ("bf16", "fp16" or "fp32"), or a CPU, which trains in fp32. `weights` "cast": a
@@ -187,7 +205,7 @@ class TracedPass:
     kwargs: dict = field(default_factory=dict)
     samples: int | None = None
     params: list[ParamEntry] | None = None
-    checkpointing: dict | None = None       # its blocks as checkpointed, where they were
+    checkpointing: WrappedBlocks | None = None  # its blocks as checkpointed, where they were
     blocks_of: int | None = None            # the blocks it had, where it was cut to its first ones
     block_list: str | None = None           # the module whose children are its repeated blocks
     autocast_failure: str | None = None     # why it ran in fp32, where autocast failed

@@ -590,10 +590,10 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
             built["params"] = parameter_list(module)
             done = checkpoint_user_model(module, ac, unit) if ac else None
             if done is not None:
-                built["checkpointing"] = {k: v for k, v in done.items() if k != "names"}
+                built["checkpointing"] = done[0]
             say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
-                                                    done["names"] if done else repeated_blocks(module, unit))
+                                                    done[1] if done else repeated_blocks(module, unit))
 
     target = check_target(target)
     autocast_failure = None

@@ -64,10 +64,3 @@ def parse_checkpointing(text: str | None) -> Checkpointing:
                          "op (torchtitan's selective op policy)")
     return Checkpointing(value)
 
-
-def describe_wrapped(done: dict) -> str:
-    """What a user's model had wrapped (`topoprof/zoo/user_blocks.py:checkpoint_user_model`), as
-    'activation checkpointing full on model.layers (32 blocks; found: ...)'."""
-    count = (f"{done['blocks']} blocks" if done["wrapped"] == done["blocks"]
-             else f"{done['wrapped']} of {done['blocks']} blocks")
-    return f"activation checkpointing {done['mode']} on {done['container'] or 'the model'} ({count}; {done['chosen']})"

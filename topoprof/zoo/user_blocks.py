@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from topoprof.specs.traced_pass import WrappedBlocks
 from topoprof.zoo.checkpoint_wrap import apply_activation_checkpointing, check_mode, children_of
 from topoprof.zoo.user_callable import UserModelError
 
@@ -91,9 +92,10 @@ def _refusal(mode: str, where: str) -> UserModelError:
                           "to count this mode")
 
 
-def checkpoint_user_model(module: nn.Module, mode: str, unit: str | None = None) -> dict | None:
-    """`module` with its blocks wrapped as `mode` says, in place; what was wrapped, as
-    {"mode", "container", "blocks", "wrapped", "chosen", "names"}; None for `none`.
+def checkpoint_user_model(module: nn.Module, mode: str,
+                          unit: str | None = None) -> tuple[WrappedBlocks, list[str]] | None:
+    """`module` with its blocks wrapped as `mode` says, in place; what was wrapped, and the names
+    of the blocks; None for `none`.
     UserModelError where it has no blocks or checkpoints itself (module docstring): a hook on each
     block refuses the pass that enters one under the model's own checkpointing."""
     kind, every = check_mode(mode)
@@ -113,8 +115,7 @@ def checkpoint_user_model(module: nn.Module, mode: str, unit: str | None = None)
     for name in names:
         module.get_submodule(name).register_forward_pre_hook(refuse_nested)
     wrapped = len(names) // every if kind == "layer" else len(names)
-    return {"mode": mode, "container": container, "blocks": len(names), "wrapped": wrapped, "chosen": chosen,
-            "names": names}
+    return WrappedBlocks(mode, container, len(names), wrapped, chosen), names
 
 
 

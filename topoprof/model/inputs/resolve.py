@@ -18,7 +18,6 @@ from topoprof.model.inputs.user_record import UserModelRead, read_user_model
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.model.strategies.job import ModelInputs, Workload
 from topoprof.specs.messages import UserModelRecord
-from topoprof.workload.checkpointing import describe_wrapped
 
 
 def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
@@ -87,7 +86,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(read.layout, read.block_list)}
     workload = Workload(read.layout, **work_kw, measured_memory=record.memory if stands else None)
     if record.checkpointing:
-        notes.append(describe_wrapped(record.checkpointing))
+        notes.append(record.checkpointing.describe())
     # the GPU predicted prices the model's own ops, unless it was timed on that GPU
     what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
     modelled, why = priced(record.op_trace, evidence.pricing) if what_if else ({}, None)

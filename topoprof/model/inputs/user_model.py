@@ -76,7 +76,7 @@ def trace_only(spec: str, micro_batch: int | None, tokens: int | None, progress:
     trace = trace_model(check_spec(spec), None, shape, target, progress=progress, ac=ac, unit=unit)
     if isinstance(trace, TraceFailure):
         return _params_read_before(spec, trace)
-    record = UserModelRecord(spec, "meta", trace.params or [], checkpointing=trace.checkpointing or None,
+    record = UserModelRecord(spec, "meta", trace.params or [], checkpointing=trace.checkpointing,
                              op_trace=trace)
     return record, ReadyOrder(trace.ready, "gradient-ready order: backward FLOPs per tensor (FlopCounterMode on "
                                            f"meta at {trace.shape}); a what-if traces the model, never runs it here")
