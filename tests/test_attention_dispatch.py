@@ -77,7 +77,7 @@ def test_each_call_form_runs_the_kernel_its_rule_names(sdpa, capability, precisi
         backend = "cudnn" if TORCH_VERSION >= (2, 11) else "flash"
     kv_heads = sdpa.pop("kv_heads", H)
     trace = _trace(Attend(kv_heads, **sdpa), TraceTarget("cuda", precision, capability=capability))
-    assert trace.attention["calls"] == {backend: 1}
+    assert trace.attention.calls == {backend: 1}
     if backend == "math":
         assert _attention_ops(trace) <= {"_safe_softmax"} and _score_ops(trace)  # the scores, as the GPU keeps them
     else:
@@ -89,14 +89,14 @@ def test_each_call_form_runs_the_kernel_its_rule_names(sdpa, capability, precisi
 def test_a_forced_backend_runs_as_the_model_attends():
     trace = _trace(Attend(is_causal=True),
                    TraceTarget("cuda", "fp32", capability=A100, attention="flash"))
-    assert trace.attention["calls"] == {"flash": 1}
+    assert trace.attention.calls == {"flash": 1}
 
 
 def test_the_cpu_target_takes_torchs_own_cpu_choice():
     trace = _trace(Attend(KV, is_causal=True, enable_gqa=True), TraceTarget("cpu"))
     expected = torch._fused_sdp_choice(torch.zeros(B, H, S, E), torch.zeros(B, KV, S, E), torch.zeros(B, KV, S, E),
                                        None, 0.0, True, enable_gqa=True)
-    assert trace.attention["calls"] == {"flash" if expected == 1 else "math": 1}
+    assert trace.attention.calls == {"flash" if expected == 1 else "math": 1}
 
 
 class EncoderStack(nn.Module):
@@ -125,7 +125,7 @@ def test_checkpointed_transformer_encoder_layers_recompute_through_the_fused_ker
         module = apply_activation_checkpointing(module, "full", children_of(module, "layers"))
         trace = trace_pass(module, torch.empty(B, S, H * 8), lambda out, _: out, list(module.parameters()),
                            TraceTarget("cuda", "bf16", capability=A100))
-    assert trace.attention["calls"] == {"flash": 4}  # two blocks, each forward and recompute
+    assert trace.attention.calls == {"flash": 4}  # two blocks, each forward and recompute
     assert trace.totals.recompute.ops > 0 and _score_ops(trace) == []
 
 
@@ -136,7 +136,7 @@ def test_transformer_encoder_layers_keep_no_score_matrix(causal, hint, backend):
     (need_weights=False): with is_causal it drops the mask, else its float mask reaches the kernel."""
     trace = _trace(EncoderStack(causal, hint), TraceTarget("cuda", "bf16", capability=A100),
                    width=H * 8)
-    assert trace.attention["calls"] == {backend: 2}
+    assert trace.attention.calls == {backend: 2}
     assert _score_ops(trace) == []
 
 
@@ -152,7 +152,7 @@ def test_a_hugging_face_llama_attends_by_the_fused_kernel():
     trace = trace_user_model(f"hf:{config}", {"micro_batch": 2, "seq_len": 32}, None,
                              TraceTarget("cuda", "bf16", capability=A100))
     assert isinstance(trace, TracedPass), trace
-    assert set(trace.attention["calls"]) == {"flash"}
+    assert set(trace.attention.calls) == {"flash"}
     assert not any("_safe_softmax" in op.name or op.name == "aten.bmm.default" for op in trace.ops)
 
 
@@ -171,5 +171,5 @@ def test_a_users_own_hugging_face_model_traces_with_its_own_checkpointing(callab
     trace = trace_user_model(f"{blocks}:{callable_name}", {"micro_batch": 2, "seq_len": 32}, None,
                              TraceTarget("cuda", "bf16", capability=A100))
     assert isinstance(trace, TracedPass), trace
-    assert set(trace.attention["calls"]) == {"flash"}
+    assert set(trace.attention.calls) == {"flash"}
     assert (trace.totals.recompute.ops > 0) == recomputes

@@ -15,7 +15,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext  # noqa: E402
 
 from topoprof.model.compute.datasheet import named_gpu  # noqa: E402
-from topoprof.specs.traced_pass import TracedPass, TraceTarget  # noqa: E402
+from topoprof.specs.traced_pass import SelectiveCheckpointCost, TracedPass, TraceTarget  # noqa: E402
 from topoprof.trace.op_trace import trace_user_model  # noqa: E402
 from topoprof.zoo.checkpoint_wrap import _op_policy, apply_activation_checkpointing, check_mode  # noqa: E402
 from topoprof.zoo.llama import LLAMA_CONFIGS  # noqa: E402
@@ -151,8 +151,8 @@ def test_the_selective_modes_cost_more_per_op_than_a_plain_recorded_op_here():
     from topoprof.trace.selective_cost import selective_checkpoint_ratio
 
     measured = selective_checkpoint_ratio()
-    assert measured["ratio"] > 1  # the modes add Python per op; no tighter bound: it is this CPU's
-    assert measured["seconds_per_op"] > measured["recorded_seconds_per_op"] > 0
+    assert measured.ratio > 1  # the modes add Python per op; no tighter bound: it is this CPU's
+    assert measured.seconds_per_op > measured.recorded_seconds_per_op > 0
 
 
 def test_op_mode_step_grows_by_exactly_the_ratios_share_of_a_recorded_op(by_mode):
@@ -161,7 +161,7 @@ def test_op_mode_step_grows_by_exactly_the_ratios_share_of_a_recorded_op(by_mode
     from topoprof.model.compute.roofline import roofline
 
     plain = by_mode["op"]
-    priced = replace(plain, selective_checkpoint={"ratio": 3.0, "how": "measured here: a stated 3"})
+    priced = replace(plain, selective_checkpoint=SelectiveCheckpointCost(3.0, "measured here: a stated 3"))
     # a profile that did not measure the policy's modes (the H200's facts): the trace's ratio prices them
     path = os.path.join(SHIPPED_DIR, "nvidia-h200-sxm-gpu-facts-20261126.json")
     pricer, _ = pricer_for(named_gpu("h100-sxm"), "bf16", False, load_profile(path), path)
@@ -179,7 +179,7 @@ def test_a_profile_that_measured_the_modes_prices_them_over_the_trace(by_mode):
     from topoprof.model.compute.roofline_terms import Span
 
     costs = HostCosts({"autograd_forward": Span(2e-6, 2e-6, "measured"), SELECTIVE_KIND: Span(7e-6, 7e-6, "measured")})
-    trace = replace(by_mode["op"], selective_checkpoint={"ratio": 9.0, "how": "here"})
+    trace = replace(by_mode["op"], selective_checkpoint=SelectiveCheckpointCost(9.0, "here"))
     assert selective_cost(trace, costs).ratio == pytest.approx(3.5)
     assert selective_cost(trace, HostCosts({})).ratio == 9.0
     assert selective_cost(by_mode["full"], costs) is None

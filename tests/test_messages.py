@@ -50,6 +50,7 @@ from topoprof.specs.messages import (
     registered,
 )
 from topoprof.specs.traced_pass import (
+    AttentionChoices,
     KeptByPlace,
     KeptTensor,
     MemorySegment,
@@ -58,9 +59,11 @@ from topoprof.specs.traced_pass import (
     PassMemory,
     PassTotals,
     PhaseTotals,
+    SelectiveCheckpointCost,
     TracedOp,
     TracedPass,
     TraceTarget,
+    WrappedBlocks,
 )
 
 TRAINING = {"spec": {"vocab": 64, "d_model": 8}, "mode": "ddp_synced", "micro_batch": 2, "steps": 3,
@@ -75,7 +78,10 @@ MEMORY = PassMemory(48, 0, KeptByPlace(1, 8, [16], 24, [KeptTensor("aten.mm.defa
                     [MemorySegment("forward", "block", 0, 48, 32, 0, "aten.mm.default", "aten.mm.default")])
 TRACE = TracedPass([MM], PassTotals(PhaseTotals(1, 64, 32, 16)), MEMORY, ready=[[0, 1.0]], ready_flops=[[0, 64]],
                    by_name=[OpSum("aten.mm.default", "forward", 1, 64, 32, 16)], target=TraceTarget("cpu"),
-                   spec="model.py:build", shape="2x4", params=[ParamEntry("w", [4, 2], "bfloat16", False, ["v"])])
+                   spec="model.py:build", shape="2x4", params=[ParamEntry("w", [4, 2], "bfloat16", False, ["v"])],
+                   attention=AttentionChoices({"flash": 2}, {"cudnn": "sm80"}),
+                   checkpointing=WrappedBlocks("full", "layers", 4, 4, "found"),
+                   selective_checkpoint=SelectiveCheckpointCost(2.5, "stated", 5e-6, 2e-6))
 
 # one filled-in example of every message class, each field away from its default
 EXAMPLES: list[Message] = [

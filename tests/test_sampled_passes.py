@@ -20,7 +20,15 @@ from topoprof.model.inputs.sampled import (
     same_counts,
     to_trace_first,
 )
-from topoprof.specs.traced_pass import PassMemory, PassTotals, PhaseTotals, TracedOp, TracedPass, TraceTarget
+from topoprof.specs.traced_pass import (
+    PassMemory,
+    PassTotals,
+    PhaseTotals,
+    SelectiveCheckpointCost,
+    TracedOp,
+    TracedPass,
+    TraceTarget,
+)
 
 
 def _memory(peak_bytes: int, rounded_peak_bytes: int) -> PassMemory:
@@ -101,10 +109,10 @@ def test_a_line_its_check_does_not_hold_is_traced_past_samples():
 
 def test_the_host_cost_of_selective_checkpointing_is_the_checks():
     keys = [("op", m, 1) for m in (5, 9)]
-    known = {("op", s, 1): replace(_pass(s), selective_checkpoint={"ratio": 1e-5}) for s in SAMPLES}
-    traced = {("op", 9, 1): replace(_pass(9), selective_checkpoint={"ratio": 2e-5})}
+    known = {("op", s, 1): replace(_pass(s), selective_checkpoint=SelectiveCheckpointCost(1e-5, "")) for s in SAMPLES}
+    traced = {("op", 9, 1): replace(_pass(9), selective_checkpoint=SelectiveCheckpointCost(2e-5, ""))}
     extended, rest = extend(keys, known, traced)
-    assert rest == [] and extended[("op", 5, 1)].selective_checkpoint == {"ratio": 2e-5}
+    assert rest == [] and extended[("op", 5, 1)].selective_checkpoint == SelectiveCheckpointCost(2e-5, "")
 
 
 def test_passes_traced_for_another_device_extend_nothing():

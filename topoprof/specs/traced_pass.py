@@ -47,6 +47,27 @@ class WrappedBlocks:
 
 
 @dataclass(frozen=True)
+class AttentionChoices:
+    """The attention kernel each call took on the target (topoprof/trace/target_lens.py): its calls
+    per backend run, and why the faster backends were refused, per backend run."""
+
+    calls: dict[str, int]
+    refused: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SelectiveCheckpointCost:
+    """What an op run under torchtitan's `op` policy costs the host, as a `ratio` over a plain op
+    autograd records (topoprof/trace/selective_cost.py), and `how` it was had: stated, or measured
+    on this machine's CPU (then with both seconds per op)."""
+
+    ratio: float
+    how: str
+    seconds_per_op: float | None = None
+    recorded_seconds_per_op: float | None = None
+
+
+@dataclass(frozen=True)
 class TraceTarget:
     """The device a pass on meta is run as (topoprof/trace/target_lens.py): a CUDA GPU at
     `precision` ("bf16", "fp16" or "fp32"), or a CPU, which trains in fp32. `weights` "cast": a
@@ -196,7 +217,7 @@ class TracedPass:
     autograd_leaves: int | None = None
     by_name: list[OpSum] | None = None
     target: TraceTarget | None = None
-    attention: dict | None = None
+    attention: AttentionChoices | None = None
     # the model the pass is of: its callable, the batch it was given (its description, the shape
     # named to its callable, its samples), its parameters
     spec: str = ""
@@ -209,7 +230,7 @@ class TracedPass:
     blocks_of: int | None = None            # the blocks it had, where it was cut to its first ones
     block_list: str | None = None           # the module whose children are its repeated blocks
     autocast_failure: str | None = None     # why it ran in fp32, where autocast failed
-    selective_checkpoint: dict | None = None  # what `op` mode costs per op here (topoprof/trace/selective_cost.py)
+    selective_checkpoint: SelectiveCheckpointCost | None = None  # what `op` mode costs per op here
 
 
 def aggregate(ops: list[TracedOp]) -> list[OpSum]:

@@ -103,6 +103,7 @@ from topoprof.specs.messages import (
     TraceVariant,
 )
 from topoprof.specs.traced_pass import (
+    AttentionChoices,
     KeptByPlace,
     KeptTensor,
     MemorySegment,
@@ -462,7 +463,7 @@ def trace_pass(module, batch, loss_fn, params: list, target: TraceTarget | None 
                       ready=[[i, f / total] for i, f in ready] if total > 0 else [],
                       ready_flops=[[i, f] for i, f in ready], autograd_nodes=nodes, autograd_leaves=leaves,
                       by_name=aggregate(tracer.ops), target=target,
-                      attention={"calls": lens.attention, "refused": lens.attention_reasons}
+                      attention=AttentionChoices(lens.attention, lens.attention_reasons)
                       if lens and lens.attention else None)
 
 

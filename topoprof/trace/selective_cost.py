@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from topoprof.specs.traced_pass import SelectiveCheckpointCost
 from topoprof.zoo.checkpoint_wrap import OPS_PER_BLOCK, run_under_selective_op
 
 ROUNDS = 7
@@ -36,16 +37,16 @@ WHAT = (f"torch.mul of 64 floats recorded by autograd under op mode's forward an
 STATED_RATIO_ENV = "TOPOPROF_SELECTIVE_CHECKPOINT_RATIO"
 
 
-def selective_checkpoint_cost() -> dict:
-    """{"ratio", "how"}: as `STATED_RATIO_ENV` states it, else measured here."""
+def selective_checkpoint_cost() -> SelectiveCheckpointCost:
+    """As `STATED_RATIO_ENV` states it, else measured here."""
     stated = os.environ.get(STATED_RATIO_ENV)
     if stated:
-        return {"ratio": float(stated), "how": f"stated by {STATED_RATIO_ENV}={stated}, not measured"}
+        return SelectiveCheckpointCost(float(stated), f"stated by {STATED_RATIO_ENV}={stated}, not measured")
     return selective_checkpoint_ratio()
 
 
-def selective_checkpoint_ratio() -> dict:
-    """{"ratio", "seconds_per_op", "recorded_seconds_per_op", "how"} on this machine's CPU."""
+def selective_checkpoint_ratio() -> SelectiveCheckpointCost:
+    """The cost measured on this machine's CPU."""
     x, w = torch.randn(64), torch.randn(64, requires_grad=True)
 
     def op():
@@ -64,6 +65,6 @@ def selective_checkpoint_ratio() -> dict:
             ops = run_under_selective_op(op, BLOCKS)
             under.append((time.perf_counter() - t0) / ops)
     per_op, recorded = min(under), min(plain)
-    return {"ratio": per_op / recorded, "seconds_per_op": per_op, "recorded_seconds_per_op": recorded,
-            "how": f"measured here: {WHAT}, {per_op * 1e6:.3g} us over {recorded * 1e6:.3g} us per plain recorded op "
-                   f"(torch {torch.__version__}, this machine's CPU)"}
+    how = (f"measured here: {WHAT}, {per_op * 1e6:.3g} us over {recorded * 1e6:.3g} us per plain recorded op "
+           f"(torch {torch.__version__}, this machine's CPU)")
+    return SelectiveCheckpointCost(per_op / recorded, how, per_op, recorded)

@@ -114,7 +114,7 @@ def selective_cost(trace: TracedPass, costs: HostCosts | None) -> SelectiveCost 
     here = trace.selective_checkpoint
     if here is None:
         return None
-    return SelectiveCost(float(here["ratio"]), here["how"])
+    return SelectiveCost(here.ratio, here.how)
 
 
 def _at(span: Span, end: str) -> float:
