@@ -1,10 +1,13 @@
 """One forward and backward of a model on the meta device, as topoprof/trace/op_trace.py records it:
 every aten op with its FLOPs and bytes, the ops summed, the memory the pass held, and the order its
-gradients were ready in. The trace worker sends it (`OpTraceResult`, `OpTracesResult`, a user's
-model's record) and the predict stage reads it: compute prices its ops
-(topoprof.model.compute), memory counts its bytes (topoprof.model.memory), the fits search
-extends it to other sizes (topoprof.model.inputs.sampled). It imports nothing of torch, so both
-sides import it; the one codec (topoprof.specs.messages) writes and reads it field by field.
+gradients were ready in; with the device it was run as (`TraceTarget`), the model's parameters
+(`ParamEntry`), its blocks as checkpointing wrapped them (`WrappedBlocks`), the attention kernels it
+took (`AttentionChoices`) and what `op` mode's policy costs the host (`SelectiveCheckpointCost`),
+which a model's timed record and the trace jobs carry too. The trace worker sends it
+(`OpTraceResult`, `OpTracesResult`, a user's model's record) and the predict stage reads it: compute
+prices its ops (topoprof.model.compute), memory counts its bytes (topoprof.model.memory), the fits
+search extends it to other sizes (topoprof.model.inputs.sampled). It imports nothing of torch, so
+both sides import it; the one codec (topoprof.specs.messages) writes and reads it field by field.
 """
 from __future__ import annotations
 
