@@ -275,6 +275,25 @@ def test_fingerprints_that_differ_say_where():
     assert how_they_differ(ours, moved).startswith("its net namespace is 'net:[1]'")
 
 
+def test_a_server_whose_end_closed_before_a_fork_was_asked_has_exited_before_it_answered():
+    """The launcher may ask for a rank before or after a failing server has exited: its socket's
+    closed end says the same as its exit (the launch above races the two)."""
+    import socket
+    import tempfile
+
+    from topoprof.measure.forks import ForkServer, ForkServerGone
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.close()
+    with tempfile.TemporaryFile() as log:
+        log.write(b"Fatal Python error: init_fs_encoding\nModuleNotFoundError: No module named 'encodings'\n")
+        server = ForkServer(ours, log, pid=0)
+        with pytest.raises(ForkServerGone, match="the fork server exited before it answered; it said: "
+                                                 "ModuleNotFoundError"):
+            server.fork({}, "sleep", 1, 2, timeout_s=1.0)
+        assert not server.alive()
+
+
 def test_a_server_that_cannot_start_fails_the_launch_saying_why_and_the_next_starts_anew(own_servers):
     from topoprof.measure import forks
 

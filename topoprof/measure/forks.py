@@ -97,6 +97,9 @@ class ForkServer:
         on result_fd."""
         try:
             socket.send_fds(self._sock, [json.dumps({"env": env, "worker": worker}).encode()], [log_fd, result_fd])
+        except (BrokenPipeError, ConnectionResetError):  # its end is closed: the server has ended
+            self._gone = True
+            raise ForkServerGone(self._why("exited before it answered")) from None
         except OSError as err:
             raise ForkServerGone(self._why(f"could not be reached ({err})")) from None
         deadline = time.monotonic() + timeout_s
