@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from tests.helpers.profiles import modelled_detail
+from tests.helpers.profiles import modelled
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.datasheet import named_gpu
-from topoprof.model.compute.modelled import OptimizerRates
+from topoprof.model.compute.modelled import ModelledCompute, OptimizerRates
 from topoprof.model.compute.timing import Compute
 from topoprof.model.fsdp.plan import fsdp_plan, recompute_shares
 from topoprof.model.fsdp.timeline import FsdpSetting, collective_times, fsdp_micro_batch
@@ -76,10 +76,10 @@ torch = pytest.importorskip("torch")
 SIZES = {"hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 896, "vocab_size": 2048}
 
 
-def _priced(mode: str) -> dict:
+def _priced(mode: str) -> ModelledCompute:
     from topoprof.model.compute.profile import load_profile
     from topoprof.model.compute.profile_choice import pricing_for
-    from topoprof.model.compute.traced import modelled_fields
+    from topoprof.model.compute.traced import modelled_compute
     from topoprof.trace.op_trace import trace_user_model
 
     trace = trace_user_model("topoprof.zoo.preset_modules:build", {"micro_batch": 2},
@@ -90,21 +90,21 @@ def _priced(mode: str) -> dict:
     # under its policy's modes can cost more host time than full's)
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "topoprof", "model", "compute",
                         "profiles", "nvidia-h200-sxm-gpu-facts-20261126.json")
-    return modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, load_profile(path), path))
+    return modelled_compute(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, load_profile(path), path))
 
 
 def test_the_recompute_is_priced_in_backward_for_full_and_op_and_is_none_without():
     none, full, op = (_priced(m) for m in ("none", "full", "op"))
-    assert none["modelled_detail"].recompute_s is None
-    for fields in (full, op):
-        recompute = fields["modelled_detail"].recompute_s
+    assert none.detail.recompute_s is None
+    for priced in (full, op):
+        recompute = priced.detail.recompute_s
         assert 0 < recompute[0] <= recompute[1] <= recompute[2]
-        assert "recompute ops are in its backward, priced with it" in fields["modelled_basis"]
+        assert "recompute ops are in its backward, priced with it" in priced.basis
         # priced with the backward: the micro-batch takes longer, and its backward's share grows
-        assert fields["modelled_s"][1] > none["modelled_s"][1]
-        assert fields["modelled_backward_fraction"] > none["modelled_backward_fraction"]
+        assert priced.middle_s > none.middle_s
+        assert priced.backward_fraction > none.backward_fraction
     # op keeps the matmuls
-    assert full["modelled_detail"].recomputed_middle_s > op["modelled_detail"].recomputed_middle_s
+    assert full.detail.recomputed_middle_s > op.detail.recomputed_middle_s
 
 
 def test_the_recompute_goes_to_the_checkpointed_groups_of_fsdps_timeline():
@@ -113,10 +113,9 @@ def test_the_recompute_goes_to_the_checkpointed_groups_of_fsdps_timeline():
 
     full = _priced("full")
     work = Workload.from_preset("gpt2", tokens_per_micro_batch=1024, checkpointing=parse_checkpointing("layer:2"))
-    res = resolve(ModelInputs(work, Compute(gpu="h100-sxm", **full), Cluster(RingComm(100.0, 3.4, 4), 1, 4)))
+    res = resolve(ModelInputs(work, Compute(gpu="h100-sxm", modelled=full), Cluster(RingComm(100.0, 3.4, 4), 1, 4)))
     total = recompute_total_s(res)
-    recompute = full["modelled_detail"].recomputed_middle_s
-    assert total == pytest.approx(res.micro_batch_s * recompute / full["modelled_s"][1])
+    assert total == pytest.approx(res.micro_batch_s * full.detail.recomputed_middle_s / full.middle_s)
     plan = fsdp_plan(work.layout)
     setting = with_recompute(fsdp_setting(res), res, plan)
     assert sum(setting.recompute_s) == pytest.approx(total)
@@ -243,10 +242,9 @@ def test_the_fastest_that_fits_is_ranked_by_samples_per_second():
 
     def price(wanted):  # compute per micro-batch: 50 ms per sample, 20 % more under full, 10 % under op
         extra = {"none": 1.0, "full": 1.2, "layer:2": 1.1, "op": 1.1}
-        return {(mode, m): replace(Compute(gpu="h100-sxm", gpu_memory_gb=80.0), modelled_s=(t, t, t),
-                                   modelled_backward_fraction=0.66,
-                                   modelled_detail=modelled_detail(recompute_s=(t - 0.05 * m,) * 3)
-                                   if mode != "none" else None)
+        return {(mode, m): replace(Compute(gpu="h100-sxm", gpu_memory_gb=80.0),
+                                   modelled=modelled((t, t, t), 0.66,
+                                                     recompute_s=(t - 0.05 * m,) * 3 if mode != "none" else None))
                 for mode, m in wanted for t in [0.05 * m * extra[mode]]}
 
     out = search(_inputs(), ["ddp_synced", "fsdp_full_shard"], price)
@@ -263,8 +261,7 @@ def test_a_strategy_whose_step_is_a_lower_bound_is_not_ranked_unless_its_cost_is
     from topoprof.model.strategies.search import search
 
     def price(wanted):
-        return {(mode, m): replace(Compute(gpu="h100-sxm", gpu_memory_gb=80.0), modelled_s=(t, t, t),
-                                   modelled_backward_fraction=0.66)
+        return {(mode, m): replace(Compute(gpu="h100-sxm", gpu_memory_gb=80.0), modelled=modelled((t, t, t), 0.66))
                 for mode, m in wanted for t in [0.05 * m]}
 
     inputs = _inputs()
@@ -280,9 +277,7 @@ def test_a_candidate_of_the_search_keeps_the_main_passs_optimizer_step():
     from topoprof.model.inputs.search import candidate_compute
 
     optimizer = OptimizerRates(4, (1e12, 2e12), (1e-6, 2e-6), "profile")
-    main = Compute(micro_batch_time_s=None, modelled_s=(0.1, 0.2, 0.3), gpu="h100-sxm",
-                   modelled_detail=modelled_detail(host_s=0.01, optimizer=optimizer))
-    candidate = candidate_compute(main, {"modelled_s": (0.2, 0.4, 0.6),
-                                         "modelled_detail": modelled_detail(host_s=0.02)})
-    assert candidate.modelled_s == (0.2, 0.4, 0.6)
-    assert candidate.modelled_detail == modelled_detail(host_s=0.02, optimizer=optimizer)
+    main = Compute(micro_batch_time_s=None, gpu="h100-sxm",
+                   modelled=modelled((0.1, 0.2, 0.3), host_s=0.01, optimizer=optimizer))
+    candidate = candidate_compute(main, modelled((0.2, 0.4, 0.6), host_s=0.02))
+    assert candidate.modelled == modelled((0.2, 0.4, 0.6), host_s=0.02, optimizer=optimizer)

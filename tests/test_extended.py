@@ -13,6 +13,6 @@ def test_ends_whose_lines_cross_still_make_a_range_about_the_middle():
     line = Line(one=(0.010, 0.011, 0.013, 0.004, 0.0), two=(0.014, 0.0135, 0.0145, 0.005, 0.0), device="gpu")
     fast, middle, slow = line.at(16)[:3]
     assert fast > middle  # the lines crossed
-    fields = at_depth({"none": line}, "none", 2, 16, "4x2048")
-    assert fields["modelled_s"] == (min(fast, middle, slow), middle, max(fast, middle, slow))
-    assert Compute(micro_batch_time_s=None, **fields).modelled_s == fields["modelled_s"]  # a valid range
+    priced = at_depth({"none": line}, "none", 2, 16, "4x2048")
+    assert priced.seconds == (min(fast, middle, slow), middle, max(fast, middle, slow))
+    assert Compute(micro_batch_time_s=None, modelled=priced).modelled == priced  # a valid range

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.fsdp_layouts import B0, B1, COMM, HAND, PLAN
 from helpers.model_reports import model_report
-from helpers.profiles import modelled_detail
+from helpers.profiles import modelled
 
 from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.compute.timing import Compute
@@ -127,8 +127,8 @@ def test_the_recompute_of_checkpointed_groups_is_compute_not_compute_slowed():
     from topoprof.model.strategies.steps import fsdp_job
     from topoprof.workload.checkpointing import parse_checkpointing
 
-    detail = modelled_detail(host_s=0.002, device_s=0.008, recompute_s=(0.002, 0.0025, 0.003))
-    inputs = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012), modelled_detail=detail,
+    priced = modelled((0.008, 0.01, 0.012), host_s=0.002, device_s=0.008, recompute_s=(0.002, 0.0025, 0.003))
+    inputs = _gpu_inputs(micro_batch_time_s=None, modelled=priced,
                          workload=Workload(HAND, checkpointing=parse_checkpointing("full")))
     fast = resolve(inputs, "fast")
     job = fsdp_job(fast, COMM, "fsdp_full_shard")
@@ -141,13 +141,13 @@ def test_hooks_priced_from_the_model_s_ops_count_only_what_the_device_does_not_h
     from topoprof.model.strategies.resolve import resolve
     from topoprof.model.strategies.steps import fsdp_setting
 
-    detail = modelled_detail(host_s=0.002, device_s=0.008)  # device-bound: 3/4 of the micro-batch hides host work
-    inputs = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012), modelled_detail=detail)
+    # device-bound: 3/4 of the micro-batch hides host work
+    inputs = _gpu_inputs(micro_batch_time_s=None, modelled=modelled((0.008, 0.01, 0.012), host_s=0.002, device_s=0.008))
     for end, seconds in ((None, 0.01), ("slow", 0.012), ("fast", 0.008)):
         setting = fsdp_setting(resolve(inputs, end))
         assert setting.host_hidden_s == pytest.approx(seconds * 0.75)
-    host_bound = _gpu_inputs(micro_batch_time_s=None, modelled_s=(0.008, 0.01, 0.012),
-                             modelled_detail=modelled_detail(host_s=0.01, device_s=0.004))
+    host_bound = _gpu_inputs(micro_batch_time_s=None, modelled=modelled((0.008, 0.01, 0.012), host_s=0.01,
+                                                                         device_s=0.004))
     assert fsdp_setting(resolve(host_bound)).host_hidden_s == 0.0
     measured = fsdp_setting(resolve(_gpu_inputs()))
     assert measured.host_hidden_s is None  # all counted

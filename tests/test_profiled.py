@@ -261,7 +261,7 @@ def test_where_no_profile_can_be_had_the_datasheet_prices_it_and_says_so():
 
 def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     from topoprof.model.compute.timing import Compute, compute_times
-    from topoprof.model.compute.traced import modelled_fields
+    from topoprof.model.compute.traced import modelled_compute
 
     doc = profile_doc(gemm=GRID, host={**HOST, "optimizer_per_tensor": 4e-6}, memory=MEMORY, sdpa=SDPA)
     doc["optimizer"] = {"name": "AdamW (fused)", "params": 1 << 24, "bytes_per_step": 28 << 24, "seconds": 1e-3,
@@ -269,18 +269,18 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
     profile = profile_from_dict(doc, "with an optimizer")
     trace = dataclasses.replace(_trace(), params=[ParamEntry("w", [1000, 100]), ParamEntry("b", [1000]),
                                                   ParamEntry("frozen", [10], requires_grad=False)])
-    fields = modelled_fields(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, profile))
-    assert fields["modelled_detail"].optimizer.tensors == 2
-    times = compute_times(Compute(gpu="h100-sxm", **fields), params=101_000, flops_per_token=1.0, tokens=1,
+    priced = modelled_compute(trace, pricing_for(named_gpu("h100-sxm"), "bf16", False, profile))
+    assert priced.detail.optimizer.tensors == 2
+    times = compute_times(Compute(gpu="h100-sxm", modelled=priced), params=101_000, flops_per_token=1.0, tokens=1,
                           grad_bytes=4)
     rate = (28 << 24) / 1e-3
     assert times.optimizer_s == pytest.approx(2 * 4e-6 + 28 * 101_000 / rate)   # AdamW: 7 words of 4 B a parameter
     assert "from the device profile" in times.echo["optimizer_time_s"][1]
     # a range of rate and host cost (a profile scaled to another GPU): each end of the what-if takes its own
-    detail = fields["modelled_detail"]
+    detail = priced.detail
     ranged = dataclasses.replace(detail, optimizer=dataclasses.replace(detail.optimizer, bytes_per_s=(rate, 2 * rate),
                                                                        host_per_tensor_s=(2e-6, 4e-6)))
-    comp = Compute(gpu="h100-sxm", **{**fields, "modelled_detail": ranged})
+    comp = Compute(gpu="h100-sxm", modelled=dataclasses.replace(priced, detail=ranged))
     ends = {end: compute_times(comp, params=101_000, flops_per_token=1.0, tokens=1, grad_bytes=4, end=end).optimizer_s
             for end in ("fast", None, "slow")}
     assert ends["fast"] == pytest.approx(2 * 2e-6 + 28 * 101_000 / (2 * rate))
@@ -290,7 +290,7 @@ def test_a_profiles_optimizer_prices_a_what_ifs_optimizer_step():
 
 def test_a_pricing_is_chosen_once_and_every_pass_priced_with_it_reads_no_profile_again(monkeypatch):
     from topoprof.model.compute import profile_choice
-    from topoprof.model.compute.traced import modelled_fields, priced
+    from topoprof.model.compute.traced import modelled_compute, priced
 
     pricing = pricing_for(named_gpu("h100-sxm"), "bf16", False, h100_profile(), "hand-made")
     assert pricing.why is None and pricing.pricer is not None
@@ -300,9 +300,9 @@ def test_a_pricing_is_chosen_once_and_every_pass_priced_with_it_reads_no_profile
 
     monkeypatch.setattr(profile_choice, "pricer_for", chosen_again)
     monkeypatch.setattr(profile_choice, "shipped_profiles", chosen_again)
-    fields = modelled_fields(_trace(), pricing)
-    assert fields["modelled_s"] == roofline(_trace(), pricing.pricer).seconds
-    assert priced(_trace(), pricing)[0] == fields
+    modelled = modelled_compute(_trace(), pricing)
+    assert modelled.seconds == roofline(_trace(), pricing.pricer).seconds
+    assert priced(_trace(), pricing)[0] == modelled
 
 
 def test_a_pricing_that_cannot_be_had_says_why_wherever_a_pass_is_priced():
@@ -315,4 +315,4 @@ def test_a_pricing_that_cannot_be_had_says_why_wherever_a_pass_is_priced():
     pricing = pricing_for(named_gpu("h100-sxm"), "bf16", False, cpu, "cpu")
     assert pricing.pricer is None and "cannot be scaled to GPU 'h100-sxm'" in pricing.why
     trace = dataclasses.replace(_trace(), target=TraceTarget("cpu", "fp32"))
-    assert priced(trace, pricing) == ({}, f"pricing its ops failed ({pricing.why})")
+    assert priced(trace, pricing) == (None, f"pricing its ops failed ({pricing.why})")

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tests.helpers.profiles import modelled_detail
+from tests.helpers.profiles import modelled
 from topoprof.model.compute import roofline as rl
 from topoprof.model.compute.op_kinds import gemm_shape
 from topoprof.model.compute.roofline import DeviceModel, price, roofline
@@ -144,8 +144,7 @@ def _inputs(**compute):
                        Compute(gpu="NVIDIA A100-SXM4-80GB", **compute), Cluster(RingComm(10.0, 0.0, 2), 1, 2))
 
 
-MODELLED = {"modelled_s": (0.01, 0.02, 0.04), "modelled_basis": "its ops", "modelled_backward_fraction": 0.6,
-            "modelled_detail": modelled_detail(summary="s")}
+MODELLED = {"modelled": modelled((0.01, 0.02, 0.04), 0.6, "its ops", summary="s")}
 
 
 def test_modelled_compute_is_the_middle_and_its_ends_bound_every_step():
@@ -172,5 +171,5 @@ def test_a_measured_or_given_figure_beats_the_model():
     assert beside == [0.01, 0.02, 0.04] and "+50%" in source and "inside" in source
     given = resolve(_inputs(utilization=0.4, **MODELLED))  # the user's own utilization, as before
     assert given.micro_batch_s == pytest.approx(6e9 / (312e12 * 0.4))
-    with pytest.raises(Exception, match="modelled_s"):
-        _inputs(modelled_s=(0.02, 0.01, 0.04))
+    with pytest.raises(Exception, match="modelled seconds"):
+        _inputs(modelled=modelled((0.02, 0.01, 0.04)))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from helpers.cli import topoprof
 from helpers.fake_driver import driver_env, fixture_body
-from helpers.profiles import modelled_detail
+from helpers.profiles import modelled
 
 from topoprof.model.compute.timing import Compute
 from topoprof.model.strategies.job import Workload
@@ -156,12 +156,12 @@ def test_what_if_shows_this_gpus_measured_compute_beside_the_modelled_range():
     from topoprof.report.scan_report import read_scan_parts
 
     assert compute_check(Compute(micro_batch_time_s=0.03)) is None  # nothing modelled beside it
-    compute = Compute(micro_batch_time_s=0.03, optimizer_time_s=0.004, modelled_s=(0.02, 0.025, 0.04),
-                      modelled_basis="its op trace",
-                      modelled_detail=modelled_detail(summary="h100-sxm (bf16, eager): ..."))
+    compute = Compute(micro_batch_time_s=0.03, optimizer_time_s=0.004,
+                      modelled=modelled((0.02, 0.025, 0.04), basis="its op trace",
+                                        summary="h100-sxm (bf16, eager): ..."))
     check = compute_check(compute)
     assert check["inside"] and check["error_vs_middle"] == pytest.approx(0.2)
-    outside = compute_check(Compute(micro_batch_time_s=0.05, modelled_s=(0.02, 0.025, 0.04)))
+    outside = compute_check(Compute(micro_batch_time_s=0.05, modelled=modelled((0.02, 0.025, 0.04))))
     assert not outside["inside"]
     report = {"what_if": {**_what_if_payload(), "compute_source": "timed on GPU0", "compute_check": check}}
     md = "\n".join(_what_if(read_scan_parts(to_jsonable(report))))

@@ -131,11 +131,12 @@ def whatif_compute(entry: dict) -> list[tuple[str, float, tuple[float, float, fl
     columns, out = entry["columns"], []
     for preset, times in entry["p50_s_per_iteration"].items():
         compute = times[columns.index("1 GPU no ddp")] - sgd_optimizer_s(preset)
-        fields, why = model_on_gpu(preset_request(preset, 32, None, 224),
+        modelled, why = model_on_gpu(preset_request(preset, 32, None, 224),
                                    pricing_for(named_gpu(GPU), "fp32", compiled=False))
         if why:
             raise SystemExit(f"{preset}: the what-if compute could not be modelled: {why}")
-        out.append((preset, compute, fields["modelled_s"], fields["modelled_detail"].summary))
+        assert modelled is not None
+        out.append((preset, compute, modelled.seconds, modelled.detail.summary))
     return out
 
 

@@ -2,7 +2,7 @@
 rate chosen, so that what a trace is priced at can be worked out by hand."""
 from __future__ import annotations
 
-from topoprof.model.compute.modelled import ModelledDetail
+from topoprof.model.compute.modelled import ModelledCompute, ModelledDetail
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.specs.profile_schema import PROFILE_SCHEMA_VERSION
 
@@ -52,3 +52,9 @@ def modelled_detail(**known) -> ModelledDetail:
     states; placeholders for the rest, which no prediction reads."""
     return ModelledDetail(**{"seconds": (0.01, 0.02, 0.03), "device": "test", "shape": "test", "summary": "",
                              "basis": (), **known})
+
+
+def modelled(seconds: tuple[float, float, float] = (0.01, 0.02, 0.03), backward_fraction: float | None = None,
+             basis: str = "", **known) -> ModelledCompute:
+    """A `Compute`'s modelled compute at `seconds`, with as much of its detail as a test states."""
+    return ModelledCompute(seconds, basis, backward_fraction, modelled_detail(seconds=seconds, **known))

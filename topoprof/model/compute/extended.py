@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topoprof.model.compute.modelled import ModelledDetail
+from topoprof.model.compute.modelled import ModelledCompute, ModelledDetail
 from topoprof.model.compute.profile_choice import Pricing
-from topoprof.model.compute.traced import modelled_fields
+from topoprof.model.compute.traced import modelled_compute
 from topoprof.specs.traced_pass import TracedPass
 
 
@@ -31,20 +31,20 @@ class Line:
         return tuple(a + (blocks - 1) * (b - a) for a, b in zip(self.one, self.two))
 
 
-def _values(fields: dict) -> tuple[float, ...]:
-    fast, middle, slow = fields["modelled_s"]
-    recompute = fields["modelled_detail"].recomputed_middle_s
-    return fast, middle, slow, middle * (1 - fields["modelled_backward_fraction"]), recompute
+def _values(priced: ModelledCompute) -> tuple[float, ...]:
+    fast, middle, slow = priced.seconds
+    assert priced.backward_fraction is not None  # a pass priced op by op has its backward's share
+    return fast, middle, slow, middle * (1 - priced.backward_fraction), priced.detail.recomputed_middle_s
 
 
 def priced_line(one_block: TracedPass, two_blocks: TracedPass, pricing: Pricing) -> Line:
-    """The traces at 1 and 2 blocks priced (`traced.modelled_fields`; its errors raised)."""
-    a, b = (modelled_fields(t, pricing) for t in (one_block, two_blocks))
-    return Line(_values(a), _values(b), a["modelled_detail"].device)
+    """The traces at 1 and 2 blocks priced (`traced.modelled_compute`; its errors raised)."""
+    a, b = (modelled_compute(t, pricing) for t in (one_block, two_blocks))
+    return Line(_values(a), _values(b), a.detail.device)
 
 
-def extended_fields(values: tuple[float, ...], device: str, shape: str, how: str) -> dict:
-    """A `Compute`'s modelled fields from (fast, middle, slow, forward, recompute) seconds."""
+def extended_compute(values: tuple[float, ...], device: str, shape: str, how: str) -> ModelledCompute:
+    """A `Compute`'s `modelled` from (fast, middle, slow, forward, recompute) seconds."""
     fast, middle, slow, forward, recompute = values
     # each end is extended on its own line: where the host and the device trade the bound between
     # depths, the lines can cross (a fast end past the middle). The range then holds both ends
@@ -53,12 +53,11 @@ def extended_fields(values: tuple[float, ...], device: str, shape: str, how: str
     basis = f"its ops at {shape} on {device}, {how}"
     detail = ModelledDetail(seconds=(fast, middle, slow), device=device, shape=shape, basis=(basis,), summary=basis,
                             recompute_s=(recompute,) * 3 if recompute > 0 else None)
-    return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
-            "modelled_backward_fraction": 1 - forward / middle if middle > 0 else None, "modelled_detail": detail}
+    return ModelledCompute((fast, middle, slow), basis, 1 - forward / middle if middle > 0 else None, detail)
 
 
-def at_depth(lines: dict[str, Line], mode: str, every: int, blocks: int, shape: str) -> dict:
-    """Modelled fields of `blocks` blocks under checkpointing `mode` ("none", "full", "op", or
+def at_depth(lines: dict[str, Line], mode: str, every: int, blocks: int, shape: str) -> ModelledCompute:
+    """The modelled compute of `blocks` blocks under checkpointing `mode` ("none", "full", "op", or
     "layer" every `every`-th block) from the priced lines of the modes (module docstring)."""
     if mode == "layer":
         wrapped = blocks // every
@@ -66,7 +65,7 @@ def at_depth(lines: dict[str, Line], mode: str, every: int, blocks: int, shape: 
         values = tuple(u + w - z for u, w, z in zip(none.at(blocks - wrapped), full.at(wrapped), none.at(0)))
         how = (f"none at {blocks - wrapped} and full at {wrapped} blocks, each priced at 1 and 2 blocks and extended "
                "(each block runs the same ops)")
-        return extended_fields(values, none.device, shape, how)
+        return extended_compute(values, none.device, shape, how)
     line = lines[mode]
-    return extended_fields(line.at(blocks), line.device, shape,
+    return extended_compute(line.at(blocks), line.device, shape,
                            f"priced at 1 and 2 blocks and extended to {blocks} (each block runs the same ops)")

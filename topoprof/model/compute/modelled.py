@@ -1,5 +1,6 @@
-"""What pricing a model's own ops found beside their seconds (`Compute.modelled_detail`): the
-range and where it ran, what the whole pass came to where it was priced op by op
+"""A micro-batch's compute priced from the model's own ops (`ModelledCompute`, a `Compute`'s
+`modelled`), and what the pricing found beside its seconds (`ModelledDetail`): the range and where
+it ran, what the whole pass came to where it was priced op by op
 (`roofline.Roofline`), the recompute of activation checkpointing priced alone, the pass's memory,
 and a device profile's optimizer figures. The JSON echoes it as `inputs.compute_model`
 (`ModelledDetail.echoed`).
@@ -61,3 +62,20 @@ class ModelledDetail:
     def recomputed_middle_s(self) -> float:
         """The recompute's seconds at the middle of the range; 0 where nothing is recomputed."""
         return self.recompute_s[1] if self.recompute_s else 0.0
+
+
+@dataclass(frozen=True)
+class ModelledCompute:
+    """A micro-batch's forward+backward priced from the model's own ops (`traced.modelled_compute`,
+    or extended from passes at 1 and 2 blocks, `extended`): `seconds` at the (fast, middle, slow)
+    ends of its cited ranges, with their `basis`, the backward's share of the middle, and what the
+    pricing found (`detail`)."""
+
+    seconds: tuple[float, float, float]
+    basis: str
+    backward_fraction: float | None
+    detail: ModelledDetail
+
+    @property
+    def middle_s(self) -> float:
+        return self.seconds[1]

@@ -11,7 +11,7 @@ from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import PRECISIONS, GpuSpec, NamedGpu, named_gpu
-from topoprof.model.compute.modelled import ModelledDetail
+from topoprof.model.compute.modelled import ModelledCompute
 
 # Backward ~= 2x forward: C ~= 6N per token = 2N forward + 4N backward (Kaplan et al. 2020,
 # "Scaling Laws for Neural Language Models", §2.1).
@@ -123,10 +123,7 @@ class Compute:
     # micro-batch at the (fast, middle, slow) end of its cited ranges, with its basis, backward
     # share and details. It is the compute where nothing measured it and no utilization is given
     # (a what-if range, not the datasheet's 3-52 %); beside a measured time it is shown, with the gap.
-    modelled_s: tuple[float, float, float] | None = None
-    modelled_basis: str = ""
-    modelled_backward_fraction: float | None = None
-    modelled_detail: ModelledDetail | None = None
+    modelled: ModelledCompute | None = None
     # `gpu` with its datasheet row, looked up once here for everything that prices or sizes by it
     named: NamedGpu | None = field(init=False, repr=False, compare=False)
 
@@ -151,9 +148,9 @@ class Compute:
               f"utilization must be in (0, 1], got {self.utilization}")
         _need(self.backward_fraction is None or 0 < self.backward_fraction < 1,
               f"backward_fraction must be in (0, 1), got {self.backward_fraction}")
-        _need(self.modelled_s is None or (len(self.modelled_s) == 3 and 0 < self.modelled_s[0] <= self.modelled_s[1]
-                                          <= self.modelled_s[2]),
-              f"modelled_s must be (fast, middle, slow) seconds > 0 in that order, got {self.modelled_s}")
+        seconds = self.modelled.seconds if self.modelled is not None else None
+        _need(seconds is None or (len(seconds) == 3 and 0 < seconds[0] <= seconds[1] <= seconds[2]),
+              f"modelled seconds must be (fast, middle, slow) > 0 in that order, got {seconds}")
         _need(self.compute_slowdown_during_comm >= 1, "compute_slowdown_during_comm must be "
               f">= 1, got {self.compute_slowdown_during_comm}")
         _need(self.comm_slowdown_during_compute >= 1, "comm_slowdown_during_compute must be "
@@ -225,13 +222,12 @@ MODELLED_SOURCE = "what-if from the model's own ops"
 
 def uses_modelled(comp: Compute) -> bool:
     """The compute is the roofline's range: nothing measured it and no utilization is given."""
-    return comp.micro_batch_time_s is None and comp.utilization is None and comp.modelled_s is not None
+    return comp.micro_batch_time_s is None and comp.utilization is None and comp.modelled is not None
 
 
 def _echo_compute_model(comp: Compute, echo: dict) -> None:
     """What pricing the model's ops found, beside the seconds echoed from it."""
-    detail = comp.modelled_detail
-    echo["compute_model"] = (detail.echoed() if detail is not None else None,
+    echo["compute_model"] = (comp.modelled.detail.echoed() if comp.modelled is not None else None,
                              "topoprof.model.compute.roofline over the model's op trace")
 
 
@@ -240,21 +236,21 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
     if comp.micro_batch_time_s is not None:
         source = f"measured ({comp.origin('micro_batch_time_s')})"
         echo["micro_batch_time_s"] = (comp.micro_batch_time_s, source)
-        if comp.modelled_s is not None:  # measured beats modelled; the gap checks the what-if
-            fast, middle, slow = comp.modelled_s
+        if comp.modelled is not None:  # measured beats modelled; the gap checks the what-if
+            fast, middle, slow = comp.modelled.seconds
             gap = comp.micro_batch_time_s / middle - 1
             inside = "inside" if fast <= comp.micro_batch_time_s <= slow else "outside"
             echo["micro_batch_time_modelled_s"] = ([fast, middle, slow], (
-                f"{MODELLED_SOURCE} (not used: measured beats modelled): {comp.modelled_basis}; the measured "
+                f"{MODELLED_SOURCE} (not used: measured beats modelled): {comp.modelled.basis}; the measured "
                 f"time is {gap:+.0%} of its middle, {inside} its range"))
             _echo_compute_model(comp, echo)
         return comp.micro_batch_time_s
     if uses_modelled(comp):
-        assert comp.modelled_s is not None
-        fast, middle, slow = comp.modelled_s
+        assert comp.modelled is not None
+        fast, middle, slow = comp.modelled.seconds
         seconds = {None: middle, "fast": fast, "slow": slow}[end]
-        echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled_basis}")
-        echo["micro_batch_time_range_s"] = ((fast, slow), f"{MODELLED_SOURCE}: {comp.modelled_basis}")
+        echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled.basis}")
+        echo["micro_batch_time_range_s"] = ((fast, slow), f"{MODELLED_SOURCE}: {comp.modelled.basis}")
         _echo_compute_model(comp, echo)
         return seconds
     peak, peak_src = comp.peak_tflops, "given"
@@ -295,7 +291,7 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
         source = f"measured ({comp.origin('optimizer_time_s')})"
         echo["optimizer_time_s"] = (comp.optimizer_time_s, source)
         return comp.optimizer_time_s
-    profiled = comp.modelled_detail.optimizer if uses_modelled(comp) and comp.modelled_detail else None
+    profiled = comp.modelled.detail.optimizer if uses_modelled(comp) and comp.modelled is not None else None
     if profiled:  # a what-if priced from a device profile: its optimizer's rate and host cost per tensor
         per_param = OPTIMIZER_STATE_WORDS[comp.optimizer] * STATE_BYTES + grad_bytes
         # at an end of the what-if: the rate's and the host cost's ends that make the step fast, or slow
@@ -336,8 +332,8 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
     c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo, unit, end)
     if comp.backward_fraction is not None:
         fraction, source = comp.backward_fraction, comp.origin("backward_fraction")
-    elif uses_modelled(comp) and comp.modelled_backward_fraction is not None:
-        fraction, source = comp.modelled_backward_fraction, f"the backward's share of the {MODELLED_SOURCE} (middle)"
+    elif uses_modelled(comp) and comp.modelled is not None and comp.modelled.backward_fraction is not None:
+        fraction, source = comp.modelled.backward_fraction, f"the backward's share of the {MODELLED_SOURCE} (middle)"
     else:
         fraction = DEFAULT_BACKWARD_FRACTION
         source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"

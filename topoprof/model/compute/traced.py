@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import NamedGpu
-from topoprof.model.compute.modelled import ModelledDetail
+from topoprof.model.compute.modelled import ModelledCompute, ModelledDetail
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
@@ -100,8 +100,8 @@ def pricing_target(pricing: Pricing) -> TraceTarget:
     return target_for(pricing.precision, pricing.profile, pricing.gpu)
 
 
-def modelled_fields(trace: TracedPass, pricing: Pricing, note: str | None = None) -> dict:
-    """A `Compute`'s modelled_* fields from a trace priced by `pricing`; InputError where the GPU,
+def modelled_compute(trace: TracedPass, pricing: Pricing, note: str | None = None) -> ModelledCompute:
+    """A `Compute`'s `modelled` from a trace priced by `pricing`; InputError where the GPU,
     its precision or the profile cannot price it (`Pricing.why`), ValueError where the trace cannot
     be priced."""
     if pricing.why is not None:
@@ -125,8 +125,7 @@ def modelled_fields(trace: TracedPass, pricing: Pricing, note: str | None = None
         basis=tuple(result.basis), memory=trace.memory,
         notes=tuple(dict.fromkeys([*result.notes, *chosen_notes, *([note] if note else [])])),
         optimizer=pricer.optimizer_rates(trace.params) if hasattr(pricer, "optimizer_rates") else None)
-    return {"modelled_s": (fast, middle, slow), "modelled_basis": basis,
-            "modelled_backward_fraction": result.backward_fraction, "modelled_detail": detail}
+    return ModelledCompute((fast, middle, slow), basis, result.backward_fraction, detail)
 
 
 def recompute_seconds(trace: TracedPass, pricer) -> tuple[float, float, float] | None:
@@ -139,24 +138,24 @@ def recompute_seconds(trace: TracedPass, pricer) -> tuple[float, float, float] |
 
 
 def priced(trace: TracedPass | TraceFailure | None, pricing: Pricing,
-           note: str | None = None) -> tuple[dict, str | None]:
-    """(`modelled_fields`, None), or ({}, why the trace could not be priced: none was run, it
+           note: str | None = None) -> tuple[ModelledCompute | None, str | None]:
+    """(`modelled_compute`, None), or (None, why the trace could not be priced: none was run, it
     failed, it was run for another device or precision, or its ops could not be priced)."""
     if not trace:
-        return {}, "no pass on the meta device was run"
+        return None, "no pass on the meta device was run"
     if isinstance(trace, TraceFailure):
-        return {}, trace.reason
+        return None, trace.reason
     want = target_for(pricing.precision, pricing.profile)
     target = trace.target
     if target is None or target.device != want.device:
-        return {}, f"the pass on the meta device was not run for a {'GPU' if want.device == 'cuda' else 'CPU'}"
+        return None, f"the pass on the meta device was not run for a {'GPU' if want.device == 'cuda' else 'CPU'}"
     if target.precision != want.precision:
-        return {}, (f"the pass on the meta device ran in {target.precision}, not {want.precision} "
+        return None, (f"the pass on the meta device ran in {target.precision}, not {want.precision} "
                     f"({trace.autocast_failure or 'another precision'})")
     try:
-        return modelled_fields(trace, pricing, note), None
+        return modelled_compute(trace, pricing, note), None
     except (InputError, ValueError, KeyError) as err:
-        return {}, f"pricing its ops failed ({err})"
+        return None, f"pricing its ops failed ({err})"
 
 
 def fallback_note(why: str) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.extended import at_depth, priced_line
+from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
-from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_fields
+from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_compute
 from topoprof.model.strategies.search import searched_modes
 from topoprof.specs.messages import TraceFailure
 from topoprof.specs.traced_pass import TracedPass
@@ -133,14 +134,14 @@ def block_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]]) -
     return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in _modes_of(text)})
 
 
-def priced_candidates(passes: CandidatePasses, pricing: Pricing) -> dict[tuple[str, int], dict] | str:
-    """Modelled compute fields per candidate, priced as the main pass is (`gather.gather`'s
+def priced_candidates(passes: CandidatePasses, pricing: Pricing) -> dict[tuple[str, int], ModelledCompute] | str:
+    """The modelled compute of each candidate, priced as the main pass is (`gather.gather`'s
     `Pricing`), or why none: a `--model`'s pass whole, a preset's or `--params` model's at 1 and 2
     blocks extended to its depth."""
     try:
         if by_blocks(passes.shape):
             return _priced_by_blocks(passes, passes.shape, pricing)
-        return {key: modelled_fields(_passed(passes.traces[key]), pricing) for key in passes.wanted}
+        return {key: modelled_compute(_passed(passes.traces[key]), pricing) for key in passes.wanted}
     except (InputError, ValueError, KeyError) as err:
         return f"pricing its ops failed ({err})"
 
@@ -158,7 +159,8 @@ def by_blocks(shape: ModelShape | UserShape) -> bool:
     return isinstance(shape, ModelShape) or shape.blocks is not None
 
 
-def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape, pricing: Pricing) -> dict | str:
+def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape,
+                      pricing: Pricing) -> dict[tuple[str, int], ModelledCompute] | str:
     assert shape.blocks is not None  # `by_blocks`
     out = {}
     for text, m in passes.wanted:

@@ -5,9 +5,11 @@ name or the model's own ops priced. Pure: it runs no process, reads no file and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.compute.measured import MeasuredCompute
+from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.fsdp.plan import fsdp_plan
@@ -47,14 +49,14 @@ def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
 class _Completed:
     """The workload, and the compute and memory requests completed with what was measured here or
     priced from the model's ops: where each measured value came from (`origins`), the notes for
-    the user, and the modelled fields of the compute."""
+    the user, and the compute priced from the model's ops."""
 
     workload: Workload
     compute: ComputeRequest
     memory: MemoryRequest
     origins: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    modelled: dict = field(default_factory=dict)
+    modelled: ModelledCompute | None = None
 
 
 def _workload_and_compute(evidence: Evidence) -> _Completed:
@@ -63,7 +65,7 @@ def _workload_and_compute(evidence: Evidence) -> _Completed:
         done = _user_model(evidence, evidence.user, work_kw)
     else:
         done = _preset_or_params(evidence, work_kw)
-    if done.compute.compiled and not done.modelled.get("modelled_s"):
+    if done.compute.compiled and done.modelled is None:
         done.notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
                           "measured or given, as it ran")
     done.workload, note = _with_traced_memory(done.workload, evidence.traced_memory, user=evidence.user is not None)
@@ -89,18 +91,18 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
         notes.append(record.checkpointing.describe())
     # the GPU predicted prices the model's own ops, unless it was timed on that GPU
     what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
-    modelled, why = priced(record.op_trace, evidence.pricing) if what_if else ({}, None)
+    modelled, why = priced(record.op_trace, evidence.pricing) if what_if else (None, None)
     if why is not None:  # a what-if whose own ops could not be priced: the datasheet's range stands in
         _need_tokens_for_the_datasheet(w, compute, why)
         notes.append(fallback_note(why))
     if stands:
-        if not modelled and why is None:
+        if modelled is None and why is None:
             compute, origins = _measured(compute, _timing(read))
     elif user.timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
         notes.append(_timed_elsewhere_note(_timing(read), record, compute.gpu))
     memory = _memory_of_the_timed_gpu(memory, compute, read.measured, origins)
     # measured here: the model beside it
-    if user.timed and not modelled and why is None and record.device.startswith("cuda"):
+    if user.timed and modelled is None and why is None and record.device.startswith("cuda"):
         modelled, why = priced(record.op_trace, evidence.pricing)
         if why is not None:
             notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
@@ -141,7 +143,7 @@ def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
         memory = _memory_of_the_timed_gpu(memory, compute, timed, origins)
     timed_gpu = timed.device_name if timed is not None else None
     main, why = evidence.main_trace, None
-    modelled: dict = {}
+    modelled: ModelledCompute | None = None
     if main is not None:
         if main.why is not None:
             why = main.why
@@ -207,15 +209,16 @@ def _memory_of_the_timed_gpu(memory: MemoryRequest, compute: ComputeRequest, tim
     return replace(memory, gpu_memory_gb=timed.device_memory_bytes / 1e9)
 
 
-def _compute(compute: ComputeRequest, memory: MemoryRequest, calibration: dict | None, modelled: dict | None = None):
-    common = dict(gpu=compute.gpu, precision=compute.precision, utilization=compute.utilization,
-                  gpu_memory_gb=memory.gpu_memory_gb, optimizer=compute.optimizer,
-                  optimizer_time_s=compute.optimizer_time_s, backward_fraction=compute.backward_fraction,
-                  **(modelled or {}))
+def _compute(compute: ComputeRequest, memory: MemoryRequest, calibration: dict | None,
+             modelled: ModelledCompute | None = None) -> Compute:
+    common: dict[str, Any] = dict(
+        gpu=compute.gpu, precision=compute.precision, utilization=compute.utilization,
+        gpu_memory_gb=memory.gpu_memory_gb, optimizer=compute.optimizer, optimizer_time_s=compute.optimizer_time_s,
+        backward_fraction=compute.backward_fraction, modelled=modelled)
     if calibration is not None:
         return Compute.from_calibration(calibration, **{k: v for k, v in common.items()
                                                         if v is not None and k not in calibration})
-    if compute.micro_batch_time_s is None and compute.gpu is None and not (modelled or {}).get("modelled_s"):
+    if compute.micro_batch_time_s is None and compute.gpu is None and modelled is None:
         raise InputError("compute per micro-batch is unknown: give --micro-batch-time SECONDS (measured), "
                          "--calibration FILE (from `topoprof validate`), or --gpu NAME with --tokens N")
     return Compute(micro_batch_time_s=compute.micro_batch_time_s, **common)

@@ -20,6 +20,7 @@ from topoprof.model.comm.collectives import HierarchicalComm, RingComm
 from topoprof.model.comm.links import measured_comm
 from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.measured import MeasuredCompute
+from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile import profile_from_dict
 from topoprof.model.compute.profile_choice import Pricing, pricing_for
 from topoprof.model.compute.timing import Compute
@@ -121,7 +122,7 @@ def _compute_from(opts, workload, calibration: dict | None, vopts, gpu_name: str
         return Compute(micro_batch_time_s=opts.micro_batch_time_s, gpu=gpu_name, **extra), "given"
     if opts.user_record is not None:
         measured = user_compute(opts.user_record)
-        beside: dict = {}
+        beside: ModelledCompute | None = None
         why: str | None = None
         if opts.user_record.device.startswith("cuda") and gpu_name:  # measured beats modelled; the gap is shown
             beside, why = priced(opts.user_record.op_trace, _pricing(opts, gpu_name))
@@ -158,9 +159,9 @@ def _gpu_what_if(opts, workload, gpu_name: str, size: str | None, extra: dict):
                params_request(parse_count(size or opts.params), opts.micro_batch_size, tokens, ac))
     pricing = _pricing(opts, gpu_name)
     modelled, why = model_on_gpu(request, pricing)
-    if modelled:
-        on = PROFILE_WHERE if pricing.profile is not None else modelled["modelled_detail"].device
-        return (Compute(gpu=gpu_name, **modelled, **extra),
+    if modelled is not None:
+        on = PROFILE_WHERE if pricing.profile is not None else modelled.detail.device
+        return (Compute(gpu=gpu_name, modelled=modelled, **extra),
                 f"modelled from its own ops on {on}: a what-if, nothing measured")
     return (Compute(gpu=gpu_name, **extra),
             f"datasheet peak of {gpu_name} x a utilization range: a what-if, nothing measured (its ops: {why})")
@@ -183,25 +184,27 @@ def _time_on_gpu(preset: str, opts, gpu_name: str | None, extra: dict):
     return _measured_compute(measured, source, gpu_name, extra, *_modelled_beside(preset, opts, tokens, gpu_name))
 
 
-def _modelled_beside(preset: str, opts, tokens: int | None, gpu_name: str | None) -> tuple[dict, str | None]:
+def _modelled_beside(preset: str, opts, tokens: int | None,
+                     gpu_name: str | None) -> tuple[ModelledCompute | None, str | None]:
     """The preset's compute priced from its own ops at the shape timed, to show beside the time
-    measured on GPU0 (every GPU scan checks the what-if): (modelled fields, None), or ({}, why not)."""
+    measured on GPU0 (every GPU scan checks the what-if): (the modelled compute, None), or (None,
+    why not)."""
     if not gpu_name:
-        return {}, "this GPU's name is unknown"
+        return None, "this GPU's name is unknown"
     return model_on_gpu(preset_request(preset, opts.micro_batch_size, tokens, opts.image_size, opts.checkpointing.text),
                         _pricing(opts, gpu_name))
 
 
 def _measured_compute(measured: MeasuredCompute, source: str, gpu_name: str | None, extra: dict,
-                      modelled: dict | None = None, unpriced: str | None = None):
+                      modelled: ModelledCompute | None = None, unpriced: str | None = None):
     """Compute from a timing of the model itself (its record from `topoprof.model.inputs.user_model`),
     each timed input carrying where it was measured; `modelled` (the range priced from its ops)
     goes beside it, or the source says why it could not (`unpriced`)."""
     keys = ("micro_batch_time_s", "backward_fraction", "optimizer_time_s")
-    compute = Compute(**{k: getattr(measured, k) for k in keys}, gpu=gpu_name, **extra, **(modelled or {}),
+    compute = Compute(**{k: getattr(measured, k) for k in keys}, gpu=gpu_name, **extra, modelled=modelled,
                       origins=tuple((k, source) for k in keys))
     return compute, source + (f"; its ops could not be priced beside it ({unpriced})"
-                              if not modelled and unpriced else "")
+                              if modelled is None and unpriced else "")
 
 
 def composed_comm(levels: dict, world_size: int):
@@ -309,9 +312,9 @@ def compute_check(compute) -> dict | None:
     """The compute measured on this GPU beside the range priced from the model's own ops: the
     check of the what-if method that every GPU scan makes; None where either is missing."""
     measured = compute.micro_batch_time_s
-    if measured is None or compute.modelled_s is None:
+    modelled = compute.modelled
+    if measured is None or modelled is None:
         return None
-    fast, middle, slow = compute.modelled_s
+    fast, middle, slow = modelled.seconds
     return {"measured_s": measured, "modelled_s": [fast, middle, slow], "error_vs_middle": measured / middle - 1,
-            "inside": fast <= measured <= slow, "basis": compute.modelled_basis,
-            "summary": compute.modelled_detail.summary if compute.modelled_detail else None}
+            "inside": fast <= measured <= slow, "basis": modelled.basis, "summary": modelled.detail.summary}

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
-from topoprof.model.compute.timing import uses_modelled
+from topoprof.model.compute.timing import Compute, uses_modelled
 from topoprof.model.inputs.candidates import (
     CandidatePasses,
     ModelShape,
@@ -49,16 +50,16 @@ def fits_priced(inputs: ModelInputs, plan: SearchPlan, passes: CandidatePasses |
         priced = passes
     elif passes is not None:
         c = inputs.compute
-        fields = priced_candidates(passes, pricing)
-        priced = fields if isinstance(fields, str) else {key: candidate_compute(c, f) for key, f in fields.items()}
+        each = priced_candidates(passes, pricing)
+        priced = each if isinstance(each, str) else {key: candidate_compute(c, m) for key, m in each.items()}
     return finish_search(inputs, plan, priced)
 
 
-def candidate_compute(main, fields: dict):
-    """A candidate's compute: the main pass's (`main`) with the candidate's modelled fields. Its
+def candidate_compute(main: Compute, modelled: ModelledCompute) -> Compute:
+    """A candidate's compute: the main pass's (`main`) with the candidate's modelled compute. Its
     optimizer step is the main pass's, priced from the same profile (it holds the same parameters
     whatever the micro-batch and the checkpointing)."""
-    optimizer = main.modelled_detail.optimizer if main.modelled_detail else None
-    if optimizer and "modelled_detail" in fields:
-        fields = {**fields, "modelled_detail": replace(fields["modelled_detail"], optimizer=optimizer)}
-    return replace(main, **fields)
+    optimizer = main.modelled.detail.optimizer if main.modelled is not None else None
+    if optimizer:
+        modelled = replace(modelled, detail=replace(modelled.detail, optimizer=optimizer))
+    return replace(main, modelled=modelled)

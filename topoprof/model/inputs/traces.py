@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from topoprof.measure.meta_trace import trace_model, trace_models
+from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import (
     TraceRequest,
@@ -274,10 +275,11 @@ def trace_for_gpu(request: TraceRequest, target: TraceTarget, progress=None) -> 
     return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)
 
 
-def model_on_gpu(request: TraceRequest | str, pricing: Pricing, progress=None) -> tuple[dict, str | None]:
-    """(modelled fields, None), or ({}, why not) where no trace or no price could be had, for the
-    device `pricing` prices; `progress` hears the trace's stages."""
+def model_on_gpu(request: TraceRequest | str, pricing: Pricing,
+                 progress=None) -> tuple[ModelledCompute | None, str | None]:
+    """(the modelled compute, None), or (None, why not) where no trace or no price could be had,
+    for the device `pricing` prices; `progress` hears the trace's stages."""
     if isinstance(request, str):
-        return {}, request
+        return None, request
     trace = trace_for_gpu(request, pricing_target(pricing), progress)
     return priced(trace, pricing, request.note)

@@ -51,7 +51,7 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
                                "the same passes with the weights cast to 16 bits, as FSDP2's MixedPrecisionPolicy "
                                f"(param_dtype) runs the blocks ({traced_set.per_block(ac, samples, 'cast')}): no "
                                "autocast copies" if cast is not None else "")
-    detail = inputs.compute.modelled_detail
+    detail = inputs.compute.modelled.detail if inputs.compute.modelled is not None else None
     if detail is not None and detail.memory is not None:  # the model's own autograd graph, at the shape priced
         mb = from_trace(detail.memory)
         shape = detail.shape

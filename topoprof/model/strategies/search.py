@@ -55,8 +55,8 @@ def why_not_searched(inputs: ModelInputs, capacity: float | None) -> str | None:
     if work.traced_memory_failure:
         return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
                 f"only: at other sizes, {work.traced_memory_failure}")
-    detail = inputs.compute.modelled_detail
-    if work.traced_memory is None and detail is not None and detail.memory is not None:
+    modelled = inputs.compute.modelled
+    if work.traced_memory is None and modelled is not None and modelled.detail.memory is not None:
         return (f"the activations were counted from the model's own pass at micro-batch {work.micro_batch_size} "
                 "only (other sizes are counted for a text preset or --params with --tokens)")
     return None
@@ -288,9 +288,9 @@ def _fastest_and_costs(inputs: ModelInputs, plan: SearchPlan, priced: dict) -> F
     base = priced.get(("none", now))
     for mode in modes:
         comp = priced.get((mode, now))
-        if comp is None or base is None:
+        if comp is None or base is None or comp.modelled is None or base.modelled is None:
             continue
-        middle, base_middle = comp.modelled_s[1], base.modelled_s[1]
-        recompute = comp.modelled_detail.recomputed_middle_s if comp.modelled_detail else 0.0
+        middle, base_middle = comp.modelled.middle_s, base.modelled.middle_s
+        recompute = comp.modelled.detail.recomputed_middle_s
         costs.append(ModeCost(mode, middle, middle - base_middle, recompute))
     return replace(plan.fits, fastest=tuple(candidates[:5]), mode_costs=tuple(costs), unranked=unranked)

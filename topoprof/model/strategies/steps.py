@@ -127,10 +127,10 @@ def recompute_total_s(res: Resolved) -> float:
     modelled from the model's ops (its recompute ops priced alone, `compute.traced`) at the end of
     the range `res` resolved; 0 where it is measured or given (the recompute is inside it)."""
     comp = res.inputs.compute
-    detail = comp.modelled_detail
-    if not uses_modelled(comp) or detail is None or not detail.recompute_s or not comp.modelled_s:
+    modelled = comp.modelled
+    if not uses_modelled(comp) or modelled is None or not modelled.detail.recompute_s:
         return 0.0
-    return res.micro_batch_s * detail.recomputed_middle_s / comp.modelled_s[1]
+    return res.micro_batch_s * modelled.detail.recomputed_middle_s / modelled.middle_s
 
 
 def with_recompute(setting: FsdpSetting, res: Resolved, plan) -> FsdpSetting:
@@ -149,7 +149,7 @@ def host_hidden_s(res: Resolved) -> float | None:
     own ops (their device time beyond their host time); None where the compute is measured or
     given (nothing says how far the host runs ahead)."""
     comp = res.inputs.compute
-    detail = comp.modelled_detail
+    detail = comp.modelled.detail if comp.modelled is not None else None
     if not uses_modelled(comp) or detail is None or detail.host_s is None or detail.device_s is None:
         return None
     return hidden_by_device_s(res.micro_batch_s, detail.host_s, detail.device_s)
