@@ -155,6 +155,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
                              "to time here; it can only be traced (topoprof.measure.meta_trace.trace_model)")
     module, batch = module.to(device), to_device(batch, device)
     done = checkpoint_user_model(module, ac, unit) if ac else None
+    wrapped = done[0] if done is not None else None  # the blocks' names are the trace's concern
     params = list(module.parameters())
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
@@ -195,7 +196,7 @@ def measure(spec: str, device: str, repeats: int, precision: str = "bf16", optim
                            block_list=unit or find_block_list(module), ready=ready, passes=passes,
                            optimizer_s=optimizer_s, optimizer=opt_name, precision=precision_used,
                            memory=memory.parts(),
-                           checkpointing=done[0] if done else None)
+                           checkpointing=wrapped)
 
 
 def _warm_up(step, cuda: bool) -> list:

@@ -590,11 +590,14 @@ def trace_user_model(spec: str, stated: dict | None = None, kwargs: dict | None 
                 module = module.to(AUTOCAST_DTYPES[for_target.precision])  # once cut, only the blocks kept
             built["params"] = parameter_list(module)
             done = checkpoint_user_model(module, ac, unit) if ac else None
+            blocks_run: list[str] | None  # the blocks the pass marks as repeated
             if done is not None:
-                built["checkpointing"] = done[0]
+                built["checkpointing"], blocks_run = done
+            else:
+                blocks_run = repeated_blocks(module, unit)
             say(f"tracing the forward and backward of {len(built['params'])} parameter tensors on meta")
             return shape, module, batch, trace_pass(module, batch, loss_fn, list(module.parameters()), for_target,
-                                                    done[1] if done else repeated_blocks(module, unit))
+                                                    blocks_run)
 
     target = check_target(target)
     autocast_failure = None

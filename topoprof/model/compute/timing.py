@@ -225,10 +225,9 @@ def uses_modelled(comp: Compute) -> bool:
     return comp.micro_batch_time_s is None and comp.utilization is None and comp.modelled is not None
 
 
-def _echo_compute_model(comp: Compute, echo: dict) -> None:
+def _echo_compute_model(modelled: ModelledCompute, echo: dict) -> None:
     """What pricing the model's ops found, beside the seconds echoed from it."""
-    echo["compute_model"] = (comp.modelled.detail.echoed() if comp.modelled is not None else None,
-                             "topoprof.model.compute.roofline over the model's op trace")
+    echo["compute_model"] = (modelled.detail.echoed(), "topoprof.model.compute.roofline over the model's op trace")
 
 
 def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
@@ -243,7 +242,7 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
             echo["micro_batch_time_modelled_s"] = ([fast, middle, slow], (
                 f"{MODELLED_SOURCE} (not used: measured beats modelled): {comp.modelled.basis}; the measured "
                 f"time is {gap:+.0%} of its middle, {inside} its range"))
-            _echo_compute_model(comp, echo)
+            _echo_compute_model(comp.modelled, echo)
         return comp.micro_batch_time_s
     if uses_modelled(comp):
         assert comp.modelled is not None
@@ -251,7 +250,7 @@ def _micro_batch_s(comp: Compute, spec: GpuSpec | None, flops_per_token: float,
         seconds = {None: middle, "fast": fast, "slow": slow}[end]
         echo["micro_batch_time_s"] = (seconds, f"the middle of the {MODELLED_SOURCE}: {comp.modelled.basis}")
         echo["micro_batch_time_range_s"] = ((fast, slow), f"{MODELLED_SOURCE}: {comp.modelled.basis}")
-        _echo_compute_model(comp, echo)
+        _echo_compute_model(comp.modelled, echo)
         return seconds
     peak, peak_src = comp.peak_tflops, "given"
     if peak is None and spec is not None:
