@@ -281,3 +281,13 @@ def test_a_candidate_of_the_search_keeps_the_main_passs_optimizer_step():
                    modelled=modelled((0.1, 0.2, 0.3), host_s=0.01, optimizer=optimizer))
     candidate = candidate_compute(main, modelled((0.2, 0.4, 0.6), host_s=0.02))
     assert candidate.modelled == modelled((0.2, 0.4, 0.6), host_s=0.02, optimizer=optimizer)
+
+
+def test_a_size_that_fits_at_the_searchs_ceiling_is_shown_as_at_least_that():
+    """The search doubles up to MAX_MICRO_BATCH and stops: a size that fits there is a floor,
+    not the largest that fits (a small model on an 80 GB GPU fits 1024 sequences with room left)."""
+    from topoprof.model.strategies.search import MAX_MICRO_BATCH, FitCell
+    from topoprof.report.text_fits import _cell
+
+    assert _cell(FitCell(MAX_MICRO_BATCH, 63.1, None)) == f">={MAX_MICRO_BATCH} (63.1 GB)"
+    assert _cell(FitCell(20, 85.0, 89.2)) == "20 (85.0 GB)"  # the next size, 21, did not fit

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from topoprof.model.strategies.model_report import ModelReport
 from topoprof.model.strategies.results import Memory
-from topoprof.model.strategies.search import FitCell, Fits
+from topoprof.model.strategies.search import MAX_MICRO_BATCH, FitCell, Fits
 
 # The memory parts in the order shown, with their names in the table.
 PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"), ("buckets", "DDP buckets"),
@@ -25,9 +25,15 @@ def _gb(x: float | None) -> str:
     return "-" if x is None else f"{x:,.1f}"
 
 
+def _at_ceiling(c: FitCell) -> bool:
+    """It fits at the search's largest size, which is as far as the search goes (no size past it
+    was counted, so none is known not to fit)."""
+    return bool(c.micro_batch) and c.next_gb is None
+
+
 def _cell(c: FitCell) -> str:
     if c.micro_batch:
-        return f"{c.micro_batch} ({c.total_gb:,.1f} GB)"
+        return f"{'>=' if _at_ceiling(c) else ''}{c.micro_batch} ({c.total_gb:,.1f} GB)"
     if c.total_gb is not None:
         return f"0 (1: {c.total_gb:,.0f} GB)"
     return "?"
@@ -54,6 +60,8 @@ def fits_lines(fits: Fits | None) -> list[str]:
     unknown = sorted({c.reason for row in fits.largest for c in (row.cells[m] for m in modes)
                       if not c.micro_batch and c.total_gb is None and c.reason})
     out += [f"  ?: {r}" for r in unknown]
+    if any(_at_ceiling(row.cells[m]) for row in fits.largest for m in modes):
+        out.append(f"  >=: it fits at {MAX_MICRO_BATCH}, the largest size searched; larger ones were not counted")
     out += _fastest_lines(fits) + _cost_lines(fits) + _no_sync_lines(fits)
     return out + [""]
 
@@ -68,7 +76,8 @@ def _fastest_lines(fits: Fits) -> list[str]:
     b = best[0]
     out = [f"  Fastest that fits: {b.strategy} with activation checkpointing {b.mode} at micro-batch "
            f"{b.micro_batch}: {b.samples_per_s:,.2f} samples/s (step {b.step_time_s * 1e3:,.1f} ms, "
-           f"{b.memory_gb:,.1f} GB per GPU)."]
+           f"{b.memory_gb:,.1f} GB per GPU)" + (", the largest size searched." if b.micro_batch >= MAX_MICRO_BATCH
+                                                else ".")]
     if len(best) > 1:
         out.append("    then: " + "; ".join(f"{c.strategy} {c.mode} x{c.micro_batch} {c.samples_per_s:,.2f}"
                                             for c in best[1:]))
