@@ -4,6 +4,7 @@ list is; a model that cannot run on meta gives a reason, never an exception."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -334,6 +335,24 @@ def test_the_trace_worker_never_runs_the_model_here():
 
     traced = trace_model(f"{META}:meta_only", None, {"micro_batch": 2, "seq_len": 8}, BF16, timeout_s=120)
     assert isinstance(traced, TracedPass) and traced.device == "meta" and traced.ready
+
+
+def test_a_pass_asked_twice_is_traced_once_and_answers_both(monkeypatch):
+    # a user's blocks checked at the job's mode and size, and the same pass among its memory passes
+    from topoprof.measure import meta_trace
+    from topoprof.specs.messages import OpTracesResult, TraceVariant
+
+    sent = []
+
+    def worker(job, kinds, timeout_s, on_message=None):
+        sent.append(job.variants)
+        return OpTracesResult(traces=[TraceFailure(f"pass {i}", "trace") for i in range(len(job.variants))])
+
+    monkeypatch.setattr(meta_trace, "_run_trace_worker", worker)
+    one, two = (TraceVariant(stated={"micro_batch": m, "seq_len": 8}, ac="full", depth=1) for m in (2, 3))
+    traces = meta_trace.trace_models("m.py:build", None, [one, two, one, replace(one, depth=2)])
+    assert sent == [[one, two, replace(one, depth=2)]]
+    assert [t.reason for t in traces] == ["pass 0", "pass 1", "pass 0", "pass 2"]
 
 
 def test_the_backward_graph_nodes_and_each_ops_storages():

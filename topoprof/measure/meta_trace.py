@@ -41,9 +41,24 @@ def trace_models(spec: str, kwargs: dict | None, variants: list[TraceVariant], t
     resized from the samples it holds to each variant's (`op_trace.resized`). The traces in the variants'
     order (each may be its `TraceFailure`), or the worker's `TraceFailure` where it gave nothing;
     `progress` hears the stages of a `whole` pass."""
-    job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=variants)
+    unique, index = _distinct(variants)
+    job = OpTraceJob(spec, kwargs, target=target, cwd=os.getcwd(), blocks=unit, variants=unique)
     result = _run_trace_worker(job, (OpTracesResult,), timeout_s, progress_messages(progress))
-    return result.traces if isinstance(result, OpTracesResult) else TraceFailure(str(result), "worker")
+    if not isinstance(result, OpTracesResult):
+        return TraceFailure(str(result), "worker")
+    return [result.traces[i] for i in index]
+
+
+def _distinct(variants: list[TraceVariant]) -> tuple[list[TraceVariant], list[int]]:
+    """The variants without repeats (a pass asked twice, as a check of a user's blocks and as one
+    of its memory passes, is traced once), and where each variant asked is among them."""
+    unique: list[TraceVariant] = []
+    index = []
+    for variant in variants:
+        if variant not in unique:
+            unique.append(variant)
+        index.append(unique.index(variant))
+    return unique, index
 
 
 def _run_trace_worker(job: OpTraceJob, kinds: tuple[type[Message], ...], timeout_s: float,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from topoprof.errors import InputError
 
@@ -31,7 +32,7 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
 
-    @property
+    @cached_property  # read for every tensor at every size the fits search counts
     def numel(self) -> int:
         return math.prod(self.shape)
 
@@ -68,21 +69,28 @@ class Layout:
         if self.backward_flops_per_token <= 0:
             raise InputError(f"layout {self.name!r} has no matmul compute to spread backward over")
 
-    @property
+    def __hash__(self) -> int:  # hashed at every lookup of its FSDP plan (`fsdp_plan`): computed once
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.name, self.tensors, self.uses, self.source, self.unit))
+
+    @cached_property
     def params(self) -> int:
         return sum(t.numel for t in self.tensors)
 
-    @property
+    @cached_property
     def backward_flops_per_token(self) -> float:
         return sum(u.backward_flops_per_token for u in self.uses)
 
-    @property
+    @cached_property
     def forward_flops_per_token(self) -> float:
         """Each use's own forward figure, or half its backward (a matmul: 2 of its 6)."""
         return sum(u.backward_flops_per_token * MATMUL_FORWARD_FLOPS_PER_PARAM / MATMUL_BACKWARD_FLOPS_PER_PARAM
                    if u.forward_flops_per_token is None else u.forward_flops_per_token for u in self.uses)
 
-    @property
+    @cached_property
     def train_flops_per_token(self) -> float:
         """Forward + backward: (2 + 4) FLOPs per matmul parameter use; ~6N per token. A use with
         its own forward figure adds what it differs from half its backward (a CNN's stem conv,

@@ -127,6 +127,19 @@ class DeviceProfile:
         dtype = dtype or self.dtype
         return self._gemm_class(m, n, k, dtype) or tuple(p for p in self.gemm if p.dtype == dtype)
 
+    def gemm_smallest_read(self, m: int, n: int, k: int) -> tuple[int, int, int]:
+        """The smallest measured m, n and k among the points `gemm_points_read(m, n, k)` gives: one
+        answer per alignment class, found once (a model's pricing asks per product)."""
+        key = _aligned((m, n, k), self.dtype)
+        if key not in self._smallest:
+            points = self.gemm_points_read(m, n, k)
+            self._smallest[key] = (min(p.m for p in points), min(p.n for p in points), min(p.k for p in points))
+        return self._smallest[key]
+
+    @cached_property
+    def _smallest(self) -> dict[bool, tuple[int, int, int]]:
+        return {}
+
     def _gemm_class(self, m: int, n: int, k: int, dtype: str) -> tuple[GemmPoint, ...]:
         classes = self._gemm_classes.get(dtype)
         if classes is None:

@@ -118,10 +118,9 @@ class ProfiledDevice:
         does) takes between the shape's rate and its time: the slow end's share of the rate,
         its FLOPs over the shape's; 1 elsewhere (module docstring)."""
         m = p.m * p.batch
-        points = self._gemm_points(m, p.n, p.k)
         query = (m, p.n, p.k)
         # the query raised to the smallest measured size on each axis it is below
-        edge = tuple(max(q, min(getattr(pt, axis) for pt in points)) for q, axis in zip(query, ("m", "n", "k")))
+        edge = tuple(max(q, smallest) for q, smallest in zip(query, self.profile.gemm_smallest_read(m, p.n, p.k)))
         sms = self.target_sms or 0
         if query == edge or self._tiles(p.m, p.n, p.batch) >= sms or self._tiles(edge[0], edge[1]) >= sms:
             return 1.0
@@ -149,9 +148,16 @@ class ProfiledDevice:
             return 0.0
         kinds = op.fused_kinds or [op_kinds.memory_kind(op)]
         rates = [self._range("memory_bytes_per_s", kind, moved) for kind in kinds]
-        smallest = min((pt.bytes_moved for pt in self.profile.memory if pt.dtype == self.profile.dtype), default=moved)
-        floor = min(1.0, moved / smallest)
+        floor = min(1.0, moved / (self._smallest_memory() or moved))
         return _end(moved / max(hi for _, hi in rates), moved / (min(lo for lo, _ in rates) * floor), end)
+
+    def _smallest_memory(self) -> int | None:
+        """The fewest bytes a measured copy of the profile's dtype moved (None: none measured)."""
+        memo = self._memo
+        if "smallest_memory" not in memo:
+            memo["smallest_memory"] = min((pt.bytes_moved for pt in self.profile.memory
+                                           if pt.dtype == self.profile.dtype), default=None)
+        return memo["smallest_memory"]
 
     # ---- the pricer ---------------------------------------------------------------------------
 

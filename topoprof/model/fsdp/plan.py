@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from topoprof.errors import InputError
 from topoprof.workload.checkpointing import Checkpointing
@@ -103,6 +104,9 @@ class FsdpPlan:
         return [g for g in self.forward_order() if g != self.root] + [self.root]
 
 
+# One layout's plan is asked for at every size and mode the fits search counts; the plan and the
+# layout are frozen, so each is built once.
+@lru_cache(maxsize=16)
 def fsdp_plan(layout: Layout, unit: str | None = None) -> FsdpPlan:
     """FSDP groups of a layout: one per block (GROUP_PATTERNS, or each child of the module `unit`)
     and the root holding the rest; compute shares per group from the layout's uses."""

@@ -91,6 +91,6 @@ def what_if_priced(compute: ComputeRequest) -> bool:
 
 def needs_no_link(cluster: ClusterRequest) -> bool:
     """One GPU per node, or one --gpus index without a --topology to check it in: no intra-node link."""
-    gpn, chosen = cluster.given_gpus_per_node(), cluster.gpus
+    gpn, chosen = cluster.gpus_per_node_given, cluster.gpus
     one_index = chosen is not None and len(chosen) == 1
     return (gpn == 1 and not chosen) or (one_index and not cluster.topology)

@@ -92,7 +92,7 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
         main, memory = _preset_passes(w, compute, profile, gpu, timed, memory_target, say)
     elif memory_target is not None:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
-        memory = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights(), whole_pass(user, w))
+        memory = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights, whole_pass(user, w))
     pricing = pricing_for(_priced_gpu(compute, gpu, user), compute.precision, compute.compiled, profile,
                           compute.gpu_profile)
     traced_as = memory.traced_as if memory is not None else None
@@ -135,12 +135,12 @@ def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceP
         say(f"tracing {w.what()} on the meta device for {_spoken(gpu, profile)}, and at 1 and 2 blocks for its "
             "memory (starting its worker: importing torch)")
         trace, memory = main_and_memory(request, target_for(compute.precision, profile, gpu), shape,
-                                        compute.precision, w.fsdp_casts_weights(), memory_target, say)
+                                        compute.precision, w.fsdp_casts_weights, memory_target, say)
         return MainTrace(trace, request.note), memory
     main = _main_trace(request, w, compute, profile, gpu, say)
     if memory_target is None:
         return main, None
-    return main, traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights())
+    return main, traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights)
 
 
 def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:

@@ -48,7 +48,7 @@ def _no_link(cluster: ClusterRequest) -> tuple[None, int, dict]:
     described: dict = {"no_link": _no_link_text(cluster.nodes)}
     if cluster.gpus:
         described["gpus"] = list(cluster.gpus)
-    ignored = cluster.link_options_given()
+    ignored = cluster.link_options_given
     if ignored:
         why = "one GPU needs no link" if cluster.nodes == 1 else "one GPU per node has no intra-node link"
         described["notes"] = [f"{', '.join(ignored)} ignored: {why}"]
@@ -59,7 +59,7 @@ def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | Non
     """(CommModel for one node or None when none is needed, gpus_per_node, description) from
     the first source given (`gather.gather_links` read the file or the machine); `gpu` (--gpu)
     pins a topology's NVLink generation."""
-    gpn, chosen = cluster.given_gpus_per_node(), list(cluster.gpus) if cluster.gpus else None
+    gpn, chosen = cluster.gpus_per_node_given, list(cluster.gpus) if cluster.gpus else None
     if evidence.bench_fit is not None:
         lat, bw, world, fit = evidence.bench_fit
         comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {cluster.bench}")

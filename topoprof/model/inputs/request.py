@@ -193,17 +193,20 @@ class WorkloadRequest:
         """The model as an error message names it."""
         return self.preset_name or (f"--params {self.params}" if self.params else f"--model {self.user_model}")
 
+    @property
     def fsdp_casts_weights(self) -> bool:
         """FSDP's param_dtype is 16-bit: the weights it computes with are cast (the memory passes'
         `cast` variant)."""
-        return self.fsdp_bytes().get("fsdp_param_bytes") == 2
+        return self.fsdp_param_bytes == 2
 
-    def fsdp_bytes(self) -> dict:
-        """FSDP's MixedPrecisionPolicy bytes and unit, as `Workload` takes them."""
-        out = {key: FSDP_DTYPE_BYTES[value] for key, value in (("fsdp_param_bytes", self.fsdp_param_dtype),
-                                                                ("fsdp_reduce_bytes", self.fsdp_reduce_dtype))
-               if value is not None}
-        return {**out, **({"fsdp_unit": self.fsdp_unit} if self.fsdp_unit is not None else {})}
+    @property
+    def fsdp_param_bytes(self) -> int | None:
+        """MixedPrecisionPolicy's param_dtype in bytes, as `Workload` takes it; None where not given."""
+        return None if self.fsdp_param_dtype is None else FSDP_DTYPE_BYTES[self.fsdp_param_dtype]
+
+    @property
+    def fsdp_reduce_bytes(self) -> int | None:
+        return None if self.fsdp_reduce_dtype is None else FSDP_DTYPE_BYTES[self.fsdp_reduce_dtype]
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,9 @@ class ClusterRequest:
     gpus_per_node: int | None = None
     network_bandwidth_gbps: float | None = None
     network_latency_us: float | None = None
+    # GPUs per node from --gpus-per-node, or --world-size over --nodes (checked against each
+    # other here); None when neither is given
+    gpus_per_node_given: int | None = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -286,10 +292,9 @@ class ClusterRequest:
                                 ("--network-latency", self.network_latency_us)):
             if latency is not None and latency < 0:
                 raise InputError(f"{option} {latency:g}: must be >= 0 microseconds")
-        self.given_gpus_per_node()  # the arithmetic, checked now
+        object.__setattr__(self, "gpus_per_node_given", self._gpus_per_node_given())
 
-    def given_gpus_per_node(self) -> int | None:
-        """GPUs per node from --gpus-per-node, or --world-size over --nodes; None when not given."""
+    def _gpus_per_node_given(self) -> int | None:
         if self.gpus_per_node:
             if self.world_size is not None and self.world_size != self.nodes * self.gpus_per_node:
                 raise InputError(f"world_size({self.world_size}) != nodes({self.nodes}) * "
@@ -302,6 +307,7 @@ class ClusterRequest:
             raise InputError(f"world_size({self.world_size}) != nodes({self.nodes}) * gpus_per_node(an integer)")
         return gpn
 
+    @property
     def link_options_given(self) -> list[str]:
         """The intra-node link options given, as the user typed them."""
         return [flag for value, flag in ((self.link_bandwidth_gbps, "--link-bandwidth"),
@@ -348,7 +354,7 @@ class ModelRequest:
                 grad_bytes=int(opts["grad_bytes"]), bucket_cap_mb=opts["bucket_cap_mb"],
                 fsdp_param_dtype=opts["fsdp_param_dtype"], fsdp_reduce_dtype=opts["fsdp_reduce_dtype"],
                 fsdp_unit=opts["fsdp_unit"], time_here=bool(opts.get("time_here")),
-                                     rmsnorm=opts.get("rmsnorm") or "eager",
+                rmsnorm=opts.get("rmsnorm") or "eager",
                 activation_checkpointing=opts.get("activation_checkpointing")),
             compute=ComputeRequest(
                 gpu=opts["gpu"], precision=opts["precision"], micro_batch_time_s=opts["micro_batch_time"],

@@ -41,7 +41,8 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
 
 def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
     return dict(grad_bytes=w.grad_bytes, micro_batch_size=w.micro_batch_size, tokens_per_micro_batch=w.tokens,
-                bucket_cap_mb=w.bucket_cap_mb, activation_memory_gb=memory.activation_memory_gb, **w.fsdp_bytes(),
+                bucket_cap_mb=w.bucket_cap_mb, activation_memory_gb=memory.activation_memory_gb,
+                fsdp_param_bytes=w.fsdp_param_bytes, fsdp_reduce_bytes=w.fsdp_reduce_bytes, fsdp_unit=w.fsdp_unit,
                 checkpointing=w.checkpointing)
 
 
