@@ -47,12 +47,20 @@ def sxm_part(name: str | None) -> bool:
     NVSwitch baseboard (V100 SXM2, A100 SXM4, H100/H200 SXM5): PCIe cards of the same
     generation (L4, L40S, A10, RTX) have no NVLink, or only a bridge to one peer."""
     spec = lookup_gpu_quietly(name)  # an unknown name: not known to be SXM
-    return spec is not None and "sxm" in spec.name
+    return spec is not None and _sxm(spec)
+
+
+def _sxm(spec: GpuSpec) -> bool:
+    return "sxm" in spec.name
 
 
 def nvlink(gpu) -> Link | None:
-    if not sxm_part(gpu.name):
-        return None
+    """NVLink through NVSwitch for a GPU the table has as an SXM part; else None."""
+    return _nvswitch(gpu) if sxm_part(gpu.name) else None
+
+
+def _nvswitch(gpu) -> Link | None:
+    """Every NVLink of the GPU's generation through NVSwitch; None where the tables lack it."""
     sheet = constants.nvlink_datasheet(gpu.compute_capability)
     nccl = constants.nvlink_gbps_per_link(gpu.compute_capability)
     if sheet is None or nccl is None:
@@ -82,7 +90,7 @@ def standard_link(spec: GpuSpec | None) -> Link | None:
     gen, width = spec.pcie or (None, None)
     gpu = Gpu(index=0, name=spec.name, compute_capability=spec.compute_capability, pcie_gen_max=gen,
               pcie_width_max=width)
-    return nvlink(gpu) if sxm_part(spec.name) else pcie(gpu)
+    return _nvswitch(gpu) if _sxm(spec) else pcie(gpu)  # its row in hand: not looked up again
 
 
 def network(gbit: float) -> Link:
