@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from topoprof.model.strategies.job import ModelInputs
-from topoprof.model.strategies.memory import gpu_memory_of, job_memory, memory_by_strategy
+from topoprof.model.strategies.memory import job_memory, memory_by_strategy
 from topoprof.model.strategies.predict import predict
-from topoprof.model.strategies.results import StrategyResult
+from topoprof.model.strategies.results import Memory, StrategyResult
 from topoprof.model.strategies.steps import lower_bounds
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
@@ -127,10 +127,10 @@ NO_SYNC_PAIRS = (("fsdp_full_shard", "fsdp_full_shard_no_sync"), ("fsdp_shard_gr
                  ("hsdp", "hsdp_no_sync"))
 
 
-def no_sync_memory(inputs: ModelInputs, names: list[str]) -> tuple[NoSyncMemory, ...]:
-    """What FSDP's no_sync holds beyond its synced twin per GPU at the size and mode given: every
-    group's unsharded gradient, full size, until the micro-batch that syncs."""
-    memory = memory_by_strategy(job_memory(inputs), names)
+def no_sync_memory(memory: dict[str, Memory]) -> tuple[NoSyncMemory, ...]:
+    """What FSDP's no_sync holds beyond its synced twin per GPU, from each strategy's `memory` at
+    the size and mode given: every group's unsharded gradient, full size, until the micro-batch
+    that syncs."""
     return tuple(NoSyncMemory(a, b, memory[b].total_gb - memory[a].total_gb, memory[b].fits)
                  for a, b in NO_SYNC_PAIRS if a in memory and b in memory)
 
@@ -215,7 +215,9 @@ class SearchPlan:
 def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
     """The memory half of the search (module docstring); `finish_search` completes it with the
     compute priced at `wanted`."""
-    capacity, capacity_source = gpu_memory_of(inputs.compute)
+    # the size and mode given: the GPU's memory, and what no_sync costs there
+    job = job_memory(inputs)
+    capacity, capacity_source, given = job.capacity_gb, job.capacity_source, memory_by_strategy(job, names)
     work = inputs.workload
     modes = searched_modes(work.checkpointing)
     tokens_per_sample = None if work.layout.unit == "image" else \
@@ -226,7 +228,7 @@ def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
         return SearchPlan(fits)
     table = {mode: largest(inputs, names, mode) for mode in modes}
     rows = tuple(LargestRow(group, {mode: _cell(table[mode][group[0]]) for mode in modes}) for group in _groups(names))
-    fits = replace(fits, largest=rows, no_sync=no_sync_memory(inputs, names))
+    fits = replace(fits, largest=rows, no_sync=no_sync_memory(given))
     now = work.micro_batch_size
     wanted: set[tuple[str, int]] = {(mode, now) for mode in modes}
     wanted |= {(mode, size) for mode in modes for n in names if (size := table[mode][n].micro_batch)}
