@@ -12,9 +12,9 @@ from helpers.model_reports import model_report
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.timing import Compute
+from topoprof.model.fsdp.plan import largest_group_params
 from topoprof.model.memory import holding
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-from topoprof.model.strategies.memory import largest_group_params
 from topoprof.model.strategies.predict import predict
 from topoprof.specs.messages import StepMemory
 

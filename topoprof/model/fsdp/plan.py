@@ -141,6 +141,15 @@ def fsdp_plan(layout: Layout, unit: str | None = None) -> FsdpPlan:
     return FsdpPlan(groups, tuple(segments), f"{len(blocks)} groups ({how}) + root")
 
 
+def largest_group_params(layout: Layout, unit: str | None = None) -> int:
+    """The largest FSDP group's parameters (`fsdp_plan`: one group per block, the rest in the
+    root group); the whole model where no block is found."""
+    try:
+        return max(g.numel for g in fsdp_plan(layout, unit).groups)
+    except InputError:
+        return layout.params
+
+
 def describe_plan(plan: FsdpPlan) -> dict:
     return {"grouping": plan.grouping, "groups": len(plan.groups),
             "root_params": plan.groups[plan.root].numel,

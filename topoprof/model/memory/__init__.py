@@ -8,6 +8,6 @@ whether it fits.
 `traced` reads the op trace for this room's concern, as `topoprof.model.compute.traced` does for
 compute; `timeline` is this room's timeline of a micro-batch, as DDP's and FSDP's rooms have theirs.
 
-Owns: the counts and the fit. May import: workload (the checkpointing modes); nothing else of the
-model.
+Owns: the counts and the fit. May import: workload (the checkpointing modes, a model's layout); nothing
+else of the model.
 """

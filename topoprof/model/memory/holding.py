@@ -61,6 +61,8 @@ from functools import cached_property
 from topoprof.model.memory import environment as env
 from topoprof.model.memory.timeline import Timeline, where
 from topoprof.model.memory.traced import MicroBatchBytes
+from topoprof.workload.checkpointing import Checkpointing
+from topoprof.workload.layout import Layout
 
 GB = 1e9
 
@@ -304,6 +306,28 @@ def checkpointed_activations(layers: int, hidden: int, tokens: int, precision: s
     """What `layers` checkpointed layers keep: their inputs (Korthikanti et al. 2022 §4)."""
     scale = 2 if precision == "fp32" else 1
     return scale * CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN * tokens * hidden * layers
+
+
+def formula_activations(layers: int | None, layout: Layout, tokens: int | None, precision: str,
+                        ac: Checkpointing) -> tuple[float | None, str]:
+    """A transformer preset's activations per micro-batch by Korthikanti et al. 2022 (Eq. 1 per
+    layer without checkpointing, the layer's input for a checkpointed one, §4's full
+    recomputation), and how they were counted; None, with why, where the formula does not know
+    the model (`layers`, its depth, None) or the mode."""
+    if not (layers and tokens):
+        return None, "unknown: give --activation-memory GB"
+    if ac.mode == "op":
+        return None, ("unknown: torchtitan's op policy is counted from the op trace only (give --gpu NAME with "
+                      "--tokens), or give --activation-memory GB")
+    hidden = layout.tensors[0].shape[-1]  # the token embedding's width
+    wrapped = layers if ac.mode == "full" else layers // ac.every if ac.mode == "layer" else 0
+    counted = (transformer_activations(layers - wrapped, hidden, tokens, precision)
+               + checkpointed_activations(wrapped, hidden, tokens, precision))
+    how = (f"34 B x {tokens} tokens x {hidden} hidden x {layers} layers" if not wrapped else
+           f"{layers - wrapped} layers x 34 B and {wrapped} checkpointed x 2 B (their input) x {tokens} tokens x "
+           f"{hidden} hidden")
+    return counted, (f"counted: {how} (Korthikanti et al. 2022 Eq. 1 and §4, no stored attention scores); the "
+                     "logits, autocast's copies and the backward's transient not counted without the op trace")
 
 
 @dataclass(frozen=True)

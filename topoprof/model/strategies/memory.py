@@ -8,9 +8,8 @@ from dataclasses import dataclass, replace
 from dataclasses import replace as changed
 from typing import Any
 
-from topoprof.errors import InputError
 from topoprof.model.compute.timing import Compute
-from topoprof.model.fsdp.plan import fsdp_plan
+from topoprof.model.fsdp.plan import largest_group_params
 from topoprof.model.memory import environment, holding
 from topoprof.model.memory.holding import OPTIMIZER_STATES
 from topoprof.model.memory.traced import MicroBatchBytes, from_trace
@@ -61,7 +60,9 @@ def micro_batch_count(inputs: ModelInputs) -> MicroBatchCount:
                                                "the embedding and the blocks keep for backward", mb, cast,
                                "FSDP2's MixedPrecisionPolicy (param_dtype) gathers 16-bit weights: no autocast "
                                "copies; its blocks' activations as the autocast pass keeps them")
-    return _formula(inputs)
+    counted, source = holding.formula_activations(PRESET_DEPTH.get(work.layout.name), work.layout,
+                                                  work.tokens_per_micro_batch, inputs.compute.precision, ac)
+    return MicroBatchCount(counted, source)
 
 
 def _samples(inputs: ModelInputs) -> float | None:
@@ -72,30 +73,6 @@ def _samples(inputs: ModelInputs) -> float | None:
     if traced is not None and work.tokens_per_micro_batch and traced.seq_len:
         return work.tokens_per_micro_batch / traced.seq_len
     return work.micro_batch_size
-
-
-def _formula(inputs: ModelInputs) -> MicroBatchCount:
-    """Korthikanti et al. 2022 for the transformer presets: Eq. 1 per layer without AC, the layer's
-    input (2 bytes per token per hidden unit, §4's full recomputation) for a checkpointed one."""
-    work = inputs.workload
-    ac = work.checkpointing
-    layers = PRESET_DEPTH.get(work.layout.name)
-    if not (layers and work.tokens_per_micro_batch):
-        return MicroBatchCount(None, "unknown: give --activation-memory GB")
-    if ac.mode == "op":
-        return MicroBatchCount(None, "unknown: torchtitan's op policy is counted from the op trace only (give --gpu "
-                                     "NAME with --tokens), or give --activation-memory GB")
-    hidden = work.layout.tensors[0].shape[-1]  # the token embedding's width
-    wrapped = layers if ac.mode == "full" else layers // ac.every if ac.mode == "layer" else 0
-    tokens, precision = work.tokens_per_micro_batch, inputs.compute.precision
-    counted = (holding.transformer_activations(layers - wrapped, hidden, tokens, precision)
-               + holding.checkpointed_activations(wrapped, hidden, tokens, precision))
-    how = (f"34 B x {tokens} tokens x {hidden} hidden x {layers} layers" if not wrapped else
-           f"{layers - wrapped} layers x 34 B and {wrapped} checkpointed x 2 B (their input) x {tokens} tokens x "
-           f"{hidden} hidden")
-    return MicroBatchCount(counted, f"counted: {how} (Korthikanti et al. 2022 Eq. 1 and §4, no stored attention "
-                                    "scores); the logits, autocast's copies and the backward's transient not counted "
-                                    "without the op trace")
 
 
 def gpu_memory_of(comp: Compute) -> tuple[float | None, str]:
@@ -123,14 +100,29 @@ class JobMemory:
 
 
 def job_memory(inputs: ModelInputs) -> JobMemory:
-    count = micro_batch_count(inputs)
+    """What every strategy's memory is counted from for `inputs` (`JobMemory`)."""
+    work, cl = inputs.workload, inputs.cluster
     capacity, capacity_source = gpu_memory_of(inputs.compute)
-    workspace, workspace_source = _workspace(inputs)
-    model, basis = memory_model(inputs, count, workspace), "counted"
-    measured = _measured_memory(inputs.workload, model)
-    if measured is not None:
-        model, basis = measured
-    return JobMemory(count, capacity, capacity_source, model, basis, measured is not None, workspace_source)
+    measured = _measured_memory(work)
+    count = micro_batch_count(inputs)
+    named = inputs.compute.named  # cuBLAS's workspace by the GPU's compute capability
+    workspace, workspace_source = environment.cublas_workspace(named.capability if named is not None else None)
+    environment_counted = cl.backend not in BLOCKING_BACKENDS  # CPU ranks (gloo) hold none of it
+    optimizer = inputs.compute.optimizer if inputs.compute.optimizer in OPTIMIZER_STATES else "adamw"
+    intra = getattr(cl.comm, "intra", None) or cl.comm
+    model = holding.MemoryModel(
+        work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes, optimizer=optimizer,
+        world_size=cl.gpus, gpus_per_node=cl.gpus_per_node, gradient_as_bucket_view=work.gradient_as_bucket_view,
+        largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
+        fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
+        activations=count.activations, micro_batch=count.micro_batch, fsdp_micro_batch=count.fsdp_micro_batch,
+        rings=int(getattr(intra, "rings", 1) or 1), environment=environment_counted,
+        single_tensor_optimizer_numels=(() if environment_counted else tuple(t.numel for t in work.layout.tensors)),
+        accumulation=inputs.accumulation_steps, workspace=workspace if environment_counted else 0.0)
+    if measured is None:
+        return JobMemory(count, capacity, capacity_source, model, "counted", False, workspace_source)
+    fields, basis = measured
+    return JobMemory(count, capacity, capacity_source, changed(model, **fields), basis, True, workspace_source)
 
 
 def memory_echo(job: JobMemory) -> dict[str, tuple[Any, str]]:
@@ -140,35 +132,12 @@ def memory_echo(job: JobMemory) -> dict[str, tuple[Any, str]]:
             "gpu_memory_gb": (job.capacity_gb, job.capacity_source)}
 
 
-def memory_model(inputs: ModelInputs, count: MicroBatchCount, workspace: float) -> holding.MemoryModel:
-    """What `topoprof.model.memory.holding` counts for this job (`workspace`: cuBLAS's, bytes)."""
-    work, cl = inputs.workload, inputs.cluster
-    intra = getattr(cl.comm, "intra", None) or cl.comm
-    return holding.MemoryModel(
-        work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes,
-        optimizer=_optimizer_name(inputs.compute.optimizer), world_size=cl.gpus, gpus_per_node=cl.gpus_per_node,
-        gradient_as_bucket_view=work.gradient_as_bucket_view,
-        largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
-        fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
-        activations=count.activations, micro_batch=count.micro_batch, fsdp_micro_batch=count.fsdp_micro_batch,
-        rings=int(getattr(intra, "rings", 1) or 1), environment=cl.backend not in BLOCKING_BACKENDS,
-        single_tensor_optimizer_numels=(() if cl.backend not in BLOCKING_BACKENDS
-                                        else tuple(t.numel for t in work.layout.tensors)),
-        accumulation=inputs.accumulation_steps,
-        workspace=workspace if cl.backend not in BLOCKING_BACKENDS else 0.0)
-
-
-def _workspace(inputs: ModelInputs) -> tuple[float, str]:
-    """cuBLAS's workspace on the job's GPU, by its compute capability (`environment.cublas_workspace`)."""
-    named = inputs.compute.named
-    return environment.cublas_workspace(named.capability if named is not None else None)
-
-
 def memory_by_strategy(job: JobMemory, names) -> dict[str, Memory]:
     """Each strategy's memory per GPU, counted (topoprof.model.memory.holding), and whether it fits."""
     capacity, model = job.capacity_gb, job.model
     out = {}
     for name in names:
+        sources = part_sources(name, job.count, model, job.measured, job.workspace_source)
         held = holding.holding(name, model)
         if held is None:
             continue
@@ -178,7 +147,7 @@ def memory_by_strategy(job: JobMemory, names) -> dict[str, Memory]:
         out[name] = Memory({k: None if v is None else v / holding.GB for k, v in holding.parts(held).items()},
                            held.total / holding.GB, job.basis, capacity, f.fits, f.reason,
                            (low / holding.GB, high / holding.GB),
-                           part_sources(name, job.count, model, job.measured, job.workspace_source),
+                           sources,
                            held.allocated / holding.GB,
                            held.peak.text(held.accumulation), (reserved[0] / holding.GB, reserved[1] / holding.GB),
                            {part: value / holding.GB for part, value in held.peak.parts})
@@ -229,11 +198,11 @@ def model_source(measured: bool) -> str:
     return "measured on the GPU (torch.cuda.memory_allocated after the forward)" if measured else "counted"
 
 
-def _measured_memory(work: Workload, counted):
-    """`counted` with the bytes one GPU measured per phase in place of the counted ones: weights,
-    gradients and optimizer state as bytes per parameter (so that sharding and DDP's buckets apply
-    to them as to counted ones), the activations as measured; None without a measurement."""
-
+def _measured_memory(work: Workload) -> tuple[dict[str, Any], str] | None:
+    """The bytes one GPU measured per phase, as the `holding.MemoryModel` fields they replace of
+    the counted ones, and their basis: weights, gradients and optimizer state as bytes per
+    parameter (so that sharding and DDP's buckets apply to them as to counted ones), the
+    activations as measured; None without a measurement."""
     m = work.measured_memory
     if m is None or work.layout.params <= 0:
         return None
@@ -243,21 +212,8 @@ def _measured_memory(work: Workload, counted):
         return max(0.0, nbytes) / n
 
     # the measured activations hold the logits and autocast's copies: nothing of a count beside them
-    model = changed(counted, param_bytes=per(m.params_bytes), grad_bytes=per(m.grads_bytes),
-                    optimizer_state_bytes=per(m.optimizer_bytes), activations=max(0.0, m.activations_bytes),
-                    micro_batch=None, fsdp_micro_batch=None)
-    return model, (f"measured on {m.device} (torch.cuda.memory_allocated before and after each phase of a "
-                   f"timed step; its peak {m.peak_bytes / holding.GB:.1f} GB)")
-
-
-def _optimizer_name(name: str) -> str:
-    return name if name in OPTIMIZER_STATES else "adamw"
-
-
-def largest_group_params(layout, unit: str | None = None) -> int:
-    """The largest FSDP group's parameters (`fsdp_plan`: one group per block, the rest in
-    the root group); the whole model where no block is found."""
-    try:
-        return max(g.numel for g in fsdp_plan(layout, unit).groups)
-    except InputError:
-        return layout.params
+    fields = dict(param_bytes=per(m.params_bytes), grad_bytes=per(m.grads_bytes),
+                  optimizer_state_bytes=per(m.optimizer_bytes), activations=max(0.0, m.activations_bytes),
+                  micro_batch=None, fsdp_micro_batch=None)
+    return fields, (f"measured on {m.device} (torch.cuda.memory_allocated before and after each phase of a timed "
+                    f"step; its peak {m.peak_bytes / holding.GB:.1f} GB)")
