@@ -107,13 +107,13 @@ def modelled_compute(trace: TracedPass, pricing: Pricing, note: str | None = Non
     if pricing.why is not None:
         raise InputError(pricing.why)
     pricer, chosen_notes = pricing.pricer, pricing.notes
+    recompute = recompute_seconds(trace, pricer)
     result = roofline(trace, pricer)
     fast, middle, slow = result.seconds
     shape = trace.shape or "its example batch"
     how = ("per op the rate a device profile measured for its kind and size" if hasattr(pricer, "profile") else
            "per op the larger of FLOPs over peak x efficiency and bytes over bandwidth")
     basis = f"{result.kernels} kernels of its op trace at {shape} on {result.device}, {how}, and a host cost per op"
-    recompute = recompute_seconds(trace, pricer)
     if recompute is not None:
         basis += ("; activation checkpointing's recompute ops are in its backward, priced with it "
                   f"({recompute[1] * 1e3:.3g} ms of them alone, middle)")

@@ -26,6 +26,9 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
     """(ModelInputs, what was described of the links and the sources) for the gathered request."""
     request = evidence.request
     done = _workload_and_compute(evidence)
+    resolved = _compute(done.compute, done.memory, evidence.calibration, done.modelled)
+    if done.origins:
+        resolved = replace(resolved, origins=tuple(done.origins))
     workload, notes = done.workload, done.notes
     if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
         fsdp_plan(workload.layout, workload.fsdp_unit)
@@ -33,9 +36,6 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
         notes = [f"{request.workload.preset_name} with its RMSNorm {request.workload.rmsnorm}: each norm keeps its "
                  "input and the reciprocal RMS for backward, not its fp32 upcast (topoprof/zoo/llama.py)", *notes]
     cluster, described = job_cluster(evidence.links, request.cluster, request.compute.named, notes)
-    resolved = _compute(done.compute, done.memory, evidence.calibration, done.modelled)
-    if done.origins:
-        resolved = replace(resolved, origins=tuple(done.origins))
     return ModelInputs(workload, resolved, cluster, accumulation_steps=request.accum), described
 
 
@@ -134,8 +134,12 @@ def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
     origins: list = []
     notes: list[str] = []
-    workload = (Workload.from_preset(w.preset, w.image_size, **work_kw) if w.preset
-                else Workload.from_params(_param_count(w), **work_kw))
+    if w.preset:
+        workload = Workload.from_preset(w.preset, w.image_size, **work_kw)
+    else:
+        count = w.param_count
+        assert count is not None  # --params, where the request names no preset (it names one or the other)
+        workload = Workload.from_params(count, **work_kw)
     timed = evidence.preset_timed
     if timed is not None:
         compute, origins = _measured(compute, timed)
@@ -167,13 +171,6 @@ def _with_traced_memory(workload: Workload, traced: TracedMemory | str | None, u
     if user:
         return replace(workload, traced_memory_failure=traced), None
     return workload, f"memory: the passes at 1 and 2 blocks failed ({traced}); counted from the main pass only"
-
-
-def _param_count(w: WorkloadRequest) -> int:
-    """--params, where the request names no preset (it names one or the other)."""
-    count = w.param_count
-    assert count is not None
-    return count
 
 
 def _timed_elsewhere_note(measured: MeasuredCompute, record: UserModelRecord, gpu: str | None) -> str:
