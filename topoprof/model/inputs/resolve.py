@@ -90,23 +90,22 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     workload = Workload(read.layout, **work_kw, measured_memory=record.memory if stands else None)
     if record.checkpointing:
         notes.append(record.checkpointing.describe())
-    # the GPU predicted prices the model's own ops, unless it was timed on that GPU
+    # the GPU predicted prices the model's own ops, unless it was timed on that GPU; timed here on
+    # a GPU, they are priced beside the measured time
     what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
-    modelled, why = priced(record.op_trace, evidence.pricing) if what_if else (None, None)
-    if why is not None:  # a what-if whose own ops could not be priced: the datasheet's range stands in
+    beside = not what_if and user.timed and record.device.startswith("cuda")
+    modelled, why = priced(record.op_trace, evidence.pricing) if what_if or beside else (None, None)
+    if what_if and why is not None:  # its own ops could not be priced: the datasheet's range stands in
         _need_tokens_for_the_datasheet(w, compute, why)
         notes.append(fallback_note(why))
     if stands:
-        if modelled is None and why is None:
+        if not what_if:
             compute, origins = _measured(compute, _timing(read))
     elif user.timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
         notes.append(_timed_elsewhere_note(_timing(read), record, compute.gpu))
     memory = _memory_of_the_timed_gpu(memory, compute, read.measured, origins)
-    # measured here: the model beside it
-    if user.timed and modelled is None and why is None and record.device.startswith("cuda"):
-        modelled, why = priced(record.op_trace, evidence.pricing)
-        if why is not None:
-            notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
+    if beside and why is not None:
+        notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
     return _Completed(workload, compute, memory, origins, notes, modelled)
 
 
