@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import LinkUnknown
-from topoprof.model.ddp.buckets import ddp_bucket_limits, ddp_buckets
+from topoprof.model.ddp.buckets import ddp_buckets
 from topoprof.model.ddp.timeline import hiding_threshold
 from topoprof.model.strategies.fsdp_costs import fsdp_costs_by_part, hsdp_levels
 from topoprof.model.strategies.job import Cluster, ModelInputs
@@ -85,7 +85,7 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
     bounds = None
     if slow_res is not res or slow_comm is not comm:
         bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))
-    first, cap = ddp_bucket_limits(inputs.workload.bucket_cap_mb)
+    first, cap = res.bucket_limits
     summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
                             tuple(b.ready_fraction for b in buckets), first, cap)
     pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,

@@ -142,6 +142,7 @@ class Resolved:
     echo: dict[str, tuple[Any, str]]
     warnings: tuple[str, ...]
     memory: JobMemory
+    bucket_limits: tuple[int, int]  # DDP's first bucket's cap and every other's, bytes
     gpu: GpuCosts = GpuCosts()
     what_if: bool = False  # some input is a range: predictions have bounds
 
@@ -193,7 +194,7 @@ def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | Non
     notes = tuple(w for w in notes_list if cl.gpus > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
     what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
-                    times.memory_bandwidth_gbps, echo, notes, memory, gpu, what_if)
+                    times.memory_bandwidth_gbps, echo, notes, memory, (first, cap), gpu, what_if)
 
 
 def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
