@@ -140,6 +140,11 @@ class DeviceProfile:
     def _smallest(self) -> dict[bool, tuple[int, int, int]]:
         return {}
 
+    @cached_property
+    def smallest_copy_bytes(self) -> int | None:
+        """The fewest bytes a measured copy of the profile's dtype moved (None: none measured)."""
+        return min((p.bytes_moved for p in self.memory if p.dtype == self.dtype), default=None)
+
     def _gemm_class(self, m: int, n: int, k: int, dtype: str) -> tuple[GemmPoint, ...]:
         classes = self._gemm_classes.get(dtype)
         if classes is None:

@@ -148,16 +148,8 @@ class ProfiledDevice:
             return 0.0
         kinds = op.fused_kinds or [op_kinds.memory_kind(op)]
         rates = [self._range("memory_bytes_per_s", kind, moved) for kind in kinds]
-        floor = min(1.0, moved / (self._smallest_memory() or moved))
+        floor = min(1.0, moved / (self.profile.smallest_copy_bytes or moved))
         return _end(moved / max(hi for _, hi in rates), moved / (min(lo for lo, _ in rates) * floor), end)
-
-    def _smallest_memory(self) -> int | None:
-        """The fewest bytes a measured copy of the profile's dtype moved (None: none measured)."""
-        memo = self._memo
-        if "smallest_memory" not in memo:
-            memo["smallest_memory"] = min((pt.bytes_moved for pt in self.profile.memory
-                                           if pt.dtype == self.profile.dtype), default=None)
-        return memo["smallest_memory"]
 
     # ---- the pricer ---------------------------------------------------------------------------
 

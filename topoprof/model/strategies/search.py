@@ -215,9 +215,9 @@ class SearchPlan:
 def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
     """The memory half of the search (module docstring); `finish_search` completes it with the
     compute priced at `wanted`."""
-    # the size and mode given: the GPU's memory, and what no_sync costs there
-    job = job_memory(inputs)
-    capacity, capacity_source, given = job.capacity_gb, job.capacity_source, memory_by_strategy(job, names)
+    job = job_memory(inputs)  # at the size and mode given
+    capacity, capacity_source = job.capacity_gb, job.capacity_source
+    given = memory_by_strategy(job, names)  # what no_sync costs there
     work = inputs.workload
     modes = searched_modes(work.checkpointing)
     tokens_per_sample = None if work.layout.unit == "image" else \
