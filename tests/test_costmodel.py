@@ -14,10 +14,10 @@ from topoprof.model.compute.datasheet import lookup_gpu, normalize_gpu_name
 from topoprof.model.compute.timing import Compute
 from topoprof.model.ddp.timeline import simulate_overlap
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
-from topoprof.model.strategies.predict import fixed_global_batch, hide_threshold, predict, sweep
+from topoprof.model.strategies.predict import fixed_global_batch, predict, sweep
 from topoprof.model.strategies.resolve import resolve
 from topoprof.model.strategies.results import StrategyResult, Unavailable
-from topoprof.model.strategies.steps import ONE_GPU_REASON, STRATEGIES
+from topoprof.model.strategies.steps import ONE_GPU_REASON, STRATEGIES, hide_threshold
 from topoprof.workload.layout import Layout, TensorSpec, Use
 
 # ---- collective formulas --------------------------------------------------------------------
@@ -181,11 +181,11 @@ def test_hide_threshold_hand_computed():
     # w2's all-reduce (0.2 ms) starts at 0.5*T_bwd and must end by T_bwd when w1 is ready:
     # 0.5*T + 0.2 ms <= T -> T >= 0.4 ms -> c >= 0.4 / (2/3) = 0.6 ms.
     # floor: buckets ready at the end (0.2 + 0.1 ms) + copies 0.2 ms = 0.5 ms
-    h = hide_threshold(_hand_inputs())
+    h = hide_threshold(resolve(_hand_inputs()))
     assert h.exposed_floor_s == pytest.approx(5e-4)
     assert h.threshold_micro_batch_time_s == pytest.approx(6e-4, rel=1e-6)
     assert h.hidden and h.exposed_s == pytest.approx(5e-4)
-    slow = hide_threshold(_hand_inputs(micro_batch_time_s=0.0003))  # T_bwd = 0.2 ms
+    slow = hide_threshold(resolve(_hand_inputs(micro_batch_time_s=0.0003)))  # T_bwd = 0.2 ms
     # w2 [0.1, 0.3] ms; w1 [0.3, 0.5]; emb [0.5, 0.6]: tail 0.4 ms + copies 0.2 ms
     assert not slow.hidden and slow.exposed_s == pytest.approx(6e-4)
 
@@ -194,7 +194,7 @@ def test_hide_threshold_with_slowdown_hand_computed():
     # slowdown 2: while w2's 0.2 ms all-reduce runs, backward gains 0.1 ms. It must end before
     # backward reaches w1 (1.0): 0.5*T - 0.1 ms >= 0 -> T >= 0.2 ms -> c >= 0.3 ms.
     # floor: end buckets 0.3 ms + half of w2's 0.2 ms lost to slowdown + copies 0.2 ms = 0.6 ms
-    h = hide_threshold(_hand_inputs(compute_slowdown_during_comm=2.0))
+    h = hide_threshold(resolve(_hand_inputs(compute_slowdown_during_comm=2.0)))
     assert h.exposed_floor_s == pytest.approx(6e-4)
     assert h.threshold_micro_batch_time_s == pytest.approx(3e-4, rel=1e-6)
     assert h.exposed_s == pytest.approx(6e-4)
@@ -346,7 +346,7 @@ def test_one_gpu_predicts_single_and_says_why_not_ddp():
     assert all(p.strategies[n] == Unavailable(ONE_GPU_REASON) for n in STRATEGIES if n != "single")
     assert "ddp_exposed_s" not in p.per_micro_batch and "dp_comm_s" not in p.per_micro_batch
     assert not any("memory bandwidth" in w for w in p.warnings)  # no DDP copies to cost
-    assert hide_threshold(inputs) == Unavailable(ONE_GPU_REASON)
+    assert hide_threshold(resolve(inputs)) == Unavailable(ONE_GPU_REASON)
     points = sweep(inputs, accumulation_steps=[1, 2])
     assert [pt.strategies["single"].step_time_s for pt in points] == pytest.approx([0.004, 0.007])
     (only,) = fixed_global_batch(inputs, 12, [(1, 1)])
@@ -581,7 +581,7 @@ def test_fit_allreduce_is_latency_plus_size_over_algbw(n, latency_us, algbw, siz
 @FAST
 @given(model_inputs())
 def test_hide_threshold_is_where_exposed_reaches_its_floor(inputs):
-    h = hide_threshold(inputs)
+    h = hide_threshold(resolve(inputs))
 
     def exposed_at(c):
         return predict(dataclasses.replace(inputs, compute=dataclasses.replace(
@@ -651,7 +651,7 @@ def test_step_components_add_up_to_the_step(mode):
 
 
 def test_communication_slowdown_by_size_is_interpolated_in_log_size():
-    from topoprof.model.compute.timing import slowdown_at
+    from topoprof.model.ddp.timeline import slowdown_at
 
     points = ((1 << 20, 5.0), (16 << 20, 2.0))
     assert slowdown_at(points, 9.0, 1 << 10) == 5.0           # below: the smallest size's

@@ -12,7 +12,6 @@ from helpers.model_reports import model_report
 from topoprof.model.comm.collectives import RingComm
 from topoprof.model.compute.datasheet import named_gpu
 from topoprof.model.compute.timing import Compute
-from topoprof.model.fsdp.plan import largest_group_params
 from topoprof.model.memory import holding
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.predict import predict
@@ -81,7 +80,9 @@ def test_largest_group_is_a_block():
 
     layout = get_preset("llama-7b")
     block = sum(t.numel for t in layout.tensors if t.name.startswith("model.layers.0."))
-    assert largest_group_params(layout) == max(block, 2 * 32000 * 4096 + 4096)  # root: embeddings, head, norm
+    # root: embeddings, head, norm
+    assert Workload(layout).largest_fsdp_group_params == max(block, 2 * 32000 * 4096 + 4096)
+    assert Workload(layout, fsdp_unit="nothing").largest_fsdp_group_params == layout.params  # no groups: whole
 
 
 def _llama(**compute) -> ModelInputs:

@@ -178,23 +178,6 @@ class Compute:
     def origin(self, name: str) -> str:
         return dict(self.origins).get(name) or ("calibration" if name in self.calibrated else "given")
 
-    def comm_slowdown_at(self, size_bytes: float) -> float:
-        return slowdown_at(self.comm_slowdown_by_size, self.comm_slowdown_during_compute, size_bytes)
-
-
-def slowdown_at(points: tuple[tuple[float, float], ...], default: float, size_bytes: float) -> float:
-    """A slowdown measured at several sizes ((bytes, factor), by size), for `size_bytes`:
-    interpolated in log size between them, the nearest one's beyond them; `default` without them."""
-    if not points:
-        return default
-    if size_bytes <= points[0][0]:
-        return points[0][1]
-    for (s0, f0), (s1, f1) in zip(points, points[1:]):
-        if size_bytes <= s1:
-            w = math.log(size_bytes / s0) / math.log(s1 / s0) if s1 > s0 else 1.0
-            return f0 + w * (f1 - f0)
-    return points[-1][1]
-
 
 @dataclass(frozen=True)
 class ComputeTimes:
@@ -204,7 +187,6 @@ class ComputeTimes:
     memory_bandwidth_gbps: float | None
     echo: dict[str, tuple[Any, str]]  # value and where it came from
     warnings: tuple[str, ...]
-    gpu_key: str | None = None  # the datasheet row of the GPU predicted for, when known
 
 
 def _gpu(compute: Compute, notes: list[str]) -> GpuSpec | None:
@@ -313,6 +295,15 @@ def _optimizer_s(comp: Compute, params: int, grad_bytes: int, bandwidth: float |
     return seconds
 
 
+def _backward_fraction(comp: Compute) -> tuple[float, str]:
+    """Backward's share of a micro-batch, and where it comes from."""
+    if comp.backward_fraction is not None:
+        return comp.backward_fraction, comp.origin("backward_fraction")
+    if uses_modelled(comp) and comp.modelled is not None and comp.modelled.backward_fraction is not None:
+        return comp.modelled.backward_fraction, f"the backward's share of the {MODELLED_SOURCE} (middle)"
+    return DEFAULT_BACKWARD_FRACTION, "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"
+
+
 def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: int | None,
                   grad_bytes: int, unit: str = "token", end: str | None = None) -> ComputeTimes:
     """c, T_bwd, T_opt and memory bandwidth, each echoed with its source; `tokens` of `unit`
@@ -327,22 +318,19 @@ def compute_times(comp: Compute, params: int, flops_per_token: float, tokens: in
     if bandwidth is None:
         bw_src = "unknown: DDP bucket copies and fp16 casts count as 0 s"
         notes.append(MEMORY_UNKNOWN_NOTE)
+    # the backward's share and the optimizer read nothing of the micro-batch's time: found first,
+    # echoed after it
+    fraction, fraction_source = _backward_fraction(comp)
+    optimizer_echo: dict[str, tuple[Any, str]] = {}
+    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, optimizer_echo, notes, end)
     echo["memory_bandwidth_gbps"] = (bandwidth, bw_src)
     c = _micro_batch_s(comp, spec, flops_per_token, tokens, echo, unit, end)
-    if comp.backward_fraction is not None:
-        fraction, source = comp.backward_fraction, comp.origin("backward_fraction")
-    elif uses_modelled(comp) and comp.modelled is not None and comp.modelled.backward_fraction is not None:
-        fraction, source = comp.modelled.backward_fraction, f"the backward's share of the {MODELLED_SOURCE} (middle)"
-    else:
-        fraction = DEFAULT_BACKWARD_FRACTION
-        source = "default: backward = 2x forward (Kaplan et al. 2020 §2.1)"
-    echo["backward_fraction"] = (fraction, source)
-    t_opt = _optimizer_s(comp, params, grad_bytes, bandwidth, echo, notes, end)
+    echo["backward_fraction"] = (fraction, fraction_source)
+    echo.update(optimizer_echo)
     slowdown = comp.compute_slowdown_during_comm
     comm_slow = comp.comm_slowdown_during_compute
     echo["comm_slowdown_during_compute"] = (comm_slow, "default: no interference" if comm_slow == 1
                                             else comp.origin("comm_slowdown_during_compute"))
     echo["compute_slowdown_during_comm"] = (slowdown, "default: no interference" if slowdown == 1
                                             else comp.origin("compute_slowdown_during_comm"))
-    return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes),
-                        spec.name if spec is not None else None)
+    return ComputeTimes(c, fraction * c, t_opt, bandwidth, echo, tuple(notes))

@@ -10,12 +10,12 @@ The buckets themselves are `topoprof.model.ddp.buckets`.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import GB, CommModel
-from topoprof.model.compute.timing import slowdown_at
 from topoprof.model.ddp.buckets import Bucket
 
 FP16_BYTES = 2  # torch.float16, what fp16_compress_hook sends per element
@@ -183,6 +183,20 @@ def copies_traffic_s(setting: DdpSetting) -> float:
 def copies_s(setting: DdpSetting) -> float:
     """DDP's own work per synced micro-batch: the copies' traffic and the reducer's kernels."""
     return copies_traffic_s(setting) + setting.kernels_s
+
+
+def slowdown_at(points: tuple[tuple[float, float], ...], default: float, size_bytes: float) -> float:
+    """A slowdown measured at several sizes ((bytes, factor), by size), for `size_bytes`:
+    interpolated in log size between them, the nearest one's beyond them; `default` without them."""
+    if not points:
+        return default
+    if size_bytes <= points[0][0]:
+        return points[0][1]
+    for (s0, f0), (s1, f1) in zip(points, points[1:]):
+        if size_bytes <= s1:
+            w = math.log(size_bytes / s0) / math.log(s1 / s0) if s1 > s0 else 1.0
+            return f0 + w * (f1 - f0)
+    return points[-1][1]
 
 
 def comm_slowdowns(setting: DdpSetting, buckets: Sequence[Bucket], fp16_compress: bool = False) -> list[float]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from topoprof.errors import InputError
 from topoprof.workload.checkpointing import Checkpointing
@@ -90,18 +90,22 @@ class FsdpPlan:
     def root(self) -> int:
         return len(self.groups) - 1
 
-    def forward_order(self) -> list[int]:
+    # Each order is read by every FSDP timeline of the job (the sweep and the fits search run
+    # hundreds): derived once per plan.
+    @cached_property
+    def forward_order(self) -> tuple[int, ...]:
         """Groups in the order their pre-forward hooks run: the root's first (its hook wraps the
         whole forward), then each group at its first use."""
-        order = [self.root]
-        for seg in self.segments:
-            if seg.group not in order:
-                order.append(seg.group)
-        return order
+        return tuple(dict.fromkeys([self.root, *(seg.group for seg in self.segments)]))
 
-    def post_forward_order(self) -> list[int]:
+    @cached_property
+    def post_forward_order(self) -> tuple[int, ...]:
         """The order of post-forward hooks: each block when its forward returns, the root last."""
-        return [g for g in self.forward_order() if g != self.root] + [self.root]
+        return (*(g for g in self.forward_order if g != self.root), self.root)
+
+    @cached_property
+    def largest_group_params(self) -> int:
+        return max(g.numel for g in self.groups)
 
 
 # One layout's plan is asked for at every size and mode the fits search counts; the plan and the
@@ -141,19 +145,10 @@ def fsdp_plan(layout: Layout, unit: str | None = None) -> FsdpPlan:
     return FsdpPlan(groups, tuple(segments), f"{len(blocks)} groups ({how}) + root")
 
 
-def largest_group_params(layout: Layout, unit: str | None = None) -> int:
-    """The largest FSDP group's parameters (`fsdp_plan`: one group per block, the rest in the
-    root group); the whole model where no block is found."""
-    try:
-        return max(g.numel for g in fsdp_plan(layout, unit).groups)
-    except InputError:
-        return layout.params
-
-
 def describe_plan(plan: FsdpPlan) -> dict:
     return {"grouping": plan.grouping, "groups": len(plan.groups),
             "root_params": plan.groups[plan.root].numel,
-            "largest_group_params": max(g.numel for g in plan.groups)}
+            "largest_group_params": plan.largest_group_params}
 
 
 def recompute_shares(plan: FsdpPlan, ac: Checkpointing, blocks: int | None) -> tuple[float, ...]:

@@ -297,7 +297,7 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
         return {"forward": over.forward_s, "backward": over.backward_s if synced else over.backward_no_sync_s}[kind]
 
     # forward
-    order = plan.forward_order()
+    order = plan.forward_order
     compute_start: dict[int, str] = {}
     ag: dict[int, int | None] = {}
     first_seg: dict[int, int] = {}
@@ -322,7 +322,7 @@ def fsdp_micro_batch(plan: FsdpPlan, setting: FsdpSetting, coll: Collectives, mo
         b.work(seg.forward_share * setting.forward_s)
     forward_end = b.mark()
     # backward: walk the segments in reverse
-    post_order = plan.post_forward_order()
+    post_order = plan.post_forward_order
     prefetched: dict[int, int] = {}
     last_copy_out = compute_start[order[-1]]  # the forward's last copy-out: the streams' last wait
     reductions: list[int] = []

@@ -30,8 +30,8 @@ def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
     if done.origins:
         resolved = replace(resolved, origins=tuple(done.origins))
     workload, notes = done.workload, done.notes
-    if workload.fsdp_unit is not None:  # a unit that wraps nothing is a bad option, not a silent n/a
-        fsdp_plan(workload.layout, workload.fsdp_unit)
+    if workload.fsdp_unit is not None and isinstance(workload.fsdp, str):
+        raise InputError(workload.fsdp)  # a unit that wraps nothing is a bad option, not a silent n/a
     if request.workload.rmsnorm != "eager":
         notes = [f"{request.workload.preset_name} with its RMSNorm {request.workload.rmsnorm}: each norm keeps its "
                  "input and the reciprocal RMS for backward, not its fp32 upcast (topoprof/zoo/llama.py)", *notes]

@@ -64,10 +64,9 @@ def fsdp_cost_parts(res: Resolved, comm: CommModel) -> dict[str, float] | None:
 def fsdp_costs_by_part(nominal: Resolved, ends: tuple[Resolved, Resolved],
                        comms: tuple[CommModel, CommModel, CommModel]) -> dict[str, PartCost]:
     """Each part at the what-if's middle, with its (fast, slow) range where the ends differ."""
-    middle = fsdp_cost_parts(nominal, comms[0])
+    middle, slow, fast = (fsdp_cost_parts(res, comm) for res, comm in zip((nominal, *ends), comms))
     if middle is None:
         return {}
-    slow, fast = fsdp_cost_parts(ends[0], comms[1]), fsdp_cost_parts(ends[1], comms[2])
     assert slow is not None and fast is not None  # the ends are the middle's job at other rates
     return part_costs(middle, slow, fast, FSDP_COST_PARTS)
 

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, HierarchicalComm
 from topoprof.model.compute.timing import Compute
 from topoprof.model.ddp.buckets import ddp_bucket_limits
+from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.specs.messages import StepMemory
 from topoprof.workload.checkpointing import Checkpointing
@@ -79,6 +81,21 @@ class Workload:
         for name in ("fsdp_param_bytes", "fsdp_reduce_bytes"):
             value = getattr(self, name)
             _need(value is None or value in (2, 4), f"{name} must be 2 or 4, got {value}")
+
+    # read by the memory count, the FSDP timelines and the echo of every prediction of the job
+    @cached_property
+    def fsdp(self) -> FsdpPlan | str:
+        """FSDP2's groups of this layout (`fsdp.plan.fsdp_plan`: by block, or each child of
+        `fsdp_unit`), or why it has none."""
+        try:
+            return fsdp_plan(self.layout, self.fsdp_unit)
+        except InputError as err:
+            return str(err)
+
+    @property
+    def largest_fsdp_group_params(self) -> int:
+        """The largest FSDP group's parameters; the whole model where it has no groups."""
+        return self.fsdp.largest_group_params if isinstance(self.fsdp, FsdpPlan) else self.layout.params
 
     @property
     def fsdp_bytes(self) -> tuple[int, int]:

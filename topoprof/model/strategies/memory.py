@@ -9,7 +9,6 @@ from dataclasses import replace as changed
 from typing import Any
 
 from topoprof.model.compute.timing import Compute
-from topoprof.model.fsdp.plan import largest_group_params
 from topoprof.model.memory import environment, holding
 from topoprof.model.memory.holding import OPTIMIZER_STATES
 from topoprof.model.memory.traced import MicroBatchBytes, from_trace
@@ -113,7 +112,7 @@ def job_memory(inputs: ModelInputs) -> JobMemory:
     model = holding.MemoryModel(
         work.layout.params, param_bytes=work.grad_bytes, grad_bytes=work.grad_bytes, optimizer=optimizer,
         world_size=cl.gpus, gpus_per_node=cl.gpus_per_node, gradient_as_bucket_view=work.gradient_as_bucket_view,
-        largest_group_params=largest_group_params(work.layout, work.fsdp_unit),
+        largest_group_params=work.largest_fsdp_group_params,
         fsdp_param_bytes=work.fsdp_bytes[0], fsdp_reduce_bytes=work.fsdp_bytes[1],
         activations=count.activations, micro_batch=count.micro_batch, fsdp_micro_batch=count.fsdp_micro_batch,
         rings=int(getattr(intra, "rings", 1) or 1), environment=environment_counted,
@@ -123,13 +122,6 @@ def job_memory(inputs: ModelInputs) -> JobMemory:
         return JobMemory(count, capacity, capacity_source, model, "counted", False, workspace_source)
     fields, basis = measured
     return JobMemory(count, capacity, capacity_source, changed(model, **fields), basis, True, workspace_source)
-
-
-def memory_echo(job: JobMemory) -> dict[str, tuple[Any, str]]:
-    """The memory inputs (activations, the GPU's memory) as every input is echoed."""
-    count = job.count
-    return {"activation_memory_gb": (None if count.activations is None else count.activations / 1e9, count.source),
-            "gpu_memory_gb": (job.capacity_gb, job.capacity_source)}
 
 
 def memory_by_strategy(job: JobMemory, names) -> dict[str, Memory]:

@@ -8,11 +8,10 @@ import math
 from dataclasses import dataclass, field, replace
 
 from topoprof.model.strategies.job import ModelInputs
-from topoprof.model.strategies.predict import fixed_global_batch, hide_threshold, predict
+from topoprof.model.strategies.predict import fixed_global_batch, predict
 from topoprof.model.strategies.predict import sweep as sweep_k
 from topoprof.model.strategies.results import (
     GlobalBatchOption,
-    HideThreshold,
     Prediction,
     StrategyResult,
     Unavailable,
@@ -59,7 +58,6 @@ class ModelPlan:
 
     prediction: Prediction
     links: dict
-    hide_threshold: HideThreshold | Unavailable
     knobs: tuple[KnobGain, ...]
     sweep: Sweep | None = None
     fixed_global_batch: FixedGlobalBatch | None = None
@@ -79,7 +77,7 @@ def plan_model(inputs: ModelInputs, links: dict, sweep: bool = True) -> ModelPla
     """Every strategy (`predict`), DDP's options, and with `sweep` the steps over K and the same
     global batch on each power-of-two GPU count up to the node's."""
     prediction = predict(inputs)
-    plan = ModelPlan(prediction, links, hide_threshold(inputs), ddp_knobs(inputs, prediction))
+    plan = ModelPlan(prediction, links, ddp_knobs(inputs, prediction))
     if not sweep:
         return plan
     points = sweep_k(inputs, SWEEP_K)

@@ -104,7 +104,7 @@ def model_payload(plan: ModelPlan, fits: Fits | None = None) -> dict:
     payload: dict = {"fits": _fits_layout(fits)} if fits is not None else {}
     payload.update(strategies=_strategies_layout(plan), inputs=p.inputs, links=plan.links,
                    per_micro_batch=p.per_micro_batch, buckets=p.buckets, assumptions=p.assumptions,
-                   warnings=[*p.warnings, *plan.links.get("notes", [])], hide_threshold=plan.hide_threshold,
+                   warnings=[*p.warnings, *plan.links.get("notes", [])], hide_threshold=p.hide_threshold,
                    ddp_costs=p.ddp_costs, ddp_knobs=plan.knobs, fsdp_costs=p.fsdp_costs, hsdp=p.hsdp)
     if plan.sweep is not None:
         refused: tuple[float | None, ...] = (None,) * len(plan.sweep.accum)

@@ -8,16 +8,13 @@ from dataclasses import replace
 
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import LinkUnknown
-from topoprof.model.ddp.buckets import ddp_buckets
-from topoprof.model.ddp.timeline import hiding_threshold
 from topoprof.model.strategies.fsdp_costs import fsdp_costs_by_part, hsdp_levels
 from topoprof.model.strategies.job import Cluster, ModelInputs
 from topoprof.model.strategies.memory import memory_by_strategy
-from topoprof.model.strategies.resolve import Resolved, resolve
+from topoprof.model.strategies.resolve import Resolved, resolve_ends
 from topoprof.model.strategies.results import (
     BucketSummary,
     GlobalBatchOption,
-    HideThreshold,
     InputValue,
     Prediction,
     Range,
@@ -28,12 +25,11 @@ from topoprof.model.strategies.results import (
 from topoprof.model.strategies.steps import (
     ASSUMPTIONS,
     FORMULAS,
-    ONE_GPU_REASON,
     STRATEGIES,
     ddp_costs_by_part,
     ddp_exposed_s,
-    ddp_setting,
     dp_comm_s,
+    hide_threshold,
     step_times,
 )
 
@@ -71,17 +67,12 @@ def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
 
 def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
     """Every strategy's step time; `dataclasses.asdict(prediction)` is the JSON. `parts`: DDP's
-    and FSDP's costs part by part and HSDP's levels too (more timelines each), for the payload;
-    a caller that reads the strategies alone leaves them out."""
-    res = resolve(inputs)
-    comm = inputs.cluster.comm
-    buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes,
-                          inputs.workload.bucket_cap_mb)
+    and FSDP's costs part by part, HSDP's levels and DDP's hiding threshold too (more timelines
+    each), for the payload; a caller that reads the strategies alone leaves them out."""
+    res, slow_res, fast_res = resolve_ends(inputs)
+    comm, buckets = inputs.cluster.comm, res.buckets
     nominal = step_times(res, buckets, comm)
     slow_comm, fast_comm = comm.bounds() or (comm, comm)
-    slow_res = fast_res = res
-    if res.what_if:  # a what-if: every uncertain input at the end that makes steps slow, or fast
-        slow_res, fast_res = resolve(inputs, "slow", res.memory), resolve(inputs, "fast", res.memory)
     bounds = None
     if slow_res is not res or slow_comm is not comm:
         bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))
@@ -95,6 +86,7 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
         pieces["ddp_fp16_exposed_s"] = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
     if inputs.cluster.gpus > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
+    hide = hide_threshold(res) if parts else None
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
     costs, fsdp, hsdp = {}, {}, None
     if parts and inputs.cluster.gpus > 1:
@@ -102,7 +94,7 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
         fsdp = fsdp_costs_by_part(res, (slow_res, fast_res), (comm, slow_comm, fast_comm))
         hsdp = hsdp_levels(res, comm)
     return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
-                      res.warnings, costs, fsdp, hsdp)
+                      res.warnings, costs, fsdp, hsdp, hide)
 
 
 def with_shape(inputs: ModelInputs, nodes: int, gpus_per_node: int,
@@ -127,19 +119,6 @@ def sweep(inputs: ModelInputs, accumulation_steps: Iterable[int] = range(1, 33),
                 strategies = {name: Unavailable(str(err)) for name in STRATEGIES}
             points.append(SweepPoint(nodes, gpus, nodes * gpus, k, strategies))
     return tuple(points)
-
-
-def hide_threshold(inputs: ModelInputs) -> HideThreshold | Unavailable:
-    if inputs.cluster.gpus == 1:
-        return Unavailable(ONE_GPU_REASON)
-    res = resolve(inputs)
-    work = inputs.workload
-    buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
-    backward_at_floor, floor = hiding_threshold(ddp_setting(res, buckets), buckets, inputs.cluster.comm)
-    # copies do not depend on c; the pipeline part is scaled from backward to c
-    threshold = backward_at_floor * res.micro_batch_s / res.backward_s
-    now = ddp_exposed_s(res, buckets, inputs.cluster.comm)
-    return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
 
 
 def fixed_global_batch(inputs: ModelInputs, global_batch_samples: int,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel
 from topoprof.model.compute.datasheet import SM_COUNT
 from topoprof.model.compute.roofline_terms import COPY_BANDWIDTH_BASIS, COPY_BANDWIDTH_SHARE
@@ -19,7 +18,7 @@ from topoprof.model.compute.timing import (
     uses_modelled,
     utilization_is_assumed,
 )
-from topoprof.model.ddp.buckets import ddp_bucket_limits
+from topoprof.model.ddp.buckets import Bucket, ddp_bucket_limits, ddp_buckets
 from topoprof.model.ddp.gpu_costs import (
     GPU_SPEED_SPREAD_BASIS,
     KERNEL_COST_BASIS,
@@ -30,9 +29,9 @@ from topoprof.model.ddp.gpu_costs import (
     nccl_sm_slowdown_range,
 )
 from topoprof.model.fsdp.gpu_costs import HOST_STEP_COST_BASIS, HOST_STEP_COST_RANGE_S
-from topoprof.model.fsdp.plan import describe_plan, fsdp_plan
+from topoprof.model.fsdp.plan import describe_plan
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
-from topoprof.model.strategies.memory import JobMemory, job_memory, memory_echo
+from topoprof.model.strategies.memory import JobMemory, job_memory
 
 
 @dataclass(frozen=True)
@@ -66,12 +65,16 @@ def _rings(comm: CommModel) -> int:
     return int(getattr(intra, "rings", 1) or 1)
 
 
-def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
-               echo: dict, notes: list[str]) -> GpuCosts:
-    """Each part measured where a calibration has it; else, on a GPU the datasheet table knows,
-    its cited what-if range (`end` picks the middle or an end); else not priced, with a note."""
+def _gpu_costs(inputs: ModelInputs, end: str | None) -> tuple[GpuCosts, dict[str, tuple[Any, str]], list[str]]:
+    """(the costs, where each came from, notes): each part measured where a calibration has it;
+    else, on a GPU the datasheet table knows, its cited what-if range (`end` picks the middle or
+    an end); else not priced, with a note."""
     comp, n = inputs.compute, inputs.cluster.gpus
+    row = comp.named.row if comp.named is not None else None
+    gpu_key = row.name if row is not None else None  # the datasheet row of the GPU predicted
     on_gpu = gpu_key is not None
+    echo: dict[str, tuple[Any, str]] = {}
+    notes: list[str] = []
     ranges: dict[str, tuple[float, float]] = {}
     kernel = comp.ddp_kernel_s
     if kernel is not None:
@@ -118,7 +121,7 @@ def _gpu_costs(inputs: ModelInputs, gpu_key: str | None, end: str | None,
         echo["ddp_gpu_ranges"] = ({k: list(v) for k, v in ranges.items()},
                                   "what-if ranges (topoprof.model.ddp.gpu_costs, topoprof.model.fsdp.gpu_costs)")
     return GpuCosts(kernel or 0.0, slowdown, spread or 0.0, comp.rank_jitter, comp.rank_spread_world_size, host_step,
-                    copy_share, hidden)
+                    copy_share, hidden), echo, notes
 
 
 def fsdp_own_work_measured(comp) -> bool:
@@ -142,6 +145,7 @@ class Resolved:
     echo: dict[str, tuple[Any, str]]
     warnings: tuple[str, ...]
     memory: JobMemory
+    buckets: tuple[Bucket, ...]  # DDP's, in the order their gradients become ready
     bucket_limits: tuple[int, int]  # DDP's first bucket's cap and every other's, bytes
     gpu: GpuCosts = GpuCosts()
     what_if: bool = False  # some input is a range: predictions have bounds
@@ -155,9 +159,12 @@ def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | Non
         low, high = UTILIZATION_RANGE
         inputs = replace(inputs, compute=replace(inputs.compute, utilization=low if end == "slow" else high))
     work, cl = inputs.workload, inputs.cluster
+    gpu, gpu_echo, gpu_notes = _gpu_costs(inputs, end)
+    fsdp_echo = _fsdp_echo(inputs)
     memory = memory or job_memory(inputs)
     times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
                           work.tokens_per_micro_batch, work.grad_bytes, unit=work.layout.unit, end=end)
+    buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
     first, cap = ddp_bucket_limits(work.bucket_cap_mb)
     default_cap = work.bucket_cap_mb is None
     dp_overhead = inputs.compute.dp_thread_overhead_s
@@ -187,14 +194,25 @@ def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | Non
                                         else "default: the bucket copies run at the memory bandwidth"),
             "dp_output_bytes": (work.dp_output_bytes, "given" if work.dp_output_bytes
                                 else "default 0: outputs assumed small (a loss)"),
-            **_fsdp_echo(inputs), **memory_echo(memory)}
-    notes_list = list(times.warnings)
-    gpu = _gpu_costs(inputs, times.gpu_key, end, echo, notes_list)
+            **fsdp_echo,
+            "activation_memory_gb": (None if memory.count.activations is None else memory.count.activations / 1e9,
+                                     memory.count.source),
+            "gpu_memory_gb": (memory.capacity_gb, memory.capacity_source), **gpu_echo}
+    notes_list = [*times.warnings, *gpu_notes]
     # one GPU has no DDP buckets to copy: the memory-bandwidth caveat does not concern it
     notes = tuple(w for w in notes_list if cl.gpus > 1 or w not in (MEMORY_UNKNOWN_NOTE, DDP_GPU_UNPRICED_NOTE))
     what_if = utilization_is_assumed(inputs.compute) or "ddp_gpu_ranges" in echo
     return Resolved(inputs, times.micro_batch_s, times.backward_s, times.optimizer_s,
-                    times.memory_bandwidth_gbps, echo, notes, memory, (first, cap), gpu, what_if)
+                    times.memory_bandwidth_gbps, echo, notes, memory, buckets, (first, cap), gpu, what_if)
+
+
+def resolve_ends(inputs: ModelInputs) -> tuple[Resolved, Resolved, Resolved]:
+    """(the middle, the slow end, the fast end) of `inputs`' what-if ranges (`resolve`); each end
+    is the middle where no input is a range. The job's memory is derived once: no end changes it."""
+    res = resolve(inputs)
+    if not res.what_if:
+        return res, res, res
+    return res, resolve(inputs, "slow", res.memory), resolve(inputs, "fast", res.memory)
 
 
 def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
@@ -208,12 +226,11 @@ def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:
                               else "param_dtype's (no reduce_dtype: torch reduces in the compute dtype)"),
         "backend": (cl.backend, "gloo: every collective blocks and a reduce-scatter is an all-reduce"
                     if cl.backend in BLOCKING_BACKENDS else "NCCL: collectives on streams beside compute")}
-    try:
-        out["fsdp_groups"] = (describe_plan(fsdp_plan(work.layout, work.fsdp_unit)),
-                              f"fully_shard per {'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then "
-                              f"the root")
-    except InputError as err:
-        out["fsdp_groups"] = (None, str(err))
+    if isinstance(work.fsdp, str):
+        out["fsdp_groups"] = (None, work.fsdp)
+    else:
+        out["fsdp_groups"] = (describe_plan(work.fsdp), f"fully_shard per "
+                              f"{'child of ' + work.fsdp_unit if work.fsdp_unit else 'block'}, then the root")
     for key in (*FSDP_OVERHEAD_KEYS, "fsdp_optimizer_time_s"):
         if getattr(comp, key) is not None:
             out[key] = (getattr(comp, key), comp.origin(key))

@@ -81,6 +81,7 @@ class Prediction:
     # where it does not apply
     fsdp_costs: dict[str, PartCost] = field(default_factory=dict)
     hsdp: HsdpLevels | None = None  # HSDP's levels, where it applies (several nodes)
+    hide_threshold: HideThreshold | Unavailable | None = None  # None: not asked for (no parts)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 from topoprof.errors import InputError
 from topoprof.model.comm.collectives import CommModel, LinkUnknown
 from topoprof.model.compute.timing import FSDP_OVERHEAD_KEYS, uses_modelled
-from topoprof.model.ddp.buckets import Bucket, ddp_buckets
+from topoprof.model.ddp.buckets import Bucket
 from topoprof.model.ddp.gpu_costs import ddp_kernels, straggler_wait_s
-from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline
+from topoprof.model.ddp.timeline import DdpSetting, copies_traffic_s, ddp_timeline, hiding_threshold
 from topoprof.model.fsdp.gpu_costs import hidden_by_device_s
-from topoprof.model.fsdp.plan import FsdpPlan, fsdp_plan, recompute_shares
+from topoprof.model.fsdp.plan import FsdpPlan, recompute_shares
 from topoprof.model.fsdp.timeline import (
     Collectives,
     FsdpOverhead,
@@ -34,7 +34,7 @@ from topoprof.model.fsdp.timeline import (
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
 from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
-from topoprof.model.strategies.results import PartCost, part_costs
+from topoprof.model.strategies.results import HideThreshold, PartCost, Unavailable, part_costs
 from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpMode
 from topoprof.workload.presets import PRESET_DEPTH
 
@@ -61,7 +61,22 @@ def ddp_setting(res: Resolved, buckets: tuple[Bucket, ...] = ()) -> DdpSetting:
 def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
                   fp16_compress: bool = False) -> float:
     """E per synced micro-batch (`topoprof.model.ddp.timeline`)."""
-    return ddp_timeline(ddp_setting(res, buckets), buckets, comm, fp16_compress).exposed_s
+    setting = ddp_setting(res, buckets)
+    return ddp_timeline(setting, buckets, comm, fp16_compress).exposed_s
+
+
+def hide_threshold(res: Resolved) -> HideThreshold | Unavailable:
+    """The compute per micro-batch at which DDP's all-reduces would hide behind backward, beside
+    the compute and the exposed time now."""
+    if res.inputs.cluster.gpus == 1:
+        return Unavailable(ONE_GPU_REASON)
+    comm = res.inputs.cluster.comm
+    now = ddp_exposed_s(res, res.buckets, comm)
+    setting = ddp_setting(res, res.buckets)
+    backward_at_floor, floor = hiding_threshold(setting, res.buckets, comm)
+    # copies do not depend on c; the pipeline part is scaled from backward to c
+    threshold = backward_at_floor * res.micro_batch_s / res.backward_s
+    return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
 
 
 def straggler_s(res: Resolved, syncs: int) -> float:
@@ -175,10 +190,9 @@ def fsdp_job(res: Resolved, comm: CommModel, name: str) -> FsdpJob | str:
         return ONE_GPU_REASON
     if mode.hsdp and cl.nodes == 1:
         return HSDP_ONE_NODE_REASON
-    try:
-        plan = fsdp_plan(work.layout, work.fsdp_unit)
-    except InputError as err:
-        return str(err)
+    plan = work.fsdp
+    if isinstance(plan, str):
+        return plan
     setting = with_recompute(fsdp_setting(res), res, plan)
     try:
         if mode.hsdp:
@@ -352,8 +366,7 @@ def ddp_one_gpu_s(inputs: ModelInputs, end: str | None = None) -> float:
     there too): compute plus DDP's hooks, kernels and copy traffic, no link and no other rank.
     `end` as for `resolve`: the what-if's middle, or its slow or fast end."""
     res = resolve(inputs, end)
-    buckets = ddp_buckets(inputs.workload.layout, inputs.workload.grad_bytes, inputs.workload.bucket_cap_mb)
-    setting = ddp_setting(res, buckets)
+    setting = ddp_setting(res, res.buckets)
     return res.micro_batch_s + inputs.compute.ddp_overhead_s + setting.kernels_s + copies_traffic_s(setting)
 
 
