@@ -117,7 +117,7 @@ def model(**opts):
         progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
         planned = plan_model(inputs, described, sweep=request.sweep)
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
-        plan = plan_search(inputs, planned.applying())
+        plan = plan_search(inputs, planned.applying(), planned.prediction)
         # the request as gathered: a user's model's micro-batch is its example batch's where none was given
         shape = candidate_shape(inputs, evidence.request, plan, evidence.user_blocks)
         passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,

@@ -1,7 +1,7 @@
 """What `topoprof model` gathered before it predicts, as typed records (`Evidence`, filled by
 `gather.gather`): what was measured or traced here, the files read, the links' source. Also the
 choices both stages make alike from the request and these records (`timing_stands`,
-`needs_no_link`). Pure: nothing here runs, reads or imports torch.
+`what_if_priced`). Pure: nothing here runs, reads or imports torch.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_choice import Pricing
-from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest
+from topoprof.model.inputs.request import ComputeRequest, ModelRequest
 from topoprof.model.inputs.sampled import SampledPasses
 from topoprof.model.inputs.user_record import ReadyOrder, timed_on
 from topoprof.model.memory.traced import TracedMemory
@@ -87,10 +87,3 @@ def what_if_priced(compute: ComputeRequest) -> bool:
     that GPU: `timing_stands`)."""
     return ((compute.gpu is not None or compute.gpu_profile is not None) and not compute.given
             and compute.utilization is None)
-
-
-def needs_no_link(cluster: ClusterRequest) -> bool:
-    """One GPU per node, or one --gpus index without a --topology to check it in: no intra-node link."""
-    gpn, chosen = cluster.gpus_per_node_given, cluster.gpus
-    one_index = chosen is not None and len(chosen) == 1
-    return (gpn == 1 and not chosen) or (one_index and not cluster.topology)

@@ -45,7 +45,6 @@ from topoprof.model.inputs.evidence import (
     LinkEvidence,
     MainTrace,
     UserModelRun,
-    needs_no_link,
     timing_stands,
     what_if_priced,
 )
@@ -290,7 +289,7 @@ def gather_links(cluster: ClusterRequest, progress: Progress | None = None) -> L
     this machine's topology). One GPU per node needs no intra-node link: nothing is read."""
     if cluster.bench:
         return LinkEvidence(bench_fit=links.load_bench_fit(cluster.bench))
-    if needs_no_link(cluster) or cluster.link_bandwidth_gbps is not None:
+    if cluster.needs_no_link or cluster.link_bandwidth_gbps is not None:
         return LinkEvidence()
     if cluster.topology:
         return LinkEvidence(topology=topology_from_file(cluster.topology))

@@ -9,7 +9,7 @@ from topoprof.errors import InputError
 from topoprof.model.comm import links
 from topoprof.model.comm.collectives import HierarchicalComm
 from topoprof.model.compute.datasheet import NamedGpu, named_gpu
-from topoprof.model.inputs.evidence import LinkEvidence, needs_no_link
+from topoprof.model.inputs.evidence import LinkEvidence
 from topoprof.model.inputs.request import ClusterRequest
 from topoprof.model.strategies.job import Cluster
 from topoprof.model.strategies.whatif import standard_link
@@ -66,7 +66,7 @@ def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | Non
         return comm, world, {"bench": cluster.bench, **({"backend": fit["backend"]} if fit.get("backend") else {})}
     # One GPU per node needs no intra-node link: do not ask for one nor probe this machine.
     # A single --gpus index is checked against a --topology file when one is given.
-    if needs_no_link(cluster):
+    if cluster.needs_no_link:
         return _no_link(cluster)
     if cluster.link_bandwidth_gbps is not None:
         if not gpn:

@@ -279,6 +279,9 @@ class ClusterRequest:
     # GPUs per node from --gpus-per-node, or --world-size over --nodes (checked against each
     # other here); None when neither is given
     gpus_per_node_given: int | None = field(init=False, compare=False)
+    # one GPU per node, or one --gpus index without a --topology to check it in: no intra-node
+    # link to read (gather) nor to build (the link choice)
+    needs_no_link: bool = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -293,6 +296,9 @@ class ClusterRequest:
             if latency is not None and latency < 0:
                 raise InputError(f"{option} {latency:g}: must be >= 0 microseconds")
         object.__setattr__(self, "gpus_per_node_given", self._gpus_per_node_given())
+        one_index = self.gpus is not None and len(self.gpus) == 1
+        object.__setattr__(self, "needs_no_link", (self.gpus_per_node_given == 1 and not self.gpus)
+                           or (one_index and not self.topology))
 
     def _gpus_per_node_given(self) -> int | None:
         if self.gpus_per_node:

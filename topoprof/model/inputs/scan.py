@@ -273,7 +273,7 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
             planned = planned.refusing("dp", "DataParallel needs CUDA GPUs; this scan ran on CPU ranks")
         # what fits per strategy and checkpointing mode: the memory alone, the scan's compute being
         # measured at the micro-batch it ran
-        fits = search(inputs, planned.applying(), None)
+        fits = search(inputs, planned.applying(), None, planned.prediction)
         out.append({"label": label, "compute_source": compute_source, **model_payload(planned, fits)})
     return out
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import job_memory, memory_by_strategy
 from topoprof.model.strategies.predict import predict
-from topoprof.model.strategies.results import Memory, StrategyResult
+from topoprof.model.strategies.results import Memory, Prediction, StrategyResult
 from topoprof.model.strategies.steps import lower_bounds
 from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
 
@@ -75,7 +75,8 @@ class Largest:
 
 
 def _fits(inputs: ModelInputs, names: list[str], mode: str, samples: int) -> dict:
-    return memory_by_strategy(job_memory(at(inputs, mode, samples)), names)
+    resized = at(inputs, mode, samples)
+    return memory_by_strategy(job_memory(resized), names)
 
 
 def largest(inputs: ModelInputs, names: list[str], mode: str) -> dict[str, Largest]:
@@ -212,12 +213,14 @@ class SearchPlan:
     wanted: tuple[tuple[str, int], ...] = ()
 
 
-def plan_search(inputs: ModelInputs, names: list[str]) -> SearchPlan:
-    """The memory half of the search (module docstring); `finish_search` completes it with the
-    compute priced at `wanted`."""
-    job = job_memory(inputs)  # at the size and mode given
-    capacity, capacity_source = job.capacity_gb, job.capacity_source
-    given = memory_by_strategy(job, names)  # what no_sync costs there
+def plan_search(inputs: ModelInputs, names: list[str], prediction: Prediction) -> SearchPlan:
+    """The memory half of the search (module docstring), from `prediction` at the size and mode
+    given (`predict(inputs)`): the GPU's memory, and what no_sync costs there; `finish_search`
+    completes it with the compute priced at `wanted`."""
+    gpu_memory = prediction.inputs.get("gpu_memory_gb")
+    capacity, capacity_source = (gpu_memory.value, gpu_memory.source) if gpu_memory is not None else (None, None)
+    given = {name: result.memory for name in names
+             if isinstance(result := prediction.strategies.get(name), StrategyResult) and result.memory is not None}
     work = inputs.workload
     modes = searched_modes(work.checkpointing)
     tokens_per_sample = None if work.layout.unit == "image" else \
@@ -250,10 +253,12 @@ def finish_search(inputs: ModelInputs, plan: SearchPlan, priced: dict[tuple[str,
 
 
 def search(inputs: ModelInputs, names: list[str],
-           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None) -> Fits:
+           price: Callable[[list[tuple[str, int]]], dict[tuple[str, int], object] | str] | None,
+           prediction: Prediction | None = None) -> Fits:
     """The whole search, `price` giving the compute (a `Compute`) at each (mode, samples) asked,
-    or why it cannot; None: the compute is not priced here."""
-    plan = plan_search(inputs, names)
+    or why it cannot; None: the compute is not priced here. `prediction`: `predict(inputs)`,
+    where it was made already."""
+    plan = plan_search(inputs, names, prediction or predict(inputs, parts=False))
     priced = price(list(plan.wanted)) if price is not None and plan.table is not None else None
     return finish_search(inputs, plan, priced)
 
