@@ -15,6 +15,7 @@ from topoprof.model.strategies.resolve import Resolved, resolve_ends
 from topoprof.model.strategies.results import (
     BucketSummary,
     GlobalBatchOption,
+    HideThreshold,
     InputValue,
     Prediction,
     Range,
@@ -25,11 +26,11 @@ from topoprof.model.strategies.results import (
 from topoprof.model.strategies.steps import (
     ASSUMPTIONS,
     FORMULAS,
+    ONE_GPU_REASON,
     STRATEGIES,
     ddp_costs_by_part,
-    ddp_exposed_s,
+    ddp_pieces,
     dp_comm_s,
-    hide_threshold,
     step_times,
 )
 
@@ -81,12 +82,11 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
                             tuple(b.ready_fraction for b in buckets), first, cap)
     pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,
               "optimizer_s": res.optimizer_s}
+    hide: HideThreshold | Unavailable | None = Unavailable(ONE_GPU_REASON) if parts else None
     if inputs.cluster.gpus > 1:  # DDP's and DP's pieces only where they apply
-        pieces["ddp_exposed_s"] = ddp_exposed_s(res, buckets, comm)
-        pieces["ddp_fp16_exposed_s"] = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+        pieces["ddp_exposed_s"], pieces["ddp_fp16_exposed_s"], hide = ddp_pieces(res, threshold=parts)
     if inputs.cluster.gpus > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
-    hide = hide_threshold(res) if parts else None
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}
     costs, fsdp, hsdp = {}, {}, None
     if parts and inputs.cluster.gpus > 1:

@@ -65,18 +65,29 @@ def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
     return ddp_timeline(setting, buckets, comm, fp16_compress).exposed_s
 
 
+def ddp_pieces(res: Resolved, threshold: bool = False) -> tuple[float, float, HideThreshold | None]:
+    """E and E_fp16 per synced micro-batch of the job `res` resolved, from one DDP setting
+    (`topoprof.model.ddp.timeline`); with `threshold`, also the compute per micro-batch at which
+    DDP's all-reduces would hide behind backward, beside the compute and E now."""
+    comm, buckets = res.inputs.cluster.comm, res.buckets
+    setting = ddp_setting(res, buckets)
+    exposed, fp16 = (ddp_timeline(setting, buckets, comm, fp16_compress).exposed_s
+                     for fp16_compress in (False, True))
+    if not threshold:
+        return exposed, fp16, None
+    backward_at_floor, floor = hiding_threshold(setting, buckets, comm)
+    # copies do not depend on c; the pipeline part is scaled from backward to c
+    at = backward_at_floor * res.micro_batch_s / res.backward_s
+    return exposed, fp16, HideThreshold(res.micro_batch_s, exposed, floor, at, res.micro_batch_s >= at)
+
+
 def hide_threshold(res: Resolved) -> HideThreshold | Unavailable:
-    """The compute per micro-batch at which DDP's all-reduces would hide behind backward, beside
-    the compute and the exposed time now."""
+    """DDP's hiding threshold (`ddp_pieces`); none on one GPU."""
     if res.inputs.cluster.gpus == 1:
         return Unavailable(ONE_GPU_REASON)
-    comm = res.inputs.cluster.comm
-    now = ddp_exposed_s(res, res.buckets, comm)
-    setting = ddp_setting(res, res.buckets)
-    backward_at_floor, floor = hiding_threshold(setting, res.buckets, comm)
-    # copies do not depend on c; the pipeline part is scaled from backward to c
-    threshold = backward_at_floor * res.micro_batch_s / res.backward_s
-    return HideThreshold(res.micro_batch_s, now, floor, threshold, res.micro_batch_s >= threshold)
+    hide = ddp_pieces(res, threshold=True)[2]
+    assert hide is not None  # asked for
+    return hide
 
 
 def straggler_s(res: Resolved, syncs: int) -> float:
