@@ -119,7 +119,7 @@ def model(**opts):
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
         plan = plan_search(inputs, planned.applying(), planned.prediction)
         # the request as gathered: a user's model's micro-batch is its example batch's where none was given
-        shape = candidate_shape(inputs, evidence.request, plan, evidence.user_blocks)
+        shape = candidate_shape(inputs, evidence.request, plan, evidence.shape)
         passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,
                                    whole_pass(evidence.user, evidence.request.workload), evidence.sampled)
         fits = fits_priced(inputs, plan, passes, evidence.pricing)

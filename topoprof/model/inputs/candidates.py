@@ -1,6 +1,6 @@
 """The passes on meta the memory and the search's candidates are counted from, as records:
-what is traced (`ModelShape`, a preset or `--params` model at 1 and 2 blocks; `UserShape`, a
-`--model` whole), the candidates' passes (`CandidatePasses`, run by `traces.candidate_passes`)
+what is traced (`traced_shape`: `ModelShape`, a preset or `--params` model at 1 and 2 blocks;
+`UserShape`, a `--model` whole), the candidates' passes (`CandidatePasses`, run by `traces.candidate_passes`)
 and their compute priced as the main pass is (`priced_candidates`). Pure: the passes are run in
 `traces`, from `gather`.
 """
@@ -88,28 +88,10 @@ class UserShape:
 @dataclass(frozen=True)
 class WholePass:
     """The pass of a user's whole model (its trace, under the job's checkpointing `ac`) that its
-    passes at 1 and 2 blocks are checked against (`blocks_alike`)."""
+    passes at 1 and 2 blocks are checked against (`traces.blocks_alike`)."""
 
     trace: TracedPass
     ac: str
-
-
-def blocks_alike(whole: TracedPass, one: TracedPass | TraceFailure, two: TracedPass | TraceFailure) -> int | None:
-    """N, the blocks of a user's model, where its passes cut to 1 and 2 blocks (`one`, `two`, at
-    the same size, mode and target as `whole`) extended to N blocks are its whole pass: the same
-    forward and backward FLOPs and the same bytes kept for backward, so each block takes and keeps
-    what the others do; else None (it is then traced whole)."""
-    if isinstance(one, TraceFailure) or isinstance(two, TraceFailure):
-        return None
-    n = one.blocks_of
-    if not n:
-        return None
-
-    def measures(t: TracedPass) -> tuple[int, ...]:
-        return t.totals.forward.flops, t.totals.backward.flops, *([t.memory.activations_bytes] if t.memory else [])
-
-    extended = tuple(a + (n - 1) * (b - a) for a, b in zip(measures(one), measures(two)))
-    return n if extended == measures(whole) else None
 
 
 @dataclass(frozen=True)
@@ -141,16 +123,13 @@ def priced_candidates(passes: CandidatePasses, pricing: Pricing) -> dict[tuple[s
     try:
         if by_blocks(passes.shape):
             return _priced_by_blocks(passes, passes.shape, pricing)
-        return {key: modelled_compute(_passed(passes.traces[key]), pricing) for key in passes.wanted}
+        wanted = {key: passes.traces[key] for key in passes.wanted}
+        failed = next((t.reason for t in wanted.values() if isinstance(t, TraceFailure)), None)
+        if failed is not None:  # a pass that failed is why the candidates have no price
+            return f"pricing its ops failed ({failed})"
+        return {key: modelled_compute(t, pricing) for key, t in wanted.items() if isinstance(t, TracedPass)}
     except (InputError, ValueError, KeyError) as err:
         return f"pricing its ops failed ({err})"
-
-
-def _passed(trace: TracedPass | TraceFailure) -> TracedPass:
-    """A pass to price: its failure is why the candidates have no price (`priced_candidates`)."""
-    if isinstance(trace, TraceFailure):
-        raise ValueError(trace.reason)
-    return trace
 
 
 def by_blocks(shape: ModelShape | UserShape) -> bool:
@@ -178,8 +157,12 @@ def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape,
     return out
 
 
-def user_shape(w, blocks: int | None = None) -> UserShape:
-    """The user's model of a `WorkloadRequest` as the search traces it (`blocks`: its alike blocks,
-    where they were found so; `UserShape`)."""
+def traced_shape(w) -> ModelShape | UserShape | str:
+    """What a `WorkloadRequest`'s model is traced at for its memory's and its candidates' passes
+    (a user's model whole, until its passes find its blocks alike), or why a preset or `--params`
+    model is not (`model_shape`)."""
+    if not w.user_model:
+        return model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
+    modes = searched_modes(w.checkpointing)
     return UserShape(w.user_model, w.micro_batch_size, max(1, w.tokens // w.micro_batch_size) if w.tokens else None,
-                     w.fsdp_unit, searched_modes(w.checkpointing), blocks)
+                     w.fsdp_unit, modes)

@@ -12,6 +12,7 @@ from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.profile import DeviceProfile
 from topoprof.model.compute.profile_choice import Pricing
+from topoprof.model.inputs.candidates import ModelShape, UserShape
 from topoprof.model.inputs.request import ComputeRequest, ModelRequest
 from topoprof.model.inputs.sampled import SampledPasses
 from topoprof.model.inputs.user_record import ReadyOrder, timed_on
@@ -66,7 +67,9 @@ class Evidence:
     preset_timed: MeasuredCompute | None = None  # a preset timed at its real size on this machine's GPU
     main_trace: MainTrace | None = None
     traced_memory: TracedMemory | str | None = None  # str: why those passes failed
-    user_blocks: int | None = None  # a user's model's alike blocks, where its passes were cut to them
+    # what the memory's and the candidates' passes trace (`candidates.traced_shape`): a user's model
+    # with its alike blocks, where its passes were cut to them; or why a model is not traced so
+    shape: ModelShape | UserShape | str | None = None
     links: LinkEvidence = LinkEvidence()
     # the GPU predicted, with its datasheet row: named (--gpu, or a --gpu-profile's device), else
     # the one a preset was timed on

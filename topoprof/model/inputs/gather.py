@@ -38,7 +38,7 @@ from topoprof.model.inputs.candidates import (
     UserShape,
     WholePass,
     by_blocks,
-    model_shape,
+    traced_shape,
 )
 from topoprof.model.inputs.evidence import (
     Evidence,
@@ -58,7 +58,12 @@ from topoprof.model.inputs.traces import (
     traced_memory_of,
 )
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
-from topoprof.model.inputs.user_record import choose_ready_order, example_batch_of, stated_shape, trace_wanted
+from topoprof.model.inputs.user_record import (
+    choose_ready_order,
+    example_batch_of,
+    stated_shape,
+    trace_wanted,
+)
 from topoprof.specs.traced_pass import TracedPass, TraceTarget
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
@@ -86,17 +91,19 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     memory_wanted = (gpu is not None and request.memory.activation_memory_gb is None
                      and not _measured_memory_stands(user, compute))
     memory_target = gpu_target(compute.precision, gpu) if memory_wanted else None
+    shape = traced_shape(w)
     main, memory = None, None
     if not w.user_model:
-        main, memory = _preset_passes(w, compute, profile, gpu, timed, memory_target, say)
+        main, memory = _preset_passes(w, compute, profile, gpu, timed, memory_target, shape, say)
     elif memory_target is not None:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
-        memory = traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights, whole_pass(user, w))
+        memory = traced_memory_of(shape, memory_target, compute.precision, w.fsdp_casts_weights, whole_pass(user, w))
     pricing = pricing_for(_priced_gpu(compute, gpu, user), compute.precision, compute.compiled, profile,
                           compute.gpu_profile)
-    traced_as = memory.traced_as if memory is not None else None
+    if memory is not None and memory.traced_as is not None:  # a user's model, its alike blocks where found
+        shape = memory.traced_as
     return Evidence(request, compute, pricing, profile, calibration, user, timed, main,
-                    memory.memory if memory is not None else None, traced_as.blocks if traced_as else None,
+                    memory.memory if memory is not None else None, shape,
                     gather_links(request.cluster, say), gpu, memory.sampled if memory is not None else None)
 
 
@@ -121,16 +128,13 @@ def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRu
 
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
-                   timed: MeasuredCompute | None, memory_target: TraceTarget | None, say: Progress
-                   ) -> tuple[MainTrace | None, MemoryPasses | None]:
+                   timed: MeasuredCompute | None, memory_target: TraceTarget | None,
+                   shape: ModelShape | UserShape | str, say: Progress) -> tuple[MainTrace | None, MemoryPasses | None]:
     """A preset's or `--params` model's main pass (`main_trace_wanted`) for the GPU predicted and
-    the passes its memory is counted from for `memory_target` (None: not wanted), in one worker
-    where both are run."""
+    the passes its memory is counted from at `shape` for `memory_target` (None: not wanted), in one
+    worker where both are run."""
     request = _main_request(w, compute, profile, gpu, timed)
-    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes) \
-        if memory_target is not None else None
-    if isinstance(request, TraceRequest) and isinstance(shape, ModelShape):
-        assert memory_target is not None
+    if isinstance(request, TraceRequest) and isinstance(shape, ModelShape) and memory_target is not None:
         say(f"tracing {w.what()} on the meta device for {_spoken(gpu, profile)}, and at 1 and 2 blocks for its "
             "memory (starting its worker: importing torch)")
         trace, memory = main_and_memory(request, target_for(compute.precision, profile, gpu), shape,
@@ -139,7 +143,7 @@ def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceP
     main = _main_trace(request, w, compute, profile, gpu, say)
     if memory_target is None:
         return main, None
-    return main, traced_memory_of(w, memory_target, compute.precision, w.fsdp_casts_weights)
+    return main, traced_memory_of(shape, memory_target, compute.precision, w.fsdp_casts_weights)
 
 
 def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:

@@ -12,14 +12,14 @@ from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.timing import Compute
 from topoprof.model.compute.traced import fallback_note, priced
-from topoprof.model.fsdp.plan import fsdp_plan
 from topoprof.model.inputs.evidence import Evidence, UserModelRun, what_if_priced
 from topoprof.model.inputs.link_choice import job_cluster
 from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
 from topoprof.model.inputs.user_record import UserModelRead, read_user_model
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.model.strategies.job import ModelInputs, Workload
-from topoprof.specs.messages import UserModelRecord
+from topoprof.specs.messages import TraceFailure, UserModelRecord
+from topoprof.specs.traced_pass import TracedPass
 
 
 def resolve(evidence: Evidence) -> tuple[ModelInputs, dict]:
@@ -50,14 +50,27 @@ def _workload_options(w: WorkloadRequest, memory: MemoryRequest) -> dict:
 class _Completed:
     """The workload, and the compute and memory requests completed with what was measured here or
     priced from the model's ops: where each measured value came from (`origins`), the notes for
-    the user, and the compute priced from the model's ops."""
+    the user, and the compute priced from the model's ops (`modelled`, from the pass `to_price`
+    where one is wanted: as the GPU's compute, or `beside` a time measured here)."""
 
     workload: Workload
     compute: ComputeRequest
     memory: MemoryRequest
     origins: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    to_price: PassToPrice | None = None
+    beside: bool = False
     modelled: ModelledCompute | None = None
+
+
+@dataclass(frozen=True)
+class PassToPrice:
+    """The pass a model's compute is priced from (`trace`; None: none was run), or why there is
+    none (`why`), and how its stated shape was fitted to the model (`note`)."""
+
+    trace: TracedPass | TraceFailure | None = None
+    note: str | None = None
+    why: str | None = None
 
 
 def _workload_and_compute(evidence: Evidence) -> _Completed:
@@ -66,6 +79,8 @@ def _workload_and_compute(evidence: Evidence) -> _Completed:
         done = _user_model(evidence, evidence.user, work_kw)
     else:
         done = _preset_or_params(evidence, work_kw)
+    if done.to_price is not None:
+        _price(done, evidence)
     if done.compute.compiled and done.modelled is None:
         done.notes.append("--compiled applies to compute modelled from the model's ops; here the compute is "
                           "measured or given, as it ran")
@@ -86,27 +101,46 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
         if read.samples is not None:
             work_kw = {**work_kw, "micro_batch_source": "the samples its example batch holds"}
     stands = user.timed and read.timed_on_gpu
-    work_kw = {**work_kw, "fsdp_unit": w.fsdp_unit or _found_unit(read.layout, read.block_list)}
-    workload = Workload(read.layout, **work_kw, measured_memory=record.memory if stands else None)
+    workload = Workload(read.layout, **{**work_kw, "fsdp_unit": w.fsdp_unit or read.block_list},
+                        measured_memory=record.memory if stands else None)
+    if w.fsdp_unit is None and isinstance(workload.fsdp, str):  # a frozen block list: FSDP shards what is trained
+        workload = replace(workload, fsdp_unit=None)
     if record.checkpointing:
         notes.append(record.checkpointing.describe())
     # the GPU predicted prices the model's own ops, unless it was timed on that GPU; timed here on
     # a GPU, they are priced beside the measured time
     what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
     beside = not what_if and user.timed and record.device.startswith("cuda")
-    modelled, why = priced(record.op_trace, evidence.pricing) if what_if or beside else (None, None)
-    if what_if and why is not None:  # its own ops could not be priced: the datasheet's range stands in
-        _need_tokens_for_the_datasheet(w, compute, why)
-        notes.append(fallback_note(why))
     if stands:
         if not what_if:
             compute, origins = _measured(compute, _timing(read))
     elif user.timed:  # --time-here on a what-if: shown, never as the GPU predicted's compute
         notes.append(_timed_elsewhere_note(_timing(read), record, compute.gpu))
     memory = _memory_of_the_timed_gpu(memory, compute, read.measured, origins)
-    if beside and why is not None:
-        notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
-    return _Completed(workload, compute, memory, origins, notes, modelled)
+    return _Completed(workload, compute, memory, origins, notes,
+                      PassToPrice(record.op_trace) if what_if or beside else None, beside)
+
+
+def _price(done: _Completed, evidence: Evidence) -> None:
+    """The compute priced from the model's own ops (`done.to_price`), or, where they cannot be, why
+    in a note: as the GPU's compute, the datasheet's range stands in; beside a measured time, the
+    time stands alone."""
+    to_price = done.to_price
+    assert to_price is not None  # wanted
+    why = to_price.why
+    if why is None:
+        done.modelled, why = priced(to_price.trace, evidence.pricing, to_price.note)
+    if why is None:
+        return
+    if done.beside:
+        done.notes.append(f"compute: the model's own ops could not be priced beside the measured time ({why})")
+        return
+    w, compute = evidence.request.workload, done.compute
+    # a user's model's datasheet range prices tokens: a text model's what-if without them cannot stand in
+    if evidence.user is not None and w.tokens is None and not compute.given and compute.utilization is None:
+        raise InputError(f"--model {w.user_model}: its own ops could not be priced ({why}), and the datasheet range "
+                         "that stands in needs --tokens N (tokens per GPU per micro-batch); or give --micro-batch-time")
+    done.notes.append(fallback_note(why))
 
 
 def _timing(read: UserModelRead) -> MeasuredCompute:
@@ -115,48 +149,27 @@ def _timing(read: UserModelRead) -> MeasuredCompute:
     return read.measured
 
 
-def _found_unit(layout, found: str | None) -> str | None:
-    """With no --fsdp-unit, FSDP wraps the blocks a user's model's checkpointing finds
-    (`topoprof/zoo/user_blocks.py`), where they hold parameters it trains; else None (its groups
-    by tensor name, `topoprof/model/fsdp/plan.py`)."""
-    if found is None:
-        return None
-    try:
-        fsdp_plan(layout, found)
-    except InputError:  # a frozen list: FSDP shards what is trained
-        return None
-    return found
-
-
 def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
     """`_workload_and_compute` for a preset (timed on this GPU where it has one) or `--params`."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
     origins: list = []
     notes: list[str] = []
+    timed = evidence.preset_timed
+    if timed is not None:
+        compute, origins = _measured(compute, timed)
+        memory = _memory_of_the_timed_gpu(memory, compute, timed, origins)
+        if timed.memory:  # timed whole on this GPU: its memory too
+            work_kw = {**work_kw, "measured_memory": timed.memory}
     if w.preset:
         workload = Workload.from_preset(w.preset, w.image_size, **work_kw)
     else:
         count = w.param_count
         assert count is not None  # --params, where the request names no preset (it names one or the other)
         workload = Workload.from_params(count, **work_kw)
-    timed = evidence.preset_timed
-    if timed is not None:
-        compute, origins = _measured(compute, timed)
-        if timed.memory:  # timed whole on this GPU: its memory too
-            workload = replace(workload, measured_memory=timed.memory)
-        memory = _memory_of_the_timed_gpu(memory, compute, timed, origins)
-    timed_gpu = timed.device_name if timed is not None else None
-    main, why = evidence.main_trace, None
-    modelled: ModelledCompute | None = None
-    if main is not None:
-        if main.why is not None:
-            why = main.why
-        else:
-            modelled, why = priced(main.trace, evidence.pricing, main.note)
-    if why is not None:
-        notes.append(fallback_note(why) if timed_gpu is None else
-                     f"compute: the model's own ops could not be priced beside the measured time ({why})")
-    return _Completed(workload, compute, memory, origins, notes, modelled)
+    main = evidence.main_trace
+    to_price = PassToPrice(main.trace, main.note, main.why) if main is not None else None
+    return _Completed(workload, compute, memory, origins, notes, to_price,
+                      beside=timed is not None and timed.device_name is not None)
 
 
 def _with_traced_memory(workload: Workload, traced: TracedMemory | str | None, user: bool):
@@ -175,13 +188,6 @@ def _with_traced_memory(workload: Workload, traced: TracedMemory | str | None, u
 def _timed_elsewhere_note(measured: MeasuredCompute, record: UserModelRecord, gpu: str | None) -> str:
     return (f"timed here (--time-here): {measured.micro_batch_time_s * 1e3:,.1f} ms per micro-batch on "
             f"{record.device_name or record.device}, this machine, not the {gpu} predicted: not used")
-
-
-def _need_tokens_for_the_datasheet(w: WorkloadRequest, compute: ComputeRequest, why: str) -> None:
-    """The datasheet's range prices tokens: a text model's what-if without them cannot stand in."""
-    if w.tokens is None and not compute.given and compute.utilization is None:
-        raise InputError(f"--model {w.user_model}: its own ops could not be priced ({why}), and the datasheet range "
-                         "that stands in needs --tokens N (tokens per GPU per micro-batch); or give --micro-batch-time")
 
 
 def _measured(compute: ComputeRequest, measured: MeasuredCompute) -> tuple[ComputeRequest, list]:

@@ -17,9 +17,7 @@ from topoprof.model.inputs.candidates import (
     CandidatePasses,
     ModelShape,
     UserShape,
-    model_shape,
     priced_candidates,
-    user_shape,
 )
 from topoprof.model.inputs.request import ModelRequest
 from topoprof.model.strategies.job import ModelInputs
@@ -27,16 +25,13 @@ from topoprof.model.strategies.search import Fits, SearchPlan, finish_search
 
 
 def candidate_shape(inputs: ModelInputs, request: ModelRequest, plan: SearchPlan,
-                    user_blocks: int | None = None) -> ModelShape | UserShape | None:
-    """What the candidates' passes trace, where their compute is priced from the model's ops (a
-    what-if for a GPU named or profiled); None where it is not (the search then says why).
-    `user_blocks`: a user's model's alike blocks, where its memory passes found them so."""
-    w, c = request.workload, inputs.compute
+                    shape: ModelShape | UserShape | str | None) -> ModelShape | UserShape | None:
+    """What the candidates' passes trace (`shape`, as the memory's passes traced it), where their
+    compute is priced from the model's ops (a what-if for a GPU named or profiled); None where it
+    is not (the search then says why)."""
+    c = inputs.compute
     if plan.table is None or not uses_modelled(c) or not (c.gpu or request.compute.gpu_profile):
         return None
-    if w.user_model:
-        return user_shape(w, user_blocks)
-    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
     return None if isinstance(shape, str) else shape
 
 

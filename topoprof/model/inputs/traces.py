@@ -41,10 +41,7 @@ from topoprof.model.inputs.candidates import (
     UserShape,
     WholePass,
     block_passes,
-    blocks_alike,
     by_blocks,
-    model_shape,
-    user_shape,
 )
 from topoprof.model.inputs.sampled import Key, SampledPasses, extend, to_trace_first
 from topoprof.model.memory.traced import TracedMemory, from_trace
@@ -103,6 +100,25 @@ def _memory(trace: TracedPass | TraceFailure) -> PassMemory:
 
 Passes = dict[Any, TracedPass | TraceFailure]  # by key: (mode, samples, depth), or as a plan keys them
 Plan = Callable[[UserShape], list[tuple[tuple, TraceVariant]]]  # the (key, variant) of each pass, by blocks or whole
+
+
+def blocks_alike(whole: TracedPass, one: TracedPass | TraceFailure, two: TracedPass | TraceFailure) -> int | None:
+    """N, the blocks of a user's model, where its passes cut to 1 and 2 blocks (`one`, `two`, at
+    the same size, mode and target as `whole`) extended to N blocks are its whole pass: the same
+    forward and backward FLOPs and the same bytes kept for backward, so each block takes and keeps
+    what the others do; else None (it is then traced whole)."""
+    if isinstance(one, TraceFailure) or isinstance(two, TraceFailure):
+        return None
+    n = one.blocks_of
+    if not n:
+        return None
+
+    def measures(t: TracedPass) -> tuple[int, ...]:
+        return t.totals.forward.flops, t.totals.backward.flops, *([t.memory.activations_bytes] if t.memory else [])
+
+    extended = tuple(a + (n - 1) * (b - a) for a, b in zip(measures(one), measures(two)))
+    return n if extended == measures(whole) else None
+
 
 
 def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[UserShape, Passes | str]:
@@ -256,15 +272,15 @@ def by_samples(keys: list[Key], known: dict[Key, TracedPass], trace: Callable[[l
     return {key: passes[key] for key in keys}
 
 
-def traced_memory_of(w, target: TraceTarget, precision: str, cast: bool,
+def traced_memory_of(shape: ModelShape | UserShape | str, target: TraceTarget, precision: str, cast: bool,
                      whole: WholePass | None = None) -> MemoryPasses | None:
-    """The passes a `WorkloadRequest`'s model is counted from for the GPU `target` (`cast`: also with
-    the weights cast, for FSDP's 16-bit param_dtype), why they failed, or None where a preset or
-    `--params` has no sequence to trace (an image model, or no --tokens: the main pass alone
-    counts it); with a user's model's alike blocks where they were found so (`user_passes`)."""
-    if w.user_model:
-        return user_memory_set(user_shape(w), precision, cast=cast, target=target, whole=whole)
-    shape = model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
+    """The passes a model traced at `shape` (`candidates.traced_shape`) is counted from for the GPU
+    `target` (`cast`: also with the weights cast, for FSDP's 16-bit param_dtype), why they failed,
+    or None where a preset or `--params` has no sequence to trace (an image model, or no --tokens:
+    the main pass alone counts it); with a user's model's alike blocks where they were found so
+    (`user_passes`)."""
+    if isinstance(shape, UserShape):
+        return user_memory_set(shape, precision, cast=cast, target=target, whole=whole)
     if isinstance(shape, str):
         return None
     return memory_set(shape, precision, cast=cast, target=target)

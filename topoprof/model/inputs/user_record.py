@@ -224,9 +224,9 @@ class UserModelRead:
 def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
     """`record` read for the model's inputs: planned at `micro_batch`, for `gpu` (None: the device
     it was timed on)."""
+    measured = user_compute(record) if record.passes else None
     return UserModelRead(user_layout(record, order), block_list_of(record), example_batch_of(record)[0],
-                         micro_batch_note(micro_batch, record), timed_on(record, gpu),
-                         user_compute(record) if record.passes else None)
+                         micro_batch_note(micro_batch, record), timed_on(record, gpu), measured)
 
 
 def user_compute(record: UserModelRecord) -> MeasuredCompute:
