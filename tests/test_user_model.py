@@ -338,7 +338,7 @@ def test_a_loss_fn_that_cannot_take_output_and_batch_is_named_before_it_runs():
 def test_a_users_model_is_priced_for_the_gpu_predicted_or_beside_its_time_for_the_gpu_it_ran_on():
     from topoprof.model.compute.datasheet import named_gpu
     from topoprof.model.inputs.evidence import UserModelRun
-    from topoprof.model.inputs.gather import _priced_gpu
+    from topoprof.model.inputs.gather import _timed_gpu_priced
     from topoprof.model.inputs.request import ComputeRequest
 
     order = ReadyOrder([], "gradient-ready order: given")
@@ -346,10 +346,11 @@ def test_a_users_model_is_priced_for_the_gpu_predicted_or_beside_its_time_for_th
     on_cpu = UserModelRun(UserModelRecord("m:f", "cpu", [], passes=[]), order)
     traced = UserModelRun(UserModelRecord("m:f", "meta", []), order)
     a100 = ComputeRequest(gpu="a100-sxm4-80gb")
-    assert _priced_gpu(a100, a100.named, on_gpu) is a100.named             # the GPU predicted
-    assert _priced_gpu(a100, a100.named, None) is a100.named               # a preset's
-    beside = _priced_gpu(ComputeRequest(), None, on_gpu)                   # timed here, no --gpu
+    assert _timed_gpu_priced(a100, on_gpu) is None                          # the GPU predicted, named
+    assert _timed_gpu_priced(a100, None) is None                            # a preset's
+    beside = _timed_gpu_priced(ComputeRequest(), on_gpu)                    # timed here, no --gpu
     assert beside is not None and beside.same_row(named_gpu("h100-sxm"))
-    assert _priced_gpu(ComputeRequest(micro_batch_time_s=0.1), None, on_gpu).same_row(named_gpu("h100-sxm"))
-    assert _priced_gpu(ComputeRequest(), None, on_cpu) is None             # a CPU's time has no GPU beside it
-    assert _priced_gpu(ComputeRequest(), None, traced) is None
+    timed = _timed_gpu_priced(ComputeRequest(micro_batch_time_s=0.1), on_gpu)
+    assert timed is not None and timed.same_row(named_gpu("h100-sxm"))
+    assert _timed_gpu_priced(ComputeRequest(), on_cpu) is None              # a CPU's time has no GPU beside it
+    assert _timed_gpu_priced(ComputeRequest(), traced) is None

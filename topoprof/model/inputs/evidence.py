@@ -60,7 +60,9 @@ class Evidence:
 
     request: ModelRequest
     compute: ComputeRequest  # the request's, its --gpu named from a --gpu-profile's device where not given
-    pricing: Pricing  # how the model's own ops are priced (`gather._priced_gpu`), chosen once
+    # how the model's own ops are priced, chosen once: for the GPU predicted, or the GPU a user's
+    # model was timed on (`gather._timed_gpu_priced`)
+    pricing: Pricing
     profile: DeviceProfile | None = None
     calibration: dict | None = None
     user: UserModelRun | None = None

@@ -60,7 +60,7 @@ from topoprof.model.inputs.traces import (
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import (
     choose_ready_order,
-    example_batch_of,
+    planned_as_read,
     stated_shape,
     trace_wanted,
 )
@@ -82,12 +82,15 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     user = timed = None
     if w.user_model:
         user = _user_model_here(w, compute, profile, say)
-        w = as_read(w, user)
-        request = replace(request, workload=w)
     elif w.preset and not compute.given and this_gpu_predicted(compute):
         timed = _preset_on_this_gpu(w, compute, say)
+    timed_gpu = _timed_gpu_priced(compute, user)
     # the GPU predicted: named (--gpu, or a --gpu-profile's device), else the one a preset was timed on
     gpu = compute.named or named_gpu(timed.device_name if timed is not None else None)
+    pricing = pricing_for(timed_gpu or gpu, compute.precision, compute.compiled, profile, compute.gpu_profile)
+    if user is not None:
+        w = planned_as_read(w, user.record)
+        request = replace(request, workload=w)
     memory_wanted = (gpu is not None and request.memory.activation_memory_gb is None
                      and not _measured_memory_stands(user, compute))
     memory_target = gpu_target(compute.precision, gpu) if memory_wanted else None
@@ -98,8 +101,6 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     elif memory_target is not None:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
         memory = traced_memory_of(shape, memory_target, compute.precision, w.fsdp_casts_weights, whole_pass(user, w))
-    pricing = pricing_for(_priced_gpu(compute, gpu, user), compute.precision, compute.compiled, profile,
-                          compute.gpu_profile)
     if memory is not None and memory.traced_as is not None:  # a user's model, its alike blocks where found
         shape = memory.traced_as
     return Evidence(request, compute, pricing, profile, calibration, user, timed, main,
@@ -107,23 +108,13 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
                     gather_links(request.cluster, say), gpu, memory.sampled if memory is not None else None)
 
 
-def as_read(w: WorkloadRequest, user: UserModelRun) -> WorkloadRequest:
-    """A user's model with no --micro-batch-size, planned at the samples its example batch holds as
-    its callable built it (`user_record.example_batch_of`; 1 where they cannot be counted), with
-    the tokens of that batch where its callable took the sequence length: every later pass states
-    that size, or resizes the batch from it."""
-    samples, seq_len = example_batch_of(user.record)
-    if w.micro_batch_stated or samples is None:
-        return w
-    return replace(w, micro_batch_size=samples, tokens=samples * seq_len if seq_len and w.tokens else w.tokens)
-
-
-def _priced_gpu(compute: ComputeRequest, gpu: NamedGpu | None, user: UserModelRun | None) -> NamedGpu | None:
-    """The GPU the model's ops are priced for: the GPU predicted; a user's model timed on this
-    machine's GPU, with no GPU named and no what-if priced, is priced beside its time for that GPU."""
+def _timed_gpu_priced(compute: ComputeRequest, user: UserModelRun | None) -> NamedGpu | None:
+    """The GPU the model's ops are priced for where it is not the GPU predicted: a user's model
+    timed on this machine's GPU, with no GPU named and no what-if priced, is priced beside its time
+    for that GPU; else None."""
     if user is None or not (user.timed and user.record.device.startswith("cuda")) \
             or compute.named is not None or what_if_priced(compute):
-        return gpu
+        return None
     return named_gpu(user.record.device_name or "GPU0")
 
 

@@ -118,7 +118,7 @@ class WorkloadRequest:
     image_size: int | None = None          # a vision preset's square side in pixels
     micro_batch_size: int = 1
     # False where --micro-batch-size was not given: a --model is then planned at the samples its
-    # example batch holds (`gather.as_read`), the rest at 1
+    # example batch holds (`user_record.planned_as_read`), the rest at 1
     micro_batch_stated: bool = True
     tokens: int | None = None              # per GPU per micro-batch (not for an image model)
     grad_bytes: int = 4

@@ -24,7 +24,7 @@ gradient-ready order and times. Pure: it reads the records alone.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
@@ -219,6 +219,17 @@ class UserModelRead:
     micro_batch_note: str     # what it is planned at where no --micro-batch-size was given
     timed_on_gpu: bool        # timed on the GPU predicted, or none is named (`flop_order_reason`)
     measured: MeasuredCompute | None  # its timing's medians (`user_compute`), where it was timed here
+
+
+def planned_as_read(w, record: UserModelRecord):
+    """A user's model's `WorkloadRequest` `w` with no --micro-batch-size, planned at the samples
+    its example batch holds as its callable built it (`example_batch_of`; 1 where they cannot be
+    counted), with the tokens of that batch where its callable took the sequence length: every
+    later pass states that size, or resizes the batch from it."""
+    samples, seq_len = example_batch_of(record)
+    if w.micro_batch_stated or samples is None:
+        return w
+    return replace(w, micro_batch_size=samples, tokens=samples * seq_len if seq_len and w.tokens else w.tokens)
 
 
 def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
