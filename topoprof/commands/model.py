@@ -10,7 +10,7 @@ from topoprof.model.inputs.resolve import resolve
 from topoprof.model.inputs.search import candidate_shape, fits_priced
 from topoprof.model.strategies.model_plan import plan_model
 from topoprof.model.strategies.model_report import model_payload, read_model_report
-from topoprof.model.strategies.search import plan_search
+from topoprof.model.strategies.search import plan_search, searched_strategies
 from topoprof.progress import LiveProgress
 from topoprof.report.text_model import render_model
 from topoprof.workload.presets import RMSNORMS
@@ -117,7 +117,8 @@ def model(**opts):
         progress("predicting every strategy" + (", and the sweep over K and GPU counts" if request.sweep else ""))
         planned = plan_model(inputs, described, sweep=request.sweep)
         progress("finding the largest micro-batch that fits for each strategy and checkpointing mode")
-        plan = plan_search(inputs, planned.applying(), planned.prediction)
+        names = searched_strategies(planned)
+        plan = plan_search(inputs, names, planned.prediction)
         # the request as gathered: a user's model's micro-batch is its example batch's where none was given
         shape = candidate_shape(inputs, evidence.request, plan, evidence.shape)
         passes = gather_candidates(shape, plan.wanted, evidence.pricing, progress,

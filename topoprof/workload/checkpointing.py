@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from topoprof.errors import InputError
 
 MODES = ("none", "full", "layer", "op")
+LAYER_EVERY = 2  # torchtitan's selective layer default, "2 = checkpoint every other layer" (config_manager.py)
 _LAYER = re.compile(r"^layer:(\d+)$")
 
 
@@ -64,3 +65,9 @@ def parse_checkpointing(text: str | None) -> Checkpointing:
                          "op (torchtitan's selective op policy)")
     return Checkpointing(value)
 
+
+def searched_modes(current: Checkpointing) -> tuple[str, ...]:
+    """The modes a search for what fits compares (and a user's model is traced under): none, full,
+    layer:N (the job's N, else torchtitan's 2) and op."""
+    every = current.every if current.mode == "layer" else LAYER_EVERY
+    return ("none", "full", f"layer:{every}", "op")

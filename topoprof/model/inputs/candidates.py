@@ -14,10 +14,9 @@ from topoprof.model.compute.extended import at_depth, priced_line
 from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_compute
-from topoprof.model.strategies.search import searched_modes
 from topoprof.specs.messages import TraceFailure
 from topoprof.specs.traced_pass import TracedPass
-from topoprof.workload.checkpointing import parse_checkpointing
+from topoprof.workload.checkpointing import parse_checkpointing, searched_modes
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 from topoprof.workload.synthetic import spec_for_params
 

@@ -32,7 +32,7 @@ from topoprof.model.inputs.user_record import trained_micro_batch, user_compute,
 from topoprof.model.strategies.job import Cluster, ModelInputs, Workload
 from topoprof.model.strategies.model_plan import plan_model
 from topoprof.model.strategies.model_report import model_payload
-from topoprof.model.strategies.search import search
+from topoprof.model.strategies.search import search, searched_strategies
 from topoprof.model.strategies.whatif import what_ifs
 from topoprof.workload.presets import context_sequences, is_vision
 
@@ -273,7 +273,7 @@ def predictions(opts, fit, world_size: int, calibration: dict | None, vopts, gpu
             planned = planned.refusing("dp", "DataParallel needs CUDA GPUs; this scan ran on CPU ranks")
         # what fits per strategy and checkpointing mode: the memory alone, the scan's compute being
         # measured at the micro-batch it ran
-        fits = search(inputs, planned.applying(), None, planned.prediction)
+        fits = search(inputs, searched_strategies(planned), None, planned.prediction)
         out.append({"label": label, "compute_source": compute_source, **model_payload(planned, fits)})
     return out
 

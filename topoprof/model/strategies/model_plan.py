@@ -4,7 +4,6 @@ inputs alone; `model_report.model_payload` writes it as JSON, once, with the fit
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from topoprof.model.strategies.job import ModelInputs
@@ -65,12 +64,6 @@ class ModelPlan:
 
     def refusing(self, name: str, reason: str) -> ModelPlan:
         return replace(self, refused={**self.refused, name: reason})
-
-    def applying(self) -> list[str]:
-        """The strategies priced here, or found not to fit: the fits search's candidates."""
-        return [name for name, r in self.prediction.strategies.items()
-                if name not in self.refused and isinstance(r, StrategyResult)
-                and (math.isfinite(r.step_time_s) or (r.memory is not None and r.memory.fits is False))]
 
 
 def plan_model(inputs: ModelInputs, links: dict, sweep: bool = True) -> ModelPlan:

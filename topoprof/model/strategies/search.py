@@ -11,27 +11,22 @@ samples per second compare them. A size fits when the top of its memory range do
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from topoprof.model.strategies.job import ModelInputs
 from topoprof.model.strategies.memory import job_memory, memory_by_strategy
+from topoprof.model.strategies.model_plan import ModelPlan
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import Memory, Prediction, StrategyResult
 from topoprof.model.strategies.steps import lower_bounds
-from topoprof.workload.checkpointing import Checkpointing, parse_checkpointing
+from topoprof.workload.checkpointing import parse_checkpointing, searched_modes
 
 MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
-LAYER_EVERY = 2  # torchtitan's selective layer default, "2 = checkpoint every other layer" (config_manager.py)
 
 # Strategies whose memory is one and the same: the search shows the first for all.
 SAME_MEMORY = {"ddp_synced": ("ddp_synced", "ddp_no_sync", "ddp_no_sync_backward_only", "ddp_fp16_compress")}
-
-
-def searched_modes(current: Checkpointing) -> tuple[str, ...]:
-    """none, full, layer:N (the job's N, else torchtitan's 2) and op."""
-    every = current.every if current.mode == "layer" else LAYER_EVERY
-    return ("none", "full", f"layer:{every}", "op")
 
 
 def at(inputs: ModelInputs, mode: str, samples: int, compute=None) -> ModelInputs:
@@ -213,25 +208,36 @@ class SearchPlan:
     wanted: tuple[tuple[str, int], ...] = ()
 
 
+def searched_strategies(planned: ModelPlan) -> list[str]:
+    """The strategies the search takes: those priced here, or found not to fit, that the plan does
+    not refuse."""
+    return [name for name, r in planned.prediction.strategies.items()
+            if name not in planned.refused and isinstance(r, StrategyResult)
+            and (math.isfinite(r.step_time_s) or (r.memory is not None and r.memory.fits is False))]
+
+
 def plan_search(inputs: ModelInputs, names: list[str], prediction: Prediction) -> SearchPlan:
     """The memory half of the search (module docstring), from `prediction` at the size and mode
     given (`predict(inputs)`): the GPU's memory, and what no_sync costs there; `finish_search`
     completes it with the compute priced at `wanted`."""
+    work = inputs.workload
+    modes = searched_modes(work.checkpointing)
     gpu_memory = prediction.inputs.get("gpu_memory_gb")
     capacity, capacity_source = (gpu_memory.value, gpu_memory.source) if gpu_memory is not None else (None, None)
     given = {name: result.memory for name in names
              if isinstance(result := prediction.strategies.get(name), StrategyResult) and result.memory is not None}
-    work = inputs.workload
-    modes = searched_modes(work.checkpointing)
     tokens_per_sample = None if work.layout.unit == "image" else \
         (work.tokens_per_micro_batch or 0) // max(1, work.micro_batch_size) or None
     fits = Fits(modes, capacity, capacity_source, work.micro_batch_size, tokens_per_sample, inputs.accumulation_steps,
                 why_not_searched(inputs, capacity))
     if fits.reason is not None:
         return SearchPlan(fits)
+    groups, no_sync = _groups(names), no_sync_memory(given)
     table = {mode: largest(inputs, names, mode) for mode in modes}
-    rows = tuple(LargestRow(group, {mode: _cell(table[mode][group[0]]) for mode in modes}) for group in _groups(names))
-    fits = replace(fits, largest=rows, no_sync=no_sync_memory(given))
+    firsts = {group: {mode: table[mode][group[0]] for mode in modes} for group in groups}  # a group's, its first's
+    rows = tuple(LargestRow(group, {mode: FitCell(c.micro_batch, c.total_gb, c.next_gb, c.reason)
+                                    for mode, c in by_mode.items()}) for group, by_mode in firsts.items())
+    fits = replace(fits, largest=rows, no_sync=no_sync)
     now = work.micro_batch_size
     wanted: set[tuple[str, int]] = {(mode, now) for mode in modes}
     wanted |= {(mode, size) for mode in modes for n in names if (size := table[mode][n].micro_batch)}
@@ -261,10 +267,6 @@ def search(inputs: ModelInputs, names: list[str],
     plan = plan_search(inputs, names, prediction or predict(inputs, parts=False))
     priced = price(list(plan.wanted)) if price is not None and plan.table is not None else None
     return finish_search(inputs, plan, priced)
-
-
-def _cell(c: Largest) -> FitCell:
-    return FitCell(c.micro_batch, c.total_gb, c.next_gb, c.reason)
 
 
 def _fastest_and_costs(inputs: ModelInputs, plan: SearchPlan, priced: dict) -> Fits:
