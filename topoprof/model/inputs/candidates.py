@@ -14,6 +14,7 @@ from topoprof.model.compute.extended import at_depth, priced_line
 from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_compute
+from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.specs.messages import TraceFailure
 from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.checkpointing import parse_checkpointing, searched_modes
@@ -156,7 +157,7 @@ def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape,
     return out
 
 
-def traced_shape(w) -> ModelShape | UserShape | str:
+def traced_shape(w: WorkloadRequest) -> ModelShape | UserShape | str:
     """What a `WorkloadRequest`'s model is traced at for its memory's and its candidates' passes
     (a user's model whole, until its passes find its blocks alike), or why a preset or `--params`
     model is not (`model_shape`)."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from topoprof.errors import InputError
 from topoprof.model.compute.datasheet import lookup_gpu_quietly, normalize_gpu_name
 from topoprof.model.compute.measured import MeasuredCompute
+from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.specs.messages import TraceFailure, UserModelRecord
 from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.layout import MATMUL_BACKWARD_FLOPS_PER_PARAM, Layout, TensorSpec, Use
@@ -221,7 +222,7 @@ class UserModelRead:
     measured: MeasuredCompute | None  # its timing's medians (`user_compute`), where it was timed here
 
 
-def planned_as_read(w, record: UserModelRecord):
+def planned_as_read(w: WorkloadRequest, record: UserModelRecord) -> WorkloadRequest:
     """A user's model's `WorkloadRequest` `w` with no --micro-batch-size, planned at the samples
     its example batch holds as its callable built it (`example_batch_of`; 1 where they cannot be
     counted), with the tokens of that batch where its callable took the sequence length: every
