@@ -59,7 +59,7 @@ def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | Non
     """(CommModel for one node or None when none is needed, gpus_per_node, description) from
     the first source given (`gather.gather_links` read the file or the machine); `gpu` (--gpu)
     pins a topology's NVLink generation."""
-    gpn, chosen = cluster.gpus_per_node_given, list(cluster.gpus) if cluster.gpus else None
+    gpn = cluster.gpus_per_node_given
     if evidence.bench_fit is not None:
         lat, bw, world, fit = evidence.bench_fit
         comm = links.measured_comm(fit["rows"], fit, world, f"all-reduce measured in {cluster.bench}")
@@ -68,21 +68,28 @@ def comm_of(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | Non
     # A single --gpus index is checked against a --topology file when one is given.
     if cluster.needs_no_link:
         return _no_link(cluster)
-    if cluster.link_bandwidth_gbps is not None:
-        if not gpn:
-            raise InputError("--link-bandwidth needs --world-size (or --gpus-per-node with --nodes)")
-        lat = cluster.link_latency_us if cluster.link_latency_us is not None else 0.0
-        return (links.comm_explicit(cluster.link_bandwidth_gbps, lat, gpn), gpn,
-                {"link_bandwidth_gbps": cluster.link_bandwidth_gbps})
+    if cluster.link_bandwidth_gbps is None:
+        return _from_topology(evidence, cluster, gpu)
+    if not gpn:
+        raise InputError("--link-bandwidth needs --world-size (or --gpus-per-node with --nodes)")
+    lat = cluster.link_latency_us if cluster.link_latency_us is not None else 0.0
+    return (links.comm_explicit(cluster.link_bandwidth_gbps, lat, gpn), gpn,
+            {"link_bandwidth_gbps": cluster.link_bandwidth_gbps})
+
+
+def _from_topology(evidence: LinkEvidence, cluster: ClusterRequest, gpu: NamedGpu | None):
+    """`comm_of` from a topology (a file's, or this machine's), its NVLink generation pinned by
+    --gpu; on this machine, a what-if of a GPU it does not hold takes that GPU's standard node."""
+    gpn, chosen = cluster.gpus_per_node_given, list(cluster.gpus) if cluster.gpus else None
     topology = evidence.topology
+    pinned, origin, notes = _pin_nvlink_generation(topology, gpu, chosen)
     if evidence.read_here:
         if gpu is not None and gpn and not _holds(topology, gpu):  # a what-if: the GPU's own node
             return _standard_node(gpu, gpn, cluster)
         if not topology.gpus:
             raise InputError("no link information: this machine has no GPU; give --bench FILE, "
                              "--topology FILE or --link-bandwidth GB/s (or --world-size 1 for one GPU)")
-    topology, origin, notes = _pin_nvlink_generation(topology, gpu, chosen)
-    comm, ring = links.comm_from_topology(topology, chosen, rate_origin=origin)
+    comm, ring = links.comm_from_topology(pinned, chosen, rate_origin=origin)
     return comm, comm.world_size, {"topology": cluster.topology or "this machine", **ring,
                                    **({"notes": notes} if notes else {})}
 
