@@ -10,60 +10,26 @@ from topoprof.errors import InputError
 from topoprof.model.comm.collectives import LinkUnknown
 from topoprof.model.strategies.fsdp_costs import fsdp_costs_by_part, hsdp_levels
 from topoprof.model.strategies.job import Cluster, ModelInputs
-from topoprof.model.strategies.memory import memory_by_strategy
-from topoprof.model.strategies.resolve import Resolved, resolve_ends
+from topoprof.model.strategies.resolve import resolve_ends
 from topoprof.model.strategies.results import (
     BucketSummary,
     GlobalBatchOption,
     HideThreshold,
     InputValue,
     Prediction,
-    Range,
-    StrategyResult,
     SweepPoint,
     Unavailable,
 )
 from topoprof.model.strategies.steps import (
     ASSUMPTIONS,
-    FORMULAS,
     ONE_GPU_REASON,
     STRATEGIES,
     ddp_costs_by_part,
     ddp_pieces,
     dp_comm_s,
     step_times,
+    strategy_results,
 )
-
-
-def _samples(res: Resolved, name: str) -> int:
-    gpus = 1 if name == "single" else res.inputs.cluster.gpus
-    return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
-
-
-def _assemble(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
-              ) -> dict[str, StrategyResult | Unavailable]:
-    synced = nominal["ddp_synced"]
-    synced_rate = None if isinstance(synced, str) else _samples(res, "ddp_synced") / synced[0]
-    out: dict[str, StrategyResult | Unavailable] = {}
-    for name in STRATEGIES:
-        if isinstance(nominal[name], str):
-            out[name] = Unavailable(nominal[name])
-            continue
-        step, exposed = nominal[name]
-        samples = _samples(res, name)
-        rng = None
-        if bounds is not None:
-            (hi, e_hi), (lo, e_lo) = bounds[0][name], bounds[1][name]
-            rng = Range((lo, hi), (e_lo, e_hi), (samples / hi, samples / lo))
-        speedup = None if synced_rate is None else samples / step / synced_rate
-        out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
-                                   FORMULAS[name])
-    memory = memory_by_strategy(res.memory, [n for n, r in out.items() if isinstance(r, StrategyResult)])
-    # nothing is ranked against a strategy that does not fit
-    unranked = getattr(memory.get("ddp_synced"), "fits", None) is False
-    return {n: replace(r, memory=memory.get(n),
-                       speedup_vs_ddp_synced=None if unranked else r.speedup_vs_ddp_synced)
-            if isinstance(r, StrategyResult) else r for n, r in out.items()}
 
 
 def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
@@ -93,7 +59,7 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
         costs = ddp_costs_by_part(res, (slow_res, fast_res), buckets, (comm, slow_comm, fast_comm))
         fsdp = fsdp_costs_by_part(res, (slow_res, fast_res), (comm, slow_comm, fast_comm))
         hsdp = hsdp_levels(res, comm)
-    return Prediction(_assemble(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
+    return Prediction(strategy_results(res, nominal, bounds), pieces, echo, summary, ASSUMPTIONS,
                       res.warnings, costs, fsdp, hsdp, hide)
 
 

@@ -6,8 +6,9 @@ Build `ModelInputs` from `Workload`, `Compute` and `Cluster`, then call `predict
 `hide_threshold` and `fixed_global_batch` answer "what would changing this gain me".
 docs/model.md states each formula with its source.
 
-Here: each strategy's step from resolved inputs (`step_times`), the formulas,
-the assumptions, and DDP's cost by part.
+Here: each strategy's step from resolved inputs (`step_times`) and its result (`strategy_results`:
+samples per second, the speedup on ddp_synced, its memory), the formulas, the assumptions, DDP's
+pieces per micro-batch (`ddp_pieces`) and its cost by part.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from topoprof.model.fsdp.timeline import (
 )
 from topoprof.model.strategies.dataparallel import dataparallel_comm_s
 from topoprof.model.strategies.job import BLOCKING_BACKENDS, ModelInputs
+from topoprof.model.strategies.memory import memory_by_strategy
 from topoprof.model.strategies.resolve import Resolved, fsdp_own_work_measured, resolve
-from topoprof.model.strategies.results import HideThreshold, PartCost, Unavailable, part_costs
+from topoprof.model.strategies.results import HideThreshold, PartCost, Range, StrategyResult, Unavailable, part_costs
 from topoprof.specs.fsdp_modes import FSDP_STRATEGIES, HSDP_ONE_NODE_REASON, MODES, FsdpMode
 from topoprof.workload.presets import PRESET_DEPTH
 
@@ -281,6 +283,41 @@ def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
         out["dp"] = (k * (c + d + res.inputs.compute.dp_thread_overhead_s) + w_synced + t_opt, k * d)
     out.update(fsdp_step_times(res, comm))
     return out
+
+
+def _samples(res: Resolved, name: str) -> int:
+    gpus = 1 if name == "single" else res.inputs.cluster.gpus
+    return res.inputs.workload.micro_batch_size * res.inputs.accumulation_steps * gpus
+
+
+def strategy_results(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | None
+                     ) -> dict[str, StrategyResult | Unavailable]:
+    """Each strategy's result from its step (`step_times`: `nominal`, and the range's slow and fast
+    ends in `bounds`): samples per second, the speedup on ddp_synced, its memory; or why it does
+    not apply."""
+    synced = nominal["ddp_synced"]
+    synced_rate = None if isinstance(synced, str) else _samples(res, "ddp_synced") / synced[0]
+    out: dict[str, StrategyResult | Unavailable] = {}
+    for name in STRATEGIES:
+        if isinstance(nominal[name], str):
+            out[name] = Unavailable(nominal[name])
+            continue
+        step, exposed = nominal[name]
+        samples = _samples(res, name)
+        rng = None
+        if bounds is not None:
+            (hi, e_hi), (lo, e_lo) = bounds[0][name], bounds[1][name]
+            rng = Range((lo, hi), (e_lo, e_hi), (samples / hi, samples / lo))
+        speedup = None if synced_rate is None else samples / step / synced_rate
+        out[name] = StrategyResult(step, exposed, samples, samples / step, speedup, rng,
+                                   FORMULAS[name])
+    memory = memory_by_strategy(res.memory, [n for n, r in out.items() if isinstance(r, StrategyResult)])
+    # nothing is ranked against a strategy that does not fit
+    unranked = getattr(memory.get("ddp_synced"), "fits", None) is False
+    return {n: replace(r, memory=memory.get(n),
+                       speedup_vs_ddp_synced=None if unranked else r.speedup_vs_ddp_synced)
+            if isinstance(r, StrategyResult) else r for n, r in out.items()}
+
 
 
 # DataParallel's thread and replicate() costs are priced only where given (`dp_thread_overhead_s`);
