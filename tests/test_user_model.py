@@ -342,9 +342,10 @@ def test_a_users_model_is_priced_for_the_gpu_predicted_or_beside_its_time_for_th
     from topoprof.model.inputs.request import ComputeRequest
 
     order = ReadyOrder([], "gradient-ready order: given")
-    on_gpu = UserModelRun(UserModelRecord("m:f", "cuda:0", [], device_name="NVIDIA H100 80GB HBM3", passes=[]), order)
-    on_cpu = UserModelRun(UserModelRecord("m:f", "cpu", [], passes=[]), order)
-    traced = UserModelRun(UserModelRecord("m:f", "meta", []), order)
+    on_gpu = UserModelRun(UserModelRecord("m:f", "cuda:0", [], device_name="NVIDIA H100 80GB HBM3", passes=[]), order,
+                          True)
+    on_cpu = UserModelRun(UserModelRecord("m:f", "cpu", [], passes=[]), order, True)
+    traced = UserModelRun(UserModelRecord("m:f", "meta", []), order, True)
     a100 = ComputeRequest(gpu="a100-sxm4-80gb")
     assert _timed_gpu_priced(a100, on_gpu) is None                          # the GPU predicted, named
     assert _timed_gpu_priced(a100, None) is None                            # a preset's

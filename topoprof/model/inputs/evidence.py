@@ -1,7 +1,7 @@
 """What `topoprof model` gathered before it predicts, as typed records (`Evidence`, filled by
 `gather.gather`): what was measured or traced here, the files read, the links' source. Also the
-choices both stages make alike from the request and these records (`timing_stands`,
-`what_if_priced`). Pure: nothing here runs, reads or imports torch.
+choices both stages make alike from the request and these records (`what_if_priced`). Pure:
+nothing here runs, reads or imports torch.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.inputs.candidates import ModelShape, UserShape
 from topoprof.model.inputs.request import ComputeRequest, ModelRequest
 from topoprof.model.inputs.sampled import SampledPasses
-from topoprof.model.inputs.user_record import ReadyOrder, timed_on
+from topoprof.model.inputs.user_record import ReadyOrder
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.specs.messages import TraceFailure, UserModelRecord
 from topoprof.specs.traced_pass import TracedPass
@@ -24,10 +24,13 @@ from topoprof.specs.traced_pass import TracedPass
 @dataclass(frozen=True)
 class UserModelRun:
     """The user's model as its worker read it: timed here (`record.passes`) or traced on meta
-    only, and the gradient-ready order that fits the device predicted."""
+    only, the gradient-ready order that fits the device predicted, and whether a timing here is
+    the compute of the GPU predicted (`timed_on`: no --gpu named, or the GPU it ran on; never
+    another device's)."""
 
     record: UserModelRecord
     order: ReadyOrder
+    timing_stands: bool
 
     @property
     def timed(self) -> bool:
@@ -80,15 +83,9 @@ class Evidence:
     sampled: SampledPasses | None = None
 
 
-def timing_stands(record: UserModelRecord, compute: ComputeRequest) -> bool:
-    """A timing here is the compute predicted where no --gpu is named, or the --gpu is the GPU it
-    was timed on; never another device's."""
-    return timed_on(record, compute.gpu)
-
-
 def what_if_priced(compute: ComputeRequest) -> bool:
     """A user's model is priced from its own ops as the compute of the GPU predicted: a GPU is
     named or profiled, and neither the compute nor a utilization is given (unless it was timed on
-    that GPU: `timing_stands`)."""
+    that GPU: `UserModelRun.timing_stands`)."""
     return ((compute.gpu is not None or compute.gpu_profile is not None) and not compute.given
             and compute.utilization is None)

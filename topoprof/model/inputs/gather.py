@@ -45,7 +45,6 @@ from topoprof.model.inputs.evidence import (
     LinkEvidence,
     MainTrace,
     UserModelRun,
-    timing_stands,
     what_if_priced,
 )
 from topoprof.model.inputs.request import ClusterRequest, ComputeRequest, ModelRequest, WorkloadRequest
@@ -62,6 +61,7 @@ from topoprof.model.inputs.user_record import (
     choose_ready_order,
     planned_as_read,
     stated_shape,
+    timed_on,
     trace_wanted,
 )
 from topoprof.specs.traced_pass import TracedPass, TraceTarget
@@ -168,7 +168,7 @@ def this_gpu_predicted(compute: ComputeRequest) -> bool:
 
 def _measured_memory_stands(user: UserModelRun | None, compute: ComputeRequest) -> bool:
     """A user's model timed on the GPU predicted: its memory as measured, at its own size."""
-    return (user is not None and user.timed and timing_stands(user.record, compute)
+    return (user is not None and user.timed and user.timing_stands
             and bool(user.record.memory))
 
 
@@ -183,8 +183,9 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: Devic
     assert w.user_model is not None
     if not (w.time_here or this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
-        return UserModelRun(*trace_only(w.user_model, _stated_micro_batch(w), w.tokens, say, w.checkpointing.text,
-                                        w.fsdp_unit, gpu_target(compute.precision, compute.named)))
+        record, order = trace_only(w.user_model, _stated_micro_batch(w), w.tokens, say, w.checkpointing.text,
+                                   w.fsdp_unit, gpu_target(compute.precision, compute.named))
+        return UserModelRun(record, order, timed_on(record, compute.gpu))
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
     target = target_for(compute.precision, profile, compute.named) if priced_for else None
@@ -194,7 +195,8 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: Devic
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
                           trace=stated if wanted else None, target=target,
                           progress=say, ac=w.checkpointing.text, unit=w.fsdp_unit, stated=stated)
-    return UserModelRun(record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s))
+    return UserModelRun(record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s),
+                        timed_on(record, compute.gpu))
 
 
 def _stated_micro_batch(w: WorkloadRequest) -> int | None:

@@ -93,7 +93,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     """`_workload_and_compute` for a user's model, timed here or traced on meta only."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
     record = user.record
-    read = read_user_model(record, user.order, w.micro_batch_size, compute.gpu)
+    read = read_user_model(record, user.order, w.micro_batch_size, user.timing_stands)
     origins: list = []
     notes: list[str] = [user.order.note] if user.order.note else []
     if not w.micro_batch_stated:

@@ -233,12 +233,13 @@ def planned_as_read(w: WorkloadRequest, record: UserModelRecord) -> WorkloadRequ
     return replace(w, micro_batch_size=samples, tokens=samples * seq_len if seq_len and w.tokens else w.tokens)
 
 
-def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, gpu: str | None) -> UserModelRead:
-    """`record` read for the model's inputs: planned at `micro_batch`, for `gpu` (None: the device
-    it was timed on)."""
+def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, timed_on_gpu: bool
+                    ) -> UserModelRead:
+    """`record` read for the model's inputs: planned at `micro_batch`; `timed_on_gpu`: its timing is
+    the compute of the GPU predicted (`timed_on`)."""
     measured = user_compute(record) if record.passes else None
     return UserModelRead(user_layout(record, order), block_list_of(record), example_batch_of(record)[0],
-                         micro_batch_note(micro_batch, record), timed_on(record, gpu), measured)
+                         micro_batch_note(micro_batch, record), timed_on_gpu, measured)
 
 
 def user_compute(record: UserModelRecord) -> MeasuredCompute:
