@@ -119,14 +119,14 @@ def test_modes_all_and_what_is_refused():
                         user_model="tests/fixtures/user_models/tied.py:build_1m")
 
 
-def test_gloo_reduce_scatter_is_an_all_reduce_inside():
+def test_gloo_reduce_scatter_is_an_all_reduce_inside(tmp_path):
     """The fact the stand-in's model prices: gloo runs a reduce-scatter as one all-reduce of the
     whole buffer (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced), seen by the profiler."""
     code = """
 import os, torch, torch.distributed as dist
 from torch.profiler import profile
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
-dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=2)
+dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=int(os.environ["RANK"]),
+                        world_size=2)
 out, inp = torch.zeros(2), torch.arange(4, dtype=torch.float32)
 with profile() as p:
     dist.reduce_scatter_tensor(out, inp)
@@ -135,14 +135,16 @@ print("gloo:all_reduce" in names, "gloo:reduce_scatter" in names)
 dist.destroy_process_group()
 """
     import os
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RANK": str(r), "PORT": port},
+    # a file store and the loopback: no port for another test to take between choosing and binding it
+    env = {**os.environ, "STORE": str(tmp_path / "store"), "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:  # a rank that hangs is not left behind
+            p.kill()
     assert all(p.returncode == 0 for p in procs), outs
     assert outs[0][0].split()[-2:] == ["True", "False"]
 
