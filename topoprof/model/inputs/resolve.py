@@ -93,14 +93,14 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
     """`_workload_and_compute` for a user's model, timed here or traced on meta only."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
     record = user.record
-    read = read_user_model(record, user.order, w.micro_batch_size, user.timing_stands)
+    read = read_user_model(record, user.order, w.micro_batch_size)
     origins: list = []
     notes: list[str] = [user.order.note] if user.order.note else []
     if not w.micro_batch_stated:
         notes.append(read.micro_batch_note)
         if read.samples is not None:
             work_kw = {**work_kw, "micro_batch_source": "the samples its example batch holds"}
-    stands = user.timed and read.timed_on_gpu
+    stands = user.timed and user.timing_stands
     workload = Workload(read.layout, **{**work_kw, "fsdp_unit": w.fsdp_unit or read.block_list},
                         measured_memory=record.memory if stands else None)
     if w.fsdp_unit is None and isinstance(workload.fsdp, str):  # a frozen block list: FSDP shards what is trained
@@ -109,7 +109,7 @@ def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Compl
         notes.append(record.checkpointing.describe())
     # the GPU predicted prices the model's own ops, unless it was timed on that GPU; timed here on
     # a GPU, they are priced beside the measured time
-    what_if = what_if_priced(compute) and not (compute.gpu is not None and read.timed_on_gpu)
+    what_if = what_if_priced(compute) and not (compute.gpu is not None and user.timing_stands)
     beside = not what_if and user.timed and record.device.startswith("cuda")
     if stands:
         if not what_if:

@@ -218,7 +218,6 @@ class UserModelRead:
     block_list: str | None    # the module whose children are its blocks (`block_list_of`)
     samples: int | None       # its example batch's (`example_batch_of`)
     micro_batch_note: str     # what it is planned at where no --micro-batch-size was given
-    timed_on_gpu: bool        # timed on the GPU predicted, or none is named (`flop_order_reason`)
     measured: MeasuredCompute | None  # its timing's medians (`user_compute`), where it was timed here
 
 
@@ -233,13 +232,11 @@ def planned_as_read(w: WorkloadRequest, record: UserModelRecord) -> WorkloadRequ
     return replace(w, micro_batch_size=samples, tokens=samples * seq_len if seq_len and w.tokens else w.tokens)
 
 
-def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int, timed_on_gpu: bool
-                    ) -> UserModelRead:
-    """`record` read for the model's inputs: planned at `micro_batch`; `timed_on_gpu`: its timing is
-    the compute of the GPU predicted (`timed_on`)."""
+def read_user_model(record: UserModelRecord, order: ReadyOrder, micro_batch: int) -> UserModelRead:
+    """`record` read for the model's inputs, planned at `micro_batch`."""
     measured = user_compute(record) if record.passes else None
     return UserModelRead(user_layout(record, order), block_list_of(record), example_batch_of(record)[0],
-                         micro_batch_note(micro_batch, record), timed_on_gpu, measured)
+                         micro_batch_note(micro_batch, record), measured)
 
 
 def user_compute(record: UserModelRecord) -> MeasuredCompute:

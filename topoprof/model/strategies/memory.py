@@ -129,10 +129,10 @@ def memory_by_strategy(job: JobMemory, names) -> dict[str, Memory]:
     capacity, model = job.capacity_gb, job.model
     out = {}
     for name in names:
-        sources = part_sources(name, job.count, model, job.measured, job.workspace_source)
         held = holding.holding(name, model)
         if held is None:
             continue
+        sources = part_sources(name, job.count, model, job.measured, job.workspace_source)
         f = holding.fit(held, None if capacity is None else capacity * holding.GB)
         low, high = held.total_range
         reserved = held.reserved_range

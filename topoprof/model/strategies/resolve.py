@@ -151,20 +151,20 @@ class Resolved:
     what_if: bool = False  # some input is a range: predictions have bounds
 
 
-def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | None = None) -> Resolved:
+def resolve(inputs: ModelInputs, end: str | None = None, middle: Resolved | None = None) -> Resolved:
     """The numbers of `inputs`; where an input is a what-if range, its middle, or with
-    `end` = "slow"/"fast" the end that makes steps slowest/fastest. `memory`: the job's, where it
-    was derived already (no end of a range changes it)."""
+    `end` = "slow"/"fast" the end that makes steps slowest/fastest. `middle`: the job resolved
+    already, whose memory and DDP buckets no end of a range changes."""
     if end is not None and utilization_is_assumed(inputs.compute) and not uses_modelled(inputs.compute):
         low, high = UTILIZATION_RANGE
         inputs = replace(inputs, compute=replace(inputs.compute, utilization=low if end == "slow" else high))
     work, cl = inputs.workload, inputs.cluster
     gpu, gpu_echo, gpu_notes = _gpu_costs(inputs, end)
     fsdp_echo = _fsdp_echo(inputs)
-    memory = memory or job_memory(inputs)
+    memory = middle.memory if middle is not None else job_memory(inputs)
     times = compute_times(inputs.compute, work.layout.params, work.layout.train_flops_per_token,
                           work.tokens_per_micro_batch, work.grad_bytes, unit=work.layout.unit, end=end)
-    buckets = ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
+    buckets = middle.buckets if middle is not None else ddp_buckets(work.layout, work.grad_bytes, work.bucket_cap_mb)
     first, cap = ddp_bucket_limits(work.bucket_cap_mb)
     default_cap = work.bucket_cap_mb is None
     dp_overhead = inputs.compute.dp_thread_overhead_s
@@ -208,11 +208,12 @@ def resolve(inputs: ModelInputs, end: str | None = None, memory: JobMemory | Non
 
 def resolve_ends(inputs: ModelInputs) -> tuple[Resolved, Resolved, Resolved]:
     """(the middle, the slow end, the fast end) of `inputs`' what-if ranges (`resolve`); each end
-    is the middle where no input is a range. The job's memory is derived once: no end changes it."""
+    is the middle where no input is a range. The job's memory and buckets are derived once: no end
+    changes them."""
     res = resolve(inputs)
     if not res.what_if:
         return res, res, res
-    return res, resolve(inputs, "slow", res.memory), resolve(inputs, "fast", res.memory)
+    return res, resolve(inputs, "slow", res), resolve(inputs, "fast", res)
 
 
 def _fsdp_echo(inputs: ModelInputs) -> dict[str, tuple[Any, str]]:

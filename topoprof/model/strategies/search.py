@@ -68,6 +68,11 @@ class Largest:
     next_gb: float | None         # the next size's, which does not fit
     reason: str | None = None     # why none fits, or why it is not known
 
+    @property
+    def cell(self) -> FitCell:
+        """As the search's table shows it, under its mode in its strategies' row."""
+        return FitCell(self.micro_batch, self.total_gb, self.next_gb, self.reason)
+
 
 def _fits(inputs: ModelInputs, names: list[str], mode: str, samples: int) -> dict:
     resized = at(inputs, mode, samples)
@@ -234,9 +239,8 @@ def plan_search(inputs: ModelInputs, names: list[str], prediction: Prediction) -
         return SearchPlan(fits)
     groups, no_sync = _groups(names), no_sync_memory(given)
     table = {mode: largest(inputs, names, mode) for mode in modes}
-    firsts = {group: {mode: table[mode][group[0]] for mode in modes} for group in groups}  # a group's, its first's
-    rows = tuple(LargestRow(group, {mode: FitCell(c.micro_batch, c.total_gb, c.next_gb, c.reason)
-                                    for mode, c in by_mode.items()}) for group, by_mode in firsts.items())
+    # a group of strategies holding the same memory shows its first's
+    rows = tuple(LargestRow(group, {mode: table[mode][group[0]].cell for mode in modes}) for group in groups)
     fits = replace(fits, largest=rows, no_sync=no_sync)
     now = work.micro_batch_size
     wanted: set[tuple[str, int]] = {(mode, now) for mode in modes}
