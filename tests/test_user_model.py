@@ -337,15 +337,12 @@ def test_a_loss_fn_that_cannot_take_output_and_batch_is_named_before_it_runs():
 
 def test_a_users_model_is_priced_for_the_gpu_predicted_or_beside_its_time_for_the_gpu_it_ran_on():
     from topoprof.model.compute.datasheet import named_gpu
-    from topoprof.model.inputs.evidence import UserModelRun
     from topoprof.model.inputs.gather import _timed_gpu_priced
     from topoprof.model.inputs.request import ComputeRequest
 
-    order = ReadyOrder([], "gradient-ready order: given")
-    on_gpu = UserModelRun(UserModelRecord("m:f", "cuda:0", [], device_name="NVIDIA H100 80GB HBM3", passes=[]), order,
-                          True)
-    on_cpu = UserModelRun(UserModelRecord("m:f", "cpu", [], passes=[]), order, True)
-    traced = UserModelRun(UserModelRecord("m:f", "meta", []), order, True)
+    on_gpu = UserModelRecord("m:f", "cuda:0", [], device_name="NVIDIA H100 80GB HBM3", passes=[])
+    on_cpu = UserModelRecord("m:f", "cpu", [], passes=[])
+    traced = UserModelRecord("m:f", "meta", [])
     a100 = ComputeRequest(gpu="a100-sxm4-80gb")
     assert _timed_gpu_priced(a100, on_gpu) is None                          # the GPU predicted, named
     assert _timed_gpu_priced(a100, None) is None                            # a preset's

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from helpers.cli import topoprof  # noqa: E402
 
-from topoprof.model.compute.traced import gpu_target  # noqa: E402
+from topoprof.model.compute.profile_choice import gpu_target  # noqa: E402
 from topoprof.model.inputs.candidates import UserShape, WholePass  # noqa: E402
 from topoprof.model.inputs.traces import blocks_alike, user_memory_set  # noqa: E402
 from topoprof.model.memory.traced import from_trace  # noqa: E402

@@ -17,7 +17,7 @@ from topoprof.measure.fit import fit_rows
 from topoprof.measure.launch import external_job
 from topoprof.measure.profile import measure_device_profile
 from topoprof.model.comm.links import comm_from_topology
-from topoprof.model.compute.traced import gpu_target
+from topoprof.model.compute.profile_choice import gpu_target
 from topoprof.model.inputs.scan import composed_check, predictions, single_gpu_what_ifs
 from topoprof.model.inputs.user_model import here_device, measure_here
 from topoprof.model.inputs.user_record import stated_shape

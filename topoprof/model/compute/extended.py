@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.model.compute.modelled import ModelledCompute, ModelledDetail
-from topoprof.model.compute.profile_choice import Pricing
-from topoprof.model.compute.traced import modelled_compute
-from topoprof.specs.traced_pass import TracedPass
+from topoprof.workload.checkpointing import parse_checkpointing
 
 
 @dataclass(frozen=True)
@@ -37,10 +35,30 @@ def _values(priced: ModelledCompute) -> tuple[float, ...]:
     return fast, middle, slow, middle * (1 - priced.backward_fraction), priced.detail.recomputed_middle_s
 
 
-def priced_line(one_block: TracedPass, two_blocks: TracedPass, pricing: Pricing) -> Line:
-    """The traces at 1 and 2 blocks priced (`traced.modelled_compute`; its errors raised)."""
-    a, b = (modelled_compute(t, pricing) for t in (one_block, two_blocks))
-    return Line(_values(a), _values(b), a.detail.device)
+def line_of(one_block: ModelledCompute, two_blocks: ModelledCompute) -> Line:
+    """The line through the passes at 1 and 2 blocks, each priced (`traced.modelled_compute`)."""
+    return Line(_values(one_block), _values(two_blocks), one_block.detail.device)
+
+
+def composed_of(text: str) -> tuple[str, ...]:
+    """The traced modes a checkpointing mode is composed from: layer:N from none and full."""
+    mode = parse_checkpointing(text).mode
+    return ("none", "full") if mode == "layer" else (mode,)
+
+
+def at_depths(priced: dict[tuple[str, int, int], ModelledCompute], wanted: tuple[tuple[str, int], ...],
+              blocks: int, per_sample: int, seq_len: int | None) -> dict[tuple[str, int], ModelledCompute]:
+    """Each wanted (checkpointing mode text, samples)'s modelled compute at `blocks` blocks, from
+    the passes priced at 1 and 2 blocks keyed (traced mode, sequences, depth); a sample is
+    `per_sample` sequences of `seq_len` tokens (None: no sequence stated)."""
+    out = {}
+    for text, m in wanted:
+        ac, sequences = parse_checkpointing(text), m * per_sample
+        lines = {mode: line_of(priced[(mode, sequences, 1)], priced[(mode, sequences, 2)])
+                 for mode in composed_of(text)}
+        size = f"{sequences}x{seq_len}" if seq_len else f"micro-batch {sequences}"
+        out[(text, m)] = at_depth(lines, ac.mode, ac.every, blocks, size)
+    return out
 
 
 def extended_compute(values: tuple[float, ...], device: str, shape: str, how: str) -> ModelledCompute:

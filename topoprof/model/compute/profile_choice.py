@@ -1,5 +1,6 @@
 """Which device profile prices a what-if, and the pricer it makes (`profiled.ProfiledDevice`), or
-the datasheet's (`roofline.gpu_device`) where no profile can be had. No torch here.
+the datasheet's (`roofline.gpu_device`) where no profile can be had; and the device a pass on
+meta must be traced for to be priced so (`target_for`, `Pricing.target`). No torch here.
 
 The profiles to choose from: one given (`model --gpu-profile FILE`, a scan's own), else those
 shipped in topoprof/model/compute/profiles/ (shared/gpu-facts converted by `profile_facts`, and
@@ -31,6 +32,7 @@ from topoprof.model.compute.profile import DTYPE_OF_PRECISION, DeviceProfile, lo
 from topoprof.model.compute.profile_scale import datasheet_ratios
 from topoprof.model.compute.profiled import ProfiledDevice
 from topoprof.model.compute.roofline import gpu_device
+from topoprof.specs.traced_pass import TraceTarget
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 RULES = ("a profile of this GPU", "a profile of another GPU of the same compute capability",
@@ -149,6 +151,21 @@ def pricer_for(gpu: NamedGpu | None, precision: str, compiled: bool, profile: De
     return gpu_device(spec, precision, compiled), [note]
 
 
+def gpu_target(precision: str, gpu: NamedGpu | None = None) -> TraceTarget:
+    """A CUDA target at `precision`, with the compute capability of the GPU named where its
+    datasheet gives one (its attention backend depends on it: `topoprof.trace.target_lens`)."""
+    capability = gpu.capability if gpu is not None else None
+    return TraceTarget("cuda", precision, capability=capability or None)
+
+
+def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> TraceTarget:
+    """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`:
+    the GPU named, else the profile's own."""
+    if profile is not None and profile.machine.kind != "cuda":
+        return TraceTarget("cpu", "fp32")
+    return gpu_target(precision, gpu or (profile.gpu if profile is not None else None))
+
+
 @dataclass(frozen=True)
 class Pricing:
     """How a model's ops are priced at one precision for one GPU (`gpu`; None: the profile's own
@@ -161,6 +178,11 @@ class Pricing:
     pricer: Any = None  # a ProfiledDevice, or the datasheet's DeviceModel
     notes: tuple[str, ...] = ()
     why: str | None = None  # an unknown GPU, a profile that cannot price it
+
+    @property
+    def target(self) -> TraceTarget:
+        """The device a pass must be traced for to be priced so (`target_for`)."""
+        return target_for(self.precision, self.profile, self.gpu)
 
 
 def pricing_for(gpu: NamedGpu | None, precision: str, compiled: bool, profile: DeviceProfile | None = None,

@@ -25,13 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoprof.errors import InputError
-from topoprof.model.compute.datasheet import NamedGpu
 from topoprof.model.compute.modelled import ModelledCompute, ModelledDetail
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.roofline import roofline
 from topoprof.model.compute.timing import UTILIZATION_BASIS
 from topoprof.specs.messages import TraceFailure
-from topoprof.specs.traced_pass import TracedPass, TraceTarget
+from topoprof.specs.traced_pass import TracedPass
 from topoprof.workload.presets import MAX_SEQ_LEN, context_sequences, is_vision
 from topoprof.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -80,26 +79,6 @@ def params_request(params: int, micro_batch: int, tokens: int | None, ac: str = 
                         "embedding, MLP blocks, LayerNorm, untied head; no attention)")
 
 
-def gpu_target(precision: str, gpu: NamedGpu | None = None) -> TraceTarget:
-    """A CUDA target at `precision`, with the compute capability of the GPU named where its
-    datasheet gives one (its attention backend depends on it: `topoprof.trace.target_lens`)."""
-    capability = gpu.capability if gpu is not None else None
-    return TraceTarget("cuda", precision, capability=capability or None)
-
-
-def target_for(precision: str, profile=None, gpu: NamedGpu | None = None) -> TraceTarget:
-    """The device the pass stands for: a CPU where the profile is a CPU's, else a GPU at `precision`:
-    the GPU named, else the profile's own."""
-    if profile is not None and profile.machine.kind != "cuda":
-        return TraceTarget("cpu", "fp32")
-    return gpu_target(precision, gpu or (profile.gpu if profile is not None else None))
-
-
-def pricing_target(pricing: Pricing) -> TraceTarget:
-    """The device a pass must be traced for to be priced by `pricing` (`target_for`)."""
-    return target_for(pricing.precision, pricing.profile, pricing.gpu)
-
-
 def modelled_compute(trace: TracedPass, pricing: Pricing, note: str | None = None) -> ModelledCompute:
     """A `Compute`'s `modelled` from a trace priced by `pricing`; InputError where the GPU,
     its precision or the profile cannot price it (`Pricing.why`), ValueError where the trace cannot
@@ -145,7 +124,7 @@ def priced(trace: TracedPass | TraceFailure | None, pricing: Pricing,
         return None, "no pass on the meta device was run"
     if isinstance(trace, TraceFailure):
         return None, trace.reason
-    want = target_for(pricing.precision, pricing.profile)
+    want = pricing.target
     target = trace.target
     if target is None or target.device != want.device:
         return None, f"the pass on the meta device was not run for a {'GPU' if want.device == 'cuda' else 'CPU'}"

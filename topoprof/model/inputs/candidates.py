@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from topoprof.errors import InputError
-from topoprof.model.compute.extended import at_depth, priced_line
+from topoprof.model.compute.extended import at_depths, composed_of
 from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_compute
 from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.specs.messages import TraceFailure
 from topoprof.specs.traced_pass import TracedPass
-from topoprof.workload.checkpointing import parse_checkpointing, searched_modes
+from topoprof.workload.checkpointing import searched_modes
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 from topoprof.workload.synthetic import spec_for_params
 
@@ -105,29 +105,25 @@ class CandidatePasses:
     traces: dict[Any, TracedPass | TraceFailure]
 
 
-def _modes_of(text: str) -> tuple[str, ...]:
-    """The traced modes a checkpointing mode is composed from: layer:N from none and full."""
-    mode = parse_checkpointing(text).mode
-    return ("none", "full") if mode == "layer" else (mode,)
-
-
 def block_passes(shape: ModelShape | UserShape, wanted: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """(traced mode, sequences) of the passes at 1 and 2 blocks the candidates need."""
-    return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in _modes_of(text)})
+    return sorted({(mode, m * shape.per_sample) for text, m in wanted for mode in composed_of(text)})
 
 
 def priced_candidates(passes: CandidatePasses, pricing: Pricing) -> dict[tuple[str, int], ModelledCompute] | str:
     """The modelled compute of each candidate, priced as the main pass is (`gather.gather`'s
     `Pricing`), or why none: a `--model`'s pass whole, a preset's or `--params` model's at 1 and 2
-    blocks extended to its depth."""
+    blocks extended to its depth. Each pass is priced once, whatever the candidates that share it."""
+    shape, blocks = passes.shape, by_blocks(passes.shape)
+    failed = next((t.reason for t in passes.traces.values() if isinstance(t, TraceFailure)), None)
+    if failed is not None:  # a pass that failed is why the candidates have no price
+        return failed if blocks else f"pricing its ops failed ({failed})"
     try:
-        if by_blocks(passes.shape):
-            return _priced_by_blocks(passes, passes.shape, pricing)
-        wanted = {key: passes.traces[key] for key in passes.wanted}
-        failed = next((t.reason for t in wanted.values() if isinstance(t, TraceFailure)), None)
-        if failed is not None:  # a pass that failed is why the candidates have no price
-            return f"pricing its ops failed ({failed})"
-        return {key: modelled_compute(t, pricing) for key, t in wanted.items() if isinstance(t, TracedPass)}
+        priced = {key: modelled_compute(t, pricing) for key, t in passes.traces.items() if isinstance(t, TracedPass)}
+        if not blocks:
+            return {key: priced[key] for key in passes.wanted}
+        assert shape.blocks is not None  # `by_blocks`
+        return at_depths(priced, passes.wanted, shape.blocks, shape.per_sample, shape.seq_len)
     except (InputError, ValueError, KeyError) as err:
         return f"pricing its ops failed ({err})"
 
@@ -136,25 +132,6 @@ def by_blocks(shape: ModelShape | UserShape) -> bool:
     """Whether the model is traced by its first 1 and 2 blocks (a preset or `--params` always; a
     `--model` of alike blocks), else whole."""
     return isinstance(shape, ModelShape) or shape.blocks is not None
-
-
-def _priced_by_blocks(passes: CandidatePasses, shape: ModelShape | UserShape,
-                      pricing: Pricing) -> dict[tuple[str, int], ModelledCompute] | str:
-    assert shape.blocks is not None  # `by_blocks`
-    out = {}
-    for text, m in passes.wanted:
-        ac, sequences = parse_checkpointing(text), m * shape.per_sample
-        lines = {}
-        for mode in _modes_of(text):
-            one, two = passes.traces[(mode, sequences, 1)], passes.traces[(mode, sequences, 2)]
-            if isinstance(one, TraceFailure):
-                return one.reason
-            if isinstance(two, TraceFailure):
-                return two.reason
-            lines[mode] = priced_line(one, two, pricing)
-        size = f"{sequences}x{shape.seq_len}" if shape.seq_len else f"micro-batch {sequences}"
-        out[(text, m)] = at_depth(lines, ac.mode, ac.every, shape.blocks, size)
-    return out
 
 
 def traced_shape(w: WorkloadRequest) -> ModelShape | UserShape | str:

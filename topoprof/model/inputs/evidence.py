@@ -15,7 +15,7 @@ from topoprof.model.compute.profile_choice import Pricing
 from topoprof.model.inputs.candidates import ModelShape, UserShape
 from topoprof.model.inputs.request import ComputeRequest, ModelRequest
 from topoprof.model.inputs.sampled import SampledPasses
-from topoprof.model.inputs.user_record import ReadyOrder
+from topoprof.model.inputs.user_record import ReadyOrder, UserModelRead
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.specs.messages import TraceFailure, UserModelRecord
 from topoprof.specs.traced_pass import TracedPass
@@ -24,13 +24,15 @@ from topoprof.specs.traced_pass import TracedPass
 @dataclass(frozen=True)
 class UserModelRun:
     """The user's model as its worker read it: timed here (`record.passes`) or traced on meta
-    only, the gradient-ready order that fits the device predicted, and whether a timing here is
+    only, the gradient-ready order that fits the device predicted, whether a timing here is
     the compute of the GPU predicted (`timed_on`: no --gpu named, or the GPU it ran on; never
-    another device's)."""
+    another device's), and the record read for the model's inputs at the micro-batch planned
+    (`read_user_model`)."""
 
     record: UserModelRecord
     order: ReadyOrder
     timing_stands: bool
+    read: UserModelRead
 
     @property
     def timed(self) -> bool:

@@ -22,16 +22,9 @@ from topoprof.model.comm import links
 from topoprof.model.compute.datasheet import NamedGpu, named_gpu
 from topoprof.model.compute.measured import MeasuredCompute
 from topoprof.model.compute.profile import DeviceProfile, load_profile
-from topoprof.model.compute.profile_choice import Pricing, pricing_for
+from topoprof.model.compute.profile_choice import Pricing, gpu_target, pricing_for, target_for
 from topoprof.model.compute.timing import CALIBRATION_KEYS
-from topoprof.model.compute.traced import (
-    TraceRequest,
-    gpu_target,
-    params_request,
-    preset_request,
-    pricing_target,
-    target_for,
-)
+from topoprof.model.compute.traced import TraceRequest, params_request, preset_request
 from topoprof.model.inputs.candidates import (
     CandidatePasses,
     ModelShape,
@@ -58,12 +51,15 @@ from topoprof.model.inputs.traces import (
 )
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import (
+    ReadyOrder,
     choose_ready_order,
     planned_as_read,
+    read_user_model,
     stated_shape,
     timed_on,
     trace_wanted,
 )
+from topoprof.specs.messages import UserModelRecord
 from topoprof.specs.traced_pass import TracedPass, TraceTarget
 from topoprof.topology.collect import collect_topology
 from topoprof.topology.load import topology_from_file
@@ -81,16 +77,14 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
     w = request.workload
     user = timed = None
     if w.user_model:
-        user = _user_model_here(w, compute, profile, say)
+        user, w = _user_model_here(w, compute, profile, say)
+        request = replace(request, workload=w)
     elif w.preset and not compute.given and this_gpu_predicted(compute):
         timed = _preset_on_this_gpu(w, compute, say)
-    timed_gpu = _timed_gpu_priced(compute, user)
+    timed_gpu = _timed_gpu_priced(compute, user.record if user is not None else None)
     # the GPU predicted: named (--gpu, or a --gpu-profile's device), else the one a preset was timed on
     gpu = compute.named or named_gpu(timed.device_name if timed is not None else None)
     pricing = pricing_for(timed_gpu or gpu, compute.precision, compute.compiled, profile, compute.gpu_profile)
-    if user is not None:
-        w = planned_as_read(w, user.record)
-        request = replace(request, workload=w)
     memory_wanted = (gpu is not None and request.memory.activation_memory_gb is None
                      and not _measured_memory_stands(user, compute))
     memory_target = gpu_target(compute.precision, gpu) if memory_wanted else None
@@ -108,14 +102,14 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
                     gather_links(request.cluster, say), gpu, memory.sampled if memory is not None else None)
 
 
-def _timed_gpu_priced(compute: ComputeRequest, user: UserModelRun | None) -> NamedGpu | None:
+def _timed_gpu_priced(compute: ComputeRequest, record: UserModelRecord | None) -> NamedGpu | None:
     """The GPU the model's ops are priced for where it is not the GPU predicted: a user's model
-    timed on this machine's GPU, with no GPU named and no what-if priced, is priced beside its time
-    for that GPU; else None."""
-    if user is None or not (user.timed and user.record.device.startswith("cuda")) \
+    (`record`) timed on this machine's GPU, with no GPU named and no what-if priced, is priced
+    beside its time for that GPU; else None."""
+    if record is None or not (record.timed and record.device.startswith("cuda")) \
             or compute.named is not None or what_if_priced(compute):
         return None
-    return named_gpu(user.record.device_name or "GPU0")
+    return named_gpu(record.device_name or "GPU0")
 
 
 def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None, gpu: NamedGpu | None,
@@ -173,8 +167,9 @@ def _measured_memory_stands(user: UserModelRun | None, compute: ComputeRequest) 
 
 
 def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
-                     say: Progress) -> UserModelRun:
-    """The user's model and the gradient-ready order that fits the device predicted. A what-if
+                     say: Progress) -> tuple[UserModelRun, WorkloadRequest]:
+    """The user's model's run (`_run`), with the gradient-ready order that fits the device predicted,
+    and `w` planned as it reads. A what-if
     (`this_gpu_predicted` false) traces it on the meta device only, unless --time-here asks for
     a timing here too: its order is the backward FLOPs per tensor. Otherwise it is timed here, and
     its order is the timed one on this GPU, else the backward FLOPs per tensor from a pass on the
@@ -185,7 +180,7 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: Devic
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")
         record, order = trace_only(w.user_model, _stated_micro_batch(w), w.tokens, say, w.checkpointing.text,
                                    w.fsdp_unit, gpu_target(compute.precision, compute.named))
-        return UserModelRun(record, order, timed_on(record, compute.gpu))
+        return _run(record, order, w, compute)
     device = here_device()
     priced_for = compute.gpu or compute.gpu_profile or device.startswith("cuda")
     target = target_for(compute.precision, profile, compute.named) if priced_for else None
@@ -195,8 +190,16 @@ def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: Devic
     record = measure_here(w.user_model, compute.precision, compute.optimizer, device=device,
                           trace=stated if wanted else None, target=target,
                           progress=say, ac=w.checkpointing.text, unit=w.fsdp_unit, stated=stated)
-    return UserModelRun(record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s),
-                        timed_on(record, compute.gpu))
+    return _run(record, choose_ready_order(record, compute.gpu, compute.micro_batch_time_s), w, compute)
+
+
+def _run(record: UserModelRecord, order: ReadyOrder, w: WorkloadRequest,
+         compute: ComputeRequest) -> tuple[UserModelRun, WorkloadRequest]:
+    """The user's model's run as its `record` reads, and `w` planned at the micro-batch it reads
+    (`planned_as_read`)."""
+    planned = planned_as_read(w, record)
+    return UserModelRun(record, order, timed_on(record, compute.gpu),
+                        read_user_model(record, order, planned.micro_batch_size)), planned
 
 
 def _stated_micro_batch(w: WorkloadRequest) -> int | None:
@@ -270,7 +273,7 @@ def gather_candidates(shape: ModelShape | UserShape | None, wanted: tuple[tuple[
                "passes of the model, cut to 1 and 2 blocks where they are alike" if whole is not None else
                "passes of the whole model")
         progress(f"pricing {len(wanted)} micro-batch size(s) and checkpointing mode(s) from {how} on meta")
-    return candidate_passes(shape, list(wanted), pricing_target(pricing), whole, sampled)
+    return candidate_passes(shape, list(wanted), pricing.target, whole, sampled)
 
 
 def param_count(w: WorkloadRequest) -> int:

@@ -24,7 +24,16 @@ from topoprof.model.compute.datasheet import NamedGpu, known_gpus, named_gpu
 from topoprof.model.compute.profile import load_profile
 from topoprof.model.compute.profile_choice import check_pricable
 from topoprof.workload.checkpointing import parse_checkpointing
-from topoprof.workload.presets import LLAMA_PRESETS, PRESETS, RMSNORMS, VISION_PRESETS, get_preset, is_vision
+from topoprof.workload.layout import Layout
+from topoprof.workload.presets import (
+    LLAMA_PRESETS,
+    PRESETS,
+    RMSNORMS,
+    VISION_PRESETS,
+    get_preset,
+    is_vision,
+    synthetic_layout,
+)
 from topoprof.workload.vision import check_image_size
 from topoprof.zoo.hf_spec import HFModelError, check_installed, config_path, is_hf_spec, with_attn
 
@@ -188,6 +197,14 @@ class WorkloadRequest:
     @property
     def preset_name(self) -> str | None:
         return None if self.preset is None else self.preset.strip().lower()
+
+    @property
+    def layout(self) -> Layout | None:
+        """The parameters of the preset named (at --image-size), or of the synthetic model of
+        --params; None for a --model, whose worker reads them."""
+        if self.preset is not None:
+            return get_preset(self.preset, self.image_size)
+        return None if self.params is None else synthetic_layout(parse_count(self.params))
 
     def what(self) -> str:
         """The model as an error message names it."""

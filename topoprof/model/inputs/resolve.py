@@ -15,7 +15,7 @@ from topoprof.model.compute.traced import fallback_note, priced
 from topoprof.model.inputs.evidence import Evidence, UserModelRun, what_if_priced
 from topoprof.model.inputs.link_choice import job_cluster
 from topoprof.model.inputs.request import ComputeRequest, MemoryRequest, WorkloadRequest
-from topoprof.model.inputs.user_record import UserModelRead, read_user_model
+from topoprof.model.inputs.user_record import UserModelRead
 from topoprof.model.memory.traced import TracedMemory
 from topoprof.model.strategies.job import ModelInputs, Workload
 from topoprof.specs.messages import TraceFailure, UserModelRecord
@@ -92,8 +92,7 @@ def _workload_and_compute(evidence: Evidence) -> _Completed:
 def _user_model(evidence: Evidence, user: UserModelRun, work_kw: dict) -> _Completed:
     """`_workload_and_compute` for a user's model, timed here or traced on meta only."""
     w, compute, memory = evidence.request.workload, evidence.compute, evidence.request.memory
-    record = user.record
-    read = read_user_model(record, user.order, w.micro_batch_size)
+    record, read = user.record, user.read
     origins: list = []
     notes: list[str] = [user.order.note] if user.order.note else []
     if not w.micro_batch_stated:
@@ -160,12 +159,9 @@ def _preset_or_params(evidence: Evidence, work_kw: dict) -> _Completed:
         memory = _memory_of_the_timed_gpu(memory, compute, timed, origins)
         if timed.memory:  # timed whole on this GPU: its memory too
             work_kw = {**work_kw, "measured_memory": timed.memory}
-    if w.preset:
-        workload = Workload.from_preset(w.preset, w.image_size, **work_kw)
-    else:
-        count = w.param_count
-        assert count is not None  # --params, where the request names no preset (it names one or the other)
-        workload = Workload.from_params(count, **work_kw)
+    layout = w.layout
+    assert layout is not None  # a preset or --params: the request names one of them, or a --model
+    workload = Workload(layout, **work_kw)
     main = evidence.main_trace
     to_price = PassToPrice(main.trace, main.note, main.why) if main is not None else None
     return _Completed(workload, compute, memory, origins, notes, to_price,

@@ -27,11 +27,7 @@ from typing import Any, Callable
 from topoprof.measure.meta_trace import trace_model, trace_models
 from topoprof.model.compute.modelled import ModelledCompute
 from topoprof.model.compute.profile_choice import Pricing
-from topoprof.model.compute.traced import (
-    TraceRequest,
-    priced,
-    pricing_target,
-)
+from topoprof.model.compute.traced import TraceRequest, priced
 from topoprof.model.inputs.candidates import (
     DEPTHS,
     SAMPLES,
@@ -140,7 +136,7 @@ def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[
 
 def user_memory_set(shape: UserShape, precision: str, cast: bool, target: TraceTarget,
                     whole: WholePass | None = None) -> MemoryPasses:
-    """A user's model traced for the GPU `target` (`traced.gpu_target`) at 2 and 3 samples under
+    """A user's model traced for the GPU `target` (`profile_choice.gpu_target`) at 2 and 3 samples under
     each searched mode, by its first 1 and 2 blocks where they are alike (`user_passes`), else
     whole: its memory or why not, and the shape as traced."""
     targets = {"autocast": target}
@@ -287,7 +283,7 @@ def traced_memory_of(shape: ModelShape | UserShape | str, target: TraceTarget, p
 
 
 def trace_for_gpu(request: TraceRequest, target: TraceTarget, progress=None) -> TracedPass | TraceFailure:
-    """The main pass for `target` (`traced.target_for`)."""
+    """The main pass for `target` (`profile_choice.target_for`)."""
     return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)
 
 
@@ -297,5 +293,5 @@ def model_on_gpu(request: TraceRequest | str, pricing: Pricing,
     for the device `pricing` prices; `progress` hears the trace's stages."""
     if isinstance(request, str):
         return None, request
-    trace = trace_for_gpu(request, pricing_target(pricing), progress)
+    trace = trace_for_gpu(request, pricing.target, progress)
     return priced(trace, pricing, request.note)
