@@ -48,6 +48,13 @@ class Checkpointing:
             return True
         return self.mode == "layer" and block % self.every == self.every - 1
 
+    @property
+    def searched_modes(self) -> tuple[str, ...]:
+        """The modes a search for what fits compares (and a user's model is traced under): none,
+        full, layer:N (this N, else torchtitan's 2) and op."""
+        every = self.every if self.mode == "layer" else LAYER_EVERY
+        return ("none", "full", f"layer:{every}", "op")
+
 
 def parse_checkpointing(text: str | None) -> Checkpointing:
     """'none', 'full', 'layer:2', 'op' (None: none); layer:1 is full."""
@@ -64,10 +71,3 @@ def parse_checkpointing(text: str | None) -> Checkpointing:
         raise InputError(f"--activation-checkpointing {text!r}: valid: none, full, layer:N (every N-th block), "
                          "op (torchtitan's selective op policy)")
     return Checkpointing(value)
-
-
-def searched_modes(current: Checkpointing) -> tuple[str, ...]:
-    """The modes a search for what fits compares (and a user's model is traced under): none, full,
-    layer:N (the job's N, else torchtitan's 2) and op."""
-    every = current.every if current.mode == "layer" else LAYER_EVERY
-    return ("none", "full", f"layer:{every}", "op")

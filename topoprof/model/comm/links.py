@@ -88,13 +88,15 @@ def nvlink_rings(topology, gpus: list[int]):
     each GPU's own NVLinks (`channels.link_bound`): (rings, per-ring (low, high) GB/s, total
     (low, high)); None through NVSwitch (one ring there already runs at each GPU's full NVLink
     bandwidth) or when the NVLink pairs do not join every chosen GPU into a ring."""
-    if len(gpus) < 2 or through_nvswitch(topology, gpus):
+    if len(gpus) < 2:
         return None
     links, per_link = {}, {}
     for p in _nvlink_pairs(topology, gpus):
         lo, hi, _ = _edge(topology, p.gpu_a, p.gpu_b)
         key = (min(p.gpu_a, p.gpu_b), max(p.gpu_a, p.gpu_b))
         links[key], per_link[key] = p.nvlinks, (lo / p.nvlinks, hi / p.nvlinks)
+    if through_nvswitch(topology, gpus):
+        return None
     packing = channels.pack_rings(gpus, links, per_link, EXHAUSTIVE_RING_LIMIT)
     if not packing.rings:
         return None
@@ -138,13 +140,14 @@ def comm_from_topology(topology, gpus: list[int] | None = None,
     if len(chosen) == 1:
         return (SingleGpuComm(f"GPU {chosen[0]} of {where}: one GPU, no link"),
                 {"gpus": chosen, "no_link": "one GPU: nothing to all-reduce"})
+    # the two ways to run: one ring at its slowest edge, or the NVLink mesh's rings at once
     order, (lo, hi), hop = best_ring(sub, chosen)
+    packed = nvlink_rings(topology, chosen)
     described = {"ring": order, "bottleneck_gbps": [lo, hi], "hop": hop}
     total, rings, kind = (lo, hi), [order], "one_ring"
     basis = "one ring at its slowest edge"
     if hop == "NV" and through_nvswitch(topology, chosen):
         kind, basis = "nvswitch", "NVSwitch: one ring at each GPU's NVLink bandwidth (NV# x per-link rate)"
-    packed = nvlink_rings(topology, chosen)
     # Only where the rings together beat one ring at its slowest edge (not by rounding): a pair's
     # NV# rings are its one ring at NV# x per-link, and a ring through a fast PCIe hop could win.
     if packed is not None and packed[2][0] > lo * (1 + 1e-9) and packed[2][1] >= hi:

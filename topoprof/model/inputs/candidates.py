@@ -17,7 +17,6 @@ from topoprof.model.compute.traced import PRESET_SPEC, SYNTHETIC_SPEC, modelled_
 from topoprof.model.inputs.request import WorkloadRequest
 from topoprof.specs.messages import TraceFailure
 from topoprof.specs.traced_pass import TracedPass
-from topoprof.workload.checkpointing import searched_modes
 from topoprof.workload.presets import MAX_SEQ_LEN, PRESET_DEPTH, context_sequences, is_vision
 from topoprof.workload.synthetic import spec_for_params
 
@@ -140,6 +139,6 @@ def traced_shape(w: WorkloadRequest) -> ModelShape | UserShape | str:
     model is not (`model_shape`)."""
     if not w.user_model:
         return model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
-    modes = searched_modes(w.checkpointing)
+    modes = w.checkpointing.searched_modes
     return UserShape(w.user_model, w.micro_batch_size, max(1, w.tokens // w.micro_batch_size) if w.tokens else None,
                      w.fsdp_unit, modes)

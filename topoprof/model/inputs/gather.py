@@ -46,8 +46,9 @@ from topoprof.model.inputs.traces import (
     MemoryPasses,
     candidate_passes,
     main_and_memory,
+    memory_set,
     trace_for_gpu,
-    traced_memory_of,
+    user_memory_set,
 )
 from topoprof.model.inputs.user_model import here_device, measure_here, measure_preset, names_this_gpu, trace_only
 from topoprof.model.inputs.user_record import (
@@ -94,7 +95,8 @@ def gather(request: ModelRequest, progress: Progress | None = None) -> Evidence:
         main, memory = _preset_passes(w, compute, profile, gpu, timed, memory_target, shape, say)
     elif memory_target is not None:
         say(f"tracing {w.user_model} at other micro-batch sizes and checkpointing modes on meta")
-        memory = traced_memory_of(shape, memory_target, compute.precision, w.fsdp_casts_weights, whole_pass(user, w))
+        assert isinstance(shape, UserShape)  # `traced_shape` of a --model
+        memory = user_memory_set(shape, compute.precision, w.fsdp_casts_weights, memory_target, whole_pass(user, w))
     if memory is not None and memory.traced_as is not None:  # a user's model, its alike blocks where found
         shape = memory.traced_as
     return Evidence(request, compute, pricing, profile, calibration, user, timed, main,
@@ -116,7 +118,8 @@ def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceP
                    timed: MeasuredCompute | None, memory_target: TraceTarget | None,
                    shape: ModelShape | UserShape | str, say: Progress) -> tuple[MainTrace | None, MemoryPasses | None]:
     """A preset's or `--params` model's main pass (`main_trace_wanted`) for the GPU predicted and
-    the passes its memory is counted from at `shape` for `memory_target` (None: not wanted), in one
+    the passes its memory is counted from at `shape` for `memory_target` (None: not wanted; none
+    where `shape` says why it has no sequence to trace: the main pass alone then counts it), in one
     worker where both are run."""
     request = _main_request(w, compute, profile, gpu, timed)
     if isinstance(request, TraceRequest) and isinstance(shape, ModelShape) and memory_target is not None:
@@ -126,9 +129,9 @@ def _preset_passes(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceP
                                         compute.precision, w.fsdp_casts_weights, memory_target, say)
         return MainTrace(trace, request.note), memory
     main = _main_trace(request, w, compute, profile, gpu, say)
-    if memory_target is None:
+    if memory_target is None or not isinstance(shape, ModelShape):  # an image model, or no --tokens
         return main, None
-    return main, traced_memory_of(shape, memory_target, compute.precision, w.fsdp_casts_weights)
+    return main, memory_set(shape, compute.precision, w.fsdp_casts_weights, memory_target)
 
 
 def _spoken(gpu: NamedGpu | None, profile: DeviceProfile | None) -> str:

@@ -268,20 +268,6 @@ def by_samples(keys: list[Key], known: dict[Key, TracedPass], trace: Callable[[l
     return {key: passes[key] for key in keys}
 
 
-def traced_memory_of(shape: ModelShape | UserShape | str, target: TraceTarget, precision: str, cast: bool,
-                     whole: WholePass | None = None) -> MemoryPasses | None:
-    """The passes a model traced at `shape` (`candidates.traced_shape`) is counted from for the GPU
-    `target` (`cast`: also with the weights cast, for FSDP's 16-bit param_dtype), why they failed,
-    or None where a preset or `--params` has no sequence to trace (an image model, or no --tokens:
-    the main pass alone counts it); with a user's model's alike blocks where they were found so
-    (`user_passes`)."""
-    if isinstance(shape, UserShape):
-        return user_memory_set(shape, precision, cast=cast, target=target, whole=whole)
-    if isinstance(shape, str):
-        return None
-    return memory_set(shape, precision, cast=cast, target=target)
-
-
 def trace_for_gpu(request: TraceRequest, target: TraceTarget, progress=None) -> TracedPass | TraceFailure:
     """The main pass for `target` (`profile_choice.target_for`)."""
     return trace_model(request.spec, request.kwargs, request.stated, target, progress=progress)

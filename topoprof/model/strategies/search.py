@@ -21,7 +21,7 @@ from topoprof.model.strategies.model_plan import ModelPlan
 from topoprof.model.strategies.predict import predict
 from topoprof.model.strategies.results import Memory, Prediction, StrategyResult
 from topoprof.model.strategies.steps import lower_bounds
-from topoprof.workload.checkpointing import parse_checkpointing, searched_modes
+from topoprof.workload.checkpointing import parse_checkpointing
 
 MAX_MICRO_BATCH = 1024  # the search's ceiling (a size past it is reported as ">= 1024")
 
@@ -76,7 +76,8 @@ class Largest:
 
 def _fits(inputs: ModelInputs, names: list[str], mode: str, samples: int) -> dict:
     resized = at(inputs, mode, samples)
-    return memory_by_strategy(job_memory(resized), names)
+    job = job_memory(resized)
+    return memory_by_strategy(job, names)
 
 
 def largest(inputs: ModelInputs, names: list[str], mode: str) -> dict[str, Largest]:
@@ -226,7 +227,7 @@ def plan_search(inputs: ModelInputs, names: list[str], prediction: Prediction) -
     given (`predict(inputs)`): the GPU's memory, and what no_sync costs there; `finish_search`
     completes it with the compute priced at `wanted`."""
     work = inputs.workload
-    modes = searched_modes(work.checkpointing)
+    modes = work.checkpointing.searched_modes
     gpu_memory = prediction.inputs.get("gpu_memory_gb")
     capacity, capacity_source = (gpu_memory.value, gpu_memory.source) if gpu_memory is not None else (None, None)
     given = {name: result.memory for name in names
