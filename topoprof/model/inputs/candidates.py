@@ -139,6 +139,5 @@ def traced_shape(w: WorkloadRequest) -> ModelShape | UserShape | str:
     model is not (`model_shape`)."""
     if not w.user_model:
         return model_shape(w.preset_name, w.param_count, w.micro_batch_size, w.tokens, w.preset_sizes)
-    modes = w.checkpointing.searched_modes
     return UserShape(w.user_model, w.micro_batch_size, max(1, w.tokens // w.micro_batch_size) if w.tokens else None,
-                     w.fsdp_unit, modes)
+                     w.fsdp_unit, w.checkpointing.searched_modes)

@@ -171,13 +171,13 @@ def _measured_memory_stands(user: UserModelRun | None, compute: ComputeRequest) 
 
 def _user_model_here(w: WorkloadRequest, compute: ComputeRequest, profile: DeviceProfile | None,
                      say: Progress) -> tuple[UserModelRun, WorkloadRequest]:
-    """The user's model's run (`_run`), with the gradient-ready order that fits the device predicted,
-    and `w` planned as it reads. A what-if
-    (`this_gpu_predicted` false) traces it on the meta device only, unless --time-here asks for
-    a timing here too: its order is the backward FLOPs per tensor. Otherwise it is timed here, and
-    its order is the timed one on this GPU, else the backward FLOPs per tensor from a pass on the
-    meta device at the stated shape. The same pass, for the GPU predicted (or timed), prices its
-    ops: one pass in the same worker, run where either may be needed."""
+    """The user's model's run (`_run`), with the gradient-ready order that fits the device
+    predicted, and `w` planned as it reads. A what-if (`this_gpu_predicted` false) traces it on the
+    meta device only, unless --time-here asks for a timing here too: its order is the backward
+    FLOPs per tensor. Otherwise it is timed here, and its order is the timed one on this GPU, else
+    the backward FLOPs per tensor from a pass on the meta device at the stated shape. The same
+    pass, for the GPU predicted (or timed), prices its ops: one pass in the same worker, run where
+    either may be needed."""
     assert w.user_model is not None
     if not (w.time_here or this_gpu_predicted(compute)):
         say(f"tracing {w.user_model} on the meta device for {compute.gpu} (starting its worker: importing torch)")

@@ -116,7 +116,6 @@ def blocks_alike(whole: TracedPass, one: TracedPass | TraceFailure, two: TracedP
     return n if extended == measures(whole) else None
 
 
-
 def user_passes(shape: UserShape, plan: Plan, whole: WholePass | None) -> tuple[UserShape, Passes | str]:
     """(the shape as traced, its passes by key, or why they failed): by its first 1 and 2 blocks
     where its blocks are known alike (`shape.blocks`) or found so in the same worker, two passes

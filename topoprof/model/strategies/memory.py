@@ -5,7 +5,6 @@ the op trace, or by formula), the GPU's memory, and what a timed GPU measured, p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from dataclasses import replace as changed
 from typing import Any
 
 from topoprof.model.compute.timing import Compute
@@ -121,7 +120,7 @@ def job_memory(inputs: ModelInputs) -> JobMemory:
     if measured is None:
         return JobMemory(count, capacity, capacity_source, model, "counted", False, workspace_source)
     fields, basis = measured
-    return JobMemory(count, capacity, capacity_source, changed(model, **fields), basis, True, workspace_source)
+    return JobMemory(count, capacity, capacity_source, replace(model, **fields), basis, True, workspace_source)
 
 
 def memory_by_strategy(job: JobMemory, names) -> dict[str, Memory]:

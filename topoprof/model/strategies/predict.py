@@ -38,19 +38,21 @@ def predict(inputs: ModelInputs, parts: bool = True) -> Prediction:
     each), for the payload; a caller that reads the strategies alone leaves them out."""
     res, slow_res, fast_res = resolve_ends(inputs)
     comm, buckets = inputs.cluster.comm, res.buckets
-    nominal = step_times(res, buckets, comm)
-    slow_comm, fast_comm = comm.bounds() or (comm, comm)
-    bounds = None
-    if slow_res is not res or slow_comm is not comm:
-        bounds = (step_times(slow_res, buckets, slow_comm), step_times(fast_res, buckets, fast_comm))
-    first, cap = res.bucket_limits
-    summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
-                            tuple(b.ready_fraction for b in buckets), first, cap)
     pieces = {"micro_batch_s": res.micro_batch_s, "backward_s": res.backward_s,
               "optimizer_s": res.optimizer_s}
     hide: HideThreshold | Unavailable | None = Unavailable(ONE_GPU_REASON) if parts else None
+    exposed = None
     if inputs.cluster.gpus > 1:  # DDP's and DP's pieces only where they apply
-        pieces["ddp_exposed_s"], pieces["ddp_fp16_exposed_s"], hide = ddp_pieces(res, threshold=parts)
+        e, e16, hide = ddp_pieces(res, comm, threshold=parts)
+        pieces["ddp_exposed_s"], pieces["ddp_fp16_exposed_s"], exposed = e, e16, (e, e16)
+    nominal = step_times(res, comm, exposed)
+    slow_comm, fast_comm = comm.bounds() or (comm, comm)
+    bounds = None
+    if slow_res is not res or slow_comm is not comm:
+        bounds = (step_times(slow_res, slow_comm), step_times(fast_res, fast_comm))
+    first, cap = res.bucket_limits
+    summary = BucketSummary(len(buckets), tuple(b.size_bytes for b in buckets),
+                            tuple(b.ready_fraction for b in buckets), first, cap)
     if inputs.cluster.gpus > 1 and inputs.cluster.nodes == 1:
         pieces["dp_comm_s"] = dp_comm_s(res, comm)
     echo = {name: InputValue(*pair) for name, pair in res.echo.items()}

@@ -60,18 +60,12 @@ def ddp_setting(res: Resolved, buckets: tuple[Bucket, ...] = ()) -> DdpSetting:
                       compute.ddp_copy_bandwidth_gbps, kernels * res.gpu.kernel_s)
 
 
-def ddp_exposed_s(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel,
-                  fp16_compress: bool = False) -> float:
-    """E per synced micro-batch (`topoprof.model.ddp.timeline`)."""
-    setting = ddp_setting(res, buckets)
-    return ddp_timeline(setting, buckets, comm, fp16_compress).exposed_s
-
-
-def ddp_pieces(res: Resolved, threshold: bool = False) -> tuple[float, float, HideThreshold | None]:
-    """E and E_fp16 per synced micro-batch of the job `res` resolved, from one DDP setting
-    (`topoprof.model.ddp.timeline`); with `threshold`, also the compute per micro-batch at which
-    DDP's all-reduces would hide behind backward, beside the compute and E now."""
-    comm, buckets = res.inputs.cluster.comm, res.buckets
+def ddp_pieces(res: Resolved, comm: CommModel,
+               threshold: bool = False) -> tuple[float, float, HideThreshold | None]:
+    """E and E_fp16 per synced micro-batch of the job `res` resolved over `comm`, from one DDP
+    setting (`topoprof.model.ddp.timeline`); with `threshold`, also the compute per micro-batch at
+    which DDP's all-reduces would hide behind backward, beside the compute and E now."""
+    buckets = res.buckets
     setting = ddp_setting(res, buckets)
     exposed, fp16 = (ddp_timeline(setting, buckets, comm, fp16_compress).exposed_s
                      for fp16_compress in (False, True))
@@ -87,7 +81,7 @@ def hide_threshold(res: Resolved) -> HideThreshold | Unavailable:
     """DDP's hiding threshold (`ddp_pieces`); none on one GPU."""
     if res.inputs.cluster.gpus == 1:
         return Unavailable(ONE_GPU_REASON)
-    hide = ddp_pieces(res, threshold=True)[2]
+    hide = ddp_pieces(res, res.inputs.cluster.comm, threshold=True)[2]
     assert hide is not None  # asked for
     return hide
 
@@ -255,15 +249,15 @@ def dp_comm_s(res: Resolved, comm: CommModel) -> float:
                                work.grad_bytes, work.dp_output_bytes)
 
 
-def step_times(res: Resolved, buckets: tuple[Bucket, ...], comm: CommModel
+def step_times(res: Resolved, comm: CommModel, exposed: tuple[float, float] | None = None
                ) -> dict[str, tuple[float, float] | str]:
-    """(step_time_s, comm_exposed_s) per strategy, or why it does not apply."""
+    """(step_time_s, comm_exposed_s) per strategy, or why it does not apply; `exposed`: DDP's E and
+    E_fp16 over `comm` (`ddp_pieces`), where they were found already."""
     k, c, t_opt = res.inputs.accumulation_steps, res.micro_batch_s, res.optimizer_s
     if res.inputs.cluster.gpus == 1:
         return {name: (k * c + t_opt, 0.0) if name == "single" else ONE_GPU_REASON
                 for name in STRATEGIES}
-    e = ddp_exposed_s(res, buckets, comm)
-    e16 = ddp_exposed_s(res, buckets, comm, fp16_compress=True)
+    e, e16 = exposed or ddp_pieces(res, comm)[:2]
     cd = c + res.inputs.compute.ddp_overhead_s  # a micro-batch through DDP's hooks
     # the slowest rank: waited for at every sync, k per step synced, once with no_sync
     w_synced, w_once = straggler_s(res, k), straggler_s(res, 1)
@@ -317,7 +311,6 @@ def strategy_results(res: Resolved, nominal: dict, bounds: tuple[dict, dict] | N
     return {n: replace(r, memory=memory.get(n),
                        speedup_vs_ddp_synced=None if unranked else r.speedup_vs_ddp_synced)
             if isinstance(r, StrategyResult) else r for n, r in out.items()}
-
 
 
 # DataParallel's thread and replicate() costs are priced only where given (`dp_thread_overhead_s`);
